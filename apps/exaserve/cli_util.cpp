@@ -1,0 +1,47 @@
+#include "cli_util.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "model/model_gen.hpp"
+
+namespace exa::app {
+
+int fail(const char* command, const error& e) {
+  std::fprintf(stderr, "exaserve %s: %s\n", command, to_string(e).c_str());
+  return e.code == errc::invalid_argument ? 2 : 1;
+}
+
+expected<std::string> cache_dir() {
+  std::filesystem::path dir;
+  if (const char* c = std::getenv("EXASERVE_CACHE"); c && *c) {
+    dir = c;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    dir = std::filesystem::path(x) / "exaserve";
+  } else if (const char* h = std::getenv("HOME"); h && *h) {
+    dir = std::filesystem::path(h) / ".cache" / "exaserve";
+  } else {
+    return make_error(errc::invalid_argument, "no cache directory: set EXASERVE_CACHE or HOME");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir / "models", ec);
+  if (ec) return make_error(errc::io_error, "cannot create " + (dir / "models").string() + ": " + ec.message());
+  return dir.string();
+}
+
+expected<std::string> default_model_path() {
+  auto dir = cache_dir();
+  if (!dir) return std::unexpected(dir.error());
+  const auto path = (std::filesystem::path(*dir) / "models" / "tiny-f32-seed1.gguf").string();
+  if (std::filesystem::exists(path)) return path;
+  auto spec = model::preset_spec("tiny");
+  spdlog::info("event=default_model_generate path={} preset=tiny", path);
+  if (auto ok = model::generate_model(*spec, path); !ok) return std::unexpected(ok.error());
+  return path;
+}
+
+}  // namespace exa::app

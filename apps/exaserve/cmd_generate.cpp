@@ -1,0 +1,141 @@
+// exaserve generate: one completion from a GGUF model on the CPU engine.
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "args.hpp"
+#include "cli_util.hpp"
+#include "commands.hpp"
+#include "engine/cpu_engine.hpp"
+#include "engine/thread_pool.hpp"
+#include "gpu/cpu_memory_pool.hpp"
+#include "model/llama_model.hpp"
+
+namespace exa::app {
+namespace {
+
+const std::vector<flag_spec> flags = {
+    {"model", true, "GGUF file (default: the generated tiny model)"},
+    {"prompt", true, "prompt text (BOS is added)"},
+    {"prompt-ids", true, "prompt token ids, e.g. 1,2,3 (used exactly as given)"},
+    {"max-tokens", true, "tokens to generate (default 64)"},
+    {"temperature", true, "0 = greedy (default)"},
+    {"top-p", true, "nucleus sampling mass in (0, 1] (default 1)"},
+    {"top-k", true, "sample among the k most likely (default 0: off)"},
+    {"seed", true, "sampling seed (default 0)"},
+    {"threads", true, "worker threads (default: all cores)"},
+    {"ids", false, "print generated token ids (comma-separated) instead of text"},
+    {"ignore-eos", false, "do not stop at the end-of-sequence token"},
+    {"help", false, "show this help"},
+};
+
+struct options {
+  std::string model_path;
+  engine::generation_request request;
+  std::size_t threads = 0;
+  bool ids = false;
+  bool have_text_prompt = false;
+  std::string prompt_text;
+};
+
+expected<options> read_options(const args& a) {
+  options o;
+  if (a.has("prompt") == a.has("prompt-ids"))
+    return make_error(errc::invalid_argument, "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  if (auto p = a.get("prompt")) {
+    o.have_text_prompt = true;
+    o.prompt_text = *p;
+  } else {
+    auto ids = parse_id_list(*a.get("prompt-ids"));
+    if (!ids) return std::unexpected(ids.error());
+    o.request.prompt = std::move(*ids);
+  }
+  auto max_tokens = a.get_int("max-tokens", 64, 1, 1 << 20);
+  auto temperature = a.get_double("temperature", 0.0, 0.0, engine::max_temperature);
+  auto top_p = a.get_double("top-p", 1.0, 1e-6, 1.0);
+  auto top_k = a.get_int("top-k", 0, 0, 1 << 22);
+  auto seed = a.get_int("seed", 0, 0, INT64_MAX);
+  auto threads = a.get_int("threads", 0, 0, 1024);
+  for (const auto* e : {&max_tokens, &top_k, &seed, &threads})
+    if (!*e) return std::unexpected(e->error());
+  for (const auto* e : {&temperature, &top_p})
+    if (!*e) return std::unexpected(e->error());
+  o.request.max_tokens = static_cast<std::uint32_t>(*max_tokens);
+  o.request.sampling = {static_cast<float>(*temperature), static_cast<float>(*top_p),
+                        static_cast<std::uint32_t>(*top_k), static_cast<std::uint64_t>(*seed)};
+  o.threads = static_cast<std::size_t>(*threads);
+  o.ids = a.has("ids");
+  if (auto m = a.get("model")) {
+    o.model_path = *m;
+  } else {
+    auto def = default_model_path();
+    if (!def) return std::unexpected(def.error());
+    o.model_path = *def;
+  }
+  return o;
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  auto a = args::parse(argc, argv, 2, flags);
+  if (!a) return fail("generate", a.error());
+  if (a->has("help")) {
+    std::printf("usage: exaserve generate --model FILE (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n%s",
+                describe_flags(flags).c_str());
+    return 0;
+  }
+  auto o = read_options(*a);
+  if (!o) return fail("generate", o.error());
+  auto model = model::llama_model::load(o->model_path);
+  if (!model) return fail("generate", model.error());
+  const auto& tok = (*model)->tokenizer();
+  if (o->have_text_prompt) {
+    auto ids = tok.encode(o->prompt_text, /*add_bos=*/true);
+    if (!ids) return fail("generate", ids.error());
+    o->request.prompt = std::move(*ids);
+  }
+  if (tok.eos() && !a->has("ignore-eos")) o->request.stop_tokens.push_back(*tok.eos());
+
+  const auto& cfg = (*model)->config();
+  constexpr std::uint32_t block_tokens = 16;
+  const std::size_t total = o->request.prompt.size() + o->request.max_tokens;
+  const auto blocks = static_cast<std::uint32_t>((total + block_tokens - 1) / block_tokens);
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, block_tokens), blocks);
+  if (!pool) return fail("generate", pool.error());
+  engine::thread_pool threads(o->threads);
+  engine::cpu_engine eng(*model, **pool, threads, {});
+  if (auto ok = eng.submit(o->request); !ok) return fail("generate", ok.error());
+
+  spdlog::info("event=generate_start model={} prompt_tokens={} max_tokens={} threads={}", o->model_path,
+               o->request.prompt.size(), o->request.max_tokens, threads.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string ids_line;
+  std::size_t n = 0;
+  engine::finish_reason reason = engine::finish_reason::length;
+  while (!eng.idle()) {
+    const auto r = eng.step();
+    for (const auto& t : r.tokens) {
+      ++n;
+      if (o->ids) {
+        ids_line += (ids_line.empty() ? "" : ",") + std::to_string(t.token);
+      } else {
+        const std::string piece = tok.decode_token(t.token);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    }
+    for (const auto& f : r.finished) reason = f.reason;
+  }
+  if (o->ids) std::printf("%s\n", ids_line.c_str());
+  else std::printf("\n");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("event=generate_done tokens={} finish={} seconds={:.3f} tok_s={:.1f}", n,
+               engine::to_string(reason), secs, secs > 0 ? n / secs : 0.0);
+  return 0;
+}
+
+}  // namespace exa::app

@@ -1,0 +1,12 @@
+#pragma once
+// The exaserve subcommands. Each returns the process exit status; errors go to
+// stderr as one line naming the problem.
+
+namespace exa::app {
+
+int cmd_gen_model(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+int cmd_bench_engine(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
+
+}  // namespace exa::app

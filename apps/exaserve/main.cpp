@@ -1,0 +1,51 @@
+// exaserve: one binary, one subcommand per job.
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "commands.hpp"
+
+namespace {
+
+constexpr const char* usage = R"(usage: exaserve <command> [flags]
+
+commands:
+  serve          start the embedded cluster (for now: generate from the default model)
+  generate       generate text or token ids from a GGUF model
+  gen-model      write a Llama-architecture GGUF model with deterministic random weights
+  bench-engine   measure prefill and decode throughput of the CPU engine
+
+Run `exaserve <command> --help` for the flags of a command.
+Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off); results to stdout.
+)";
+
+void setup_logging() {
+  // Logs on stderr, so stdout carries only a command's result.
+  auto logger = spdlog::stderr_color_mt("exaserve");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  spdlog::set_level(spdlog::level::info);
+  if (const char* lvl = std::getenv("EXASERVE_LOG"); lvl && *lvl)
+    spdlog::set_level(spdlog::level::from_str(lvl));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setup_logging();
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string_view cmd = argv[1];
+  if (cmd == "serve") return exa::app::cmd_serve(argc, argv);
+  if (cmd == "generate") return exa::app::cmd_generate(argc, argv);
+  if (cmd == "gen-model") return exa::app::cmd_gen_model(argc, argv);
+  if (cmd == "bench-engine") return exa::app::cmd_bench_engine(argc, argv);
+  std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
+  return 2;
+}

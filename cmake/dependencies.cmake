@@ -1,0 +1,43 @@
+# Third-party dependencies, all from Debian packages (scripts/bootstrap.sh).
+find_package(Threads REQUIRED)
+find_package(spdlog CONFIG REQUIRED)   # compiled library: far cheaper to build against
+find_package(fmt CONFIG REQUIRED)
+
+# CAF has no CMake package on Debian: wrap the libraries in imported targets.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY caf_core REQUIRED)
+find_library(CAF_IO_LIBRARY caf_io REQUIRED)
+add_library(caf::core UNKNOWN IMPORTED)
+set_target_properties(caf::core PROPERTIES IMPORTED_LOCATION ${CAF_CORE_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${CAF_INCLUDE_DIR} INTERFACE_LINK_LIBRARIES Threads::Threads)
+add_library(caf::io UNKNOWN IMPORTED)
+set_target_properties(caf::io PROPERTIES IMPORTED_LOCATION ${CAF_IO_LIBRARY}
+  INTERFACE_LINK_LIBRARIES caf::core)
+
+find_package(CapnProto CONFIG REQUIRED)
+
+if(EXASERVE_TESTS)
+  find_package(Catch2 REQUIRED)
+  include(Catch)
+endif()
+
+# CUDA is optional: compiled and linked only when nvcc is found.
+set(EXASERVE_HAVE_CUDA OFF)
+if(EXASERVE_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)  # H100/H200; nvcc 13's default is older
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(EXASERVE_HAVE_CUDA ON)
+    message(STATUS "exaserve: CUDA ${CUDAToolkit_VERSION} found; building the CUDA device")
+  else()
+    message(STATUS "exaserve: nvcc not found; building without the CUDA device")
+  endif()
+endif()

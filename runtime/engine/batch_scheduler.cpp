@@ -1,0 +1,136 @@
+#include "engine/batch_scheduler.hpp"
+
+#include <algorithm>
+
+#include "common/assert.hpp"
+
+namespace exa::engine {
+
+batch_scheduler::batch_scheduler(scheduler_config config, kv_cache& cache)
+    : config_(config), cache_(cache) {
+  EXA_ASSERT(config_.max_batch_tokens > 0 && config_.max_running > 0 && config_.prefill_chunk > 0);
+}
+
+void batch_scheduler::enqueue(std::unique_ptr<sequence> seq) {
+  EXA_ASSERT(seq && !seq->is_running && seq->computed == 0);
+  waiting_.push_back(std::move(seq));
+}
+
+sequence* batch_scheduler::find(seq_id id) {
+  for (auto& s : running_)
+    if (s->request.id == id) return s.get();
+  for (auto& s : waiting_)
+    if (s->request.id == id) return s.get();
+  return nullptr;
+}
+
+bool batch_scheduler::remove(seq_id id) {
+  cache_.release(id);
+  const auto match = [id](const auto& s) { return s->request.id == id; };
+  if (auto it = std::find_if(running_.begin(), running_.end(), match); it != running_.end()) {
+    running_.erase(it);
+    return true;
+  }
+  if (auto it = std::find_if(waiting_.begin(), waiting_.end(), match); it != waiting_.end()) {
+    waiting_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void batch_scheduler::finish(seq_id id) {
+  const bool found = remove(id);
+  EXA_ASSERT_MSG(found, "finish of an unknown sequence");
+}
+
+sequence* batch_scheduler::newest_after(const sequence& seq) {
+  sequence* newest = nullptr;
+  for (auto& s : running_)
+    if (s->admit_order > seq.admit_order && (!newest || s->admit_order > newest->admit_order))
+      newest = s.get();
+  return newest;
+}
+
+void batch_scheduler::preempt(sequence& victim, std::vector<scheduled_chunk>& plan,
+                              std::uint32_t& budget) {
+  // A victim already planned this step gives its tokens back.
+  for (auto it = plan.begin(); it != plan.end(); ++it)
+    if (it->seq == &victim) {
+      budget += it->n_tokens;
+      plan.erase(it);
+      break;
+    }
+  cache_.release(victim.request.id);
+  victim.computed = 0;
+  victim.is_running = false;
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [&](const auto& s) { return s.get() == &victim; });
+  EXA_ASSERT(it != running_.end());
+  // Front of the queue: preempted work resumes before new arrivals.
+  waiting_.push_front(std::move(*it));
+  running_.erase(it);
+}
+
+bool batch_scheduler::grow(std::vector<scheduled_chunk>& plan, sequence& seq, std::uint32_t n,
+                           std::uint32_t& budget, std::uint32_t& preempted) {
+  while (!cache_.reserve(seq.request.id, seq.computed + n)) {
+    sequence* victim = newest_after(seq);
+    if (victim == nullptr) {
+      // `seq` is the newest. The oldest sequence always fits (the engine
+      // refuses requests larger than the cache), so it never gets here alone.
+      EXA_ASSERT_MSG(running_.front().get() != &seq, "oldest sequence cannot fit the KV cache");
+      preempt(seq, plan, budget);
+      ++preempted;
+      return false;
+    }
+    preempt(*victim, plan, budget);
+    ++preempted;
+  }
+  plan.push_back({&seq, n});
+  budget -= n;
+  return true;
+}
+
+void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget) {
+  while (!waiting_.empty() && running_.size() < config_.max_running && budget > 0) {
+    sequence& seq = *waiting_.front();
+    const std::uint32_t n = std::min({seq.pending(), config_.prefill_chunk, budget});
+    // Keep one free block per running sequence so admitting new work does
+    // not immediately force preemptions when the others grow.
+    const std::uint32_t need = cache_.blocks_needed(seq.request.id, seq.computed + n);
+    if (need + running_.size() > cache_.free_blocks()) break;
+    const bool ok = cache_.reserve(seq.request.id, seq.computed + n);
+    EXA_ASSERT(ok);
+    seq.is_running = true;
+    seq.admit_order = next_admit_++;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    plan.push_back({&seq, n});
+    budget -= n;
+  }
+}
+
+std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
+  std::vector<scheduled_chunk> plan;
+  std::uint32_t budget = config_.max_batch_tokens;
+  preempted = 0;
+  // Snapshot: preemption moves sequences out of running_ while we iterate.
+  std::vector<sequence*> order;
+  for (auto& s : running_) order.push_back(s.get());
+
+  // Decoding sequences first (one token each): a long prompt never stalls them.
+  for (sequence* s : order)
+    if (budget > 0 && s->is_running && s->pending() == 1) grow(plan, *s, 1, budget, preempted);
+  // Then prefill chunks, oldest first.
+  for (sequence* s : order) {
+    if (budget == 0) break;
+    if (!s->is_running || s->pending() <= 1) continue;
+    const bool planned = std::any_of(plan.begin(), plan.end(), [&](auto& c) { return c.seq == s; });
+    if (planned) continue;
+    grow(plan, *s, std::min({s->pending(), config_.prefill_chunk, budget}), budget, preempted);
+  }
+  admit(plan, budget);
+  return plan;
+}
+
+}  // namespace exa::engine

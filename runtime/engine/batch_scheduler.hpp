@@ -1,0 +1,85 @@
+#pragma once
+// Continuous-batching policy: which sequences run in the next step and how
+// many of their tokens, within a token budget and the KV cache. Sequences join
+// and leave between steps; prefill is chunked so a long prompt cannot stall
+// the decoding sequences; when the cache runs out the newest sequence is
+// preempted (its blocks freed, recomputed later from prompt + generated
+// tokens, which batch invariance makes exact). The oldest running sequence
+// always progresses, so nothing deadlocks.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine/kv_cache.hpp"
+
+namespace exa::engine {
+
+struct scheduler_config {
+  std::uint32_t max_batch_tokens = 512;  // tokens computed per step
+  std::uint32_t max_running = 64;        // sequences in the running set
+  std::uint32_t max_waiting = 4096;      // queued sequences; more is overloaded
+  std::uint32_t prefill_chunk = 256;     // prompt tokens per sequence per step
+};
+
+struct sequence {
+  generation_request request;
+  std::vector<model::token_id> tokens;  // prompt, then every generated token
+  std::uint32_t prompt_len = 0;
+  std::uint32_t computed = 0;     // tokens whose K/V are in the cache
+  std::uint64_t admit_order = 0;  // larger = admitted later
+  bool is_running = false;
+
+  std::uint32_t generated() const noexcept {
+    return static_cast<std::uint32_t>(tokens.size()) - prompt_len;
+  }
+  std::uint32_t pending() const noexcept {
+    return static_cast<std::uint32_t>(tokens.size()) - computed;
+  }
+};
+
+struct scheduled_chunk {
+  sequence* seq = nullptr;
+  std::uint32_t n_tokens = 0;  // tokens [computed, computed + n) run this step
+};
+
+class batch_scheduler {
+ public:
+  batch_scheduler(scheduler_config config, kv_cache& cache);
+
+  const scheduler_config& config() const noexcept { return config_; }
+
+  /// Takes ownership of a new sequence (validated by the engine).
+  void enqueue(std::unique_ptr<sequence> seq);
+  /// The sequence with this id, queued or running, or nullptr.
+  sequence* find(seq_id id);
+  /// Removes a sequence wherever it is and frees its blocks; false if unknown.
+  bool remove(seq_id id);
+  /// Removes a finished running sequence and frees its blocks.
+  void finish(seq_id id);
+
+  /// Plans the next step and reserves the KV blocks it writes. `preempted`
+  /// counts sequences pushed back to waiting while planning.
+  std::vector<scheduled_chunk> plan(std::uint32_t& preempted);
+
+  std::size_t running() const noexcept { return running_.size(); }
+  std::size_t waiting() const noexcept { return waiting_.size(); }
+  bool empty() const noexcept { return running_.empty() && waiting_.empty(); }
+
+ private:
+  bool grow(std::vector<scheduled_chunk>& plan, sequence& seq, std::uint32_t n,
+            std::uint32_t& budget, std::uint32_t& preempted);
+  void preempt(sequence& victim, std::vector<scheduled_chunk>& plan, std::uint32_t& budget);
+  sequence* newest_after(const sequence& seq);
+  void admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget);
+
+  scheduler_config config_;
+  kv_cache& cache_;
+  std::deque<std::unique_ptr<sequence>> waiting_;
+  std::vector<std::unique_ptr<sequence>> running_;  // admission order, oldest first
+  std::uint64_t next_admit_ = 1;
+};
+
+}  // namespace exa::engine

@@ -1,0 +1,150 @@
+#include "engine/cpu_engine.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "common/assert.hpp"
+
+namespace exa::engine {
+
+std::string_view to_string(finish_reason r) noexcept {
+  switch (r) {
+    case finish_reason::stop: return "stop";
+    case finish_reason::length: return "length";
+    case finish_reason::cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+std::size_t cpu_engine::kv_block_bytes(const model::llama_config& c, std::uint32_t block_tokens) {
+  return kv_layout{c.n_layers, c.kv_dim(), block_tokens}.block_bytes();
+}
+
+cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_pool& pool,
+                       thread_pool& threads, cpu_engine_config config)
+    : model_(std::move(model)),
+      config_(config),
+      cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(),
+                             config.kv_block_tokens}),
+      scheduler_(config.scheduler, cache_),
+      forward_(model_->config(), model_->weights(), cache_, threads) {}
+
+expected<void> cpu_engine::check(const generation_request& r) const {
+  const auto& c = model_->config();
+  if (r.prompt.empty())
+    return make_error(errc::invalid_argument, "prompt is empty: give at least one token");
+  const std::uint64_t total = r.prompt.size() + std::uint64_t{r.max_tokens};
+  if (total > c.context_length)
+    return make_error(errc::invalid_argument,
+                      "prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
+                          std::to_string(r.max_tokens) + ") exceeds the model's context length " +
+                          std::to_string(c.context_length));
+  if (total > cache_.capacity_tokens())
+    return make_error(errc::invalid_argument,
+                      "prompt + max_tokens (" + std::to_string(total) +
+                          " tokens) exceeds this replica's KV cache capacity of " +
+                          std::to_string(cache_.capacity_tokens()) + " tokens");
+  if (r.resume_tokens.size() > r.max_tokens)
+    return make_error(errc::invalid_argument, "more resume tokens than max_tokens");
+  const auto in_vocab = [&](model::token_id t) { return t >= 0 && static_cast<std::uint32_t>(t) < c.vocab_size; };
+  for (const auto* list : {&r.prompt, &r.resume_tokens})
+    for (std::size_t i = 0; i < list->size(); ++i)
+      if (!in_vocab((*list)[i]))
+        return make_error(errc::invalid_argument,
+                          "token id " + std::to_string((*list)[i]) + " at index " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  if (auto ok = validate(r.sampling); !ok) return ok;
+  return {};
+}
+
+expected<void> cpu_engine::submit(generation_request request) {
+  if (auto ok = check(request); !ok) return ok;
+  if (scheduler_.find(request.id) != nullptr)
+    return make_error(errc::invalid_argument, "request id " + std::to_string(request.id) + " is already active");
+  if (scheduler_.waiting() >= config_.scheduler.max_waiting)
+    return make_error(errc::overloaded, "engine queue is full (" +
+                                            std::to_string(config_.scheduler.max_waiting) + " waiting)");
+  auto seq = std::make_unique<sequence>();
+  seq->tokens = request.prompt;
+  seq->prompt_len = static_cast<std::uint32_t>(request.prompt.size());
+  seq->tokens.insert(seq->tokens.end(), request.resume_tokens.begin(), request.resume_tokens.end());
+  if (seq->generated() >= request.max_tokens) {  // a resume with nothing left to do
+    pending_finished_.push_back({request.id, finish_reason::length, seq->generated()});
+    return {};
+  }
+  seq->request = std::move(request);
+  scheduler_.enqueue(std::move(seq));
+  return {};
+}
+
+void cpu_engine::cancel(seq_id id) {
+  if (const sequence* s = scheduler_.find(id)) {
+    const std::uint32_t generated = s->generated();
+    scheduler_.remove(id);  // frees its KV blocks now, not at the next step
+    pending_finished_.push_back({id, finish_reason::cancelled, generated});
+  }
+}
+
+bool cpu_engine::idle() const { return scheduler_.empty() && pending_finished_.empty(); }
+
+void cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_result& out) {
+  const auto& r = seq.request;
+  const model::token_id next =
+      sampler_.sample(logits, model_->config().vocab_size, r.sampling, seq.generated());
+  if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end()) {
+    out.finished.push_back({r.id, finish_reason::stop, seq.generated()});
+    scheduler_.finish(r.id);
+    return;
+  }
+  out.tokens.push_back({r.id, next, seq.generated()});
+  seq.tokens.push_back(next);
+  ++stats_.generated_tokens;
+  if (seq.generated() >= r.max_tokens) {
+    out.finished.push_back({r.id, finish_reason::length, seq.generated()});
+    scheduler_.finish(r.id);
+  }
+}
+
+step_result cpu_engine::step() {
+  step_result out;
+  out.finished = std::move(pending_finished_);
+  pending_finished_.clear();
+  const std::vector<scheduled_chunk> plan = scheduler_.plan(out.preempted);
+  stats_.preemptions += out.preempted;
+  if (plan.empty()) return out;
+
+  forward_batch batch;
+  std::vector<sequence*> wants_logits;
+  for (const scheduled_chunk& c : plan) {
+    const auto index = static_cast<std::uint32_t>(batch.tables.size());
+    batch.tables.push_back(&cache_.table(c.seq->request.id));
+    const std::uint32_t end = c.seq->computed + c.n_tokens;
+    for (std::uint32_t p = c.seq->computed; p < end; ++p) {
+      const bool last = p + 1 == c.seq->tokens.size();
+      batch.tokens.push_back({c.seq->tokens[p], p, index, last});
+      if (last) wants_logits.push_back(c.seq);
+    }
+    if (c.seq->pending() > 1) out.prefill_tokens += c.n_tokens;  // not a one-token decode
+  }
+  forward_.run(batch, logits_);
+  ++stats_.steps;
+  stats_.prefill_tokens += out.prefill_tokens;
+
+  for (const scheduled_chunk& c : plan) c.seq->computed += c.n_tokens;
+  const std::size_t vocab = model_->config().vocab_size;
+  for (std::size_t i = 0; i < wants_logits.size(); ++i)
+    sample_and_advance(*wants_logits[i], logits_.data() + i * vocab, out);
+  out.decode_tokens = static_cast<std::uint32_t>(wants_logits.size());
+  return out;
+}
+
+engine_stats cpu_engine::stats() const {
+  engine_stats s = stats_;
+  s.running = static_cast<std::uint32_t>(scheduler_.running());
+  s.waiting = static_cast<std::uint32_t>(scheduler_.waiting());
+  s.kv_capacity_tokens = cache_.capacity_tokens();
+  s.kv_free_tokens = cache_.free_tokens();
+  return s;
+}
+
+}  // namespace exa::engine

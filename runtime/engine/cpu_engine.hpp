@@ -1,0 +1,59 @@
+#pragma once
+// The CPU inference engine: a Llama model, a paged KV cache on a device block
+// pool, the continuous-batching scheduler, the batched forward pass and the
+// sampler. One instance per replica; the model and the thread pool may be
+// shared with other replicas (calls into one engine must not overlap).
+
+#include <memory>
+#include <vector>
+
+#include "engine/batch_scheduler.hpp"
+#include "engine/engine.hpp"
+#include "engine/kv_cache.hpp"
+#include "engine/llama_forward.hpp"
+#include "engine/sampler.hpp"
+#include "model/llama_model.hpp"
+
+namespace exa::engine {
+
+class thread_pool;
+
+struct cpu_engine_config {
+  scheduler_config scheduler;
+  std::uint32_t kv_block_tokens = 16;
+};
+
+class cpu_engine final : public inference_engine {
+ public:
+  /// `pool` provides the KV blocks (block_bytes() >= kv_block_bytes()).
+  cpu_engine(std::shared_ptr<const model::llama_model> model, block_pool& pool,
+             thread_pool& threads, cpu_engine_config config = {});
+
+  /// Bytes of one KV block for this model and block size (to size the pool).
+  static std::size_t kv_block_bytes(const model::llama_config& c, std::uint32_t block_tokens);
+
+  expected<void> submit(generation_request request) override;
+  void cancel(seq_id id) override;
+  bool idle() const override;
+  step_result step() override;
+  engine_stats stats() const override;
+
+  const model::llama_model& model() const noexcept { return *model_; }
+  const kv_cache& cache() const noexcept { return cache_; }
+
+ private:
+  expected<void> check(const generation_request& r) const;
+  void sample_and_advance(sequence& seq, const float* logits, step_result& out);
+
+  std::shared_ptr<const model::llama_model> model_;
+  cpu_engine_config config_;
+  kv_cache cache_;
+  batch_scheduler scheduler_;
+  llama_forward forward_;
+  sampler sampler_;
+  std::vector<float> logits_;
+  std::vector<finish_event> pending_finished_;  // cancellations, reported next step
+  engine_stats stats_;
+};
+
+}  // namespace exa::engine

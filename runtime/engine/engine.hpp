@@ -1,0 +1,89 @@
+#pragma once
+// What a replica drives: an inference engine that takes generation requests,
+// runs continuous-batching steps and reports tokens as they are produced. The
+// CPU engine (cpu_engine.hpp) runs a real model; later a simulated engine
+// implements the same interface with a cost model.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/kv_cache.hpp"
+#include "engine/sampler.hpp"
+#include "model/tokenizer.hpp"
+
+namespace exa::engine {
+
+struct generation_request {
+  seq_id id = 0;
+  /// Prompt token ids, used exactly as given (add BOS before, if wanted).
+  std::vector<model::token_id> prompt;
+  /// Tokens already generated and delivered elsewhere (request resume). They
+  /// are prefilled after the prompt and never emitted again; sampling goes on
+  /// from position resume_tokens.size() with the same seed.
+  std::vector<model::token_id> resume_tokens;
+  /// Total tokens to generate, resume_tokens included.
+  std::uint32_t max_tokens = 16;
+  sampling_params sampling;
+  /// Generation ends when one of these is sampled; it is not emitted.
+  std::vector<model::token_id> stop_tokens;
+};
+
+enum class finish_reason { stop, length, cancelled };
+std::string_view to_string(finish_reason r) noexcept;
+
+struct token_event {
+  seq_id id = 0;
+  model::token_id token = 0;
+  std::uint32_t index = 0;  // position among generated tokens, 0-based
+};
+
+struct finish_event {
+  seq_id id = 0;
+  finish_reason reason = finish_reason::stop;
+  std::uint32_t generated = 0;  // total generated tokens, resume_tokens included
+};
+
+struct step_result {
+  std::vector<token_event> tokens;
+  std::vector<finish_event> finished;
+  std::uint32_t prefill_tokens = 0;  // prompt tokens computed this step
+  std::uint32_t decode_tokens = 0;   // sequences that produced a token
+  std::uint32_t preempted = 0;       // sequences pushed back to waiting
+};
+
+struct engine_stats {
+  std::uint32_t running = 0;
+  std::uint32_t waiting = 0;
+  std::uint32_t kv_capacity_tokens = 0;
+  std::uint32_t kv_free_tokens = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t generated_tokens = 0;
+  std::uint64_t prefill_tokens = 0;
+  std::uint64_t preemptions = 0;
+};
+
+class inference_engine {
+ public:
+  virtual ~inference_engine() = default;
+
+  /// Queues a request. Errors: invalid_argument (empty prompt, token out of
+  /// vocabulary, prompt + max_tokens over the context length or the KV
+  /// capacity, bad sampling parameters, duplicate id), overloaded (waiting
+  /// queue full).
+  virtual expected<void> submit(generation_request request) = 0;
+  /// Cancels a queued or running request and frees its KV blocks at once; the
+  /// next step() reports it finished with reason cancelled. Unknown ids are
+  /// ignored (the request may just have finished).
+  virtual void cancel(seq_id id) = 0;
+  /// True when nothing is queued or running.
+  virtual bool idle() const = 0;
+  /// Runs one batched step: every running sequence advances by one token or
+  /// one prefill chunk.
+  virtual step_result step() = 0;
+  virtual engine_stats stats() const = 0;
+};
+
+}  // namespace exa::engine

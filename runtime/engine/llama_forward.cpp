@@ -1,0 +1,186 @@
+#include "engine/llama_forward.hpp"
+
+#include <cmath>
+
+#include "common/assert.hpp"
+#include "engine/ops.hpp"
+#include "engine/simd.hpp"
+#include "engine/thread_pool.hpp"
+#include "model/half.hpp"
+
+namespace exa::engine {
+namespace {
+
+std::vector<float> dequantize_vector(const model::weight_view& w) {
+  std::vector<float> out(w.cols);
+  dequantize_row(w, 0, out.data());
+  return out;
+}
+
+// q (rounded to fp16 precision, as llama.cpp multiplies it with an fp16
+// cache) · k in the engine's fixed reduction order.
+float dot_f16(const float* q, const std::uint16_t* k, std::size_t n) noexcept {
+  simd::vfloat acc = simd::zero();
+  std::size_t i = 0;
+  for (; i + simd::lanes <= n; i += simd::lanes)
+    acc = simd::fma(simd::load(q + i), simd::load_f16(k + i), acc);
+  float s = simd::hsum(acc);
+  for (; i < n; ++i) s = simd::fma1(q[i], model::f16_to_float(k[i]), s);
+  return s;
+}
+
+// out += w · v for an fp16 vector v: elementwise, so no reduction order issue.
+void axpy_f16(float w, const std::uint16_t* v, float* out, std::size_t n) noexcept {
+  const simd::vfloat wv = simd::splat(w);
+  std::size_t i = 0;
+  for (; i + simd::lanes <= n; i += simd::lanes)
+    simd::store(out + i, simd::fma(wv, simd::load_f16(v + i), simd::load(out + i)));
+  for (; i < n; ++i) out[i] = simd::fma1(w, model::f16_to_float(v[i]), out[i]);
+}
+
+void round_to_f16(float* x, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) x[i] = model::f16_to_float(model::float_to_f16(x[i]));
+}
+
+}  // namespace
+
+llama_forward::llama_forward(const model::llama_config& config,
+                             const model::llama_weights& weights, kv_cache& cache,
+                             thread_pool& pool)
+    : config_(config), weights_(weights), cache_(cache), pool_(pool) {
+  EXA_ASSERT(weights_.layers.size() == config_.n_layers);
+  EXA_ASSERT(cache_.layout().n_layers == config_.n_layers);
+  EXA_ASSERT(cache_.layout().kv_dim == config_.kv_dim());
+  for (const auto& l : weights_.layers) {
+    attn_norm_.push_back(dequantize_vector(l.attn_norm));
+    ffn_norm_.push_back(dequantize_vector(l.ffn_norm));
+  }
+  output_norm_ = dequantize_vector(weights_.output_norm);
+}
+
+template <class Fn>
+void llama_forward::for_tokens(std::size_t n_tok, Fn&& fn) {
+  pool_.parallel_for(n_tok, 1, [&](std::size_t b, std::size_t e) {
+    for (std::size_t t = b; t < e; ++t) fn(t);
+  });
+}
+
+void llama_forward::project(const model::weight_view& w, std::size_t n_tok, float* y,
+                            std::size_t y_stride) {
+  if (xn_acts_.serves(w.type, w.cols)) return matmul(w, xn_acts_, y, y_stride, pool_);
+  return matmul(w, xn_.data(), config_.dim, n_tok, y, y_stride, pool_, other_acts_);
+}
+
+void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std::size_t t,
+                           std::size_t head, std::vector<float>& scores) {
+  const forward_token& tok = batch.tokens[t];
+  const std::vector<block_id>& table = *batch.tables[tok.seq_index];
+  const std::size_t hd = config_.head_dim();
+  const std::size_t kv_head = head / (config_.n_heads / config_.n_kv_heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float q[1024];
+  EXA_ASSERT(hd <= 1024);
+  for (std::size_t i = 0; i < hd; ++i) q[i] = q_[t * config_.dim + head * hd + i];
+  round_to_f16(q, hd);
+
+  const std::size_t n = std::size_t{tok.pos} + 1;
+  scores.resize(n);
+  for (std::uint32_t j = 0; j < n; ++j)
+    scores[j] = dot_f16(q, cache_.k(table, layer, j) + kv_head * hd, hd) * scale;
+  softmax(scores.data(), n);
+  float* out = att_.data() + t * config_.dim + head * hd;
+  for (std::size_t i = 0; i < hd; ++i) out[i] = 0.0f;
+  for (std::uint32_t j = 0; j < n; ++j) axpy_f16(scores[j], cache_.v(table, layer, j) + kv_head * hd, out, hd);
+}
+
+void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t layer) {
+  const std::size_t n_tok = batch.tokens.size();
+  const std::size_t dim = config_.dim, kv_dim = config_.kv_dim(), hd = config_.head_dim();
+  const auto& w = weights_.layers[layer];
+  xn_acts_.convert(w.wq.type, xn_.data(), dim, n_tok, dim, &pool_);
+  project(w.wq, n_tok, q_.data(), dim);
+  project(w.wk, n_tok, k_.data(), kv_dim);
+  project(w.wv, n_tok, v_.data(), kv_dim);
+
+  // RoPE, then store this batch's K and V so every token can attend to the
+  // earlier positions of its own chunk.
+  for_tokens(n_tok, [&](std::size_t t) {
+    const forward_token& tok = batch.tokens[t];
+    rope(q_.data() + t * dim, config_.n_heads, hd, config_.rope_dim, tok.pos, config_.rope_freq_base);
+    rope(k_.data() + t * kv_dim, config_.n_kv_heads, hd, config_.rope_dim, tok.pos,
+         config_.rope_freq_base);
+    const std::vector<block_id>& table = *batch.tables[tok.seq_index];
+    std::uint16_t* kd = cache_.k(table, layer, tok.pos);
+    std::uint16_t* vd = cache_.v(table, layer, tok.pos);
+    for (std::size_t i = 0; i < kv_dim; ++i) {
+      kd[i] = model::float_to_f16(k_[t * kv_dim + i]);
+      vd[i] = model::float_to_f16(v_[t * kv_dim + i]);
+    }
+  });
+
+  pool_.parallel_for(n_tok * config_.n_heads, 1, [&](std::size_t begin, std::size_t end) {
+    std::vector<float> scores;
+    for (std::size_t i = begin; i < end; ++i)
+      attend(batch, layer, i / config_.n_heads, i % config_.n_heads, scores);
+  });
+  matmul(w.wo, att_.data(), dim, n_tok, proj_.data(), dim, pool_, other_acts_);
+  for_tokens(n_tok, [&](std::size_t t) {
+    for (std::size_t i = t * dim; i < (t + 1) * dim; ++i) x_[i] += proj_[i];
+  });
+}
+
+void llama_forward::run(const forward_batch& batch, std::vector<float>& logits) {
+  const std::size_t n_tok = batch.tokens.size();
+  const std::size_t dim = config_.dim, kv_dim = config_.kv_dim(), ff = config_.ff_dim;
+  logits.clear();
+  if (n_tok == 0) return;
+  x_.resize(n_tok * dim);
+  xn_.resize(n_tok * dim);
+  q_.resize(n_tok * dim);
+  att_.resize(n_tok * dim);
+  proj_.resize(n_tok * dim);
+  k_.resize(n_tok * kv_dim);
+  v_.resize(n_tok * kv_dim);
+  gate_.resize(n_tok * ff);
+  up_.resize(n_tok * ff);
+
+  for (std::size_t t = 0; t < n_tok; ++t) {
+    const auto token = batch.tokens[t].token;
+    EXA_ASSERT(token >= 0 && static_cast<std::uint64_t>(token) < weights_.token_embd.rows);
+    EXA_ASSERT(batch.tokens[t].seq_index < batch.tables.size());
+    dequantize_row(weights_.token_embd, static_cast<std::size_t>(token), x_.data() + t * dim);
+  }
+
+  for (std::uint32_t l = 0; l < config_.n_layers; ++l) {
+    const auto& w = weights_.layers[l];
+    for_tokens(n_tok, [&](std::size_t t) {
+      rms_norm(x_.data() + t * dim, attn_norm_[l].data(), dim, config_.rms_eps, xn_.data() + t * dim);
+    });
+    attention_layer(batch, l);
+
+    for_tokens(n_tok, [&](std::size_t t) {
+      rms_norm(x_.data() + t * dim, ffn_norm_[l].data(), dim, config_.rms_eps, xn_.data() + t * dim);
+    });
+    xn_acts_.convert(w.w_gate.type, xn_.data(), dim, n_tok, dim, &pool_);
+    project(w.w_gate, n_tok, gate_.data(), ff);
+    project(w.w_up, n_tok, up_.data(), ff);
+    for_tokens(n_tok, [&](std::size_t t) { silu_mul(gate_.data() + t * ff, up_.data() + t * ff, ff); });
+    matmul(w.w_down, gate_.data(), ff, n_tok, proj_.data(), dim, pool_, other_acts_);
+    for_tokens(n_tok, [&](std::size_t t) {
+      for (std::size_t i = t * dim; i < (t + 1) * dim; ++i) x_[i] += proj_[i];
+    });
+  }
+
+  // Only the tokens that need logits go through the final norm and head.
+  std::size_t n_out = 0;
+  for (std::size_t t = 0; t < n_tok; ++t) {
+    if (!batch.tokens[t].logits) continue;
+    rms_norm(x_.data() + t * dim, output_norm_.data(), dim, config_.rms_eps, xn_.data() + n_out * dim);
+    ++n_out;
+  }
+  const std::size_t vocab = weights_.output.rows;
+  logits.resize(n_out * vocab);
+  matmul(weights_.output, xn_.data(), dim, n_out, logits.data(), vocab, pool_, other_acts_);
+}
+
+}  // namespace exa::engine

@@ -1,0 +1,57 @@
+#include "engine/ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/assert.hpp"
+
+namespace exa::engine {
+
+void rms_norm(const float* x, const float* w, std::size_t n, float eps, float* out) noexcept {
+  double sum = 0.0;
+  for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (std::size_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
+}
+
+void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::size_t rope_dim,
+          std::uint32_t pos, float freq_base) noexcept {
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rope_dim));
+  // The angles are the same for every head: compute them once.
+  float cos_t[512], sin_t[512];
+  EXA_ASSERT_MSG(rope_dim / 2 <= 512, "rope_dim above 1024 (config validation bounds it)");
+  const std::size_t pairs = rope_dim / 2;
+  float theta = static_cast<float>(pos);
+  for (std::size_t i = 0; i < pairs; ++i) {
+    cos_t[i] = std::cos(theta);
+    sin_t[i] = std::sin(theta);
+    theta *= theta_scale;
+  }
+  for (std::size_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (std::size_t i = 0; i < pairs; ++i) {
+      const float x0 = v[2 * i], x1 = v[2 * i + 1];
+      v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
+      v[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+    }
+  }
+}
+
+void silu_mul(float* g, const float* u, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void softmax(float* x, std::size_t n) noexcept {
+  float mx = -INFINITY;
+  for (std::size_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace exa::engine

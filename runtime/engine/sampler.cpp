@@ -1,0 +1,96 @@
+#include "engine/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/assert.hpp"
+
+namespace exa::engine {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+model::token_id argmax(const float* logits, std::size_t vocab) noexcept {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < vocab; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<model::token_id>(best);
+}
+
+}  // namespace
+
+expected<void> validate(const sampling_params& p) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0f || p.temperature > max_temperature)
+    return make_error(errc::invalid_argument,
+                      "temperature must be in [0, " + std::to_string(max_temperature) + "], got " +
+                          std::to_string(p.temperature));
+  if (!std::isfinite(p.top_p) || p.top_p <= 0.0f || p.top_p > 1.0f)
+    return make_error(errc::invalid_argument,
+                      "top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  return {};
+}
+
+double uniform_draw(std::uint64_t seed, std::uint64_t index) noexcept {
+  const std::uint64_t x = splitmix64(splitmix64(seed) ^ splitmix64(index + 0x632be59bd9b4e019ull));
+  return static_cast<double>(x >> 11) * 0x1.0p-53;
+}
+
+model::token_id sampler::sample(const float* logits, std::size_t vocab, const sampling_params& p,
+                                std::uint64_t index) {
+  EXA_ASSERT(vocab > 0);
+  if (p.temperature == 0.0f || p.top_k == 1) return argmax(logits, vocab);
+
+  candidates_.clear();
+  for (std::size_t i = 0; i < vocab; ++i)
+    if (!std::isnan(logits[i])) candidates_.emplace_back(logits[i], static_cast<model::token_id>(i));
+  if (candidates_.empty()) return argmax(logits, vocab);
+  const auto better = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::size_t keep = candidates_.size();
+  if (p.top_k > 0 && p.top_k < keep) {
+    keep = p.top_k;
+    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(keep),
+                      candidates_.end(), better);
+  } else if (p.top_p < 1.0f) {
+    std::sort(candidates_.begin(), candidates_.end(), better);
+  }
+  candidates_.resize(keep);
+  // With neither filter the order does not matter, but it must be fixed:
+  // it is token-id order here.
+
+  const double max_logit =
+      std::max_element(candidates_.begin(), candidates_.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; })->first;
+  probs_.resize(keep);
+  double total = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    probs_[i] = std::exp((candidates_[i].first - max_logit) / p.temperature);
+    total += probs_[i];
+  }
+  if (p.top_p < 1.0f) {  // candidates are sorted: keep the smallest prefix reaching top_p
+    double cum = 0.0;
+    std::size_t n = 0;
+    while (n < keep) {
+      cum += probs_[n++];
+      if (cum >= p.top_p * total) break;
+    }
+    keep = n;
+    total = cum;
+  }
+  const double target = uniform_draw(p.seed, index) * total;
+  double cum = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    cum += probs_[i];
+    if (target < cum) return candidates_[i].second;
+  }
+  return candidates_[keep - 1].second;
+}
+
+}  // namespace exa::engine

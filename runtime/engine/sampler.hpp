@@ -1,0 +1,44 @@
+#pragma once
+// Next-token sampling: greedy, temperature, top-k, top-p. The random draw for
+// the i-th generated token is a pure function of (seed, i), so a request
+// resumed elsewhere with the same seed and position draws the same numbers.
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+#include "model/tokenizer.hpp"
+
+namespace exa::engine {
+
+struct sampling_params {
+  float temperature = 0.0f;  // 0: greedy
+  float top_p = 1.0f;        // (0, 1]; 1 disables
+  std::uint32_t top_k = 0;   // 0 disables
+  std::uint64_t seed = 0;
+};
+
+/// Named limits on sampling parameters.
+inline constexpr float max_temperature = 100.0f;
+
+/// invalid_argument naming the parameter when out of range or not finite.
+expected<void> validate(const sampling_params& p);
+
+/// Uniform double in [0, 1) for draw `index` of stream `seed`.
+double uniform_draw(std::uint64_t seed, std::uint64_t index) noexcept;
+
+class sampler {
+ public:
+  /// Picks a token from `logits[0, vocab)` for generated-token number `index`.
+  /// Greedy ties go to the lowest id; candidate order is (logit desc, id asc).
+  model::token_id sample(const float* logits, std::size_t vocab, const sampling_params& p,
+                         std::uint64_t index);
+
+ private:
+  std::vector<std::pair<float, model::token_id>> candidates_;
+  std::vector<double> probs_;
+};
+
+}  // namespace exa::engine

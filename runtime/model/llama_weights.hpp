@@ -1,0 +1,60 @@
+#pragma once
+// Views of a Llama model's weight tensors inside a mapped GGUF file, checked
+// against the config: every tensor present with the shape the architecture
+// needs and a type the engine runs. The file must outlive the views.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "model/llama_config.hpp"
+#include "model/tensor_type.hpp"
+
+namespace exa::model {
+
+class gguf_file;
+
+/// A 1-D or 2-D weight: `rows` rows of `cols` elements, each row contiguous.
+/// For ggml shape {cols, rows}; a 1-D tensor has rows == 1.
+struct weight_view {
+  tensor_type type = tensor_type::f32;
+  std::uint64_t rows = 0;
+  std::uint64_t cols = 0;
+  const std::byte* data = nullptr;
+  std::string name;
+
+  std::uint64_t row_bytes() const noexcept;
+  const std::byte* row(std::uint64_t r) const noexcept { return data + r * row_bytes(); }
+  std::uint64_t bytes() const noexcept { return rows * row_bytes(); }
+};
+
+struct llama_layer_weights {
+  weight_view attn_norm;    // {dim}
+  weight_view wq;           // {dim, dim}: rows = n_heads * head_dim
+  weight_view wk;           // {dim, kv_dim}
+  weight_view wv;           // {dim, kv_dim}
+  weight_view wo;           // {dim, dim}
+  weight_view ffn_norm;     // {dim}
+  weight_view w_gate;       // {dim, ff}
+  weight_view w_up;         // {dim, ff}
+  weight_view w_down;       // {ff, dim}
+};
+
+struct llama_weights {
+  weight_view token_embd;   // {dim, vocab}
+  std::vector<llama_layer_weights> layers;
+  weight_view output_norm;  // {dim}
+  weight_view output;       // {dim, vocab}; token_embd when the file ties them
+  bool tied_output = false;
+
+  /// Total bytes of distinct weight tensors (tied output counted once).
+  std::uint64_t total_bytes() const noexcept;
+};
+
+/// Binds the standard tensor names. Errors: not_found naming a missing tensor,
+/// invalid_argument naming a tensor with the wrong shape, unsupported naming a
+/// tensor whose type the engine does not run (norms must be f32, f16 or bf16).
+expected<llama_weights> bind_llama_weights(const gguf_file& file, const llama_config& config);
+
+}  // namespace exa::model

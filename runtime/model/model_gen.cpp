@@ -1,0 +1,254 @@
+#include "model/model_gen.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/assert.hpp"
+#include "model/gguf_writer.hpp"
+#include "model/quantize.hpp"
+#include "model/tokenizer.hpp"
+
+namespace exa::model {
+
+namespace {
+
+// Bounds on a spec: generous for benchmarks, small enough that every product
+// of them fits the reader's and the engine's limits.
+constexpr std::uint32_t max_name_bytes = 256;
+constexpr std::uint32_t max_layers = 256;
+constexpr std::uint32_t max_dim = 16384;
+constexpr std::uint32_t max_heads = 256;
+constexpr std::uint32_t max_ff = 65536;
+constexpr std::uint32_t min_vocab = 260;  // the byte-level tokenizer's layout
+constexpr std::uint32_t max_vocab = 1u << 20;
+constexpr std::uint32_t min_context = 16;
+constexpr std::uint32_t max_context = 1u << 20;
+constexpr std::uint64_t max_params = std::uint64_t{1} << 34;
+constexpr std::uint32_t alignment = 32;
+
+std::unexpected<error> invalid(std::string message) {
+  return make_error(errc::invalid_argument, std::move(message));
+}
+
+expected<void> check_range(std::string_view field, std::uint64_t v, std::uint64_t lo,
+                           std::uint64_t hi) {
+  if (v < lo || v > hi) return invalid(fmt::format("{} = {} is out of range ({}..{})", field, v, lo, hi));
+  return {};
+}
+
+// llama.cpp's general.file_type (llama_ftype) for files whose 2-D weights are `t`.
+std::uint32_t file_type(tensor_type t) noexcept {
+  switch (t) {
+    case tensor_type::f32: return 0;
+    case tensor_type::f16: return 1;
+    case tensor_type::q4_0: return 2;
+    case tensor_type::q8_0: return 7;
+    case tensor_type::bf16: return 32;
+  }
+  return 0;
+}
+
+bool is_quantized(tensor_type t) noexcept { return block_elems(t) > 1; }
+
+std::uint64_t parameter_count(const model_spec& s) {
+  const std::uint64_t dim = s.dim;
+  const std::uint64_t kv_dim = std::uint64_t{s.n_kv_heads} * (s.dim / s.n_heads);
+  const std::uint64_t per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * s.ff_dim + 2 * dim;
+  const std::uint64_t outputs = s.tie_embeddings ? 1 : 2;
+  return outputs * dim * s.vocab_size + dim + s.n_layers * per_layer;
+}
+
+// --- deterministic weights -------------------------------------------------
+
+std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t fnv1a64(std::string_view s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Approximately N(0, 1): the sum of four 16-bit uniforms (Irwin-Hall), centred
+// and scaled. Integer sums and one float multiply make it exact and identical
+// on every machine.
+float normal_at(std::uint64_t key, std::uint64_t index) noexcept {
+  const std::uint64_t bits = splitmix64(key + index);
+  const std::int64_t sum = static_cast<std::int64_t>((bits & 0xffff) + ((bits >> 16) & 0xffff) +
+                                                     ((bits >> 32) & 0xffff) + (bits >> 48));
+  constexpr float scale = 1.7320508f / 65536.0f;  // sqrt(3) / 2^16: unit variance
+  return static_cast<float>(sum - 131070) * scale;
+}
+
+enum class weight_kind { embedding, matrix, norm };
+
+struct tensor_plan {
+  std::string name;
+  std::vector<std::uint64_t> shape;  // ggml ne: {cols, rows} or {cols}
+  weight_kind kind;
+};
+
+std::vector<tensor_plan> plan_tensors(const model_spec& s) {
+  const std::uint64_t dim = s.dim;
+  const std::uint64_t kv_dim = std::uint64_t{s.n_kv_heads} * (s.dim / s.n_heads);
+  const std::uint64_t ff = s.ff_dim;
+  std::vector<tensor_plan> plan;
+  plan.push_back({"token_embd.weight", {dim, s.vocab_size}, weight_kind::embedding});
+  for (std::uint32_t i = 0; i < s.n_layers; ++i) {
+    auto name = [i](std::string_view what) { return fmt::format("blk.{}.{}.weight", i, what); };
+    plan.push_back({name("attn_norm"), {dim}, weight_kind::norm});
+    plan.push_back({name("attn_q"), {dim, dim}, weight_kind::matrix});
+    plan.push_back({name("attn_k"), {dim, kv_dim}, weight_kind::matrix});
+    plan.push_back({name("attn_v"), {dim, kv_dim}, weight_kind::matrix});
+    plan.push_back({name("attn_output"), {dim, dim}, weight_kind::matrix});
+    plan.push_back({name("ffn_norm"), {dim}, weight_kind::norm});
+    plan.push_back({name("ffn_gate"), {dim, ff}, weight_kind::matrix});
+    plan.push_back({name("ffn_up"), {dim, ff}, weight_kind::matrix});
+    plan.push_back({name("ffn_down"), {ff, dim}, weight_kind::matrix});
+  }
+  plan.push_back({"output_norm.weight", {dim}, weight_kind::norm});
+  if (!s.tie_embeddings) plan.push_back({"output.weight", {dim, s.vocab_size}, weight_kind::matrix});
+  return plan;
+}
+
+// Produces one tensor's bytes row by row, converting each row as it goes so
+// that no float copy of the whole tensor exists.
+void fill_tensor(const tensor_plan& p, tensor_type type, std::uint64_t seed,
+                 std::span<std::byte> out) {
+  const std::uint64_t key = splitmix64(seed ^ splitmix64(fnv1a64(p.name)));
+  const std::uint64_t cols = p.shape[0];
+  const std::uint64_t rows = p.shape.size() > 1 ? p.shape[1] : 1;
+  const std::size_t row_size = row_bytes(type, static_cast<std::size_t>(cols));
+  EXA_ASSERT(out.size() == rows * row_size);
+  // Scaled by 1/sqrt(fan_in) so activations keep roughly unit scale through
+  // each matmul; embeddings are looked up, not multiplied, so stay unit.
+  const float scale = p.kind == weight_kind::matrix ? 1.0f / std::sqrt(static_cast<float>(cols)) : 1.0f;
+  std::vector<float> row(static_cast<std::size_t>(cols));
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    for (std::uint64_t c = 0; c < cols; ++c) {
+      const float z = normal_at(key, r * cols + c);
+      row[static_cast<std::size_t>(c)] = p.kind == weight_kind::norm ? 1.0f + 0.1f * z : z * scale;
+    }
+    convert_row(row, type, out.data() + r * row_size);
+  }
+}
+
+void write_metadata(gguf_writer& w, const model_spec& s) {
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.name", s.name);
+  w.add_u32("general.alignment", alignment);
+  w.add_u32("llama.context_length", s.context_length);
+  w.add_u32("llama.embedding_length", s.dim);
+  w.add_u32("llama.block_count", s.n_layers);
+  w.add_u32("llama.feed_forward_length", s.ff_dim);
+  w.add_u32("llama.attention.head_count", s.n_heads);
+  w.add_u32("llama.attention.head_count_kv", s.n_kv_heads);
+  w.add_u32("llama.rope.dimension_count", s.dim / s.n_heads);
+  w.add_f32("llama.rope.freq_base", s.rope_freq_base);
+  w.add_f32("llama.attention.layer_norm_rms_epsilon", s.rms_eps);
+  w.add_u32("general.file_type", file_type(s.type));
+  w.add_u32("general.quantization_version", 2);
+}
+
+expected<void> check_sizes(const model_spec& s) {
+  struct bound {
+    std::string_view field;
+    std::uint64_t value, lo, hi;
+  };
+  const bound bounds[] = {
+      {"n_layers", s.n_layers, 1, max_layers},
+      {"dim", s.dim, 1, max_dim},
+      {"n_heads", s.n_heads, 1, max_heads},
+      {"n_kv_heads", s.n_kv_heads, 1, s.n_heads},
+      {"ff_dim", s.ff_dim, 1, max_ff},
+      {"vocab_size", s.vocab_size, min_vocab, max_vocab},
+      {"context_length", s.context_length, min_context, max_context},
+  };
+  for (const bound& b : bounds) {
+    if (auto r = check_range(b.field, b.value, b.lo, b.hi); !r) return r;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::optional<model_spec> preset_spec(std::string_view name) {
+  if (name == "tiny") return model_spec{};  // the defaults are the tiny model
+  if (name == "small") {
+    model_spec s;
+    s.name = "exaserve-small";
+    s.n_layers = 16;
+    s.dim = 768;
+    s.n_heads = 12;
+    s.n_kv_heads = 4;
+    s.ff_dim = 2048;
+    s.vocab_size = 260;
+    s.context_length = 2048;
+    return s;
+  }
+  return std::nullopt;
+}
+
+expected<void> validate(const model_spec& s) {
+  if (s.name.empty() || s.name.size() > max_name_bytes) {
+    return invalid(fmt::format("name must be 1..{} bytes, got {}", max_name_bytes, s.name.size()));
+  }
+  if (!tensor_type_from_id(static_cast<std::uint32_t>(s.type))) {
+    return invalid(fmt::format("type id {} is not a runnable tensor type",
+                               static_cast<std::uint32_t>(s.type)));
+  }
+  if (auto r = check_sizes(s); !r) return r;
+  if (s.dim % s.n_heads != 0) {
+    return invalid(fmt::format("dim {} is not divisible by n_heads {}", s.dim, s.n_heads));
+  }
+  if (s.n_heads % s.n_kv_heads != 0) {
+    return invalid(fmt::format("n_heads {} is not divisible by n_kv_heads {}", s.n_heads, s.n_kv_heads));
+  }
+  if ((s.dim / s.n_heads) % 2 != 0) {
+    return invalid(fmt::format("head dimension dim / n_heads = {} must be even", s.dim / s.n_heads));
+  }
+  if (is_quantized(s.type) && (s.dim % 32 != 0 || s.ff_dim % 32 != 0)) {
+    return invalid(fmt::format("type {} needs dim ({}) and ff_dim ({}) divisible by 32",
+                               to_string(s.type), s.dim, s.ff_dim));
+  }
+  if (!std::isfinite(s.rope_freq_base) || !(s.rope_freq_base > 0.0f)) {
+    return invalid(fmt::format("rope_freq_base = {} must be positive and finite", s.rope_freq_base));
+  }
+  if (!std::isfinite(s.rms_eps) || !(s.rms_eps > 0.0f)) {
+    return invalid(fmt::format("rms_eps = {} must be positive and finite", s.rms_eps));
+  }
+  if (const std::uint64_t n = parameter_count(s); n > max_params) {
+    return invalid(fmt::format("spec has {} parameters, above the limit of {}", n, max_params));
+  }
+  return {};
+}
+
+expected<void> generate_model(const model_spec& spec, const std::string& path) {
+  if (auto r = validate(spec); !r) return r;
+  gguf_writer w;
+  write_metadata(w, spec);
+  tokenizer::byte_level(spec.vocab_size).write_gguf(w);
+  for (tensor_plan& p : plan_tensors(spec)) {
+    // Norms stay f32 whatever the spec asks: they are tiny and the engine
+    // applies them in float.
+    const tensor_type type = p.kind == weight_kind::norm ? tensor_type::f32 : spec.type;
+    std::vector<std::uint64_t> shape = p.shape;
+    std::string name = p.name;
+    w.add_tensor_fill(std::move(name), std::move(shape), type,
+                      [plan = std::move(p), type, seed = spec.seed](std::span<std::byte> out) {
+                        fill_tensor(plan, type, seed, out);
+                      });
+  }
+  return w.write(path);
+}
+
+}  // namespace exa::model

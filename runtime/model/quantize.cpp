@@ -1,0 +1,149 @@
+#include "model/quantize.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "common/assert.hpp"
+#include "model/half.hpp"
+
+namespace exa::model {
+
+void quantize_row_q8_0(const float* x, block_q8_0* y, std::size_t n) noexcept {
+  EXA_ASSERT(n % q8_0_block_elems == 0);
+  for (std::size_t b = 0; b < n / q8_0_block_elems; ++b) {
+    const float* xb = x + b * q8_0_block_elems;
+    float amax = 0.0f;
+    for (std::size_t j = 0; j < q8_0_block_elems; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = float_to_f16(d);
+    for (std::size_t j = 0; j < q8_0_block_elems; ++j) {
+      y[b].qs[j] = static_cast<std::int8_t>(std::roundf(xb[j] * id));
+    }
+  }
+}
+
+void quantize_row_q4_0(const float* x, block_q4_0* y, std::size_t n) noexcept {
+  EXA_ASSERT(n % q4_0_block_elems == 0);
+  constexpr std::size_t half = q4_0_block_elems / 2;
+  for (std::size_t b = 0; b < n / q4_0_block_elems; ++b) {
+    const float* xb = x + b * q4_0_block_elems;
+    // ggml keeps the sign of the value of largest magnitude, so that value
+    // maps exactly to -8 and the asymmetric range [-8, 7] is used fully.
+    float amax = 0.0f;
+    float max = 0.0f;
+    for (std::size_t j = 0; j < q4_0_block_elems; ++j) {
+      if (amax < std::fabs(xb[j])) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = float_to_f16(d);
+    for (std::size_t j = 0; j < half; ++j) {
+      const float x0 = xb[j] * id;
+      const float x1 = xb[half + j] * id;
+      const auto q0 = static_cast<std::uint8_t>(std::min(15, static_cast<int>(static_cast<std::int8_t>(x0 + 8.5f))));
+      const auto q1 = static_cast<std::uint8_t>(std::min(15, static_cast<int>(static_cast<std::int8_t>(x1 + 8.5f))));
+      y[b].qs[j] = static_cast<std::uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+void dequantize_row_q8_0(const block_q8_0* x, float* y, std::size_t n) noexcept {
+  EXA_ASSERT(n % q8_0_block_elems == 0);
+  for (std::size_t b = 0; b < n / q8_0_block_elems; ++b) {
+    const float d = f16_to_float(x[b].d);
+    for (std::size_t j = 0; j < q8_0_block_elems; ++j) {
+      y[b * q8_0_block_elems + j] = static_cast<float>(x[b].qs[j]) * d;
+    }
+  }
+}
+
+void dequantize_row_q4_0(const block_q4_0* x, float* y, std::size_t n) noexcept {
+  EXA_ASSERT(n % q4_0_block_elems == 0);
+  constexpr std::size_t half = q4_0_block_elems / 2;
+  for (std::size_t b = 0; b < n / q4_0_block_elems; ++b) {
+    const float d = f16_to_float(x[b].d);
+    float* yb = y + b * q4_0_block_elems;
+    for (std::size_t j = 0; j < half; ++j) {
+      yb[j] = static_cast<float>((x[b].qs[j] & 0x0f) - 8) * d;
+      yb[half + j] = static_cast<float>((x[b].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// The byte-pointer entry points copy block by block through a local, because
+// tensor data inside a file or buffer has no alignment guarantee for the
+// block structs.
+void convert_row(std::span<const float> x, tensor_type type, std::byte* out) noexcept {
+  const std::size_t n = x.size();
+  switch (type) {
+    case tensor_type::f32:
+      std::memcpy(out, x.data(), n * sizeof(float));
+      return;
+    case tensor_type::f16:
+    case tensor_type::bf16:
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint16_t h = type == tensor_type::f16 ? float_to_f16(x[i]) : float_to_bf16(x[i]);
+        std::memcpy(out + i * 2, &h, 2);
+      }
+      return;
+    case tensor_type::q8_0:
+      EXA_ASSERT(n % q8_0_block_elems == 0);
+      for (std::size_t b = 0; b < n / q8_0_block_elems; ++b) {
+        block_q8_0 blk;
+        quantize_row_q8_0(x.data() + b * q8_0_block_elems, &blk, q8_0_block_elems);
+        std::memcpy(out + b * sizeof blk, &blk, sizeof blk);
+      }
+      return;
+    case tensor_type::q4_0:
+      EXA_ASSERT(n % q4_0_block_elems == 0);
+      for (std::size_t b = 0; b < n / q4_0_block_elems; ++b) {
+        block_q4_0 blk;
+        quantize_row_q4_0(x.data() + b * q4_0_block_elems, &blk, q4_0_block_elems);
+        std::memcpy(out + b * sizeof blk, &blk, sizeof blk);
+      }
+      return;
+  }
+  EXA_ASSERT_MSG(false, "convert_row: tensor_type outside the enum");
+}
+
+void dequantize_row(tensor_type type, const std::byte* in, std::span<float> y) noexcept {
+  const std::size_t n = y.size();
+  switch (type) {
+    case tensor_type::f32:
+      std::memcpy(y.data(), in, n * sizeof(float));
+      return;
+    case tensor_type::f16:
+    case tensor_type::bf16:
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t h = 0;
+        std::memcpy(&h, in + i * 2, 2);
+        y[i] = type == tensor_type::f16 ? f16_to_float(h) : bf16_to_float(h);
+      }
+      return;
+    case tensor_type::q8_0:
+      EXA_ASSERT(n % q8_0_block_elems == 0);
+      for (std::size_t b = 0; b < n / q8_0_block_elems; ++b) {
+        block_q8_0 blk;
+        std::memcpy(&blk, in + b * sizeof blk, sizeof blk);
+        dequantize_row_q8_0(&blk, y.data() + b * q8_0_block_elems, q8_0_block_elems);
+      }
+      return;
+    case tensor_type::q4_0:
+      EXA_ASSERT(n % q4_0_block_elems == 0);
+      for (std::size_t b = 0; b < n / q4_0_block_elems; ++b) {
+        block_q4_0 blk;
+        std::memcpy(&blk, in + b * sizeof blk, sizeof blk);
+        dequantize_row_q4_0(&blk, y.data() + b * q4_0_block_elems, q4_0_block_elems);
+      }
+      return;
+  }
+  EXA_ASSERT_MSG(false, "dequantize_row: tensor_type outside the enum");
+}
+
+}  // namespace exa::model

@@ -1,0 +1,72 @@
+#include "fixtures.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+namespace exa::test {
+
+std::shared_ptr<const model::llama_model> make_model(const model::model_spec& spec) {
+  static std::map<std::string, std::shared_ptr<const model::llama_model>> cache;
+  const std::string key = spec.name + "-L" + std::to_string(spec.n_layers) + "-d" + std::to_string(spec.dim) +
+                          "-h" + std::to_string(spec.n_heads) + "-kv" + std::to_string(spec.n_kv_heads) +
+                          "-ff" + std::to_string(spec.ff_dim) + "-v" + std::to_string(spec.vocab_size) +
+                          "-c" + std::to_string(spec.context_length) + "-" +
+                          std::string(model::to_string(spec.type)) + (spec.tie_embeddings ? "-tied" : "") +
+                          "-s" + std::to_string(spec.seed);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/engine-models";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + key + ".gguf";
+  auto ok = model::generate_model(spec, path);
+  REQUIRE(ok.has_value());
+  auto m = model::llama_model::load(path);
+  if (!m) FAIL(to_string(m.error()));
+  cache[key] = *m;
+  return *m;
+}
+
+model::model_spec tiny_spec(model::tensor_type type) {
+  auto s = *model::preset_spec("tiny");
+  s.type = type;
+  return s;
+}
+
+std::unique_ptr<gpu::cpu_memory_pool> make_pool(const model::llama_model& m, std::uint32_t tokens,
+                                                std::uint32_t block_tokens) {
+  auto p = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(m.config(), block_tokens),
+                                        (tokens + block_tokens - 1) / block_tokens);
+  REQUIRE(p.has_value());
+  return std::move(*p);
+}
+
+std::vector<std::int32_t> test_prompt(std::size_t n, std::uint32_t vocab, std::uint64_t salt) {
+  std::vector<std::int32_t> p(n);
+  std::uint64_t x = salt * 0x9e3779b97f4a7c15ull + 12345;
+  for (auto& t : p) {
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    t = static_cast<std::int32_t>(3 + (x * 0x2545f4914f6cdd1dull >> 33) % (vocab - 3));
+  }
+  return p;
+}
+
+std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engine& eng,
+                                                         std::size_t n_requests,
+                                                         std::uint64_t* preemptions) {
+  std::vector<std::vector<std::int32_t>> out(n_requests);
+  for (int guard = 0; !eng.idle(); ++guard) {
+    REQUIRE(guard < 100000);
+    const auto r = eng.step();
+    for (const auto& t : r.tokens) {
+      REQUIRE(t.id < n_requests);
+      REQUIRE(t.index == out[t.id].size());
+      out[t.id].push_back(t.token);
+    }
+    if (preemptions) *preemptions += r.preempted;
+  }
+  return out;
+}
+
+}  // namespace exa::test

@@ -1,0 +1,35 @@
+#pragma once
+// Shared test fixtures: generated models on disk and engines over a CPU pool.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/cpu_engine.hpp"
+#include "engine/kv_cache.hpp"
+#include "engine/thread_pool.hpp"
+#include "gpu/cpu_memory_pool.hpp"
+#include "model/llama_model.hpp"
+#include "model/model_gen.hpp"
+
+namespace exa::test {
+
+/// Generates (once per process and spec) and loads a model.
+std::shared_ptr<const model::llama_model> make_model(const model::model_spec& spec);
+
+/// The tiny preset with a chosen weight type.
+model::model_spec tiny_spec(model::tensor_type type = model::tensor_type::f32);
+
+/// A CPU pool sized for `tokens` positions of `m` in blocks of 16.
+std::unique_ptr<gpu::cpu_memory_pool> make_pool(const model::llama_model& m, std::uint32_t tokens,
+                                                std::uint32_t block_tokens = 16);
+
+/// Deterministic token ids in [3, vocab) for prompts.
+std::vector<std::int32_t> test_prompt(std::size_t n, std::uint32_t vocab, std::uint64_t salt);
+
+/// Runs the engine until idle; returns each request's generated tokens by id.
+std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engine& eng,
+                                                         std::size_t n_requests,
+                                                         std::uint64_t* preemptions = nullptr);
+
+}  // namespace exa::test

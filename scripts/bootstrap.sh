@@ -9,6 +9,8 @@ packages=(
   libcaf-dev            # CAF 0.17: actors
   capnproto libcapnp-dev # Cap'n Proto 0.9 + KJ async/HTTP
   libspdlog-dev libfmt-dev
+  nlohmann-json3-dev    # JSON for the HTTP front door
+  wrk                   # HTTP load generator for the serving benchmark
   catch2                # Catch2 v2: tests
   libbenchmark-dev      # Google Benchmark: bench/
 )

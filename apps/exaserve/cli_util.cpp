@@ -16,6 +16,24 @@ int fail(const char* command, const error& e) {
   return e.code == errc::invalid_argument ? 2 : 1;
 }
 
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
 expected<std::string> cache_dir() {
   std::filesystem::path dir;
   if (const char* c = std::getenv("EXASERVE_CACHE"); c && *c) {

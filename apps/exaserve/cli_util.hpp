@@ -3,6 +3,7 @@
 // directory, and the default model.
 
 #include <string>
+#include <string_view>
 
 #include "common/error.hpp"
 
@@ -15,6 +16,9 @@ int fail(const char* command, const error& e);
 /// Where generated default models live: $EXASERVE_CACHE, else
 /// $XDG_CACHE_HOME/exaserve, else ~/.cache/exaserve (created if missing).
 expected<std::string> cache_dir();
+
+/// `s` as a JSON string literal, quotes included.
+std::string json_string(std::string_view s);
 
 /// Path of the default model (the `tiny` preset, f32, seed 1), generating it
 /// on first use.

@@ -162,8 +162,8 @@ int cmd_bench_engine(int argc, char** argv) {
   }
 
   if (a->has("json")) {
-    std::printf("{\"model\":\"%s\",\"threads\":%zu,\"weight_bytes\":%llu,\"copy_gbps\":%.3f,\"prefill_tok_s\":%.2f,\"decode\":[",
-                *path->c_str() ? path->c_str() : "", threads.size(),
+    std::printf("{\"model\":%s,\"threads\":%zu,\"weight_bytes\":%llu,\"copy_gbps\":%.3f,\"prefill_tok_s\":%.2f,\"decode\":[",
+                json_string(*path).c_str(), threads.size(),
                 static_cast<unsigned long long>((*model)->weights().total_bytes()), copy, *prefill);
     for (std::size_t i = 0; i < dec.size(); ++i)
       std::printf("%s{\"batch\":%u,\"tok_s\":%.2f,\"weight_gbps\":%.3f}", i ? "," : "", dec[i].batch,

@@ -13,6 +13,9 @@
 #include "engine/thread_pool.hpp"
 #include "gpu/cpu_memory_pool.hpp"
 #include "model/llama_model.hpp"
+#include "model/utf8.hpp"
+
+#include <unistd.h>
 
 namespace exa::app {
 namespace {
@@ -115,6 +118,17 @@ int cmd_generate(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string ids_line;
   std::size_t n = 0;
+  // Random or truncated output can be invalid UTF-8, and on a terminal a
+  // control byte can garble the screen: repair the one, neutralize the other.
+  model::utf8_stream text;
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  const auto emit = [&](std::string piece) {
+    if (tty)
+      for (char& ch : piece)
+        if ((static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') || ch == 0x7f) ch = '?';
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
   engine::finish_reason reason = engine::finish_reason::length;
   while (!eng.idle()) {
     const auto r = eng.step();
@@ -123,15 +137,17 @@ int cmd_generate(int argc, char** argv) {
       if (o->ids) {
         ids_line += (ids_line.empty() ? "" : ",") + std::to_string(t.token);
       } else {
-        const std::string piece = tok.decode_token(t.token);
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
+        emit(text.push(tok.decode_token(t.token)));
       }
     }
     for (const auto& f : r.finished) reason = f.reason;
   }
-  if (o->ids) std::printf("%s\n", ids_line.c_str());
-  else std::printf("\n");
+  if (o->ids) {
+    std::printf("%s\n", ids_line.c_str());
+  } else {
+    emit(text.flush());
+    std::printf("\n");
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("event=generate_done tokens={} finish={} seconds={:.3f} tok_s={:.1f}", n,
                engine::to_string(reason), secs, secs > 0 ? n / secs : 0.0);

@@ -8,5 +8,6 @@ int cmd_gen_model(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_bench_engine(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
+int cmd_plan(int argc, char** argv);
 
 }  // namespace exa::app

@@ -18,6 +18,7 @@ commands:
   generate       generate text or token ids from a GGUF model
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   bench-engine   measure prefill and decode throughput of the CPU engine
+  plan           print the memory ledger: how many replicas of a model fit a GPU and a node
 
 Run `exaserve <command> --help` for the flags of a command.
 Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off); results to stdout.
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return exa::app::cmd_generate(argc, argv);
   if (cmd == "gen-model") return exa::app::cmd_gen_model(argc, argv);
   if (cmd == "bench-engine") return exa::app::cmd_bench_engine(argc, argv);
+  if (cmd == "plan") return exa::app::cmd_plan(argc, argv);
   std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

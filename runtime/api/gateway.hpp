@@ -1,0 +1,168 @@
+#pragma once
+// The seam between the front doors (HTTP and Cap'n Proto RPC, running on a KJ
+// event loop) and the cluster (CAF actors). Front doors parse and validate what
+// clients send, call a gateway_backend, and turn its callbacks into responses;
+// the backend routes, generates and reports. Neither side sees the other's
+// framework, so each is tested with a fake of the other.
+//
+// Threading: every backend method returns at once (never blocks the caller's
+// event loop); results arrive through callbacks that the backend may invoke
+// from any thread. Implementations of stream_sink and the callbacks must be
+// thread-safe (front doors hop back onto their own loop).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace exa::api {
+
+using token_id = std::int32_t;
+
+struct sampling {
+  float temperature = 0.0f;  // 0: greedy
+  float top_p = 1.0f;
+  std::uint32_t top_k = 0;
+  std::uint64_t seed = 0;
+};
+
+/// Named bounds on what one request may ask for.
+struct request_limits {
+  std::uint32_t max_tokens_max = 16384;
+  std::size_t prompt_bytes_max = 1 << 20;
+  std::size_t prompt_tokens_max = 1 << 18;
+  std::size_t stop_sequences_max = 4;
+  std::size_t stop_sequence_bytes_max = 256;
+};
+
+struct generate_request {
+  std::string request_id;  // assigned by the front door, unique per process
+  std::string model;       // deployment name (what /v1/models lists)
+  /// Exactly one of these is used: text is tokenized by the backend with the
+  /// model's tokenizer (BOS added); ids are used as given.
+  std::optional<std::string> prompt_text;
+  std::optional<std::vector<token_id>> prompt_ids;
+  std::uint32_t max_tokens = 16;
+  sampling sampling;
+  std::vector<std::string> stop;  // stop sequences (text); generation ends before them
+  bool ignore_eos = false;
+  std::uint32_t deadline_ms = 0;  // 0: the backend's default
+};
+
+/// Tokens produced since the last chunk, with their text. Text is valid UTF-8:
+/// bytes of an incomplete character are held back to the next chunk.
+struct token_chunk {
+  std::vector<token_id> tokens;
+  std::string text;
+  std::uint32_t first_index = 0;  // index of tokens[0] among generated tokens
+};
+
+enum class finish_reason { stop, length, cancelled, error };
+
+struct usage {
+  std::uint32_t prompt_tokens = 0;
+  std::uint32_t completion_tokens = 0;
+};
+
+struct timings {
+  double ttft_ms = 0;  // request accepted -> first token
+  double tpot_ms = 0;  // mean time per output token after the first
+  double e2e_ms = 0;   // accepted -> finished
+};
+
+struct generate_result {
+  finish_reason reason = finish_reason::stop;
+  usage usage;
+  timings timings;
+  std::optional<error> err;  // set when reason == error (or a request was refused)
+  std::string replica;       // which replica finished it (diagnostics)
+};
+
+/// Receives one request's stream. on_chunk is called zero or more times, then
+/// on_done exactly once (also for refused requests: err set, no chunks).
+class stream_sink {
+ public:
+  virtual ~stream_sink() = default;
+  virtual void on_chunk(const token_chunk& chunk) = 0;
+  virtual void on_done(const generate_result& result) = 0;
+};
+
+struct model_info {
+  std::string name;        // deployment name
+  std::string model_file;  // what it serves
+  std::uint32_t replicas_ready = 0;
+  std::uint32_t replicas_desired = 0;
+  std::uint32_t context_length = 0;
+};
+
+struct replica_status {
+  std::string id;
+  std::string deployment;
+  std::uint32_t slot = 0;
+  std::uint64_t epoch = 0;
+  std::string state;  // lifecycle state name
+  std::uint32_t node = 0;
+  std::uint32_t device = 0;
+  std::uint32_t running = 0;
+  std::uint32_t queued = 0;
+  std::uint32_t kv_used_tokens = 0;
+  std::uint32_t kv_capacity_tokens = 0;
+};
+
+struct device_status {
+  std::uint32_t node = 0;
+  std::uint32_t device = 0;
+  std::string kind;  // "cpu" or "cuda"
+  std::uint64_t memory_bytes = 0;
+  std::uint64_t memory_used_bytes = 0;  // ledger
+};
+
+struct node_status {
+  std::uint32_t id = 0;
+  std::uint32_t rack = 0;
+  std::string state;  // "healthy", "suspect", "down"
+};
+
+struct cluster_status {
+  std::vector<node_status> nodes;
+  std::vector<device_status> devices;
+  std::vector<replica_status> replicas;
+  std::vector<model_info> models;
+};
+
+struct deploy_request {
+  std::string name;        // deployment name
+  std::string model_file;  // GGUF path ("" = the default model)
+  std::uint32_t replicas = 1;
+  std::uint32_t kv_tokens = 0;  // per replica; 0 = default
+  std::string routing;          // policy name; "" = default
+};
+
+class gateway_backend {
+ public:
+  virtual ~gateway_backend() = default;
+
+  /// Starts a request; the sink hears about it until on_done. Refusals
+  /// (unknown model, overloaded, bad prompt) also arrive as on_done with err.
+  virtual void generate(generate_request request, std::shared_ptr<stream_sink> sink) = 0;
+  /// Cancels a request by id (a client went away); its KV blocks are freed.
+  /// The sink then gets on_done(cancelled). Unknown ids are ignored.
+  virtual void cancel(const std::string& request_id) = 0;
+
+  virtual void models(std::function<void(std::vector<model_info>)> done) = 0;
+  virtual void status(std::function<void(expected<cluster_status>)> done) = 0;
+  /// Prometheus text exposition of the cluster's metrics.
+  virtual void metrics(std::function<void(std::string)> done) = 0;
+  /// True once every deployment has at least one ready replica.
+  virtual void ready(std::function<void(bool)> done) = 0;
+
+  virtual void deploy(deploy_request request, std::function<void(expected<void>)> done) = 0;
+  virtual void undeploy(std::string name, std::function<void(expected<void>)> done) = 0;
+  virtual void scale(std::string name, std::uint32_t replicas, std::function<void(expected<void>)> done) = 0;
+};
+
+}  // namespace exa::api

@@ -1,0 +1,179 @@
+// The exaserve command-line contract: outputs scripts rely on, exit statuses,
+// and errors that name the problem -- never a signal, whatever the input.
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/cpu_engine.hpp"
+#include "engine/thread_pool.hpp"
+#include "gpu/cpu_memory_pool.hpp"
+#include "model/gguf_writer.hpp"
+#include "model/llama_model.hpp"
+#include "run_command.hpp"
+
+using namespace exa;
+
+namespace {
+
+const std::string exaserve = std::string(EXA_BIN_DIR) + "/exaserve";
+
+std::string tmp(const std::string& name) {
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/cli";
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
+}
+
+test::command_result run(std::vector<std::string> args) {
+  args.insert(args.begin(), exaserve);
+  auto r = test::run_command(args);
+  INFO("stderr: " << r.err);
+  REQUIRE_FALSE(r.signaled);
+  return r;
+}
+
+const std::string& tiny_model() {
+  static const std::string path = [] {
+    const std::string p = tmp("tiny.gguf");
+    auto r = run({"gen-model", "--preset", "tiny", "--seed", "3", "--out", p});
+    REQUIRE(r.exit_code == 0);
+    return p;
+  }();
+  return path;
+}
+
+std::vector<std::int32_t> parse_ids(const std::string& line) {
+  std::vector<std::int32_t> ids;
+  std::stringstream ss(line);
+  std::string item;
+  while (std::getline(ss, item, ',')) ids.push_back(std::stoi(item));
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("generate --ids prints the engine's greedy tokens", "[cli]") {
+  const auto r = run({"generate", "--model", tiny_model(), "--prompt-ids", "1,72,105,33", "--max-tokens", "12",
+                      "--ids", "--ignore-eos", "--threads", "1"});
+  REQUIRE(r.exit_code == 0);
+  const auto ids = parse_ids(r.out);
+  REQUIRE(ids.size() == 12);
+
+  // The same request straight through the engine, in-process.
+  auto m = model::llama_model::load(tiny_model());
+  REQUIRE(m.has_value());
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes((*m)->config(), 16), 4);
+  REQUIRE(pool.has_value());
+  engine::thread_pool threads(2);
+  engine::cpu_engine eng(*m, **pool, threads);
+  engine::generation_request req;
+  req.prompt = {1, 72, 105, 33};
+  req.max_tokens = 12;
+  REQUIRE(eng.submit(req));
+  std::vector<std::int32_t> expected;
+  while (!eng.idle())
+    for (const auto& t : eng.step().tokens) expected.push_back(t.token);
+  CHECK(ids == expected);
+}
+
+TEST_CASE("generate with a text prompt prints valid text and is reproducible", "[cli]") {
+  const std::vector<std::string> args = {"generate", "--model", tiny_model(), "--prompt", "Hello", "--max-tokens", "20",
+                                         "--temperature", "0.9", "--seed", "5"};
+  const auto a = run(args), b = run(args);
+  REQUIRE(a.exit_code == 0);
+  CHECK(a.out == b.out);
+  CHECK_FALSE(a.out.empty());
+}
+
+TEST_CASE("gen-model is deterministic and validates its flags", "[cli]") {
+  const auto p1 = tmp("q8a.gguf"), p2 = tmp("q8b.gguf");
+  REQUIRE(run({"gen-model", "--preset", "tiny", "--type", "q8_0", "--seed", "9", "--out", p1}).exit_code == 0);
+  REQUIRE(run({"gen-model", "--preset", "tiny", "--type", "q8_0", "--seed", "9", "--out", p2}).exit_code == 0);
+  std::ifstream f1(p1, std::ios::binary), f2(p2, std::ios::binary);
+  CHECK(std::string(std::istreambuf_iterator<char>(f1), {}) == std::string(std::istreambuf_iterator<char>(f2), {}));
+
+  auto bad = run({"gen-model", "--preset", "huge", "--out", p1});
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("unknown preset 'huge'"));
+  bad = run({"gen-model", "--preset", "tiny", "--heads", "5", "--out", p1});
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.err, Catch::Contains("head"));
+  bad = run({"gen-model", "--type", "q3_k", "--out", p1});
+  CHECK_THAT(bad.err, Catch::Contains("unknown --type"));
+  CHECK(run({"gen-model", "--preset", "tiny"}).exit_code == 2);  // no --out
+}
+
+TEST_CASE("bad flags and bad files end in an error, never a signal", "[cli]") {
+  struct bad_case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::string garbage = tmp("garbage.gguf"), truncated = tmp("truncated.gguf");
+  {
+    std::ofstream(garbage, std::ios::binary) << std::string(4096, '\x7f');
+    std::ifstream in(tiny_model(), std::ios::binary);
+    std::string bytes(std::istreambuf_iterator<char>(in), {});
+    std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
+  const std::vector<bad_case> cases = {
+      {{"frobnicate"}, "unknown command"},
+      {{"generate", "--model", tiny_model()}, "--prompt"},
+      {{"generate", "--model", tiny_model(), "--prompt", "a", "--prompt-ids", "1"}, "exactly one"},
+      {{"generate", "--model", tiny_model(), "--prompt-ids", "1,,2"}, "bad token id"},
+      {{"generate", "--model", tiny_model(), "--prompt-ids", "1,99999"}, "outside the vocabulary"},
+      {{"generate", "--model", tiny_model(), "--prompt", "a", "--max-tokens", "-3"}, "--max-tokens"},
+      {{"generate", "--model", tiny_model(), "--prompt", "a", "--max-tokens", "100000"}, "context length"},
+      {{"generate", "--model", tiny_model(), "--prompt", "a", "--temperature", "hot"}, "--temperature"},
+      {{"generate", "--model", tiny_model(), "--prompt", "a", "--bogus"}, "unknown flag --bogus"},
+      {{"generate", "--model", "/nonexistent/x.gguf", "--prompt", "a"}, "No such file"},
+      {{"generate", "--model", garbage, "--prompt", "a"}, "magic"},
+      {{"generate", "--model", truncated, "--prompt", "a"}, "past end of file"},
+      {{"bench-engine"}, "--model"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const auto r = run(c.args);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Catch::Contains(c.message));
+  }
+}
+
+TEST_CASE("a vocabulary we cannot encode still generates from ids", "[cli]") {
+  // The tiny model's tensors with a gpt2-type vocabulary of the same size.
+  auto m = model::llama_model::load(tiny_model());
+  REQUIRE(m.has_value());
+  model::gguf_writer w;
+  for (const auto& kv : (*m)->file().metadata()) {
+    if (kv.key.rfind("tokenizer.", 0) == 0 || kv.key == "general.alignment") continue;
+    const auto& v = kv.value;
+    if (auto* i = std::get_if<std::int64_t>(&v.v)) w.add_u32(kv.key, static_cast<std::uint32_t>(*i));
+    else if (auto* f = std::get_if<double>(&v.v)) w.add_f32(kv.key, static_cast<float>(*f));
+    else if (auto* s = std::get_if<std::string>(&v.v)) w.add_string(kv.key, *s);
+  }
+  std::vector<std::string> tokens;
+  for (std::uint32_t i = 0; i < (*m)->config().vocab_size; ++i) tokens.push_back("tok" + std::to_string(i));
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  for (const auto& t : (*m)->file().tensors())
+    w.add_tensor(t.name, t.shape, *t.type, std::span<const std::byte>(t.data, t.size_bytes));
+  const auto path = tmp("gpt2-vocab.gguf");
+  REQUIRE(w.write(path));
+
+  auto text = run({"generate", "--model", path, "--prompt", "hi"});
+  CHECK(text.exit_code != 0);
+  CHECK_THAT(text.err, Catch::Contains("tokenizer type 'gpt2'"));
+  auto ids = run({"generate", "--model", path, "--prompt-ids", "5,6,7", "--max-tokens", "4", "--ids"});
+  CHECK(ids.exit_code == 0);
+  CHECK(parse_ids(ids.out).size() == 4);
+}
+
+TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
+  const auto r = run({"bench-engine", "--model", tiny_model(), "--json", "--batches", "1,4", "--prefill-tokens", "32",
+                      "--decode-steps", "4", "--repeat", "1", "--threads", "1"});
+  REQUIRE(r.exit_code == 0);
+  for (const char* field : {"\"copy_gbps\":", "\"prefill_tok_s\":", "\"decode\":[", "\"batch\":1", "\"batch\":4",
+                            "\"tok_s\":", "\"weight_gbps\":"})
+    CHECK_THAT(r.out, Catch::Contains(field));
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one JSON object on one line
+}

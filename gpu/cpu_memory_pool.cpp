@@ -12,7 +12,7 @@
 namespace exa::gpu {
 
 expected<std::unique_ptr<cpu_memory_pool>> cpu_memory_pool::create(std::size_t block_bytes,
-                                                                    std::uint32_t block_count) {
+                                                                    std::uint32_t block_count, bool prefault) {
   if (block_bytes == 0 || block_count == 0)
     return make_error(errc::invalid_argument, "memory pool needs a nonzero block size and count");
   const std::size_t rounded = (block_bytes + 63) / 64 * 64;
@@ -24,9 +24,9 @@ expected<std::unique_ptr<cpu_memory_pool>> cpu_memory_pool::create(std::size_t b
   if (p == MAP_FAILED)
     return make_error(errc::out_of_memory, "cannot reserve " + std::to_string(total) +
                                                " bytes for the CPU device pool: " + std::strerror(errno));
-  // Touch every page now so the first requests do not pay for page faults.
   auto* region = static_cast<std::byte*>(p);
-  for (std::size_t off = 0; off < total; off += 4096) region[off] = std::byte{0};
+  if (prefault)
+    for (std::size_t off = 0; off < total; off += 4096) region[off] = std::byte{0};
   return std::unique_ptr<cpu_memory_pool>(new cpu_memory_pool(region, total, rounded, block_count));
 }
 
@@ -35,6 +35,21 @@ cpu_memory_pool::cpu_memory_pool(std::byte* region, std::size_t region_bytes,
     : region_(region), region_bytes_(region_bytes), block_bytes_(block_bytes), free_(block_count) {}
 
 cpu_memory_pool::~cpu_memory_pool() { ::munmap(region_, region_bytes_); }
+
+std::uint32_t cpu_memory_pool::free_blocks() const noexcept {
+  std::lock_guard lock(mutex_);
+  return free_.free_count();
+}
+
+std::optional<engine::block_id> cpu_memory_pool::allocate() noexcept {
+  std::lock_guard lock(mutex_);
+  return free_.allocate();
+}
+
+void cpu_memory_pool::release(engine::block_id block) {
+  std::lock_guard lock(mutex_);
+  free_.release(block);
+}
 
 void* cpu_memory_pool::address(engine::block_id block) noexcept {
   EXA_ASSERT_MSG(block < free_.capacity(), "block id outside the pool");

@@ -1,5 +1,340 @@
 @0xaa516dd64b13986f;
-# ExaServe public RPC API (being written).
-struct Placeholder {
-  unused @0 :Bool;  # removed once the Gateway and Admin interfaces land
+# ExaServe public RPC API.
+#
+# A client connects over TCP (two-party RPC, default port 7000), takes the
+# bootstrap `Service`, and asks it for a `Gateway` (generation) or an `Admin`
+# (cluster management). The structs mirror runtime/api/gateway.hpp; front doors
+# convert them at the edge.
+#
+# Errors: a request the cluster refuses or fails (unknown model, overloaded,
+# bad sampling values, a replica failing mid-stream) is reported as a value in
+# `GenerateResult.error`, with the same codes as the HTTP API. RPC exceptions
+# are reserved for protocol misuse (a duplicate client request id, too many
+# calls in flight) and for Admin calls, whose exception type says what to do:
+# OVERLOADED (retry later), UNIMPLEMENTED (not supported), FAILED (the
+# description starts with the error code, e.g. "not_found: ...").
+#
+# Compatibility: never renumber or reuse a field or method ordinal; add new
+# ones at the end.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("exa::rpc");
+
+struct Sampling {
+  # How the next token is chosen.
+
+  temperature @0 :Float32 = 0.0;
+  # Softmax temperature; 0 means greedy (always the most likely token).
+
+  topP @1 :Float32 = 1.0;
+  # Nucleus sampling: keep the smallest set of tokens whose probability mass
+  # reaches topP. 1 disables it.
+
+  topK @2 :UInt32 = 0;
+  # Keep only the K most likely tokens; 0 disables it.
+
+  seed @3 :UInt64 = 0;
+  # Seed of the request's random stream: equal seeds give equal samples.
+}
+
+struct GenerateRequest {
+  # One completion request.
+
+  model @0 :Text;
+  # Deployment name, as listed by Admin.models() or GET /v1/models.
+
+  prompt :union {
+    # What to continue. Exactly one form.
+
+    text @1 :Text;
+    # UTF-8 text, tokenized by the model's tokenizer (BOS added).
+
+    tokenIds @2 :List(Int32);
+    # Token ids used as given (no BOS added); must not be empty.
+  }
+
+  maxTokens @3 :UInt32 = 16;
+  # Most tokens to generate; at least 1, at most the server's limit.
+
+  sampling @4 :Sampling;
+  # Sampling parameters; unset means greedy.
+
+  stop @5 :List(Text);
+  # Stop sequences (at most 4, each non-empty): generation ends before the
+  # first occurrence of any of them, which is not returned.
+
+  ignoreEos @6 :Bool = false;
+  # Keep generating past the end-of-sequence token (benchmarks).
+
+  deadlineMs @7 :UInt32 = 0;
+  # Deadline for the whole request in milliseconds; 0 uses the server default.
+
+  clientRequestId @8 :Text;
+  # Optional tag chosen by the client, unique among its own in-flight calls on
+  # this Gateway, so that Gateway.cancel() can name the request. Empty: the
+  # request can only be cancelled by cancelling the call itself.
+}
+
+struct TokenChunk {
+  # Tokens produced since the previous chunk.
+
+  tokens @0 :List(Int32);
+  # Token ids, in generation order.
+
+  text @1 :Text;
+  # Their text. Always valid UTF-8: bytes of an incomplete character are held
+  # back until the next chunk.
+
+  firstIndex @2 :UInt32;
+  # Index of tokens[0] among the request's generated tokens (0 for the first).
+}
+
+enum FinishReason {
+  # Why generation ended.
+
+  stop @0;
+  # End-of-sequence token or a stop sequence.
+
+  length @1;
+  # maxTokens reached (or the model's context is full).
+
+  cancelled @2;
+  # The request was cancelled.
+
+  error @3;
+  # It failed or was refused; GenerateResult.error says why.
+}
+
+struct Usage {
+  # Token counts of one request.
+
+  promptTokens @0 :UInt32;
+  # Tokens in the prompt after tokenization.
+
+  completionTokens @1 :UInt32;
+  # Tokens generated.
+}
+
+struct Timings {
+  # Latencies of one request, measured by the server.
+
+  ttftMs @0 :Float64;
+  # Request accepted to first token, in milliseconds.
+
+  tpotMs @1 :Float64;
+  # Mean time per output token after the first, in milliseconds.
+
+  e2eMs @2 :Float64;
+  # Request accepted to finished, in milliseconds.
+}
+
+struct Error {
+  # An error value: a code to act on and a message naming the problem.
+
+  code @0 :Text;
+  # Stable lower-case code: invalid_argument, not_found, overloaded,
+  # unavailable, unsupported, cancelled, deadline_exceeded, internal, ...
+
+  message @1 :Text;
+  # Human-readable explanation.
+}
+
+struct GenerateResult {
+  # How a request ended, sent once after all its chunks.
+
+  finishReason @0 :FinishReason;
+  # Why it ended.
+
+  usage @1 :Usage;
+  # Token counts.
+
+  timings @2 :Timings;
+  # Latencies.
+
+  error @3 :Error;
+  # Set (hasError() true) when finishReason is error or the request was
+  # refused; unset otherwise.
+
+  replica @4 :Text;
+  # Replica that finished the request (diagnostics).
+
+  requestId @5 :Text;
+  # Server-assigned request id ("req-..."), as it appears in server logs.
+}
+
+interface TokenSink {
+  # Implemented by the client: receives a request's tokens as they are made.
+
+  chunk @0 (chunk :TokenChunk) -> stream;
+  # One chunk. A streaming method: the server sends the next chunk only when
+  # flow control allows, so a slow client slows its own request (and one that
+  # falls too far behind has it cancelled with an "overloaded" error).
+}
+
+interface Gateway {
+  # Text generation.
+
+  generate @0 (request :GenerateRequest, sink :TokenSink) -> (result :GenerateResult);
+  # Generates, streaming chunks to `sink` in order, and returns when done.
+  # Cancelling the call (dropping its promise) cancels the request.
+
+  cancel @1 (requestId :Text) -> ();
+  # Cancels this Gateway's in-flight request tagged clientRequestId ==
+  # requestId; its generate() then returns with finishReason cancelled.
+  # Unknown ids are ignored.
+}
+
+struct ModelInfo {
+  # One deployment.
+
+  name @0 :Text;
+  # Deployment name (what GenerateRequest.model names).
+
+  modelFile @1 :Text;
+  # The GGUF file it serves.
+
+  replicasReady @2 :UInt32;
+  # Replicas able to take requests now.
+
+  replicasDesired @3 :UInt32;
+  # Replicas asked for.
+
+  contextLength @4 :UInt32;
+  # Longest sequence (prompt + generated tokens) in tokens.
+}
+
+struct NodeStatus {
+  # One host of the cluster.
+
+  id @0 :UInt32;
+  # Node id.
+
+  rack @1 :UInt32;
+  # Rack (failure domain) of the node.
+
+  state @2 :Text;
+  # "healthy", "suspect" or "down".
+}
+
+struct DeviceStatus {
+  # One accelerator (or CPU device).
+
+  node @0 :UInt32;
+  # Node that owns it.
+
+  device @1 :UInt32;
+  # Device index on that node.
+
+  kind @2 :Text;
+  # "cpu" or "cuda".
+
+  memoryBytes @3 :UInt64;
+  # Device memory managed by ExaServe.
+
+  memoryUsedBytes @4 :UInt64;
+  # Of which the memory ledger has handed out.
+}
+
+struct ReplicaStatus {
+  # One model replica.
+
+  id @0 :Text;
+  # Replica id.
+
+  deployment @1 :Text;
+  # Deployment it belongs to.
+
+  slot @2 :UInt32;
+  # Slot within the deployment.
+
+  epoch @3 :UInt64;
+  # Fencing epoch of the slot: only grows.
+
+  state @4 :Text;
+  # Lifecycle state: creating, loading, warming, ready, serving, draining,
+  # stopped, degraded or failed.
+
+  node @5 :UInt32;
+  # Node it runs on.
+
+  device @6 :UInt32;
+  # Device it runs on.
+
+  running @7 :UInt32;
+  # Requests in its running batch.
+
+  queued @8 :UInt32;
+  # Requests waiting for it.
+
+  kvUsedTokens @9 :UInt32;
+  # KV cache in use, in tokens.
+
+  kvCapacityTokens @10 :UInt32;
+  # KV cache capacity, in tokens.
+}
+
+struct ClusterStatus {
+  # A snapshot of the whole cluster.
+
+  nodes @0 :List(NodeStatus);
+  # Every node.
+
+  devices @1 :List(DeviceStatus);
+  # Every device.
+
+  replicas @2 :List(ReplicaStatus);
+  # Every replica.
+
+  models @3 :List(ModelInfo);
+  # Every deployment.
+}
+
+struct DeployRequest {
+  # Creates (or replaces) a deployment.
+
+  name @0 :Text;
+  # Deployment name.
+
+  modelFile @1 :Text;
+  # GGUF path on the server; empty means the default model.
+
+  replicas @2 :UInt32 = 1;
+  # Replicas wanted.
+
+  kvTokens @3 :UInt32 = 0;
+  # KV cache per replica in tokens; 0 means the default.
+
+  routing @4 :Text;
+  # Routing policy name; empty means the default.
+}
+
+interface Admin {
+  # Cluster management. Failures are RPC exceptions (see the top of this file).
+
+  status @0 () -> (status :ClusterStatus);
+  # A snapshot of nodes, devices, replicas and deployments.
+
+  models @1 () -> (models :List(ModelInfo));
+  # The deployments that can be named in GenerateRequest.model.
+
+  deploy @2 (request :DeployRequest) -> ();
+  # Creates a deployment; returns once the cluster accepted it (replicas then
+  # start in the background: watch status()).
+
+  undeploy @3 (name :Text) -> ();
+  # Removes a deployment; its replicas drain and stop.
+
+  scale @4 (name :Text, replicas :UInt32) -> ();
+  # Changes a deployment's replica count.
+}
+
+interface Service {
+  # The bootstrap capability of an ExaServe server.
+
+  gateway @0 () -> (gateway :Gateway);
+  # Generation. Each call returns a fresh Gateway whose cancel() sees only the
+  # requests made through it.
+
+  admin @1 () -> (admin :Admin);
+  # Cluster management.
 }

@@ -68,7 +68,7 @@ struct bench_env {
 expected<double> prefill_tok_s(const bench_env& env, std::uint32_t tokens, int repeat) {
   const auto& cfg = env.model->config();
   tokens = std::min<std::uint32_t>(tokens, cfg.context_length - 1);
-  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, 16), tokens / 16 + 2);
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, 16), tokens / 16 + 2, true);
   if (!pool) return std::unexpected(pool.error());
   double best = 0;
   for (int r = 0; r < repeat; ++r) {
@@ -95,7 +95,7 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
   const auto& cfg = env.model->config();
   const std::uint32_t prompt = 8, max_tokens = steps + 4;
   const std::uint32_t per_seq_blocks = (prompt + max_tokens + 15) / 16;
-  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, 16), batch * per_seq_blocks + batch);
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, 16), batch * per_seq_blocks + batch, true);
   if (!pool) return std::unexpected(pool.error());
   decode_result best{batch, 0, 0};
   for (int r = 0; r < repeat; ++r) {

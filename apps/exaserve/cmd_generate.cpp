@@ -107,7 +107,7 @@ int cmd_generate(int argc, char** argv) {
   constexpr std::uint32_t block_tokens = 16;
   const std::size_t total = o->request.prompt.size() + o->request.max_tokens;
   const auto blocks = static_cast<std::uint32_t>((total + block_tokens - 1) / block_tokens);
-  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, block_tokens), blocks);
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, block_tokens), blocks, true);
   if (!pool) return fail("generate", pool.error());
   engine::thread_pool threads(o->threads);
   engine::cpu_engine eng(*model, **pool, threads, {});

@@ -1,36 +1,157 @@
-// exaserve serve. The embedded cluster (actors, HTTP and RPC front doors) is
-// the next milestone; until it lands, `serve` says so and generates a
-// completion from the default model so `make run` shows the engine working.
+// exaserve serve: the embedded cluster behind the HTTP and RPC front doors.
 
 #include <spdlog/spdlog.h>
 
+#include <csignal>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
-#include <string>
-#include <vector>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
 
+#include "actors/embedded_cluster.hpp"
+#include "args.hpp"
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "frontdoor.hpp"
+#include "serve_config.hpp"
 
 namespace exa::app {
+namespace {
+
+const std::vector<flag_spec> flags = {
+    {"config", true, "config file ([cluster], [server], [deployment NAME] sections)"},
+    {"model", true, "GGUF file of the first deployment (default: the generated tiny model)"},
+    {"replicas", true, "replicas of the first deployment (default 2)"},
+    {"nodes", true, "nodes of the embedded cluster (default 2)"},
+    {"devices-per-node", true, "CPU devices per node (default 2)"},
+    {"device-memory-mb", true, "memory budget of each device (default 1024)"},
+    {"engine", true, "cpu (default) or null (zero-cost, for serving benchmarks)"},
+    {"host", true, "address to bind (default 127.0.0.1)"},
+    {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
+    {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
+    {"help", false, "show this help"},
+};
+
+// Asks the backend something and waits for the callback (off the loop).
+template <class T, class Call>
+std::optional<T> ask(Call call, std::chrono::milliseconds timeout) {
+  auto state = std::make_shared<std::pair<std::mutex, std::optional<T>>>();
+  auto cv = std::make_shared<std::condition_variable>();
+  call([state, cv](T v) {
+    std::lock_guard lock(state->first);
+    state->second = std::move(v);
+    cv->notify_all();
+  });
+  std::unique_lock lock(state->first);
+  cv->wait_for(lock, timeout, [&] { return state->second.has_value(); });
+  return state->second;
+}
+
+expected<serve_config> load_config(const args& a) {
+  serve_config config = default_serve_config();
+  if (auto path = a.get("config")) {
+    std::ifstream in(*path);
+    if (!in) return make_error(errc::io_error, "cannot read config file '" + *path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (auto ok = apply_config_text(ss.str(), config); !ok)
+      return make_error(ok.error().code, *path + ": " + ok.error().message);
+  }
+  if (auto ok = apply_serve_flags(a, config); !ok) return std::unexpected(ok.error());
+  bool needs_default = false;
+  for (const auto& d : config.cluster.deployments) needs_default |= d.model_file.empty();
+  if (needs_default) {
+    auto def = default_model_path();
+    if (!def) return std::unexpected(def.error());
+    config.cluster.default_model_file = *def;
+  }
+  return config;
+}
+
+bool wait_ready(api::gateway_backend& backend, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = ask<bool>([&](auto cb) { backend.ready(cb); }, std::chrono::seconds(5));
+    if (r && *r) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// Lets requests in flight finish, up to a grace period.
+void drain(api::gateway_backend& backend, std::chrono::seconds grace) {
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto s = ask<expected<api::cluster_status>>([&](auto cb) { backend.status(cb); }, std::chrono::seconds(2));
+    std::uint32_t busy = 0;
+    if (s && *s)
+      for (const auto& r : (*s)->replicas) busy += r.running + r.queued;
+    if (busy == 0) return;
+    spdlog::info("event=draining requests_in_flight={}", busy);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+void print_banner(const frontdoor& door, const serve_config& config) {
+  const std::string model = config.cluster.deployments.empty() ? "tiny" : config.cluster.deployments.front().name;
+  std::printf(
+      "\nExaServe is serving (%u nodes x %u devices, engine %s).\n"
+      "  HTTP (OpenAI-compatible): %s\n"
+      "  Cap'n Proto RPC:          %s:%u   (build/bin/exaserve-cli --connect %s:%u status)\n"
+      "  health: %s/healthz  ready: %s/readyz  metrics: %s/metrics\n\n"
+      "Try:\n"
+      "  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
+      "       -d '{\"model\": \"%s\", \"prompt\": \"Hello\", \"max_tokens\": 32, \"stream\": true}'\n\n"
+      "Ctrl-C drains and stops.\n",
+      config.cluster.nodes, config.cluster.devices_per_node, config.cluster.engine.c_str(), door.http_url().c_str(),
+      config.server.host.c_str(), door.rpc_port(), config.server.host.c_str(), door.rpc_port(), door.http_url().c_str(),
+      door.http_url().c_str(), door.http_url().c_str(), door.http_url().c_str(), model.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  for (int i = 2; i < argc; ++i)
-    if (std::string(argv[i]) == "--help") {
-      std::printf("usage: exaserve serve\n  (the serving cluster is not built yet; this generates from the default model)\n");
-      return 0;
-    }
-  std::fprintf(stderr,
-               "exaserve serve: the embedded cluster with its HTTP and RPC front doors is not built yet.\n"
-               "Generating a completion from the default model instead (the tiny preset with random\n"
-               "weights, so the text is gibberish by design).\n\n");
-  auto path = default_model_path();
-  if (!path) return fail("serve", path.error());
-  std::string model_flag = "--model=" + *path;
-  std::vector<char*> args = {argv[0], const_cast<char*>("generate"), model_flag.data(),
-                             const_cast<char*>("--prompt=Hello, ExaServe"),
-                             const_cast<char*>("--max-tokens=48"), const_cast<char*>("--temperature=0.8"),
-                             const_cast<char*>("--seed=42")};
-  return cmd_generate(static_cast<int>(args.size()), args.data());
+  auto a = args::parse(argc, argv, 2, flags);
+  if (!a) return fail("serve", a.error());
+  if (a->has("help")) {
+    std::printf("usage: exaserve serve [--config FILE] [--model FILE] [--nodes N] [--devices-per-node G] "
+                "[--http-port 8000] [--rpc-port 7000]\n%s", describe_flags(flags).c_str());
+    return 0;
+  }
+  auto config = load_config(*a);
+  if (!config) return fail("serve", config.error());
+
+  // Block the stop signals before any thread starts, so only sigwait sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto cluster = actors::embedded_cluster::start(config->cluster);
+  if (!cluster) return fail("serve", cluster.error());
+  auto door = frontdoor::start(config->server, (*cluster)->backend());
+  if (!door) {
+    (*cluster)->stop();
+    return fail("serve", door.error());
+  }
+  spdlog::info("event=serve_starting http={} rpc_port={}", (*door)->http_url(), (*door)->rpc_port());
+  if (!wait_ready(*(*cluster)->backend(), std::chrono::seconds(120)))
+    spdlog::warn("event=not_ready_yet detail=\"no ready replica after 120 s; serving anyway (see /readyz)\"");
+  print_banner(**door, *config);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("event=shutdown signal={} detail=\"draining in-flight requests\"", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  drain(*(*cluster)->backend(), std::chrono::seconds(10));
+  (*door)->stop();
+  (*cluster)->stop();
+  spdlog::info("event=stopped");
+  return 0;
 }
 
 }  // namespace exa::app

@@ -23,7 +23,7 @@ namespace exa::api {
 
 using token_id = std::int32_t;
 
-struct sampling {
+struct sampling_params {
   float temperature = 0.0f;  // 0: greedy
   float top_p = 1.0f;
   std::uint32_t top_k = 0;
@@ -47,7 +47,7 @@ struct generate_request {
   std::optional<std::string> prompt_text;
   std::optional<std::vector<token_id>> prompt_ids;
   std::uint32_t max_tokens = 16;
-  sampling sampling;
+  sampling_params sampling;
   std::vector<std::string> stop;  // stop sequences (text); generation ends before them
   bool ignore_eos = false;
   std::uint32_t deadline_ms = 0;  // 0: the backend's default
@@ -63,12 +63,12 @@ struct token_chunk {
 
 enum class finish_reason { stop, length, cancelled, error };
 
-struct usage {
+struct token_usage {
   std::uint32_t prompt_tokens = 0;
   std::uint32_t completion_tokens = 0;
 };
 
-struct timings {
+struct request_timings {
   double ttft_ms = 0;  // request accepted -> first token
   double tpot_ms = 0;  // mean time per output token after the first
   double e2e_ms = 0;   // accepted -> finished
@@ -76,10 +76,11 @@ struct timings {
 
 struct generate_result {
   finish_reason reason = finish_reason::stop;
-  usage usage;
-  timings timings;
+  token_usage usage;
+  request_timings timings;
   std::optional<error> err;  // set when reason == error (or a request was refused)
   std::string replica;       // which replica finished it (diagnostics)
+  std::uint32_t retry_after_ms = 0;  // for an overloaded refusal: when to try again
 };
 
 /// Receives one request's stream. on_chunk is called zero or more times, then

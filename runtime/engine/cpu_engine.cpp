@@ -24,8 +24,8 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
                        thread_pool& threads, cpu_engine_config config)
     : model_(std::move(model)),
       config_(config),
-      cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(),
-                             config.kv_block_tokens}),
+      cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(), config.kv_block_tokens},
+             config.kv_max_blocks),
       scheduler_(config.scheduler, cache_),
       forward_(model_->config(), model_->weights(), cache_, threads) {}
 

@@ -21,6 +21,10 @@ class thread_pool;
 struct cpu_engine_config {
   scheduler_config scheduler;
   std::uint32_t kv_block_tokens = 16;
+  /// This replica's share of the device pool in blocks (0: the whole pool).
+  /// Shares on one device must not add up to more than the pool, so that
+  /// every replica can always reach its own share.
+  std::uint32_t kv_max_blocks = 0;
 };
 
 class cpu_engine final : public inference_engine {

@@ -1,11 +1,16 @@
 #include "engine/kv_cache.hpp"
 
+#include <algorithm>
+
 #include "common/assert.hpp"
 
 namespace exa::engine {
 
-kv_cache::kv_cache(block_pool& pool, kv_layout layout)
-    : pool_(pool), layout_(layout), owner_(pool.capacity_blocks(), 0) {
+kv_cache::kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks)
+    : pool_(pool),
+      layout_(layout),
+      max_blocks_(max_blocks == 0 ? pool.capacity_blocks() : std::min(max_blocks, pool.capacity_blocks())),
+      owner_(pool.capacity_blocks(), 0) {
   EXA_ASSERT(layout_.block_tokens > 0 && layout_.n_layers > 0 && layout_.kv_dim > 0);
   EXA_ASSERT_MSG(pool_.host_accessible(), "the CPU engine needs host-accessible KV blocks");
   EXA_ASSERT_MSG(pool_.block_bytes() >= layout_.block_bytes(), "pool blocks too small for the KV layout");
@@ -22,16 +27,30 @@ std::uint32_t kv_cache::blocks_needed(seq_id seq, std::uint32_t n_tokens) const 
   return want > have ? want - have : 0;
 }
 
+std::uint32_t kv_cache::free_blocks() const noexcept {
+  return std::min(max_blocks_ - used_blocks_, pool_.free_blocks());
+}
+
 bool kv_cache::reserve(seq_id seq, std::uint32_t n_tokens) {
   const std::uint32_t need = blocks_needed(seq, n_tokens);
-  if (need > pool_.free_blocks()) return false;
-  auto& table = tables_[seq];
+  if (need > max_blocks_ - used_blocks_) return false;
+  // Another cache may take the pool's last blocks between the check and the
+  // allocation: take them one by one and roll back on a miss.
+  std::vector<block_id> taken;
+  taken.reserve(need);
   for (std::uint32_t i = 0; i < need; ++i) {
     const auto b = pool_.allocate();
-    EXA_ASSERT_MSG(b.has_value(), "pool reported free blocks it could not hand out");
-    EXA_ASSERT_MSG(owner_[*b] == 0, "KV block owned by two sequences");
-    owner_[*b] = seq + 1;
-    table.push_back(*b);
+    if (!b) {
+      for (const block_id t : taken) pool_.release(t);
+      return false;
+    }
+    taken.push_back(*b);
+  }
+  auto& table = tables_[seq];
+  for (const block_id b : taken) {
+    EXA_ASSERT_MSG(owner_[b] == 0, "KV block owned by two sequences");
+    owner_[b] = seq + 1;
+    table.push_back(b);
     ++used_blocks_;
   }
   return true;
@@ -81,11 +100,11 @@ std::uint16_t* kv_cache::v(const std::vector<block_id>& table, std::uint32_t lay
 }
 
 std::uint32_t kv_cache::capacity_tokens() const noexcept {
-  return pool_.capacity_blocks() * layout_.block_tokens;
+  return max_blocks_ * layout_.block_tokens;
 }
 
 std::uint32_t kv_cache::free_tokens() const noexcept {
-  return pool_.free_blocks() * layout_.block_tokens;
+  return free_blocks() * layout_.block_tokens;
 }
 
 }  // namespace exa::engine

@@ -33,7 +33,9 @@ struct kv_layout {
 class kv_cache {
  public:
   /// The pool's blocks must be host-accessible and at least layout.block_bytes().
-  kv_cache(block_pool& pool, kv_layout layout);
+  /// `max_blocks` caps what this cache may hold when several caches (replicas)
+  /// share one device pool; 0 means the whole pool.
+  kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks = 0);
   ~kv_cache();
   kv_cache(const kv_cache&) = delete;
   kv_cache& operator=(const kv_cache&) = delete;
@@ -60,7 +62,9 @@ class kv_cache {
 
   std::uint32_t capacity_tokens() const noexcept;
   std::uint32_t free_tokens() const noexcept;
-  std::uint32_t free_blocks() const noexcept { return pool_.free_blocks(); }
+  /// Blocks this cache could still take: its quota left, or the pool's free
+  /// blocks if fewer.
+  std::uint32_t free_blocks() const noexcept;
   std::uint32_t used_blocks() const noexcept { return used_blocks_; }
   std::size_t sequences() const noexcept { return tables_.size(); }
 
@@ -71,6 +75,7 @@ class kv_cache {
   block_pool& pool_;
   kv_layout layout_;
   std::unordered_map<seq_id, std::vector<block_id>> tables_;
+  std::uint32_t max_blocks_;
   std::vector<seq_id> owner_;  // block -> owning sequence + 1, 0 when free (invariant checks)
   std::uint32_t used_blocks_ = 0;
 };

@@ -1,0 +1,50 @@
+#include "actors/cluster_metrics.hpp"
+
+#include "common/assert.hpp"
+
+namespace exa::actors {
+namespace {
+
+// Latency bounds in ms, finer than the default at the low end: the serving
+// path itself is sub-millisecond and worth seeing.
+const std::vector<double> latency_bounds_ms = {0.1, 0.25, 0.5, 1,    2.5,  5,    10,   25,   50,
+                                               100, 250,  500, 1000, 2500, 5000, 10000, 30000};
+
+template <class T>
+T must(expected<T> v) {
+  EXA_ASSERT_MSG(v.has_value(), "metric family registration failed");
+  return *v;
+}
+
+}  // namespace
+
+std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics::registry> registry) {
+  auto m = std::make_shared<cluster_metrics>();
+  m->registry = registry ? std::move(registry) : std::make_shared<metrics::registry>();
+  auto& r = *m->registry;
+  m->requests = must(r.register_counter("exaserve_requests_total",
+                                        "Requests by model and outcome (completed, error, cancelled, refused).",
+                                        {"model", "outcome"}));
+  m->prompt_tokens = must(r.register_counter("exaserve_prompt_tokens_total", "Prompt tokens of finished requests.", {"model"}));
+  m->generated_tokens = must(r.register_counter("exaserve_generated_tokens_total", "Tokens streamed to clients.", {"model"}));
+  m->ttft_ms = must(r.register_histogram("exaserve_time_to_first_token_ms", "Request accepted to first token.",
+                                         {"model"}, latency_bounds_ms));
+  m->tpot_ms = must(r.register_histogram("exaserve_time_per_output_token_ms",
+                                         "Mean time per output token after the first, per request.", {"model"},
+                                         latency_bounds_ms));
+  m->e2e_ms = must(r.register_histogram("exaserve_request_duration_ms", "Request accepted to finished.", {"model"},
+                                        latency_bounds_ms));
+  m->queue_depth = must(r.register_gauge("exaserve_queue_depth", "Requests admitted and waiting for a replica.", {"model"}));
+  m->in_flight = must(r.register_gauge("exaserve_requests_in_flight", "Requests admitted and not finished.", {"model"}));
+  m->replicas = must(r.register_gauge("exaserve_replicas", "Replicas by lifecycle state.", {"state"}));
+  m->kv_used_tokens = must(r.register_gauge("exaserve_kv_used_tokens", "KV cache tokens in use per replica.", {"replica"}));
+  m->kv_capacity_tokens =
+      must(r.register_gauge("exaserve_kv_capacity_tokens", "KV cache capacity in tokens per replica.", {"replica"}));
+  m->resumes = must(r.register_counter("exaserve_request_resumes_total",
+                                       "Requests resumed on another replica after theirs failed.", {"model"}));
+  m->replica_restarts =
+      must(r.register_counter("exaserve_replica_restarts_total", "Replicas restarted in place by their node.", {"node"}));
+  return m;
+}
+
+}  // namespace exa::actors

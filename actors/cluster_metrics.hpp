@@ -1,0 +1,44 @@
+#pragma once
+// The metric families the cluster exports (GET /metrics), registered once per
+// registry. Actors keep a shared pointer to this and update the series they
+// own; every update is an atomic operation, safe from any thread.
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "metrics/metrics.hpp"
+
+namespace exa::actors {
+
+struct cluster_metrics {
+  std::shared_ptr<metrics::registry> registry;
+  metrics::counter_family* requests = nullptr;         // {model, outcome}
+  metrics::counter_family* prompt_tokens = nullptr;    // {model}
+  metrics::counter_family* generated_tokens = nullptr; // {model}
+  metrics::histogram_family* ttft_ms = nullptr;        // {model}
+  metrics::histogram_family* tpot_ms = nullptr;        // {model}
+  metrics::histogram_family* e2e_ms = nullptr;         // {model}
+  metrics::gauge_family* queue_depth = nullptr;        // {model}
+  metrics::gauge_family* in_flight = nullptr;          // {model}
+  metrics::gauge_family* replicas = nullptr;           // {state}
+  metrics::gauge_family* kv_used_tokens = nullptr;     // {replica}
+  metrics::gauge_family* kv_capacity_tokens = nullptr; // {replica}
+  metrics::counter_family* resumes = nullptr;          // {model}: requests moved to another replica
+  metrics::counter_family* replica_restarts = nullptr; // {node}
+
+  /// Registers every family in `registry` (a fresh one when null).
+  static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);
+
+  /// The series of a family for one label value (created on first use).
+  template <class Family>
+  static auto* series(Family* f, std::string_view label) {
+    return *f->with({label});
+  }
+  template <class Family>
+  static auto* series(Family* f, std::string_view a, std::string_view b) {
+    return *f->with({a, b});
+  }
+};
+
+}  // namespace exa::actors

@@ -1,0 +1,340 @@
+#include "actors/controller_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "actors/cluster_metrics.hpp"
+#include "cluster/model_shape.hpp"
+#include "cluster/routing.hpp"
+#include "model/llama_model.hpp"
+
+namespace exa::actors {
+namespace {
+
+using self_ptr = caf::stateful_actor<controller_state>*;
+using cluster::replica_state;
+
+constexpr std::uint32_t max_replicas_per_deployment = 4096;
+
+expected<void> check_name(const std::string& name) {
+  if (name.empty() || name.size() > 64)
+    return make_error(errc::invalid_argument, "deployment name must be 1..64 characters");
+  for (const char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
+      return make_error(errc::invalid_argument,
+                        "deployment name '" + name + "' may use only letters, digits, '-', '_' and '.'");
+  return {};
+}
+
+// Starts the replica of a placed slot on its node.
+void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t epoch) {
+  auto& st = self->state;
+  const auto& dep = st.deployments.at(p.slot.deployment);
+  replica_spec spec;
+  spec.id = p.replica;
+  spec.deployment = p.slot.deployment;
+  spec.slot = p.slot.index;
+  spec.epoch = epoch;
+  spec.model_file = dep.model_file;
+  spec.device = p.devices.front();
+  spec.kv_tokens = static_cast<std::uint32_t>(dep.spec.replica.kv_tokens);
+  spec.engine = st.config.engine;
+  st.slot_epochs[p.slot] = epoch;
+  auto& rec = st.replicas[p.replica];
+  rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, spec};
+  spdlog::info("event=replica_placed replica={} deployment={} slot={} epoch={} node={} device={} bytes={}", p.replica,
+               spec.deployment, spec.slot, epoch, p.node, spec.device, p.per_device.total_bytes());
+  const auto node = st.nodes.find(p.node);
+  if (node != st.nodes.end() && node->second) {  // else: sent when the node comes up
+    self->send(node->second, spawn_replica{spec});
+    rec.spawned = true;
+  }
+}
+
+void remember(self_ptr self, const api::deploy_request& req) {
+  std::lock_guard lock(self->state.config.desired->mutex);
+  self->state.config.desired->deployments[req.name] = req;
+}
+
+void forget(self_ptr self, const std::string& name) {
+  std::lock_guard lock(self->state.config.desired->mutex);
+  self->state.config.desired->deployments.erase(name);
+}
+
+// Places every missing slot of a deployment; returns how many are still missing.
+std::size_t place_missing(self_ptr self, const std::string& name, std::string* why) {
+  auto& st = self->state;
+  auto& dep = st.deployments.at(name);
+  auto plan = cluster::place(*st.placement, {dep.spec});
+  if (!plan) {
+    if (why) *why = plan.error().message;
+    return dep.spec.replicas;
+  }
+  for (const auto& p : plan->placed) start_slot(self, p, st.slot_epochs[p.slot] + 1);
+  for (const auto& u : plan->unplaced) spdlog::warn("event=replica_unplaced deployment={} slot={} reason=\"{}\"", name, u.slot.index, u.reason);
+  if (why && !plan->unplaced.empty()) *why = plan->unplaced.front().reason;
+  return plan->unplaced.size();
+}
+
+// A slot lost its replica: place it again (elsewhere than `excluded`) under
+// a new epoch, if the deployment still wants it.
+void replace_slot(self_ptr self, const std::string& deployment, std::uint32_t slot,
+                  const std::vector<cluster::node_id>& excluded) {
+  auto& st = self->state;
+  auto it = st.deployments.find(deployment);
+  if (it == st.deployments.end() || slot >= it->second.spec.replicas) return;
+  const cluster::slot_ref ref{deployment, slot};
+  auto& budget = st.slot_failures
+                     .try_emplace(ref, st.config.slot_max_replacements,
+                                  std::chrono::milliseconds(st.config.slot_replacement_window_ms))
+                     .first->second;
+  const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch());
+  if (!budget.allow(now)) {
+    spdlog::error("event=slot_given_up deployment={} slot={} replacements={} reason=\"keeps failing wherever it is placed\"",
+                  deployment, slot, budget.max_restarts());
+    return;
+  }
+  auto placed = cluster::place_one(*st.placement, it->second.spec, slot, excluded);
+  if (!placed) {
+    spdlog::error("event=replica_unplaced deployment={} slot={} reason=\"{}\"", deployment, slot, placed.error().message);
+    return;
+  }
+  start_slot(self, *placed, st.slot_epochs[placed->slot] + 1);
+}
+
+void forget_replica(self_ptr self, cluster::replica_id id) {
+  auto& st = self->state;
+  if (st.placement->replicas().count(id)) (void)st.placement->release(id);
+  st.replicas.erase(id);
+}
+
+// Replicas by lifecycle state, for the exaserve_replicas gauge.
+void update_replica_gauge(self_ptr self) {
+  auto& st = self->state;
+  if (!st.config.metrics) return;
+  std::map<cluster::replica_state, std::size_t> counts;
+  for (const auto& [id, r] : st.replicas) ++counts[r.state];
+  for (const auto s : cluster::all_replica_states)
+    cluster_metrics::series(st.config.metrics->replicas, cluster::to_string(s))->set(static_cast<double>(counts[s]));
+}
+
+void on_replica_event(self_ptr self, const replica_event& ev) {
+  auto& st = self->state;
+  auto it = st.replicas.find(ev.id);
+  if (it == st.replicas.end()) return;  // already forgotten
+  const auto state = static_cast<replica_state>(ev.state);
+  it->second.state = state;
+  it->second.reason = ev.reason;
+  if (state == replica_state::stopped) {
+    forget_replica(self, ev.id);
+  } else if (state == replica_state::failed) {
+    const auto rec = it->second;
+    forget_replica(self, ev.id);
+    // A crash loop on one node: try the others first.
+    replace_slot(self, rec.deployment, rec.slot, {rec.node});
+  }
+  update_replica_gauge(self);
+}
+
+void on_node_down(self_ptr self, cluster::node_id node) {
+  auto& st = self->state;
+  st.nodes[node] = caf::actor{};
+  std::vector<controller_state::replica_record> lost;
+  for (const auto& [id, r] : st.replicas)
+    if (r.node == node) lost.push_back(r);
+  spdlog::error("event=node_down node={} replicas_lost={}", node, lost.size());
+  for (const auto& r : lost) {
+    const replica_event ev{r.id, r.deployment, r.slot, r.epoch, node, r.device,
+                           static_cast<std::uint8_t>(replica_state::failed), "node lost", caf::actor{}};
+    self->send(st.router, ev);
+    forget_replica(self, r.id);
+    replace_slot(self, r.deployment, r.slot, {node});
+  }
+}
+
+caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
+  auto& st = self->state;
+  if (auto ok = check_name(req.name); !ok) return to_caf(ok.error());
+  if (st.deployments.count(req.name))
+    return to_caf({errc::invalid_argument, "deployment '" + req.name + "' exists; use scale or undeploy"});
+  if (req.replicas == 0 || req.replicas > max_replicas_per_deployment)
+    return to_caf({errc::invalid_argument, "replicas must be in [1, " + std::to_string(max_replicas_per_deployment) + "]"});
+  const std::string routing = req.routing.empty() ? st.config.default_routing : req.routing;
+  if (auto policy = cluster::make_routing_policy(routing); !policy) return to_caf(policy.error());
+  const std::string file = req.model_file.empty() ? st.config.default_model_file : req.model_file;
+  auto model = model::llama_model::load(file);
+  if (!model) return to_caf(model.error());
+  controller_state::deployment dep;
+  dep.model_file = file;
+  dep.model = *model;
+  dep.routing = routing;
+  dep.spec.name = req.name;
+  dep.spec.model = cluster::model_shape_from(**model);
+  dep.spec.replicas = req.replicas;
+  dep.spec.replica.kv_tokens = req.kv_tokens ? req.kv_tokens : st.config.default_kv_tokens;
+  dep.spec.replica.max_batch_tokens = st.config.max_batch_tokens;
+  st.deployments[req.name] = dep;
+  self->send(st.router, deployment_info{req.name, dep.model, (*model)->config().vocab_size,
+                                        (*model)->config().context_length, dep.routing});
+  std::string why;
+  const std::size_t missing = place_missing(self, req.name, &why);
+  spdlog::info("event=deployed deployment={} model={} replicas={} placed={} routing={}", req.name, file, req.replicas,
+               req.replicas - missing, dep.routing);
+  if (missing == req.replicas) {  // nothing fits: refuse rather than keep an empty deployment
+    st.deployments.erase(req.name);
+    self->send(st.router, deployment_removed{req.name});
+    return to_caf({errc::unavailable, "cannot place any replica of '" + req.name + "': " + why});
+  }
+  remember(self, req);
+  return ok_atom::value;
+}
+
+void stop_slots(self_ptr self, const std::string& name, std::uint32_t from_slot) {
+  auto& st = self->state;
+  for (auto& [id, r] : st.replicas) {
+    if (r.deployment != name || r.slot < from_slot) continue;
+    const auto node = st.nodes.find(r.node);
+    if (node != st.nodes.end() && node->second) self->send(node->second, stop_replica{id, true});
+  }
+}
+
+}  // namespace
+
+caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, controller_config config,
+                               caf::actor router, caf::actor health_monitor) {
+  auto& st = self->state;
+  st.config = std::move(config);
+  st.router = std::move(router);
+  st.health_monitor = std::move(health_monitor);
+  auto placement = cluster::cluster_state::create(st.config.nodes, st.config.device_reserved_bytes);
+  if (!placement) {
+    spdlog::error("event=controller_start_failed error=\"{}\"", to_string(placement.error()));
+    self->quit(to_caf(placement.error()));
+    return {};
+  }
+  st.placement.emplace(std::move(*placement));
+  // A restarted controller rebuilds the deployments its predecessor held.
+  std::map<std::string, api::deploy_request> desired;
+  {
+    std::lock_guard lock(st.config.desired->mutex);
+    desired = st.config.desired->deployments;
+  }
+  for (const auto& [name, req] : desired)
+    if (auto r = on_deploy(self, req); r.flag == caf::rt_error)
+      spdlog::error("event=redeploy_failed deployment={}", name);
+  self->set_down_handler([=](const caf::down_msg& dm) {
+    for (auto& [id, handle] : self->state.nodes)
+      if (handle && handle.address() == dm.source) return on_node_down(self, id);
+  });
+  return {
+      [=](const node_up& m) {
+        auto& s = self->state;
+        s.nodes[m.node] = m.handle;
+        self->monitor(m.handle);
+        for (auto& [id, r] : s.replicas)
+          if (r.node == m.node && !r.spawned) {
+            self->send(m.handle, spawn_replica{r.spec});
+            r.spawned = true;
+          }
+      },
+      [=](const replica_event& ev) { on_replica_event(self, ev); },
+      [=](const get_node& m) -> caf::actor {
+        auto it = self->state.nodes.find(m.node);
+        return it == self->state.nodes.end() ? caf::actor{} : it->second;
+      },
+      [=](const deploy_msg& m) { return on_deploy(self, m.request); },
+      [=](const undeploy_msg& m) -> caf::result<ok_atom> {
+        auto& s = self->state;
+        if (!s.deployments.count(m.name)) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
+        stop_slots(self, m.name, 0);
+        s.deployments.erase(m.name);
+        forget(self, m.name);
+        self->send(s.router, deployment_removed{m.name});
+        spdlog::info("event=undeployed deployment={}", m.name);
+        return ok_atom::value;
+      },
+      [=](const scale_msg& m) -> caf::result<ok_atom> {
+        auto& s = self->state;
+        auto it = s.deployments.find(m.name);
+        if (it == s.deployments.end()) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
+        if (m.replicas == 0 || m.replicas > max_replicas_per_deployment)
+          return to_caf({errc::invalid_argument, "replicas must be in [1, " +
+                                                     std::to_string(max_replicas_per_deployment) + "]; use undeploy to remove"});
+        const std::uint32_t old = it->second.spec.replicas;
+        it->second.spec.replicas = m.replicas;
+        {
+          std::lock_guard lock(s.config.desired->mutex);
+          auto d = s.config.desired->deployments.find(m.name);
+          if (d != s.config.desired->deployments.end()) d->second.replicas = m.replicas;
+        }
+        if (m.replicas < old) stop_slots(self, m.name, m.replicas);
+        std::string why;
+        if (m.replicas > old && place_missing(self, m.name, &why) > 0)
+          spdlog::warn("event=scale_partial deployment={} wanted={} reason=\"{}\"", m.name, m.replicas, why);
+        spdlog::info("event=scaled deployment={} from={} to={}", m.name, old, m.replicas);
+        return ok_atom::value;
+      },
+      [=](models_atom) {
+        models_reply out;
+        for (const auto& [name, dep] : self->state.deployments) {
+          api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.model->config().context_length};
+          for (const auto& [id, r] : self->state.replicas)
+            if (r.deployment == name && cluster::accepts_requests(r.state)) ++mi.replicas_ready;
+          out.models.push_back(std::move(mi));
+        }
+        return out;
+      },
+      [=](ready_atom) {
+        for (const auto& [name, dep] : self->state.deployments) {
+          bool any = false;
+          for (const auto& [id, r] : self->state.replicas) any |= r.deployment == name && cluster::accepts_requests(r.state);
+          if (!any) return false;
+        }
+        return true;
+      },
+      [=](status_atom) {
+        auto& s = self->state;
+        auto status = std::make_shared<api::cluster_status>();
+        for (const auto& n : s.placement->nodes()) {
+          status->nodes.push_back({n.id, n.rack, s.nodes.count(n.id) && s.nodes[n.id] ? "up" : "down"});
+          for (std::uint32_t d = 0; d < n.devices; ++d) {
+            const auto* l = s.placement->ledger({n.id, d});
+            status->devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});
+          }
+        }
+        for (const auto& [id, r] : s.replicas) {
+          api::replica_status rs;
+          rs.id = std::to_string(id);
+          rs.deployment = r.deployment;
+          rs.slot = r.slot;
+          rs.epoch = r.epoch;
+          rs.state = std::string(cluster::to_string(r.state));
+          rs.node = r.node;
+          rs.device = r.device;
+          status->replicas.push_back(std::move(rs));
+        }
+        auto promise = self->make_response_promise<status_reply>();
+        self->request(s.router, std::chrono::seconds(5), loads_atom::value)
+            .then(
+                [=](const std::vector<replica_load>& loads) mutable {
+                  for (auto& rs : status->replicas)
+                    for (const auto& l : loads)
+                      if (std::to_string(l.id) == rs.id) {
+                        rs.running = l.running;
+                        rs.queued = l.queued;
+                        rs.kv_used_tokens = l.kv_used_tokens;
+                        rs.kv_capacity_tokens = l.kv_capacity_tokens;
+                      }
+                  promise.deliver(status_reply{status});
+                },
+                [=](const caf::error&) mutable { promise.deliver(status_reply{status}); });
+        return promise;
+      },
+  };
+}
+
+}  // namespace exa::actors

@@ -1,0 +1,51 @@
+#include "actors/device_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "engine/engine.hpp"
+#include "engine/thread_pool.hpp"
+#include "gpu/cpu_memory_pool.hpp"
+
+namespace exa::actors {
+
+caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_config config) {
+  auto& st = self->state;
+  st.config = config;
+  const std::uint32_t pages = static_cast<std::uint32_t>(config.memory_bytes / config.page_bytes);
+  auto pool = gpu::cpu_memory_pool::create(config.page_bytes, pages);
+  if (!pool) {
+    spdlog::error("event=device_start_failed node={} device={} error=\"{}\"", config.node, config.index,
+                  to_string(pool.error()));
+    self->quit(caf::make_error(caf::sec::runtime_error, to_string(pool.error())));
+    return {};
+  }
+  st.pool = std::move(*pool);
+  st.threads = std::make_shared<engine::thread_pool>(config.threads);
+  spdlog::info("event=device_started node={} device={} kind=cpu memory_bytes={} pages={} page_bytes={} threads={}",
+               config.node, config.index, config.memory_bytes, pages, config.page_bytes, st.threads->size());
+  return {
+      [=](resources_atom) {
+        auto& s = self->state;
+        return device_resources{s.pool, s.threads, s.config.page_bytes};
+      },
+      [=](const step_job& job) {
+        auto& s = self->state;
+        const auto t0 = std::chrono::steady_clock::now();
+        auto result = std::make_shared<engine::step_result>(job.engine->step());
+        ++s.steps;
+        double seconds = 0;
+        if (s.config.measure_wall_time) {
+          seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        } else {  // a fixed cost per token keeps deterministic tests deterministic
+          seconds = 1e-4 * (1 + result->prefill_tokens + result->decode_tokens);
+        }
+        return step_done{std::move(result), seconds};
+      },
+  };
+}
+
+}  // namespace exa::actors

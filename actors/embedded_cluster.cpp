@@ -1,0 +1,123 @@
+#include "actors/embedded_cluster.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "actors/cluster_metrics.hpp"
+#include "actors/cluster_supervisor.hpp"
+#include "actors/gateway_bridge.hpp"
+#include "actors/messages.hpp"
+
+namespace exa::actors {
+namespace {
+
+class system_config : public caf::actor_system_config {
+ public:
+  explicit system_config(const cluster_options& o) {
+    register_message_types(*this);
+    set("logger.verbosity", caf::atom("quiet"));
+    set("logger.console", caf::atom("none"));
+    if (o.deterministic) {
+      set("scheduler.policy", caf::atom("testing"));
+    } else {
+      const auto cores = std::max(2u, std::thread::hardware_concurrency());
+      set("scheduler.max-threads", static_cast<std::size_t>(o.scheduler_threads ? o.scheduler_threads : cores));
+    }
+  }
+};
+
+cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics> metrics) {
+  cluster_plan plan;
+  plan.metrics = metrics;
+  plan.controller.metrics = metrics;
+  plan.health.heartbeat_interval_ms = o.heartbeat_interval_ms;
+  plan.router.request_deadline_ms = o.request_deadline_ms;
+  plan.router.admission.queued_per_model_max = o.queued_per_model_max;
+  plan.router.admission.queued_global_max = o.queued_global_max;
+  plan.router.admission.in_flight_per_replica_max = o.in_flight_per_replica_max;
+  plan.router.table.default_policy = o.default_routing;
+  auto& c = plan.controller;
+  c.engine = o.engine;
+  c.default_kv_tokens = o.default_kv_tokens;
+  c.default_model_file = o.default_model_file;
+  c.default_routing = o.default_routing;
+  c.desired = std::make_shared<desired_state>();
+  for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
+  for (std::uint32_t n = 0; n < o.nodes; ++n) {
+    const cluster::rack_id rack = o.racks ? n % o.racks : 0;
+    c.nodes.push_back({n, rack, o.devices_per_node, o.device_memory_bytes});
+    node_config nc;
+    nc.id = n;
+    nc.rack = rack;
+    nc.devices = o.devices_per_node;
+    nc.device.memory_bytes = o.device_memory_bytes;
+    nc.device.page_bytes = o.kv_page_bytes;
+    nc.device.threads = o.device_threads;
+    nc.device.measure_wall_time = !o.deterministic;
+    nc.detached_devices = !o.deterministic;
+    nc.heartbeat_interval_ms = o.heartbeat_interval_ms;
+    nc.metrics = metrics;
+    plan.nodes.push_back(nc);
+  }
+  return plan;
+}
+
+}  // namespace
+
+struct embedded_cluster::impl {
+  explicit impl(const cluster_options& o) : config(o), system(config) {}
+  system_config config;
+  caf::actor_system system;
+  std::shared_ptr<cluster_metrics> metrics;
+  std::shared_ptr<api::gateway_backend> backend;
+  caf::actor root;
+  bool deterministic = false;
+  bool stopped = false;
+};
+
+embedded_cluster::embedded_cluster(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+embedded_cluster::~embedded_cluster() { stop(); }
+
+expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_options options) {
+  if (options.nodes == 0 || options.devices_per_node == 0)
+    return make_error(errc::invalid_argument, "a cluster needs at least one node with one device");
+  auto p = std::make_unique<impl>(options);
+  p->deterministic = options.deterministic;
+  p->metrics = cluster_metrics::create();
+  p->backend = make_gateway_bridge(p->system, p->metrics);
+  p->root = p->system.spawn(cluster_supervisor, make_plan(options, p->metrics));
+  spdlog::info("event=embedded_cluster_start nodes={} devices_per_node={} engine={} deterministic={}", options.nodes,
+               options.devices_per_node, options.engine, options.deterministic);
+  return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
+}
+
+std::shared_ptr<api::gateway_backend> embedded_cluster::backend() const { return impl_->backend; }
+std::shared_ptr<metrics::registry> embedded_cluster::metrics() const { return impl_->metrics->registry; }
+caf::actor_system& embedded_cluster::system() { return impl_->system; }
+
+caf::scheduler::test_coordinator* embedded_cluster::test_scheduler() {
+  if (!impl_->deterministic) return nullptr;
+  return &dynamic_cast<caf::scheduler::test_coordinator&>(impl_->system.scheduler());
+}
+
+void embedded_cluster::stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  caf::anon_send_exit(impl_->root, caf::exit_reason::user_shutdown);
+  if (auto* sched = test_scheduler()) {
+    // Virtual time: run everything that is left, firing timers, until quiet.
+    for (int i = 0; i < 1000 && (sched->run() > 0 || sched->trigger_timeouts() > 0); ++i) {
+    }
+  }
+  impl_->root = nullptr;
+  spdlog::info("event=embedded_cluster_stop");
+}
+
+}  // namespace exa::actors

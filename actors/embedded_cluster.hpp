@@ -1,0 +1,72 @@
+#pragma once
+// The embedded cluster: N nodes × G devices as actors in this process, the
+// supervision tree of ARCHITECTURE.md, and the gateway backend the front
+// doors talk to. This header keeps CAF out of its includers.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/gateway.hpp"
+#include "common/error.hpp"
+
+namespace caf {
+class actor_system;
+namespace scheduler {
+class test_coordinator;
+}
+}  // namespace caf
+
+namespace exa::metrics {
+class registry;
+}
+
+namespace exa::actors {
+
+struct cluster_options {
+  std::uint32_t nodes = 2;
+  std::uint32_t devices_per_node = 2;
+  std::uint32_t racks = 1;                         // nodes spread round-robin over racks
+  std::uint64_t device_memory_bytes = 1ull << 30;  // ledger capacity and KV region per device
+  std::size_t kv_page_bytes = 32 * 1024;
+  std::uint32_t device_threads = 1;                // engine worker threads per device
+  std::uint32_t scheduler_threads = 0;             // CAF workers; 0 = cores
+  std::string engine = "cpu";                      // "cpu" or "null" (zero-cost)
+  std::string default_model_file;                  // for deployments naming no file
+  std::uint32_t default_kv_tokens = 4096;
+  std::string default_routing = "least_outstanding";
+  std::vector<api::deploy_request> deployments;    // deployed at start
+  std::uint32_t heartbeat_interval_ms = 2000;
+  std::uint32_t request_deadline_ms = 120000;
+  std::uint32_t queued_per_model_max = 1024;
+  std::uint32_t queued_global_max = 4096;
+  std::uint32_t in_flight_per_replica_max = 64;
+  /// Deterministic mode for tests: CAF's test scheduler in virtual time, and
+  /// devices run inline instead of on their own threads.
+  bool deterministic = false;
+};
+
+class embedded_cluster {
+ public:
+  static expected<std::unique_ptr<embedded_cluster>> start(cluster_options options);
+  ~embedded_cluster();
+
+  /// What the HTTP and RPC front doors call.
+  std::shared_ptr<api::gateway_backend> backend() const;
+  std::shared_ptr<metrics::registry> metrics() const;
+
+  caf::actor_system& system();
+  /// The test scheduler in deterministic mode, else nullptr.
+  caf::scheduler::test_coordinator* test_scheduler();
+
+  /// Shuts the tree down and waits for every actor to finish.
+  void stop();
+
+ private:
+  struct impl;
+  explicit embedded_cluster(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace exa::actors

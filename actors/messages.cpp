@@ -1,0 +1,58 @@
+#include "actors/messages.hpp"
+
+#include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/make_message.hpp>
+#include <caf/sec.hpp>
+#include <caf/to_string.hpp>
+
+namespace exa::actors {
+
+namespace {
+constexpr caf::atom_value exa_category = caf::atom("exa");
+}
+
+// caf::error treats code 0 as "no error", and errc starts at 0: shift by one.
+caf::error to_caf(const error& e) {
+  return caf::error(static_cast<std::uint8_t>(static_cast<int>(e.code) + 1), exa_category,
+                    caf::make_message(e.message));
+}
+
+error from_caf(const caf::error& e) {
+  if (!e) return {errc::internal, "no error"};
+  if (e.category() == exa_category) {
+    std::string message;
+    if (e.context().match_elements<std::string>()) message = e.context().get_as<std::string>(0);
+    return {static_cast<errc>(e.code() - 1), std::move(message)};
+  }
+  if (e.category() == caf::atom("system")) {
+    switch (static_cast<caf::sec>(e.code())) {
+      case caf::sec::request_timeout: return {errc::unavailable, "no answer in time: " + caf::to_string(e)};
+      case caf::sec::request_receiver_down: return {errc::unavailable, "receiver is down"};
+      default: break;
+    }
+  }
+  return {errc::internal, caf::to_string(e)};
+}
+
+void register_message_types(caf::actor_system_config& cfg) {
+  // Names must match on every node of a distributed cluster.
+  cfg.add_message_type<wire_error>("exa.wire_error");
+  cfg.add_message_type<replica_spec>("exa.replica_spec");
+  cfg.add_message_type<spawn_replica>("exa.spawn_replica");
+  cfg.add_message_type<stop_replica>("exa.stop_replica");
+  cfg.add_message_type<replica_event>("exa.replica_event");
+  cfg.add_message_type<replica_load>("exa.replica_load");
+  cfg.add_message_type<submit_msg>("exa.submit");
+  cfg.add_message_type<token_msg>("exa.tokens");
+  cfg.add_message_type<finish_msg>("exa.finish");
+  cfg.add_message_type<cancel_msg>("exa.cancel");
+  cfg.add_message_type<pick_replica>("exa.pick_replica");
+  cfg.add_message_type<picked_replica>("exa.picked_replica");
+  cfg.add_message_type<heartbeat>("exa.heartbeat");
+  cfg.add_message_type<kill_replica>("exa.kill_replica");
+  cfg.add_message_type<get_node>("exa.get_node");
+}
+
+}  // namespace exa::actors

@@ -1,0 +1,60 @@
+#include "actors/model_cache_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include "model/llama_model.hpp"
+
+namespace exa::actors {
+namespace {
+
+void evict_unpinned(model_cache_state& st, cluster::node_id node) {
+  while (st.entries.size() > st.capacity) {
+    auto victim = st.entries.end();
+    for (auto it = st.entries.begin(); it != st.entries.end(); ++it)
+      if (it->second.pins == 0 && (victim == st.entries.end() || it->second.last_used < victim->second.last_used))
+        victim = it;
+    if (victim == st.entries.end()) return;  // everything pinned: over capacity until released
+    spdlog::info("event=model_evicted node={} path={}", node, victim->first);
+    st.entries.erase(victim);
+  }
+}
+
+}  // namespace
+
+caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cluster::node_id node,
+                                std::uint32_t capacity) {
+  self->state.capacity = capacity;
+  return {
+      [=](const acquire_model& req) -> model_handle {
+        auto& st = self->state;
+        auto it = st.entries.find(req.path);
+        if (it == st.entries.end()) {
+          auto m = model::llama_model::load(req.path);
+          if (!m) {
+            spdlog::error("event=model_load_failed node={} path={} error=\"{}\"", node, req.path, to_string(m.error()));
+            return model_handle{nullptr, wire_error::from(m.error())};
+          }
+          ++st.loads;
+          spdlog::info("event=model_loaded node={} path={} layers={} dim={} vocab={}", node, req.path,
+                       (*m)->config().n_layers, (*m)->config().dim, (*m)->config().vocab_size);
+          it = st.entries.emplace(req.path, model_cache_state::entry{*m, 0, 0}).first;
+        }
+        ++it->second.pins;
+        it->second.last_used = ++st.clock;
+        auto handle = model_handle{it->second.model, {}};
+        evict_unpinned(st, node);
+        return handle;
+      },
+      [=](const release_model& req) {
+        auto& st = self->state;
+        auto it = st.entries.find(req.path);
+        if (it == st.entries.end() || it->second.pins == 0) return;
+        --it->second.pins;
+        evict_unpinned(st, node);
+      },
+  };
+}
+
+}  // namespace exa::actors

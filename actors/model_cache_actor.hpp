@@ -1,0 +1,34 @@
+#pragma once
+// The node-local model cache: loads (maps) GGUF models on first use, shares
+// one instance among the node's replicas, keeps a model pinned while any
+// replica uses it, and evicts unpinned models least-recently-used first once
+// more than `capacity` are loaded.
+
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "actors/messages.hpp"
+
+namespace exa::actors {
+
+struct model_cache_state {
+  struct entry {
+    std::shared_ptr<const model::llama_model> model;
+    std::uint32_t pins = 0;
+    std::uint64_t last_used = 0;
+  };
+  std::map<std::string, entry> entries;
+  std::uint32_t capacity = 4;
+  std::uint64_t clock = 0;  // use order, for LRU
+  std::uint64_t loads = 0;
+  static inline const char* name = "model_cache";
+};
+
+caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cluster::node_id node,
+                                std::uint32_t capacity);
+
+}  // namespace exa::actors

@@ -1,0 +1,63 @@
+#pragma once
+// A node: one host. It supervises its devices and its model cache (static
+// children, one_for_one, with restart intensity) and the replicas the
+// controller places on it (dynamic children: a crashed replica is restarted
+// in place until its slot crash-loops, then quarantined and reported failed so
+// the controller places it elsewhere). It also sends the health monitor a
+// heartbeat every interval.
+
+#include <caf/fwd.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "actors/device_actor.hpp"
+#include "actors/messages.hpp"
+#include "actors/supervisor.hpp"
+#include "cluster/restart_intensity.hpp"
+
+namespace exa::actors {
+
+struct cluster_metrics;
+
+struct node_config {
+  cluster::node_id id = 0;
+  cluster::rack_id rack = 0;
+  std::uint32_t devices = 1;
+  device_config device;         // template: node and index are filled in
+  bool detached_devices = true; // own threads in production; inline under the test scheduler
+  std::uint32_t model_cache_capacity = 4;
+  std::uint32_t heartbeat_interval_ms = 2000;
+  std::uint32_t replica_max_restarts = 3;      // per slot, within the window
+  std::uint32_t replica_restart_window_ms = 60000;
+  std::uint32_t replica_step_timeout_ms = 60000;
+  std::shared_ptr<cluster_metrics> metrics;  // may be null
+};
+
+struct node_context {
+  node_config config;
+  caf::actor controller;
+  caf::actor router;
+  caf::actor health_monitor;
+};
+
+struct node_state {
+  node_context ctx;
+  std::optional<supervisor> sup;  // devices and model cache
+  struct replica_entry {
+    replica_spec spec;
+    caf::actor handle;
+    cluster::restart_intensity intensity;
+  };
+  std::map<cluster::replica_id, replica_entry> replicas;
+  std::uint64_t heartbeat_sequence = 0;
+  std::uint64_t replica_restarts = 0;
+  static inline const char* name = "node";
+};
+
+caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx);
+
+}  // namespace exa::actors

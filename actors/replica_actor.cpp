@@ -1,0 +1,301 @@
+#include "actors/replica_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "actors/device_actor.hpp"
+#include "engine/cpu_engine.hpp"
+#include "engine/null_engine.hpp"
+#include "model/llama_model.hpp"
+
+namespace exa::actors {
+namespace {
+
+using self_ptr = caf::stateful_actor<replica_actor_state>*;
+using cluster::replica_state;
+
+std::int64_t now_ns(self_ptr self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+// Moves to `to` if the lifecycle allows it and tells the controller and
+// router. Returns false (and changes nothing) for an invalid move.
+bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
+  auto& st = self->state;
+  if (st.state == to) return true;
+  if (!cluster::transition(st.state, to)) return false;
+  // ready <-> serving flips with every request: debug, the rest is info.
+  const bool routine = (st.state == replica_state::ready && to == replica_state::serving) ||
+                       (st.state == replica_state::serving && to == replica_state::ready);
+  spdlog::log(routine ? spdlog::level::debug : spdlog::level::info,
+               "event=replica_state replica={} deployment={} slot={} epoch={} node={} device={} from={} to={}{}{}",
+               st.ctx.spec.id, st.ctx.spec.deployment, st.ctx.spec.slot, st.ctx.spec.epoch, st.ctx.node,
+               st.ctx.spec.device, cluster::to_string(st.state), cluster::to_string(to),
+               reason.empty() ? "" : " reason=", reason.empty() ? "" : "\"" + reason + "\"");
+  st.state = to;
+  const replica_event ev{st.ctx.spec.id, st.ctx.spec.deployment, st.ctx.spec.slot, st.ctx.spec.epoch, st.ctx.node,
+                         st.ctx.spec.device, static_cast<std::uint8_t>(to), reason, caf::actor_cast<caf::actor>(self)};
+  if (st.ctx.controller) self->send(st.ctx.controller, ev);
+  if (st.ctx.router) self->send(st.ctx.router, ev);
+  return true;
+}
+
+// Crashes on purpose: the node (its supervisor) decides between a restart
+// and giving the slot up, and reports either.
+void fail(self_ptr self, const std::string& reason) {
+  auto& st = self->state;
+  spdlog::error("event=replica_crash replica={} deployment={} slot={} node={} reason=\"{}\"", st.ctx.spec.id,
+                st.ctx.spec.deployment, st.ctx.spec.slot, st.ctx.node, reason);
+  self->quit(caf::make_error(caf::sec::runtime_error, reason));
+}
+
+void report_load(self_ptr self, bool force) {
+  auto& st = self->state;
+  const auto now = now_ns(self);
+  if (!force && now - st.last_load_report_ns < std::int64_t{st.ctx.load_report_interval_ms} * 1000000) return;
+  st.last_load_report_ns = now;
+  replica_load load;
+  load.id = st.ctx.spec.id;
+  std::uint64_t outstanding = 0;
+  for (const auto& [id, r] : st.active) outstanding += r.max_tokens - std::min(r.max_tokens, r.generated);
+  load.outstanding_tokens = outstanding;
+  if (st.engine) {
+    const auto s = st.engine->stats();
+    load.running = s.running;
+    load.queued = s.waiting;
+    load.kv_capacity_tokens = s.kv_capacity_tokens;
+    load.kv_used_tokens = s.kv_capacity_tokens - s.kv_free_tokens;
+  }
+  load.decode_tokens_per_s = st.decode_tokens_per_s;
+  load.prefill_tokens_per_s = st.prefill_tokens_per_s;
+  self->send(st.ctx.router, load);
+}
+
+void maybe_step(self_ptr self);
+
+void on_step_done(self_ptr self, const step_done& done) {
+  auto& st = self->state;
+  st.step_in_flight = false;
+  const engine::step_result& r = *done.result;
+  // Speeds for the predictive router: exponentially weighted, per kind of step.
+  if (done.seconds > 0) {
+    constexpr double alpha = 0.2;
+    if (r.prefill_tokens > 0) {
+      const double tps = r.prefill_tokens / done.seconds;
+      st.prefill_tokens_per_s = st.prefill_tokens_per_s == 0 ? tps : alpha * tps + (1 - alpha) * st.prefill_tokens_per_s;
+    } else if (r.decode_tokens > 0) {
+      const double tps = r.decode_tokens / done.seconds;
+      st.decode_tokens_per_s = st.decode_tokens_per_s == 0 ? tps : alpha * tps + (1 - alpha) * st.decode_tokens_per_s;
+    }
+  }
+  // Group each request's tokens into one message.
+  std::map<std::uint64_t, token_msg> batches;
+  for (const auto& t : r.tokens) {
+    if (t.id == warmup_request_id) continue;
+    auto& b = batches[t.id];
+    if (b.tokens.empty()) {
+      b.request = t.id;
+      b.first_index = t.index;
+    }
+    b.tokens.push_back(t.token);
+  }
+  for (auto& [id, msg] : batches) {
+    auto it = st.active.find(id);
+    if (it == st.active.end()) continue;
+    it->second.generated += static_cast<std::uint32_t>(msg.tokens.size());
+    self->send(it->second.requester, std::move(msg));
+  }
+  for (const auto& f : r.finished) {
+    if (f.id == warmup_request_id) {
+      if (move_to(self, replica_state::ready)) report_load(self, true);
+      continue;
+    }
+    auto it = st.active.find(f.id);
+    if (it == st.active.end()) continue;
+    self->send(it->second.requester, finish_msg{f.id, static_cast<std::uint8_t>(f.reason), f.generated});
+    self->demonitor(it->second.requester);
+    st.active.erase(it);
+  }
+  auto deferred = std::move(st.deferred);
+  st.deferred.clear();
+  for (auto& fn : deferred) fn();
+  if (st.state == replica_state::serving && st.active.empty()) move_to(self, replica_state::ready);
+  if (st.state == replica_state::draining && st.active.empty()) {
+    move_to(self, replica_state::stopped, "drained");
+    self->quit();
+    return;
+  }
+  report_load(self, false);
+  maybe_step(self);
+}
+
+void maybe_step(self_ptr self) {
+  auto& st = self->state;
+  if (st.step_in_flight || !st.engine || st.engine->idle()) return;
+  st.step_in_flight = true;
+  self->request(st.ctx.device, std::chrono::milliseconds(st.ctx.step_timeout_ms), step_job{st.engine})
+      .then([=](const step_done& done) { on_step_done(self, done); },
+            [=](const caf::error& err) {
+              fail(self, "engine step on node " + std::to_string(self->state.ctx.node) + " device " +
+                             std::to_string(self->state.ctx.spec.device) + " failed: " + caf::to_string(err));
+            });
+}
+
+// Runs `fn` against the engine now, or after the step that is out.
+void with_engine(self_ptr self, std::function<void()> fn) {
+  if (self->state.step_in_flight) self->state.deferred.push_back(std::move(fn));
+  else fn();
+}
+
+expected<std::shared_ptr<engine::inference_engine>> make_engine(const replica_actor_state& st,
+                                                               const device_resources& res) {
+  const auto& spec = st.ctx.spec;
+  const auto& cfg = st.model->config();
+  if (spec.engine == "null") {
+    engine::null_engine_config nc;
+    nc.vocab_size = cfg.vocab_size;
+    nc.context_length = cfg.context_length;
+    nc.kv_capacity_tokens = spec.kv_tokens;
+    return std::make_shared<engine::null_engine>(nc);
+  }
+  if (spec.engine != "cpu") return make_error(errc::invalid_argument, "unknown engine '" + spec.engine + "'");
+  const std::size_t token_bytes = engine::cpu_engine::kv_block_bytes(cfg, 1);
+  if (token_bytes > res.page_bytes)
+    return make_error(errc::invalid_argument, "a KV page of " + std::to_string(res.page_bytes) +
+                                                  " bytes cannot hold one token of this model (" +
+                                                  std::to_string(token_bytes) + " bytes); raise the page size");
+  engine::cpu_engine_config ec;
+  ec.kv_block_tokens = static_cast<std::uint32_t>(std::min<std::size_t>(256, res.page_bytes / token_bytes));
+  ec.kv_max_blocks = (spec.kv_tokens + ec.kv_block_tokens - 1) / ec.kv_block_tokens;
+  return std::make_shared<engine::cpu_engine>(st.model, *res.pool, *res.threads, ec);
+}
+
+void warm_up(self_ptr self) {
+  auto& st = self->state;
+  move_to(self, replica_state::warming);
+  // A real forward pass through every layer before the first client request.
+  engine::generation_request warm;
+  warm.id = warmup_request_id;
+  warm.prompt = {1, 2, 3, 4};
+  warm.max_tokens = 1;
+  if (auto ok = st.engine->submit(warm); !ok) return fail(self, "warm-up refused: " + ok.error().message);
+  maybe_step(self);
+}
+
+void start(self_ptr self) {
+  auto& st = self->state;
+  move_to(self, replica_state::loading);
+  self->request(st.ctx.model_cache, caf::infinite, acquire_model{st.ctx.spec.model_file})
+      .then([=](const model_handle& h) {
+        if (!h.model) return fail(self, "model load failed: " + h.error.message);
+        self->state.model = h.model;
+        self->request(self->state.ctx.device, caf::infinite, resources_atom::value)
+            .then([=](const device_resources& res) {
+              self->state.pool = res.pool;
+              self->state.threads = res.threads;
+              auto eng = make_engine(self->state, res);
+              if (!eng) return fail(self, eng.error().message);
+              self->state.engine = std::move(*eng);
+              warm_up(self);
+            },
+            [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
+      },
+      [=](const caf::error& err) { fail(self, "model cache unavailable: " + caf::to_string(err)); });
+}
+
+caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
+  auto& st = self->state;
+  if (!cluster::accepts_requests(st.state))
+    return to_caf({errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " is " +
+                                          std::string(cluster::to_string(st.state)) + " and takes no new requests"});
+  if (m.epoch != st.ctx.spec.epoch)
+    return to_caf({errc::stale_epoch, "replica " + std::to_string(st.ctx.spec.id) + " serves epoch " +
+                                          std::to_string(st.ctx.spec.epoch) + ", request routed under epoch " +
+                                          std::to_string(m.epoch)});
+  auto requester = caf::actor_cast<caf::actor>(self->current_sender());
+  engine::generation_request req;
+  req.id = m.request;
+  req.prompt = m.prompt;
+  req.resume_tokens = m.resume;
+  req.max_tokens = m.max_tokens;
+  req.sampling = {m.temperature, m.top_p, m.top_k, m.seed};
+  req.stop_tokens = m.stop_tokens;
+  auto promise = self->make_response_promise<ok_atom>();
+  with_engine(self, [=]() mutable {
+    auto& s = self->state;
+    if (auto ok = s.engine->submit(req); !ok) {
+      promise.deliver(to_caf(ok.error()));
+      return;
+    }
+    s.active[req.id] = {requester, static_cast<std::uint32_t>(req.prompt.size()), req.max_tokens,
+                        static_cast<std::uint32_t>(req.resume_tokens.size())};
+    self->monitor(requester);
+    if (s.state == replica_state::ready) move_to(self, replica_state::serving);
+    promise.deliver(ok_atom::value);
+    report_load(self, true);
+    maybe_step(self);
+  });
+  return promise;
+}
+
+void on_cancel(self_ptr self, std::uint64_t request) {
+  with_engine(self, [=] {
+    auto& s = self->state;
+    auto it = s.active.find(request);
+    if (it == s.active.end()) return;
+    self->demonitor(it->second.requester);
+    s.active.erase(it);
+    s.engine->cancel(request);  // frees the request's KV blocks now
+    maybe_step(self);           // reports the cancellation and moves on
+  });
+}
+
+}  // namespace
+
+replica_actor_state::~replica_actor_state() {
+  // Unpin the model in the node's cache, however the replica ended.
+  if (model && ctx.model_cache) caf::anon_send(ctx.model_cache, release_model{ctx.spec.model_file});
+}
+
+caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx) {
+  self->state.ctx = std::move(ctx);
+  // No device, no replica; but a replica's crash must not take the device
+  // (shared with other replicas) down: monitor, do not link.
+  self->monitor(self->state.ctx.device);
+  self->set_down_handler([=](const caf::down_msg& dm) {
+    if (dm.source == self->state.ctx.device.address())
+      return fail(self, "device lost: " + caf::to_string(dm.reason));
+    // A requester vanished: stop its generation and free its blocks.
+    for (const auto& [id, r] : self->state.active)
+      if (r.requester.address() == dm.source) return on_cancel(self, id);
+  });
+  start(self);
+  return {
+      [=](const submit_msg& m) { return on_submit(self, m); },
+      [=](const cancel_msg& m) { on_cancel(self, m.request); },
+      [=](const stop_replica& m) {
+        if (!m.drain) {
+          move_to(self, replica_state::stopped, "stopped without draining");
+          self->quit();
+          return;
+        }
+        if (!cluster::accepts_requests(self->state.state)) {  // not ready yet: nothing to drain
+          move_to(self, replica_state::failed, "stopped before it was ready");
+          self->quit();
+          return;
+        }
+        if (!move_to(self, replica_state::draining, "stop requested")) return;
+        if (self->state.active.empty() && !self->state.step_in_flight) {
+          move_to(self, replica_state::stopped, "drained");
+          self->quit();
+        }
+      },
+  };
+}
+
+}  // namespace exa::actors

@@ -1,0 +1,65 @@
+#pragma once
+// A replica: one engine instance serving one deployment slot. It walks the
+// lifecycle (creating → loading → warming → ready ⇄ serving → draining →
+// stopped; failed on errors), reports each transition to the controller and
+// the router, takes requests, and runs its continuous-batching loop by sending
+// one engine step at a time to its device. Tokens go straight to each
+// request's actor. Engine calls never overlap a step on the device thread:
+// while a step is out, submissions and cancellations wait in `deferred`.
+
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "actors/messages.hpp"
+#include "engine/block_pool.hpp"
+#include "engine/thread_pool.hpp"
+#include "cluster/lifecycle.hpp"
+
+namespace exa::actors {
+
+struct replica_context {
+  replica_spec spec;
+  cluster::node_id node = 0;
+  caf::actor device;
+  caf::actor model_cache;
+  caf::actor controller;
+  caf::actor router;
+  std::uint32_t step_timeout_ms = 60000;      // a step taking longer means a hung device
+  std::uint32_t load_report_interval_ms = 5;  // at most one load report per interval
+};
+
+struct replica_actor_state {
+  replica_context ctx;
+  cluster::replica_state state = cluster::replica_state::creating;
+  std::shared_ptr<const model::llama_model> model;
+  // Declared before the engine so they are destroyed after it.
+  std::shared_ptr<engine::block_pool> pool;
+  std::shared_ptr<engine::thread_pool> threads;
+  std::shared_ptr<engine::inference_engine> engine;
+  bool step_in_flight = false;
+  std::vector<std::function<void()>> deferred;  // engine calls waiting for the step to return
+  struct active_request {
+    caf::actor requester;
+    std::uint32_t prompt_tokens = 0;
+    std::uint32_t max_tokens = 0;
+    std::uint32_t generated = 0;
+  };
+  std::map<std::uint64_t, active_request> active;
+  double decode_tokens_per_s = 0;   // EWMA of decode-only steps
+  double prefill_tokens_per_s = 0;  // EWMA of steps with prefill
+  std::int64_t last_load_report_ns = 0;
+  static inline const char* name = "replica";
+  ~replica_actor_state();
+};
+
+caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx);
+
+/// The id the warm-up pass uses inside the engine (never a client request).
+inline constexpr std::uint64_t warmup_request_id = ~std::uint64_t{0};
+
+}  // namespace exa::actors

@@ -1,0 +1,250 @@
+#include "actors/request_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "actors/cluster_metrics.hpp"
+#include "common/assert.hpp"
+#include "engine/engine.hpp"
+#include "model/llama_model.hpp"
+
+namespace exa::actors {
+namespace {
+
+using self_ptr = caf::stateful_actor<request_actor_state>*;
+
+std::int64_t now_ns(self_ptr self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+void try_replica(self_ptr self);
+
+// Ends the request once: tells the client, the router and the replica.
+void finish(self_ptr self, api::finish_reason reason, std::optional<error> err = std::nullopt) {
+  auto& st = self->state;
+  if (st.done) return;
+  st.done = true;
+  if (st.replica && reason != api::finish_reason::stop && reason != api::finish_reason::length)
+    self->send(st.replica, cancel_msg{st.ctx.number});
+  api::generate_result r;
+  r.reason = reason;
+  r.err = std::move(err);
+  r.usage = {static_cast<std::uint32_t>(st.prompt.size()), static_cast<std::uint32_t>(st.generated.size())};
+  const std::int64_t end = now_ns(self);
+  r.timings.e2e_ms = (end - st.start_ns) / 1e6;
+  if (st.first_token_ns) {
+    r.timings.ttft_ms = (st.first_token_ns - st.start_ns) / 1e6;
+    if (st.generated.size() > 1) r.timings.tpot_ms = (end - st.first_token_ns) / 1e6 / (st.generated.size() - 1);
+  }
+  r.replica = st.replica_id ? std::to_string(st.replica_id) : "";
+  if (const auto& m = st.ctx.metrics) {
+    const std::string& model = st.ctx.request.model;
+    const char* outcome = reason == api::finish_reason::error       ? "error"
+                          : reason == api::finish_reason::cancelled ? "cancelled"
+                                                                    : "completed";
+    cluster_metrics::series(m->requests, model, outcome)->inc();
+    cluster_metrics::series(m->prompt_tokens, model)->inc(st.prompt.size());
+    cluster_metrics::series(m->generated_tokens, model)->inc(st.generated.size());
+    cluster_metrics::series(m->e2e_ms, model)->observe(r.timings.e2e_ms);
+    if (st.first_token_ns) cluster_metrics::series(m->ttft_ms, model)->observe(r.timings.ttft_ms);
+    if (st.generated.size() > 1) cluster_metrics::series(m->tpot_ms, model)->observe(r.timings.tpot_ms);
+  }
+  spdlog::debug("event=request_done request={} reason={} tokens={} ttft_ms={:.2f} e2e_ms={:.2f} replica={} attempts={}{}",
+                st.ctx.request.request_id, static_cast<int>(reason), st.generated.size(), r.timings.ttft_ms,
+                r.timings.e2e_ms, r.replica, st.attempts, r.err ? " error=\"" + to_string(*r.err) + "\"" : "");
+  st.ctx.sink->on_done(r);
+  self->quit();
+}
+
+// Releases as much text as can be: everything but a tail that might still
+// become a stop sequence. Returns true when a stop sequence ended the text.
+bool release_text(request_actor_state& st, std::string& out) {
+  const auto& stops = st.ctx.request.stop;
+  for (const auto& s : stops) {
+    if (s.empty()) continue;
+    const auto pos = st.held_text.find(s);
+    if (pos != std::string::npos) {
+      out += st.held_text.substr(0, pos);
+      st.held_text.clear();
+      return true;
+    }
+  }
+  std::size_t keep = 0;
+  for (const auto& s : stops)
+    for (std::size_t n = std::min(s.size() - 1, st.held_text.size()); n > keep; --n)
+      if (st.held_text.compare(st.held_text.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+  out += st.held_text.substr(0, st.held_text.size() - keep);
+  st.held_text.erase(0, st.held_text.size() - keep);
+  return false;
+}
+
+void emit(self_ptr self, std::string text) {
+  auto& st = self->state;
+  if (text.empty() && st.unsent_tokens.empty()) return;
+  api::token_chunk chunk;
+  chunk.tokens = std::move(st.unsent_tokens);
+  st.unsent_tokens.clear();
+  chunk.first_index = st.sent_index;
+  st.sent_index += static_cast<std::uint32_t>(chunk.tokens.size());
+  chunk.text = std::move(text);
+  st.ctx.sink->on_chunk(chunk);
+}
+
+void on_tokens(self_ptr self, const token_msg& m) {
+  auto& st = self->state;
+  if (st.done || self->current_sender() != st.replica.address()) return;  // a replica we left
+  // Drop what we already have (a resumed replica re-sending is harmless);
+  // a gap would be a bug in the replica.
+  std::size_t skip = 0;
+  if (m.first_index < st.generated.size()) skip = st.generated.size() - m.first_index;
+  EXA_ASSERT_MSG(m.first_index <= st.generated.size(), "token stream gap");
+  if (skip >= m.tokens.size()) return;
+  if (!st.first_token_ns) st.first_token_ns = now_ns(self);
+  const auto& tok = st.ctx.model->tokenizer();
+  for (std::size_t i = skip; i < m.tokens.size(); ++i) {
+    st.generated.push_back(m.tokens[i]);
+    st.unsent_tokens.push_back(m.tokens[i]);
+    st.held_text += st.utf8.push(tok.decode_token(m.tokens[i]));
+  }
+  std::string out;
+  const bool stopped = release_text(st, out);
+  emit(self, std::move(out));
+  if (stopped) finish(self, api::finish_reason::stop);
+}
+
+void on_finish(self_ptr self, const finish_msg& m) {
+  auto& st = self->state;
+  if (st.done || self->current_sender() != st.replica.address()) return;
+  const auto reason = static_cast<engine::finish_reason>(m.reason);
+  if (reason == engine::finish_reason::cancelled) {  // the replica dropped us: go elsewhere
+    st.tried.push_back(st.replica_id);
+    return try_replica(self);
+  }
+  st.held_text += st.utf8.flush();
+  std::string out;
+  release_text(st, out);
+  out += st.held_text;  // the stream ended: a partial stop sequence is just text
+  st.held_text.clear();
+  emit(self, std::move(out));
+  finish(self, reason == engine::finish_reason::stop ? api::finish_reason::stop : api::finish_reason::length);
+}
+
+// Leaves the current replica (if any) and looks for the next one.
+void failover(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  if (st.done) return;
+  spdlog::info("event=request_resume request={} from_replica={} generated={} reason=\"{}\"", st.ctx.request.request_id,
+               st.replica_id, st.generated.size(), why);
+  if (st.replica) self->demonitor(st.replica);
+  if (st.replica_id) st.tried.push_back(st.replica_id);
+  if (st.ctx.metrics) cluster_metrics::series(st.ctx.metrics->resumes, st.ctx.request.model)->inc();
+  st.replica = nullptr;
+  st.replica_id = 0;
+  try_replica(self);
+}
+
+void submit(self_ptr self, const picked_replica& p) {
+  auto& st = self->state;
+  st.replica = p.handle;
+  st.replica_id = p.id;
+  self->monitor(p.handle);
+  const auto& r = st.ctx.request;
+  submit_msg m{st.ctx.number, st.prompt, st.generated, r.max_tokens, r.sampling.temperature, r.sampling.top_p,
+               r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch};
+  self->request(p.handle, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(m))
+      .then([](ok_atom) {},
+            [=](const caf::error& err) {
+              const error e = from_caf(err);
+              if (e.code == errc::invalid_argument) return finish(self, api::finish_reason::error, e);
+              failover(self, e.message);
+            });
+}
+
+void try_replica(self_ptr self) {
+  auto& st = self->state;
+  if (st.done) return;
+  if (st.attempts >= st.ctx.max_attempts)
+    return finish(self, api::finish_reason::error,
+                  error{errc::unavailable, "gave up after " + std::to_string(st.attempts) + " replicas failed"});
+  ++st.attempts;
+  pick_replica pick{st.ctx.request.model, static_cast<std::uint32_t>(st.prompt.size() + st.generated.size()),
+                    st.ctx.request.max_tokens - static_cast<std::uint32_t>(st.generated.size()), st.tried};
+  self->request(st.ctx.router, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(pick))
+      .then([=](const picked_replica& p) { submit(self, p); },
+            [=](const caf::error& err) {
+              const error e = from_caf(err);
+              if (e.code == errc::not_found) return finish(self, api::finish_reason::error, e);
+              // No capacity right now: wait and try again, until the deadline
+              // ends it. Waiting does not use up the replica budget.
+              auto& s = self->state;
+              --s.attempts;
+              s.tried.clear();
+              s.backoff_ms = s.backoff_ms == 0 ? s.ctx.retry_backoff_ms : std::min(s.backoff_ms * 2, 2000u);
+              self->delayed_send(self, std::chrono::milliseconds(s.backoff_ms), tick_atom::value);
+            });
+}
+
+// Validates and tokenizes; an error here is the client's to fix.
+expected<void> prepare(request_actor_state& st) {
+  const auto& r = st.ctx.request;
+  const auto& m = *st.ctx.model;
+  if (r.prompt_ids) {
+    st.prompt = *r.prompt_ids;
+  } else {
+    auto ids = m.tokenizer().encode(r.prompt_text.value_or(""), true);
+    if (!ids) return std::unexpected(ids.error());
+    st.prompt = std::move(*ids);
+  }
+  if (st.prompt.empty()) return make_error(errc::invalid_argument, "prompt is empty");
+  for (const auto t : st.prompt)
+    if (t < 0 || static_cast<std::uint32_t>(t) >= m.config().vocab_size)
+      return make_error(errc::invalid_argument, "prompt token id " + std::to_string(t) +
+                                                    " is outside the vocabulary of model '" + r.model + "'");
+  if (st.prompt.size() + std::uint64_t{r.max_tokens} > m.config().context_length)
+    return make_error(errc::invalid_argument,
+                      "prompt (" + std::to_string(st.prompt.size()) + " tokens) + max_tokens (" +
+                          std::to_string(r.max_tokens) + ") exceeds the context length " +
+                          std::to_string(m.config().context_length) + " of model '" + r.model + "'");
+  if (!r.ignore_eos && m.tokenizer().eos()) st.stop_tokens.push_back(*m.tokenizer().eos());
+  return {};
+}
+
+}  // namespace
+
+caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, request_context ctx) {
+  auto& st = self->state;
+  st.ctx = std::move(ctx);
+  st.start_ns = now_ns(self);
+  self->set_down_handler([=](const caf::down_msg& dm) {
+    if (dm.source == self->state.replica.address()) failover(self, "replica went down: " + caf::to_string(dm.reason));
+  });
+  if (auto ok = prepare(st); !ok) {
+    finish(self, api::finish_reason::error, ok.error());
+    return {};
+  }
+  const std::uint32_t deadline = st.ctx.request.deadline_ms ? st.ctx.request.deadline_ms : st.ctx.deadline_ms;
+  self->delayed_send(self, std::chrono::milliseconds(deadline), deadline_atom::value);
+  try_replica(self);
+  return {
+      [=](const token_msg& m) { on_tokens(self, m); },
+      [=](const finish_msg& m) { on_finish(self, m); },
+      [=](tick_atom) { try_replica(self); },
+      [=](deadline_atom) {
+        finish(self, api::finish_reason::error,
+               error{errc::deadline_exceeded, "request deadline passed after " +
+                                                  std::to_string(self->state.generated.size()) + " tokens"});
+      },
+      [=](const cancel_request&) {
+        finish(self, api::finish_reason::cancelled);
+      },
+  };
+}
+
+}  // namespace exa::actors

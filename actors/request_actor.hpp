@@ -1,0 +1,60 @@
+#pragma once
+// One actor per client request: tokenizes the prompt, asks the router for a
+// replica, submits, turns the replica's tokens into the client's stream
+// (valid UTF-8, stop sequences cut), and keeps time (TTFT, time per output
+// token, end to end). It monitors -- not links -- its replica: when the
+// replica dies or turns out fenced, the request resumes on another replica
+// with the prompt plus the tokens already streamed and the same sampling
+// state, so the client sees one continuous stream. Its deadline and a bounded
+// retry budget make sure it always ends with a result or a clear error.
+
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "api/gateway.hpp"
+#include "model/utf8.hpp"
+
+namespace exa::actors {
+
+struct cluster_metrics;
+
+struct request_context {
+  std::uint64_t number = 0;  // engine-level id, unique in the process
+  api::generate_request request;
+  std::shared_ptr<api::stream_sink> sink;
+  std::shared_ptr<const model::llama_model> model;  // tokenizer and limits
+  caf::actor router;
+  std::uint32_t deadline_ms = 120000;     // when the request gives none
+  std::uint32_t max_attempts = 4;         // replicas tried before giving up
+  std::uint32_t submit_timeout_ms = 10000;
+  std::uint32_t retry_backoff_ms = 50;    // first wait when no replica is free; doubles
+  std::shared_ptr<cluster_metrics> metrics;  // may be null
+};
+
+struct request_actor_state {
+  request_context ctx;
+  std::vector<std::int32_t> prompt;
+  std::vector<std::int32_t> stop_tokens;
+  std::vector<std::int32_t> generated;
+  std::vector<std::int32_t> unsent_tokens;  // generated, not yet in a chunk
+  model::utf8_stream utf8;
+  std::string held_text;  // text that may be the start of a stop sequence
+  std::uint32_t sent_index = 0;
+  caf::actor replica;
+  cluster::replica_id replica_id = 0;
+  std::vector<cluster::replica_id> tried;
+  std::uint32_t attempts = 0;
+  std::uint32_t backoff_ms = 0;
+  bool done = false;
+  std::int64_t start_ns = 0, first_token_ns = 0;
+  static inline const char* name = "request";
+};
+
+caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, request_context ctx);
+
+}  // namespace exa::actors

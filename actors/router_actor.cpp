@@ -1,0 +1,209 @@
+#include "actors/router_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "actors/cluster_metrics.hpp"
+#include "actors/request_actor.hpp"
+#include "cluster/lifecycle.hpp"
+#include "model/llama_model.hpp"
+
+namespace exa::actors {
+namespace {
+
+using self_ptr = caf::stateful_actor<router_state>*;
+using cluster::replica_state;
+
+std::uint64_t now_ns(self_ptr self) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count());
+}
+
+// Keeps the queue and in-flight gauges of a deployment current.
+void update_gauges(self_ptr self, const std::string& model) {
+  auto& st = self->state;
+  if (!st.metrics) return;
+  cluster_metrics::series(st.metrics->queue_depth, model)->set(st.admission->queued(model));
+  std::size_t in_flight = 0;
+  for (const auto& [id, r] : st.requests) in_flight += r.deployment == model;
+  cluster_metrics::series(st.metrics->in_flight, model)->set(static_cast<double>(in_flight));
+}
+
+void count_refusal(self_ptr self, const std::string& model) {
+  // Client-chosen names must not mint label values: unknown models share one.
+  if (self->state.metrics)
+    cluster_metrics::series(self->state.metrics->requests, self->state.deployments.count(model) ? model : "unknown",
+                            "refused")
+        ->inc();
+}
+
+void refuse(const route_request& m, error e, std::uint32_t retry_after_ms = 0) {
+  api::generate_result r;
+  r.reason = api::finish_reason::error;
+  r.err = std::move(e);
+  r.retry_after_ms = retry_after_ms;
+  m.sink->on_done(r);
+}
+
+void on_route(self_ptr self, const route_request& m) {
+  auto& st = self->state;
+  const auto dep = st.deployments.find(m.request.model);
+  if (dep == st.deployments.end()) {
+    std::string known;
+    for (const auto& [name, d] : st.deployments) known += (known.empty() ? "" : ", ") + name;
+    count_refusal(self, m.request.model);
+    return refuse(m, {errc::not_found, "unknown model '" + m.request.model + "'" +
+                                           (known.empty() ? std::string(" (nothing is deployed)") : " (serving: " + known + ")")});
+  }
+  if (st.requests.count(m.request.request_id))
+    return refuse(m, {errc::invalid_argument, "request id '" + m.request.request_id + "' is already in flight"});
+  auto ticket = st.admission->try_admit(m.request.model, now_ns(self));
+  if (!ticket) {
+    count_refusal(self, m.request.model);
+    return refuse(m, ticket.error(), st.admission->retry_after_ms(m.request.model, now_ns(self)));
+  }
+  request_context rc;
+  rc.number = st.next_request_number++;
+  rc.request = m.request;
+  rc.sink = m.sink;
+  rc.model = dep->second.model;
+  rc.router = caf::actor_cast<caf::actor>(self);
+  rc.deadline_ms = st.config.request_deadline_ms;
+  rc.max_attempts = st.config.max_attempts;
+  rc.submit_timeout_ms = st.config.submit_timeout_ms;
+  rc.retry_backoff_ms = st.config.retry_backoff_ms;
+  rc.metrics = st.metrics;
+  auto actor = self->spawn(request_actor, std::move(rc));
+  self->monitor(actor);
+  st.request_ids[actor.address()] = m.request.request_id;
+  st.requests[m.request.request_id] = {actor, *ticket, m.request.model};
+  update_gauges(self, m.request.model);
+}
+
+caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
+  auto& st = self->state;
+  auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens});
+  if (!chosen) return to_caf(chosen.error());
+  const auto id = (*chosen)->id;
+  const auto epoch = (*chosen)->epoch;
+  const auto handle = st.replicas.find(id);
+  if (handle == st.replicas.end() || !handle->second)
+    return to_caf({errc::unavailable, "replica " + std::to_string(id) + " has no live actor"});
+  // The request's place moves from the queue onto the replica.
+  const auto sender = self->current_sender();
+  if (auto rid = st.request_ids.find(caf::actor_cast<caf::actor_addr>(sender)); rid != st.request_ids.end()) {
+    auto& entry = st.requests[rid->second];
+    if (auto ok = st.admission->try_dispatch(entry.ticket, id, now_ns(self)); !ok) return to_caf(ok.error());
+    update_gauges(self, entry.deployment);
+  }
+  return picked_replica{id, epoch, handle->second};
+}
+
+void on_replica_event(self_ptr self, const replica_event& ev) {
+  auto& st = self->state;
+  const auto state = static_cast<replica_state>(ev.state);
+  if (cluster::is_terminal(state)) {
+    (void)st.table->remove(ev.id);
+    st.replicas.erase(ev.id);
+    st.loads.erase(ev.id);
+    return;
+  }
+  if (ev.handle && st.replicas[ev.id] != ev.handle) {
+    st.replicas[ev.id] = ev.handle;
+    self->monitor(ev.handle);
+  }
+  if (!st.table->find(ev.id)) {
+    cluster::routing_candidate c;
+    c.id = ev.id;
+    c.slot = {ev.deployment, ev.slot};
+    c.epoch = ev.epoch;
+    c.model = ev.deployment;
+    c.state = state;
+    if (auto ok = st.table->upsert(std::move(c)); !ok)
+      spdlog::warn("event=router_upsert_refused replica={} error=\"{}\"", ev.id, to_string(ok.error()));
+    return;
+  }
+  (void)st.table->set_state(ev.id, state);
+}
+
+void on_down(self_ptr self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  if (auto it = st.request_ids.find(dm.source); it != st.request_ids.end()) {
+    auto req = st.requests.find(it->second);
+    if (req != st.requests.end()) {
+      (void)st.admission->release(req->second.ticket, now_ns(self));
+      const std::string model = req->second.deployment;
+      st.requests.erase(req);
+      update_gauges(self, model);
+    }
+    st.request_ids.erase(it);
+    return;
+  }
+  for (auto it = st.replicas.begin(); it != st.replicas.end(); ++it)
+    if (it->second.address() == dm.source) {  // crashed: stop routing to it now
+      (void)st.table->set_state(it->first, replica_state::failed);
+      st.replicas.erase(it);
+      return;
+    }
+}
+
+}  // namespace
+
+caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_config config,
+                           std::shared_ptr<cluster_metrics> metrics) {
+  auto& st = self->state;
+  st.config = std::move(config);
+  st.metrics = std::move(metrics);
+  auto table = cluster::replica_table::create(st.config.table);
+  auto admission = cluster::admission_controller::create(st.config.admission);
+  if (!table || !admission) {
+    const error e = !table ? table.error() : admission.error();
+    spdlog::error("event=router_start_failed error=\"{}\"", to_string(e));
+    self->quit(to_caf(e));
+    return {};
+  }
+  st.table.emplace(std::move(*table));
+  st.admission.emplace(std::move(*admission));
+  self->set_down_handler([=](const caf::down_msg& dm) { on_down(self, dm); });
+  return {
+      [=](const deployment_info& d) {
+        self->state.deployments[d.name] = d;
+        if (auto ok = self->state.table->set_policy(d.name, d.routing); !ok)
+          spdlog::warn("event=routing_policy_refused deployment={} error=\"{}\"", d.name, to_string(ok.error()));
+      },
+      [=](const deployment_removed& d) { self->state.deployments.erase(d.name); },
+      [=](const replica_event& ev) { on_replica_event(self, ev); },
+      [=](const replica_load& l) {
+        auto& s = self->state;
+        s.loads[l.id] = l;
+        cluster::load_report r;
+        r.outstanding_requests = l.running + l.queued;
+        r.outstanding_tokens = l.outstanding_tokens;
+        r.decode_tokens_per_s = l.decode_tokens_per_s;
+        r.prefill_tokens_per_s = l.prefill_tokens_per_s;
+        (void)s.table->update_load(l.id, r);
+        if (s.metrics) {
+          const std::string id = std::to_string(l.id);
+          cluster_metrics::series(s.metrics->kv_used_tokens, id)->set(l.kv_used_tokens);
+          cluster_metrics::series(s.metrics->kv_capacity_tokens, id)->set(l.kv_capacity_tokens);
+        }
+      },
+      [=](const route_request& m) { on_route(self, m); },
+      [=](const pick_replica& m) { return on_pick(self, m); },
+      [=](const cancel_request& m) {
+        auto it = self->state.requests.find(m.request_id);
+        if (it != self->state.requests.end()) self->send(it->second.actor, m);
+      },
+      [=](loads_atom) {
+        std::vector<replica_load> out;
+        for (const auto& [id, l] : self->state.loads) out.push_back(l);
+        return out;
+      },
+  };
+}
+
+}  // namespace exa::actors

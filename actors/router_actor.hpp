@@ -1,0 +1,55 @@
+#pragma once
+// The router: admission control (bounded queues, `overloaded` with a
+// Retry-After when full), one request actor per accepted request, and the
+// replica choice for each attempt of each request (the deployment's routing
+// policy over its ready, non-suspect, current-epoch replicas). It follows
+// every replica's lifecycle and load reports, and monitors replica actors so a
+// crashed one stops receiving requests at once.
+
+#include <caf/fwd.hpp>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "actors/messages.hpp"
+#include "cluster/admission.hpp"
+#include "cluster/routing.hpp"
+
+namespace exa::actors {
+
+struct cluster_metrics;
+
+struct router_config {
+  cluster::replica_table_config table;
+  cluster::admission_config admission;
+  std::uint32_t request_deadline_ms = 120000;
+  std::uint32_t max_attempts = 4;
+  std::uint32_t submit_timeout_ms = 10000;
+  std::uint32_t retry_backoff_ms = 50;
+};
+
+struct router_state {
+  router_config config;
+  std::optional<cluster::replica_table> table;
+  std::optional<cluster::admission_controller> admission;
+  std::map<cluster::replica_id, caf::actor> replicas;
+  std::map<cluster::replica_id, replica_load> loads;
+  std::map<std::string, deployment_info> deployments;
+  struct request_entry {
+    caf::actor actor;
+    cluster::admission_ticket ticket;
+    std::string deployment;
+  };
+  std::map<std::string, request_entry> requests;  // by client request id
+  std::map<caf::actor_addr, std::string> request_ids;
+  std::uint64_t next_request_number = 1;
+  std::shared_ptr<cluster_metrics> metrics;
+  static inline const char* name = "router";
+};
+
+caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_config config,
+                           std::shared_ptr<cluster_metrics> metrics);
+
+}  // namespace exa::actors

@@ -1,0 +1,273 @@
+// exaserve-cli: the command-line client of the ExaServe RPC API.
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "render.hpp"
+#include "rpc_client.hpp"
+
+namespace {
+
+using namespace exa;
+
+constexpr const char* usage = R"(usage: exaserve-cli [--connect HOST:PORT] <command> [args]
+
+Talks to an ExaServe server over Cap'n Proto RPC (default 127.0.0.1:7000).
+
+commands:
+  status      nodes, devices, replicas (lifecycle state, load, KV use), deployments
+  models      deployments that can serve requests
+  generate [--model M] [--max-tokens N] [--temperature T] [--seed S] PROMPT
+              stream a completion to stdout (model: the first deployment if not given;
+              max tokens: 64)
+  deploy --name N [--model-file F] [--replicas R] [--kv-tokens K] [--routing P]
+  undeploy NAME
+  scale NAME REPLICAS
+
+Errors go to stderr; exit status 2 for usage errors, 1 for other failures.
+Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off).
+)";
+
+struct usage_error {
+  std::string message;
+};
+
+/// `--name value` / `--name=value` flags (only those in `allowed`) and
+/// positional arguments, from argv[first, argc).
+struct command_args {
+  std::map<std::string, std::string> flags;
+  std::vector<std::string> positional;
+
+  bool has(const std::string& name) const { return flags.count(name) != 0; }
+  std::string get(const std::string& name, std::string fallback = {}) const {
+    auto it = flags.find(name);
+    return it == flags.end() ? fallback : it->second;
+  }
+};
+
+std::expected<command_args, usage_error> parse_args(int argc, char** argv, int first,
+                                                    const std::set<std::string>& allowed) {
+  command_args out;
+  for (int i = first; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (!a.starts_with("--") || a == "--") {
+      out.positional.emplace_back(a);
+      continue;
+    }
+    std::string name(a.substr(2)), value;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return std::unexpected(usage_error{"flag --" + name + " needs a value"});
+    }
+    if (allowed.count(name) == 0) return std::unexpected(usage_error{"unknown flag --" + name});
+    if (!out.flags.emplace(name, value).second) return std::unexpected(usage_error{"flag --" + name + " given twice"});
+  }
+  return out;
+}
+
+std::expected<std::uint64_t, usage_error> parse_uint(const std::string& what, const std::string& text,
+                                                     std::uint64_t max) {
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || end != text.data() + text.size() || v > max)
+    return std::unexpected(usage_error{what + " must be an integer in [0, " + std::to_string(max) + "], not '" + text + "'"});
+  return v;
+}
+
+int fail(const char* command, const error& e) {
+  std::fprintf(stderr, "exaserve-cli %s: %s\n", command, to_string(e).c_str());
+  return 1;
+}
+
+int usage_fail(const char* command, const usage_error& e) {
+  std::fprintf(stderr, "exaserve-cli %s: %s\nRun `exaserve-cli --help` for usage.\n", command, e.message.c_str());
+  return 2;
+}
+
+using client_ptr = std::unique_ptr<cli::rpc_client>;
+
+int cmd_status(cli::rpc_client& client) {
+  auto s = client.status();
+  if (!s) return fail("status", s.error());
+  std::fputs(cli::render_status(*s).c_str(), stdout);
+  return 0;
+}
+
+int cmd_models(cli::rpc_client& client) {
+  auto m = client.models();
+  if (!m) return fail("models", m.error());
+  std::fputs(cli::render_models(*m).c_str(), stdout);
+  return 0;
+}
+
+std::expected<api::generate_request, usage_error> generate_request_from(const command_args& args) {
+  if (args.positional.size() != 1) return std::unexpected(usage_error{"generate takes exactly one PROMPT argument"});
+  api::generate_request req;
+  req.model = args.get("model");
+  req.prompt_text = args.positional[0];
+  auto max_tokens = parse_uint("--max-tokens", args.get("max-tokens", "64"), 1u << 20);
+  if (!max_tokens) return std::unexpected(max_tokens.error());
+  req.max_tokens = static_cast<std::uint32_t>(*max_tokens);
+  auto seed = parse_uint("--seed", args.get("seed", "0"), UINT64_MAX);
+  if (!seed) return std::unexpected(seed.error());
+  req.sampling.seed = *seed;
+  if (args.has("temperature")) {
+    const std::string t = args.get("temperature");
+    char* end = nullptr;
+    const double v = std::strtod(t.c_str(), &end);
+    if (t.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
+      return std::unexpected(usage_error{"--temperature must be a non-negative number, not '" + t + "'"});
+    req.sampling.temperature = static_cast<float>(v);
+  }
+  return req;
+}
+
+int cmd_generate(cli::rpc_client& client, const command_args& args) {
+  auto req = generate_request_from(args);
+  if (!req) return usage_fail("generate", req.error());
+  if (req->model.empty()) {
+    // No model named: the first deployment is the obvious choice.
+    auto models = client.models();
+    if (!models) return fail("generate", models.error());
+    if (models->empty()) return fail("generate", error{errc::not_found, "the server has no deployments; deploy one first"});
+    req->model = models->front().name;
+  }
+  bool wrote = false;
+  auto result = client.generate(*req, [&](const api::token_chunk& chunk) {
+    std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
+    std::fflush(stdout);  // the point of streaming: show tokens as they come
+    wrote = wrote || !chunk.text.empty();
+  });
+  if (wrote) std::fputc('\n', stdout);
+  if (!result) return fail("generate", result.error());
+  if (result->err) return fail("generate", *result->err);
+  if (result->reason == api::finish_reason::cancelled)
+    return fail("generate", error{errc::cancelled, "the request was cancelled"});
+  spdlog::info("event=generate_done model={} finish={} prompt_tokens={} completion_tokens={} ttft_ms={:.1f} e2e_ms={:.1f}",
+               req->model, result->reason == api::finish_reason::length ? "length" : "stop",
+               result->usage.prompt_tokens, result->usage.completion_tokens, result->timings.ttft_ms,
+               result->timings.e2e_ms);
+  return 0;
+}
+
+int cmd_deploy(cli::rpc_client& client, const command_args& args) {
+  if (!args.positional.empty()) return usage_fail("deploy", {"deploy takes only flags"});
+  if (!args.has("name")) return usage_fail("deploy", {"--name is required"});
+  auto replicas = parse_uint("--replicas", args.get("replicas", "1"), 1u << 16);
+  if (!replicas) return usage_fail("deploy", replicas.error());
+  auto kv = parse_uint("--kv-tokens", args.get("kv-tokens", "0"), UINT32_MAX);
+  if (!kv) return usage_fail("deploy", kv.error());
+  api::deploy_request req{args.get("name"), args.get("model-file"), static_cast<std::uint32_t>(*replicas),
+                          static_cast<std::uint32_t>(*kv), args.get("routing")};
+  if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
+  std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
+  return 0;
+}
+
+int cmd_undeploy(cli::rpc_client& client, const command_args& args) {
+  if (args.positional.size() != 1) return usage_fail("undeploy", {"undeploy takes exactly one NAME"});
+  if (auto r = client.undeploy(args.positional[0]); !r) return fail("undeploy", r.error());
+  std::printf("undeployed %s\n", args.positional[0].c_str());
+  return 0;
+}
+
+int cmd_scale(cli::rpc_client& client, const command_args& args) {
+  if (args.positional.size() != 2) return usage_fail("scale", {"scale takes NAME REPLICAS"});
+  auto replicas = parse_uint("REPLICAS", args.positional[1], 1u << 16);
+  if (!replicas) return usage_fail("scale", replicas.error());
+  const auto n = static_cast<std::uint32_t>(*replicas);
+  if (auto r = client.scale(args.positional[0], n); !r) return fail("scale", r.error());
+  std::printf("scaled %s to %u replicas\n", args.positional[0].c_str(), n);
+  return 0;
+}
+
+struct endpoint {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 7000;
+};
+
+std::expected<endpoint, usage_error> parse_endpoint(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return std::unexpected(usage_error{"--connect wants HOST:PORT, not '" + text + "'"});
+  endpoint e;
+  e.host = text.substr(0, colon);
+  if (e.host.size() > 2 && e.host.front() == '[' && e.host.back() == ']') e.host = e.host.substr(1, e.host.size() - 2);
+  auto port = parse_uint("the port", text.substr(colon + 1), 65535);
+  if (!port || *port == 0) return std::unexpected(usage_error{"--connect wants a port in [1, 65535], not '" + text + "'"});
+  e.port = static_cast<std::uint16_t>(*port);
+  return e;
+}
+
+void setup_logging() {
+  auto logger = spdlog::stderr_color_mt("exaserve-cli");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  spdlog::set_level(spdlog::level::info);
+  if (const char* lvl = std::getenv("EXASERVE_LOG"); lvl && *lvl) spdlog::set_level(spdlog::level::from_str(lvl));
+}
+
+const std::map<std::string, std::set<std::string>> command_flags = {
+    {"status", {}},
+    {"models", {}},
+    {"generate", {"model", "max-tokens", "temperature", "seed"}},
+    {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing"}},
+    {"undeploy", {}},
+    {"scale", {}},
+};
+
+int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args& args) {
+  if (cmd == "status") return cmd_status(client);
+  if (cmd == "models") return cmd_models(client);
+  if (cmd == "generate") return cmd_generate(client, args);
+  if (cmd == "deploy") return cmd_deploy(client, args);
+  if (cmd == "undeploy") return cmd_undeploy(client, args);
+  return cmd_scale(client, args);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setup_logging();
+  int i = 1;
+  std::string connect = "127.0.0.1:7000";
+  for (; i < argc && std::string_view(argv[i]).starts_with("-"); ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") return std::fputs(usage, stdout), 0;
+    if (a == "--connect" && i + 1 < argc) {
+      connect = argv[++i];
+    } else if (a.starts_with("--connect=")) {
+      connect = std::string(a.substr(10));
+    } else {
+      std::fprintf(stderr, "exaserve-cli: unknown option '%s'\n\n%s", argv[i], usage);
+      return 2;
+    }
+  }
+  if (i >= argc) return std::fputs(usage, stderr), 2;
+  const std::string cmd = argv[i];
+  auto flags = command_flags.find(cmd);
+  if (flags == command_flags.end()) {
+    std::fprintf(stderr, "exaserve-cli: unknown command '%s'\n\n%s", cmd.c_str(), usage);
+    return 2;
+  }
+  auto args = parse_args(argc, argv, i + 1, flags->second);
+  if (!args) return usage_fail(cmd.c_str(), args.error());
+  auto where = parse_endpoint(connect);
+  if (!where) return usage_fail(cmd.c_str(), where.error());
+  auto client = cli::rpc_client::connect(where->host, where->port);
+  if (!client) return fail(cmd.c_str(), client.error());
+  return dispatch(cmd, **client, *args);
+}

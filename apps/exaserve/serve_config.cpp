@@ -1,0 +1,165 @@
+#include "serve_config.hpp"
+
+#include <charconv>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "args.hpp"
+
+namespace exa::app {
+namespace {
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+expected<std::uint64_t> to_uint(const std::string& v, std::uint64_t min, std::uint64_t max, const std::string& what) {
+  std::uint64_t out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size())
+    return make_error(errc::invalid_argument, what + " must be an integer, got '" + v + "'");
+  if (out < min || out > max)
+    return make_error(errc::invalid_argument, what + " must be in [" + std::to_string(min) + ", " +
+                                                  std::to_string(max) + "], got " + v);
+  return out;
+}
+
+using setter = std::function<expected<void>(const std::string&, const std::string&)>;
+
+template <class T>
+setter uint_setter(T& dst, std::uint64_t min, std::uint64_t max, std::uint64_t scale = 1) {
+  return [&dst, min, max, scale](const std::string& v, const std::string& what) -> expected<void> {
+    auto n = to_uint(v, min, max, what);
+    if (!n) return std::unexpected(n.error());
+    dst = static_cast<T>(*n * scale);
+    return {};
+  };
+}
+
+setter string_setter(std::string& dst) {
+  return [&dst](const std::string& v, const std::string&) -> expected<void> {
+    dst = v;
+    return {};
+  };
+}
+
+setter engine_setter(std::string& dst) {
+  return [&dst](const std::string& v, const std::string& what) -> expected<void> {
+    if (v != "cpu" && v != "null") return make_error(errc::invalid_argument, what + " must be cpu or null, got '" + v + "'");
+    dst = v;
+    return {};
+  };
+}
+
+std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
+  return {{"nodes", uint_setter(c.nodes, 1, 1024)},
+          {"devices_per_node", uint_setter(c.devices_per_node, 1, 64)},
+          {"racks", uint_setter(c.racks, 1, 1024)},
+          {"device_memory_mb", uint_setter(c.device_memory_bytes, 16, 1 << 22, 1ull << 20)},
+          {"kv_page_kb", uint_setter(c.kv_page_bytes, 4, 65536, 1024)},
+          {"device_threads", uint_setter(c.device_threads, 1, 256)},
+          {"engine", engine_setter(c.engine)},
+          {"kv_tokens", uint_setter(c.default_kv_tokens, 16, 1u << 24)},
+          {"routing", string_setter(c.default_routing)},
+          {"heartbeat_interval_ms", uint_setter(c.heartbeat_interval_ms, 10, 600000)},
+          {"request_deadline_ms", uint_setter(c.request_deadline_ms, 100, 86400000)},
+          {"queued_per_model_max", uint_setter(c.queued_per_model_max, 1, 1u << 20)}};
+}
+
+std::map<std::string, setter> server_keys(frontdoor_config& s) {
+  return {{"host", string_setter(s.host)},
+          {"http_port", uint_setter(s.http_port, 0, 65535)},
+          {"rpc_port", uint_setter(s.rpc_port, 0, 65535)},
+          {"max_body_kb", uint_setter(s.max_body_bytes, 1, 1 << 20, 1024)}};
+}
+
+std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
+  return {{"model", string_setter(d.model_file)},
+          {"replicas", uint_setter(d.replicas, 1, 4096)},
+          {"kv_tokens", uint_setter(d.kv_tokens, 16, 1u << 24)},
+          {"routing", string_setter(d.routing)}};
+}
+
+}  // namespace
+
+serve_config default_serve_config() {
+  serve_config c;
+  api::deploy_request d;
+  d.name = "tiny";
+  d.replicas = 2;
+  c.cluster.deployments.push_back(d);
+  return c;
+}
+
+expected<void> apply_config_text(const std::string& text, serve_config& config) {
+  std::istringstream in(text);
+  std::string line, section;
+  api::deploy_request* deployment = nullptr;
+  bool saw_deployment = false;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const std::string where = "line " + std::to_string(n);
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    line = trim(line);
+    if (line.empty()) continue;
+    if (line.front() == '[') {
+      if (line.back() != ']') return make_error(errc::invalid_argument, where + ": unterminated section header");
+      section = trim(line.substr(1, line.size() - 2));
+      if (section.rfind("deployment ", 0) == 0) {
+        if (!saw_deployment) config.cluster.deployments.clear();  // the file replaces the default one
+        saw_deployment = true;
+        api::deploy_request d;
+        d.name = trim(section.substr(11));
+        config.cluster.deployments.push_back(d);
+        deployment = &config.cluster.deployments.back();
+        section = "deployment";
+      } else if (section != "cluster" && section != "server") {
+        return make_error(errc::invalid_argument, where + ": unknown section [" + section + "]");
+      }
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) return make_error(errc::invalid_argument, where + ": expected key = value");
+    const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+    std::map<std::string, setter> keys;
+    if (section == "cluster") keys = cluster_keys(config.cluster);
+    else if (section == "server") keys = server_keys(config.server);
+    else if (section == "deployment") keys = deployment_keys(*deployment);
+    else return make_error(errc::invalid_argument, where + ": key '" + key + "' outside any section");
+    const auto it = keys.find(key);
+    if (it == keys.end()) return make_error(errc::invalid_argument, where + ": unknown key '" + key + "' in [" + section + "]");
+    if (auto ok = it->second(value, where + ": " + key); !ok) return ok;
+  }
+  return {};
+}
+
+expected<void> apply_serve_flags(const args& a, serve_config& config) {
+  const std::map<std::string, setter> flags = {
+      {"nodes", uint_setter(config.cluster.nodes, 1, 1024)},
+      {"devices-per-node", uint_setter(config.cluster.devices_per_node, 1, 64)},
+      {"device-memory-mb", uint_setter(config.cluster.device_memory_bytes, 16, 1 << 22, 1ull << 20)},
+      {"engine", engine_setter(config.cluster.engine)},
+      {"host", string_setter(config.server.host)},
+      {"http-port", uint_setter(config.server.http_port, 0, 65535)},
+      {"rpc-port", uint_setter(config.server.rpc_port, 0, 65535)},
+  };
+  for (const auto& [name, set] : flags)
+    if (auto v = a.get(name))
+      if (auto ok = set(*v, "--" + name); !ok) return ok;
+  if (auto m = a.get("model")) {
+    if (config.cluster.deployments.empty()) return make_error(errc::invalid_argument, "--model: no deployment to serve it");
+    config.cluster.deployments.front().model_file = *m;
+  }
+  if (auto r = a.get("replicas")) {
+    if (config.cluster.deployments.empty()) return make_error(errc::invalid_argument, "--replicas: no deployment");
+    auto n = to_uint(*r, 1, 4096, "--replicas");
+    if (!n) return std::unexpected(n.error());
+    config.cluster.deployments.front().replicas = static_cast<std::uint32_t>(*n);
+  }
+  return {};
+}
+
+}  // namespace exa::app

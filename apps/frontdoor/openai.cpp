@@ -1,0 +1,398 @@
+#include "openai.hpp"
+
+#include <fmt/format.h>
+
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "error_mapping.hpp"
+
+namespace exa::door {
+
+namespace {
+
+using json = nlohmann::json;
+using check = std::optional<request_error>;  // nullopt: the field is fine
+
+request_error field_error(std::string field, std::string message, errc code = errc::invalid_argument) {
+  return request_error{error{code, std::move(message)}, std::move(field)};
+}
+
+/// Captures the first syntax error of a body that failed to parse, so the
+/// client learns where it is (nlohmann reports it only through this or an
+/// exception, and business logic does not catch).
+class syntax_error_capture final : public nlohmann::json_sax<json> {
+ public:
+  std::string message;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
+    // Drop the "[json.exception.parse_error.101] " prefix: noise for clients.
+    std::string_view what = ex.what();
+    if (auto pos = what.find("] "); pos != std::string_view::npos) what.remove_prefix(pos + 2);
+    message = std::string(what);
+    return false;
+  }
+};
+
+std::expected<json, request_error> parse_body(std::string_view body) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    syntax_error_capture capture;
+    json::sax_parse(body, &capture, json::input_format_t::json, /*strict=*/true);
+    return std::unexpected(field_error("", "request body is not valid JSON: " + capture.message));
+  }
+  if (!parsed.is_object()) return std::unexpected(field_error("", "request body must be a JSON object"));
+  return parsed;
+}
+
+/// Present and not null (OpenAI clients send null for "use the default").
+const json* find_field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+check read_int(const json& obj, const char* name, std::int64_t min, std::int64_t max, std::int64_t& out) {
+  const json* v = find_field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) return field_error(name, fmt::format("'{}' must be an integer", name));
+  const bool too_big = v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(max);
+  if (too_big || v->get<std::int64_t>() < min || v->get<std::int64_t>() > max)
+    return field_error(name, fmt::format("'{}' must be between {} and {} (got {})", name, min, max, v->dump()));
+  out = v->get<std::int64_t>();
+  return std::nullopt;
+}
+
+check read_number(const json& obj, const char* name, double min, double max, double& out) {
+  const json* v = find_field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) return field_error(name, fmt::format("'{}' must be a number", name));
+  const double d = v->get<double>();
+  if (!(d >= min && d <= max))
+    return field_error(name, fmt::format("'{}' must be between {} and {} (got {})", name, min, max, v->dump()));
+  out = d;
+  return std::nullopt;
+}
+
+check read_bool(const json& obj, const char* name, bool& out) {
+  const json* v = find_field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) return field_error(name, fmt::format("'{}' must be a boolean", name));
+  out = v->get<bool>();
+  return std::nullopt;
+}
+
+check read_token_ids(const json& prompt, const api::request_limits& limits, api::generate_request& gen) {
+  if (prompt.size() > limits.prompt_tokens_max)
+    return field_error("prompt", fmt::format("'prompt' has {} token ids; at most {} are allowed", prompt.size(),
+                                             limits.prompt_tokens_max));
+  std::vector<api::token_id> ids;
+  ids.reserve(prompt.size());
+  for (const auto& v : prompt) {
+    constexpr auto id_max = static_cast<std::int64_t>(std::numeric_limits<api::token_id>::max());
+    const bool in_range = v.is_number_integer() && v.get<std::int64_t>() >= 0 &&
+                          !(v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(id_max)) &&
+                          v.get<std::int64_t>() <= id_max;
+    if (!in_range)
+      return field_error("prompt", fmt::format("'prompt' token ids must be integers in [0, {}] (got {})", id_max,
+                                               v.dump()));
+    ids.push_back(static_cast<api::token_id>(v.get<std::int64_t>()));
+  }
+  gen.prompt_ids = std::move(ids);
+  return std::nullopt;
+}
+
+check read_prompt(const json& body, const api::request_limits& limits, api::generate_request& gen) {
+  const json* p = find_field(body, "prompt");
+  if (!p) return field_error("prompt", "'prompt' is required");
+  if (p->is_string()) {
+    if (p->get_ref<const std::string&>().size() > limits.prompt_bytes_max)
+      return field_error("prompt", fmt::format("'prompt' is longer than {} bytes", limits.prompt_bytes_max));
+    gen.prompt_text = p->get<std::string>();
+    return std::nullopt;
+  }
+  if (!p->is_array()) return field_error("prompt", "'prompt' must be a string or an array of token ids");
+  if (p->empty()) return field_error("prompt", "'prompt' must not be empty");
+  if ((*p)[0].is_string() || (*p)[0].is_array())
+    return field_error("prompt", "batched prompts are not supported: send one prompt per request",
+                       errc::unsupported);
+  return read_token_ids(*p, limits, gen);
+}
+
+/// OpenAI content is a string or an array of parts; only text parts exist here.
+check read_content(const json& v, const std::string& where, std::string& out) {
+  if (v.is_string()) {
+    out = v.get<std::string>();
+    return std::nullopt;
+  }
+  if (!v.is_array()) return field_error(where, fmt::format("'{}' must be a string", where));
+  for (const auto& part : v) {
+    const json* type = part.is_object() ? find_field(part, "type") : nullptr;
+    const json* text = part.is_object() ? find_field(part, "text") : nullptr;
+    if (!type || *type != "text" || !text || !text->is_string())
+      return field_error(where, fmt::format("'{}' parts must be {{\"type\":\"text\",\"text\":...}}", where),
+                         errc::unsupported);
+    out += text->get_ref<const std::string&>();
+  }
+  return std::nullopt;
+}
+
+check read_messages(const json& body, const api::request_limits& limits, api::generate_request& gen) {
+  const json* m = find_field(body, "messages");
+  if (!m) return field_error("messages", "'messages' is required");
+  if (!m->is_array()) return field_error("messages", "'messages' must be an array");
+  if (m->empty()) return field_error("messages", "'messages' must not be empty");
+  std::vector<chat_message> messages;
+  for (std::size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!msg.is_object()) return field_error(where, fmt::format("'{}' must be an object", where));
+    const json* role = find_field(msg, "role");
+    if (!role || !role->is_string() || (*role != "system" && *role != "user" && *role != "assistant"))
+      return field_error(where + ".role", fmt::format("'{}.role' must be one of system, user, assistant", where));
+    const json* content = find_field(msg, "content");
+    if (!content) return field_error(where + ".content", fmt::format("'{}.content' is required", where));
+    chat_message out{role->get<std::string>(), {}};
+    if (auto bad = read_content(*content, where + ".content", out.content)) return bad;
+    messages.push_back(std::move(out));
+  }
+  std::string prompt = render_chat_prompt(messages);
+  if (prompt.size() > limits.prompt_bytes_max)
+    return field_error("messages", fmt::format("'messages' render to more than {} bytes", limits.prompt_bytes_max));
+  gen.prompt_text = std::move(prompt);
+  return std::nullopt;
+}
+
+check read_stop(const json& body, const api::request_limits& limits, api::generate_request& gen) {
+  const json* s = find_field(body, "stop");
+  if (!s) return std::nullopt;
+  std::vector<std::string> stops;
+  if (s->is_string()) {
+    stops.push_back(s->get<std::string>());
+  } else if (s->is_array()) {
+    if (s->size() > limits.stop_sequences_max)
+      return field_error("stop", fmt::format("'stop' has {} sequences; at most {} are allowed", s->size(),
+                                             limits.stop_sequences_max));
+    for (const auto& v : *s) {
+      if (!v.is_string()) return field_error("stop", "'stop' must be a string or an array of strings");
+      stops.push_back(v.get<std::string>());
+    }
+  } else {
+    return field_error("stop", "'stop' must be a string or an array of strings");
+  }
+  for (const auto& stop : stops) {
+    if (stop.empty()) return field_error("stop", "'stop' sequences must not be empty");
+    if (stop.size() > limits.stop_sequence_bytes_max)
+      return field_error("stop", fmt::format("'stop' sequences must be at most {} bytes", limits.stop_sequence_bytes_max));
+  }
+  gen.stop = std::move(stops);
+  return std::nullopt;
+}
+
+check read_sampling(const json& body, api::sampling_params& s) {
+  double temperature = s.temperature, top_p = s.top_p;
+  std::int64_t top_k = s.top_k, seed = static_cast<std::int64_t>(s.seed);
+  if (auto bad = read_number(body, "temperature", 0.0, 2.0, temperature)) return bad;
+  if (auto bad = read_number(body, "top_p", 0.0, 1.0, top_p)) return bad;
+  if (top_p <= 0.0) return field_error("top_p", "'top_p' must be greater than 0 and at most 1");
+  // -1 is how vLLM clients say "no top-k"; it means the same as 0 here.
+  if (auto bad = read_int(body, "top_k", -1, std::numeric_limits<std::int32_t>::max(), top_k)) return bad;
+  if (auto bad = read_int(body, "seed", 0, std::numeric_limits<std::int64_t>::max(), seed)) return bad;
+  s.temperature = static_cast<float>(temperature);
+  s.top_p = static_cast<float>(top_p);
+  s.top_k = top_k < 0 ? 0 : static_cast<std::uint32_t>(top_k);
+  s.seed = static_cast<std::uint64_t>(seed);
+  return std::nullopt;
+}
+
+check read_max_tokens(api_kind kind, const json& body, const api::request_limits& limits, api::generate_request& gen) {
+  // Chat clients send max_completion_tokens (the current name) or max_tokens.
+  const char* name = "max_tokens";
+  if (kind == api_kind::chat && find_field(body, "max_completion_tokens")) name = "max_completion_tokens";
+  std::int64_t max_tokens = gen.max_tokens;
+  if (auto bad = read_int(body, name, 1, limits.max_tokens_max, max_tokens)) return bad;
+  gen.max_tokens = static_cast<std::uint32_t>(max_tokens);
+  return std::nullopt;
+}
+
+check read_options(const json& body, openai_request& req) {
+  if (auto bad = read_bool(body, "stream", req.stream)) return bad;
+  if (auto bad = read_bool(body, "ignore_eos", req.gen.ignore_eos)) return bad;
+  std::int64_t n = 1;
+  if (auto bad = read_int(body, "n", 1, std::numeric_limits<std::int32_t>::max(), n)) return bad;
+  if (n != 1) return field_error("n", "only n=1 is supported", errc::unsupported);
+  if (const json* so = find_field(body, "stream_options")) {
+    if (!so->is_object()) return field_error("stream_options", "'stream_options' must be an object");
+    if (auto bad = read_bool(*so, "include_usage", req.include_usage)) return bad;
+  }
+  return std::nullopt;
+}
+
+check read_model(const json& body, api::generate_request& gen) {
+  const json* m = find_field(body, "model");
+  if (!m) return field_error("model", "'model' is required");
+  if (!m->is_string() || m->get_ref<const std::string&>().empty())
+    return field_error("model", "'model' must be a non-empty string");
+  gen.model = m->get<std::string>();
+  return std::nullopt;
+}
+
+json usage_json(const api::token_usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json chunk_envelope(const response_meta& meta) {
+  return {{"id", meta.id},
+          {"object", meta.kind == api_kind::chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model}};
+}
+
+/// Text from the backend is valid UTF-8; `replace` keeps a broken byte from
+/// turning a response into an exception.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace
+
+std::expected<openai_request, request_error> parse_openai_request(api_kind kind, std::string_view body,
+                                                                  const api::request_limits& limits) {
+  auto parsed = parse_body(body);
+  if (!parsed) return std::unexpected(std::move(parsed.error()));
+  const json& j = *parsed;
+  openai_request req;
+  req.kind = kind;
+  auto first_error = [&]() -> check {
+    if (auto bad = read_model(j, req.gen)) return bad;
+    if (auto bad = kind == api_kind::chat ? read_messages(j, limits, req.gen) : read_prompt(j, limits, req.gen))
+      return bad;
+    if (auto bad = read_max_tokens(kind, j, limits, req.gen)) return bad;
+    if (auto bad = read_sampling(j, req.gen.sampling)) return bad;
+    if (auto bad = read_stop(j, limits, req.gen)) return bad;
+    return read_options(j, req);
+  }();
+  if (first_error) return std::unexpected(std::move(*first_error));
+  return req;
+}
+
+std::string render_chat_prompt(const std::vector<chat_message>& messages) {
+  std::string out;
+  for (const auto& m : messages) out += "<|" + m.role + "|>\n" + m.content + "\n";
+  out += "<|assistant|>\n";
+  return out;
+}
+
+std::string response_id(api_kind kind, const std::string& request_id) {
+  return (kind == api_kind::chat ? "chatcmpl-" : "cmpl-") + request_id;
+}
+
+std::string_view openai_finish_reason(api::finish_reason reason) noexcept {
+  return reason == api::finish_reason::length ? "length" : "stop";
+}
+
+std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(result.reason)}};
+  if (meta.kind == api_kind::chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  json body = {{"id", meta.id},
+               {"object", meta.kind == api_kind::chat ? "chat.completion" : "text_completion"},
+               {"created", meta.created},
+               {"model", meta.model},
+               {"choices", json::array({std::move(choice)})},
+               {"usage", usage_json(result.usage)}};
+  return dump(body);
+}
+
+std::string render_stream_text(const response_meta& meta, std::string_view text) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (meta.kind == api_kind::chat)
+    choice["delta"] = {{"content", text}};
+  else
+    choice["text"] = text;
+  json chunk = chunk_envelope(meta);
+  chunk["choices"] = json::array({std::move(choice)});
+  return sse(chunk);
+}
+
+std::string render_stream_role(const response_meta& meta) {
+  json chunk = chunk_envelope(meta);
+  chunk["choices"] = json::array({{{"index", 0},
+                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}});
+  return sse(chunk);
+}
+
+std::string render_stream_finish(const response_meta& meta, api::finish_reason reason) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(reason)}};
+  if (meta.kind == api_kind::chat)
+    choice["delta"] = json::object();
+  else
+    choice["text"] = "";
+  json chunk = chunk_envelope(meta);
+  chunk["choices"] = json::array({std::move(choice)});
+  return sse(chunk);
+}
+
+std::string render_stream_usage(const response_meta& meta, const api::token_usage& usage) {
+  json chunk = chunk_envelope(meta);
+  chunk["choices"] = json::array();
+  chunk["usage"] = usage_json(usage);
+  return sse(chunk);
+}
+
+namespace {
+json error_json(const error& e, std::string_view param) {
+  const auto cls = classify_http(e.code);
+  return {{"error",
+           {{"message", e.message},
+            {"type", cls.openai_type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", to_string(e.code)}}}};
+}
+}  // namespace
+
+std::string render_stream_error(const error& e) { return sse(error_json(e, {})); }
+
+std::string render_error(const error& e, std::string_view param) { return dump(error_json(e, param)); }
+
+namespace {
+json model_json(const api::model_info& m, std::int64_t created) {
+  return {{"id", m.name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "exaserve"},
+          {"root", m.model_file},
+          {"max_model_len", m.context_length},
+          {"replicas_ready", m.replicas_ready},
+          {"replicas_desired", m.replicas_desired}};
+}
+}  // namespace
+
+std::string render_model_list(const std::vector<api::model_info>& models, std::int64_t created) {
+  json data = json::array();
+  for (const auto& m : models) data.push_back(model_json(m, created));
+  return dump(json{{"object", "list"}, {"data", std::move(data)}});
+}
+
+std::string render_model(const api::model_info& model, std::int64_t created) {
+  return dump(model_json(model, created));
+}
+
+}  // namespace exa::door

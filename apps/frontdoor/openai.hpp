@@ -1,0 +1,89 @@
+#pragma once
+// The OpenAI-compatible wire format: parsing and validating request bodies
+// into api::generate_request, and rendering responses, stream chunks and
+// error objects. Pure functions, no I/O and no KJ, so they are easy to test.
+
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/gateway.hpp"
+#include "common/error.hpp"
+
+namespace exa::door {
+
+enum class api_kind { completion, chat };
+
+/// A validated request, ready for the backend (request_id still empty).
+struct openai_request {
+  api_kind kind = api_kind::completion;
+  api::generate_request gen;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a usage chunk before [DONE]
+};
+
+/// An error about a request, with the field it concerns ("" if none) for the
+/// OpenAI error object's "param".
+struct request_error {
+  error err;
+  std::string param;
+};
+
+/// Parses a /v1/completions or /v1/chat/completions body. Unknown fields are
+/// ignored (as OpenAI does); known ones are type- and range-checked and the
+/// error names the field and what it must be.
+std::expected<openai_request, request_error> parse_openai_request(api_kind kind, std::string_view body,
+                                                                  const api::request_limits& limits);
+
+struct chat_message {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+/// The generic chat template: each message as "<|role|>\n{content}\n", then
+/// "<|assistant|>\n" to cue the reply. Models with their own template are
+/// better served with /v1/completions and a pre-rendered prompt.
+std::string render_chat_prompt(const std::vector<chat_message>& messages);
+
+/// What every response object of one request shares.
+struct response_meta {
+  api_kind kind = api_kind::completion;
+  std::string id;     // "cmpl-..." / "chatcmpl-..."
+  std::string model;
+  std::int64_t created = 0;  // unix seconds
+};
+
+/// "cmpl-<request id>" or "chatcmpl-<request id>".
+std::string response_id(api_kind kind, const std::string& request_id);
+
+/// "stop" or "length" (the reasons a successful request ends with).
+std::string_view openai_finish_reason(api::finish_reason reason) noexcept;
+
+/// The non-streaming response body.
+std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result);
+
+/// One SSE event, "data: {...}\n\n", carrying text (completions: choices[0].text,
+/// chat: choices[0].delta.content).
+std::string render_stream_text(const response_meta& meta, std::string_view text);
+/// The chat stream's opening event: delta {"role":"assistant","content":""}.
+std::string render_stream_role(const response_meta& meta);
+/// The closing event with finish_reason (and an empty text / delta).
+std::string render_stream_finish(const response_meta& meta, api::finish_reason reason);
+/// The usage event (choices: []), sent when stream_options.include_usage.
+std::string render_stream_usage(const response_meta& meta, const api::token_usage& usage);
+/// An error inside a stream that already started: "data: {"error":{...}}\n\n".
+std::string render_stream_error(const error& e);
+inline constexpr std::string_view sse_done = "data: [DONE]\n\n";
+
+/// {"error":{"message","type","param","code"}}.
+std::string render_error(const error& e, std::string_view param = {});
+
+/// GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by":"exaserve",...}]}.
+std::string render_model_list(const std::vector<api::model_info>& models, std::int64_t created);
+/// GET /v1/models/{id}.
+std::string render_model(const api::model_info& model, std::int64_t created);
+
+}  // namespace exa::door

@@ -1,0 +1,242 @@
+#pragma once
+// Request routing: which replica of a model gets the next request.
+//
+// A routing_policy chooses among a candidate_pool's eligible members
+// (ready/serving, not suspect, current epoch, queue not full). The
+// replica_table keeps one pool per (model, version) and one policy per model,
+// so a decision never looks at another model's replicas, and it is the
+// router actor's single source of routing truth: it takes upserts, removals,
+// load reports, state and suspicion changes, and epoch fences.
+//
+// Cost of one decision, n = replicas of the routed model version:
+//   round_robin         O(log n + n/64)   (binary search for the cursor, bitset scan)
+//   least_outstanding   O(1) query + O(log n) to charge the request (tournament tree)
+//   power_of_two        O(1) sampling + O(log n) charge
+//   predictive          O(n) branch-free scan of three double columns (five while an
+//                       eligible replica has no observed speed) + O(log n) charge; the
+//                       estimate depends on the request, so no one order serves every request
+// Measured (bench/routing_bench.cpp, see docs/PERFORMANCE.md): tens of ns for
+// the first three, about half a nanosecond per replica for predictive.
+// Load updates are O(log n); membership changes cost one O(n log n) reindex,
+// deferred to the next use of the pool.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cluster/candidate_pool.hpp"
+#include "common/error.hpp"
+
+namespace exa::cluster {
+
+/// Chooses one replica for a request. Policies may keep state (a
+/// round-robin cursor), so each model gets its own instance.
+class routing_policy {
+ public:
+  virtual ~routing_policy() = default;
+
+  /// The name the factory knows this policy by.
+  virtual std::string_view name() const noexcept = 0;
+
+  /// An eligible position of `pool` (which must be indexed), or nullopt when
+  /// none is eligible.
+  std::optional<candidate_pool::position> choose(const request_cost& cost,
+                                                 const candidate_pool& pool, rng_state& rng);
+
+  /// Convenience over a hand-built candidate set (indexes it first, O(n log n)):
+  /// the chosen replica, or nullopt when no candidate is eligible.
+  std::optional<replica_id> choose(const request_cost& cost,
+                                   std::span<const routing_candidate> candidates, rng_state& rng);
+
+ private:
+  virtual std::optional<candidate_pool::position> choose_in(const request_cost& cost,
+                                                            const candidate_pool& pool,
+                                                            rng_state& rng) = 0;
+};
+
+/// Cycles through eligible replicas in id order, resuming after the last
+/// one chosen (deterministic, no randomness).
+class round_robin_policy final : public routing_policy {
+ public:
+  std::string_view name() const noexcept override { return "round_robin"; }
+
+ private:
+  std::optional<candidate_pool::position> choose_in(const request_cost&, const candidate_pool& pool,
+                                                    rng_state&) override;
+  std::optional<replica_id> last_;
+};
+
+/// Fewest outstanding tokens; lowest id on ties.
+class least_outstanding_policy final : public routing_policy {
+ public:
+  std::string_view name() const noexcept override { return "least_outstanding"; }
+
+ private:
+  std::optional<candidate_pool::position> choose_in(const request_cost&, const candidate_pool& pool,
+                                                    rng_state&) override;
+};
+
+/// Two distinct eligible replicas drawn uniformly; the one with fewer
+/// outstanding tokens wins (lower id on ties). Near least-outstanding
+/// quality without every router herding onto the same minimum.
+class power_of_two_policy final : public routing_policy {
+ public:
+  std::string_view name() const noexcept override { return "power_of_two"; }
+
+ private:
+  std::optional<candidate_pool::position> choose_in(const request_cost&, const candidate_pool& pool,
+                                                    rng_state& rng) override;
+};
+
+/// Fallback speeds for replicas that have not been observed yet, used only
+/// when no replica of the pool has a known speed either.
+struct predictive_config {
+  double default_decode_tokens_per_s = 1000;
+  double default_prefill_tokens_per_s = 10000;
+};
+
+/// Minimum estimated finish time:
+///   outstanding_tokens / decode speed      (work queued ahead of the request)
+/// + prompt_tokens / prefill speed          (this request's prefill)
+/// + max_tokens / decode speed              (this request's decode, worst case)
+/// Replicas report one outstanding-token count mixing prefill and decode
+/// work; dividing it all by the decode speed overestimates prefill-heavy
+/// queues, which errs toward spreading load.
+/// An unknown speed is the median of the pool's known ones, else the default.
+class predictive_policy final : public routing_policy {
+ public:
+  explicit predictive_policy(predictive_config config = {});
+  std::string_view name() const noexcept override { return "predictive"; }
+
+  /// The estimate for one member, in seconds (what the scan minimizes).
+  double estimate_s(const request_cost& cost, const candidate_pool& pool,
+                    candidate_pool::position p) const;
+
+ private:
+  std::optional<candidate_pool::position> choose_in(const request_cost& cost,
+                                                    const candidate_pool& pool, rng_state&) override;
+  std::pair<double, double> fallback_s_per_token(const candidate_pool& pool) const;
+  predictive_config config_;
+};
+
+/// Names the factory accepts, in a stable order.
+std::span<const std::string_view> routing_policy_names() noexcept;
+
+/// "round_robin", "least_outstanding", "power_of_two" or "predictive";
+/// invalid_argument listing the valid names otherwise.
+expected<std::unique_ptr<routing_policy>> make_routing_policy(std::string_view name,
+                                                              const predictive_config& config = {});
+
+struct replica_table_config {
+  /// Policy of a model until set_policy names another.
+  std::string default_policy = "least_outstanding";
+  predictive_config predictive;
+  /// Weight of a new speed observation in the smoothed speed.
+  double speed_ewma_alpha = 0.2;
+  /// Seed of the table's routing randomness (power_of_two).
+  std::uint64_t seed = 0x5eed;
+  // Bounds: hitting one is an `overloaded` error, never growth.
+  std::uint32_t replicas_max = 1u << 16;
+  std::uint32_t models_max = 1024;
+  std::uint32_t versions_per_model_max = 16;
+  std::uint32_t slots_max = 1u << 17;
+};
+
+/// Every replica the router knows, indexed by model and version (see the
+/// file comment). One owner (the router actor); not thread-safe.
+class replica_table {
+ public:
+  /// Checks the configuration: a bad default policy name or alpha is invalid_argument.
+  static expected<replica_table> create(replica_table_config config = {});
+
+  /// Adds or replaces a replica. stale_epoch if its epoch is below its
+  /// slot's; a higher epoch raises the slot's and makes the slot's older
+  /// replicas stale (they stay listed, never routed to).
+  expected<void> upsert(routing_candidate candidate);
+  /// not_found for an unknown replica.
+  expected<void> remove(replica_id id);
+  /// Replaces the replica's load (authoritative over what route() charged)
+  /// and folds its speed observations into the smoothed speeds.
+  expected<void> update_load(replica_id id, const load_report& report);
+  /// Records the replica's state as it reports it (the replica validated the move).
+  expected<void> set_state(replica_id id, replica_state state);
+  expected<void> set_suspect(replica_id id, bool suspect);
+  /// Raises a slot's epoch: its replicas with older epochs become stale.
+  /// stale_epoch for an epoch below the current one (epochs only grow).
+  expected<void> fence(const slot_ref& slot, epoch_t epoch);
+  /// Sets a model's policy by name (declaring the model if new).
+  expected<void> set_policy(std::string_view model, std::string_view policy_name);
+
+  /// Chooses a replica of `model` (`version`, or the model's only version
+  /// when empty) and charges the request to it until its next load report,
+  /// so back-to-back decisions spread instead of piling onto one replica.
+  /// Errors: not_found (unknown model or version), invalid_argument (empty
+  /// version while several are served), unavailable (no ready replica),
+  /// overloaded (every ready replica's queue is full). The pointer stays
+  /// valid until the table is next changed.
+  expected<const routing_candidate*> route(std::string_view model, std::string_view version,
+                                           const request_cost& cost);
+
+  /// The replica's record, or nullptr.
+  const routing_candidate* find(replica_id id);
+  std::size_t size() const noexcept { return where_.size(); }
+  /// Name of the model's policy; not_found for an unknown model.
+  expected<std::string_view> policy_name(std::string_view model) const;
+  /// Current epoch of a slot (0 if never seen).
+  epoch_t slot_epoch(const slot_ref& slot) const;
+
+ private:
+  struct string_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  struct version_entry {
+    std::string version;
+    std::unique_ptr<candidate_pool> pool;
+  };
+  struct model_entry {
+    std::unique_ptr<routing_policy> policy;
+    std::vector<version_entry> versions;
+  };
+  struct slot_member {
+    replica_id id;
+    epoch_t epoch;
+  };
+  struct slot_entry {
+    epoch_t epoch = 0;
+    std::vector<slot_member> members;  // replicas listed for the slot, usually one or two
+  };
+  struct located {
+    candidate_pool* pool;
+    candidate_pool::position pos;
+  };
+  struct route_target {
+    model_entry* model;
+    candidate_pool* pool;  // nullptr while the model has no replica
+  };
+
+  explicit replica_table(replica_table_config config);
+  expected<located> locate(replica_id id);
+  expected<model_entry*> model_for_insert(const std::string& model);
+  candidate_pool& pool_for_insert(model_entry& model, const std::string& version);
+  expected<void> check_room(const std::string& model, const std::string& version) const;
+  expected<route_target> target_for_route(std::string_view model, std::string_view version);
+  void erase_existing(const routing_candidate& old);
+  void mark_older_stale(const slot_ref& slot, epoch_t epoch);
+  error no_replica_error(std::string_view model, const candidate_pool* pool) const;
+
+  replica_table_config config_;
+  rng_state rng_;
+  std::unordered_map<std::string, model_entry, string_hash, std::equal_to<>> models_;
+  std::unordered_map<replica_id, candidate_pool*> where_;
+  std::map<slot_ref, slot_entry> slots_;
+};
+
+}  // namespace exa::cluster

@@ -1,0 +1,105 @@
+// The exaserve-cli binary against a front door on loopback.
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "run_process.hpp"
+#include "test_server.hpp"
+
+using namespace exa;
+using namespace exa::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string cli = std::string(EXA_BIN_DIR) + "/exaserve-cli";
+
+process_result run_cli(std::uint16_t port, std::vector<std::string> args) {
+  std::vector<std::string> argv = {cli, "--connect", "127.0.0.1:" + std::to_string(port)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = run_process(argv, 60s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cli status prints nodes and devices and replicas and deployments", "[cli]") {
+  test_server s;
+  auto r = run_cli(s.rpc_port(), {"status"});
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("NODES (1)") != std::string::npos);
+  CHECK(r.out.find("healthy") != std::string::npos);
+  CHECK(r.out.find("DEVICES (1)") != std::string::npos);
+  CHECK(r.out.find("8.0 GiB") != std::string::npos);
+  CHECK(r.out.find("REPLICAS (1)") != std::string::npos);
+  CHECK(r.out.find("fake/0") != std::string::npos);
+  CHECK(r.out.find("ready") != std::string::npos);
+  CHECK(r.out.find("128/4096") != std::string::npos);
+  CHECK(r.out.find("DEPLOYMENTS (1)") != std::string::npos);
+}
+
+TEST_CASE("cli generate streams the completion to stdout", "[cli]") {
+  test_server s;
+  auto r = run_cli(s.rpc_port(), {"generate", "--model", "fake", "--max-tokens", "5", "--temperature", "0.5",
+                                  "--seed", "9", "hello world"});
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "dlrow\n");
+  auto req = s.backend->requests().at(0);
+  CHECK(req.max_tokens == 5);
+  CHECK(req.sampling.temperature == Approx(0.5));
+  CHECK(req.sampling.seed == 9);
+
+  // No --model: the first deployment.
+  r = run_cli(s.rpc_port(), {"generate", "abc"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "cba\n");
+
+  r = run_cli(s.rpc_port(), {"generate", "--model", "nope", "x"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("not_found: model 'nope' is not deployed") != std::string::npos);
+}
+
+TEST_CASE("cli deploy then models then scale then undeploy", "[cli]") {
+  test_server s;
+  auto r = run_cli(s.rpc_port(), {"deploy", "--name", "big", "--model-file", "m.gguf", "--replicas", "2",
+                                  "--kv-tokens", "1000", "--routing", "least_loaded"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "deployed big (2 replicas)\n");
+  CHECK(s.backend->admin_log().back() == "deploy name=big model_file=m.gguf replicas=2 kv_tokens=1000 routing=least_loaded");
+
+  r = run_cli(s.rpc_port(), {"scale", "big", "3"});
+  CHECK(r.exit_code == 0);
+  CHECK(s.backend->admin_log().back() == "scale name=big replicas=3");
+  r = run_cli(s.rpc_port(), {"models"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("big") != std::string::npos);
+  CHECK(r.out.find("3/3") != std::string::npos);
+
+  CHECK(run_cli(s.rpc_port(), {"undeploy", "big"}).exit_code == 0);
+  r = run_cli(s.rpc_port(), {"undeploy", "big"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("not_found: deployment 'big' does not exist") != std::string::npos);
+}
+
+TEST_CASE("cli usage errors exit 2 and a server that is not there is named", "[cli]") {
+  std::uint16_t port = 0;
+  {
+    test_server s;
+    port = s.rpc_port();
+    auto r = run_cli(port, {"scale", "big"});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("scale takes NAME REPLICAS") != std::string::npos);
+    CHECK(run_cli(port, {"generate", "--frobnicate", "1", "x"}).exit_code == 2);
+    CHECK(run_cli(port, {"deploy"}).exit_code == 2);
+  }
+  // The server is gone: its port refuses connections now.
+  auto r = run_cli(port, {"status"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("cannot connect to 127.0.0.1:" + std::to_string(port) +
+                   ": connection refused; is `exaserve serve` running?") != std::string::npos);
+}

@@ -224,8 +224,13 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
     desired = st.config.desired->deployments;
   }
   for (const auto& [name, req] : desired)
-    if (auto r = on_deploy(self, req); r.flag == caf::rt_error)
-      spdlog::error("event=redeploy_failed deployment={}", name);
+    if (auto r = on_deploy(self, req); r.flag == caf::rt_error) {
+      // Not startable (bad file, nothing fits): drop it, so requests waiting
+      // for it fail now instead of at their deadline.
+      spdlog::error("event=deploy_failed deployment={} error=\"{}\"", name, to_string(from_caf(r.err)));
+      forget(self, name);
+      self->send(st.router, deployment_removed{name});
+    }
   self->set_down_handler([=](const caf::down_msg& dm) {
     for (auto& [id, handle] : self->state.nodes)
       if (handle && handle.address() == dm.source) return on_node_down(self, id);

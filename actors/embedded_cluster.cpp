@@ -1,5 +1,6 @@
 #include "actors/embedded_cluster.hpp"
 
+#include <caf/actor_registry.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
@@ -49,6 +50,7 @@ cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics
   c.default_routing = o.default_routing;
   c.desired = std::make_shared<desired_state>();
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
+  plan.router.desired = c.desired;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;
     c.nodes.push_back({n, rack, o.devices_per_node, o.device_memory_bytes});
@@ -93,6 +95,17 @@ expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_opti
   p->metrics = cluster_metrics::create();
   p->backend = make_gateway_bridge(p->system, p->metrics);
   p->root = p->system.spawn(cluster_supervisor, make_plan(options, p->metrics));
+  if (!options.deterministic) {
+    // The front doors may send the first request right after start(): wait
+    // until the router and controller are registered (a few milliseconds).
+    auto& reg = p->system.registry();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!(reg.get(router_atom::value) && reg.get(controller_atom::value))) {
+      if (std::chrono::steady_clock::now() > deadline)
+        return make_error(errc::internal, "the cluster's router and controller did not start within 10 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   spdlog::info("event=embedded_cluster_start nodes={} devices_per_node={} engine={} deterministic={}", options.nodes,
                options.devices_per_node, options.engine, options.deterministic);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "actors/cluster_metrics.hpp"
+#include "actors/controller_actor.hpp"
 #include "actors/request_actor.hpp"
 #include "cluster/lifecycle.hpp"
 #include "model/llama_model.hpp"
@@ -49,9 +50,25 @@ void refuse(const route_request& m, error e, std::uint32_t retry_after_ms = 0) {
   m.sink->on_done(r);
 }
 
+bool is_starting(self_ptr self, const std::string& model) {
+  auto& desired = self->state.config.desired;
+  if (!desired) return false;
+  std::lock_guard lock(desired->mutex);
+  return desired->deployments.count(model) != 0;
+}
+
 void on_route(self_ptr self, const route_request& m) {
   auto& st = self->state;
   const auto dep = st.deployments.find(m.request.model);
+  if (dep == st.deployments.end() && is_starting(self, m.request.model)) {
+    auto& waiting = st.waiting_for_start[m.request.model];
+    if (waiting.size() >= st.config.admission.queued_per_model_max)
+      return refuse(m, {errc::overloaded, "model '" + m.request.model + "' is starting and its queue is full"});
+    if (waiting.empty())
+      self->delayed_send(self, std::chrono::milliseconds(st.config.request_deadline_ms), start_timeout{m.request.model});
+    waiting.push_back(m);
+    return;
+  }
   if (dep == st.deployments.end()) {
     std::string known;
     for (const auto& [name, d] : st.deployments) known += (known.empty() ? "" : ", ") + name;
@@ -171,11 +188,27 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
   self->set_down_handler([=](const caf::down_msg& dm) { on_down(self, dm); });
   return {
       [=](const deployment_info& d) {
-        self->state.deployments[d.name] = d;
-        if (auto ok = self->state.table->set_policy(d.name, d.routing); !ok)
+        auto& s = self->state;
+        s.deployments[d.name] = d;
+        if (auto ok = s.table->set_policy(d.name, d.routing); !ok)
           spdlog::warn("event=routing_policy_refused deployment={} error=\"{}\"", d.name, to_string(ok.error()));
+        auto waiting = std::move(s.waiting_for_start[d.name]);
+        s.waiting_for_start.erase(d.name);
+        for (const auto& m : waiting) on_route(self, m);
       },
-      [=](const deployment_removed& d) { self->state.deployments.erase(d.name); },
+      [=](const deployment_removed& d) {
+        auto& s = self->state;
+        s.deployments.erase(d.name);
+        for (const auto& m : s.waiting_for_start[d.name])
+          refuse(m, {errc::unavailable, "deployment '" + d.name + "' could not start"});
+        s.waiting_for_start.erase(d.name);
+      },
+      [=](const start_timeout& t) {
+        auto& s = self->state;
+        for (const auto& m : s.waiting_for_start[t.deployment])
+          refuse(m, {errc::deadline_exceeded, "deployment '" + t.deployment + "' did not start in time"});
+        s.waiting_for_start.erase(t.deployment);
+      },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
       [=](const replica_load& l) {
         auto& s = self->state;

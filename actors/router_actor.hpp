@@ -28,6 +28,14 @@ struct router_config {
   std::uint32_t max_attempts = 4;
   std::uint32_t submit_timeout_ms = 10000;
   std::uint32_t retry_backoff_ms = 50;
+  /// The deployments the controller is bringing up: a request for one of
+  /// them waits for it (bounded) instead of being told it does not exist.
+  std::shared_ptr<struct desired_state> desired;
+};
+
+/// router -> router: a starting deployment's waiting requests ran out of time.
+struct start_timeout {
+  std::string deployment;
 };
 
 struct router_state {
@@ -44,6 +52,7 @@ struct router_state {
   };
   std::map<std::string, request_entry> requests;  // by client request id
   std::map<caf::actor_addr, std::string> request_ids;
+  std::map<std::string, std::vector<route_request>> waiting_for_start;  // by deployment
   std::uint64_t next_request_number = 1;
   std::shared_ptr<cluster_metrics> metrics;
   static inline const char* name = "router";
@@ -53,3 +62,5 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
                            std::shared_ptr<cluster_metrics> metrics);
 
 }  // namespace exa::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::start_timeout)

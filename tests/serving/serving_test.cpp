@@ -1,0 +1,180 @@
+// End to end on loopback: the real embedded cluster (actors on real threads,
+// CPU engine, tiny model) behind the real HTTP and RPC front doors. A streamed
+// greedy completion must equal the engine's own greedy output for the same
+// prompt, over HTTP and over RPC, alone and under concurrency.
+//
+// No sleeps: a request sent before the replicas are ready waits inside the
+// cluster (its request actor retries until its deadline), so the tests just
+// send and read.
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "actors/embedded_cluster.hpp"
+#include "engine/cpu_engine.hpp"
+#include "engine/thread_pool.hpp"
+#include "frontdoor.hpp"
+#include "gpu/cpu_memory_pool.hpp"
+#include "http_client.hpp"
+#include "model/llama_model.hpp"
+#include "model/model_gen.hpp"
+#include "model/utf8.hpp"
+#include "run_process.hpp"
+
+using namespace exa;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string& model_path() {
+  static const std::string path = [] {
+    const std::string dir = std::string(EXA_TEST_TMPDIR) + "/serving";
+    std::filesystem::create_directories(dir);
+    const std::string p = dir + "/tiny.gguf";
+    REQUIRE(model::generate_model(*model::preset_spec("tiny"), p));
+    return p;
+  }();
+  return path;
+}
+
+// The engine's own greedy text for a prompt, as the server would stream it.
+std::string engine_text(const std::string& prompt, std::uint32_t max_tokens) {
+  auto m = model::llama_model::load(model_path());
+  REQUIRE(m.has_value());
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes((*m)->config(), 16), 64);
+  engine::thread_pool threads(1);
+  engine::cpu_engine eng(*m, **pool, threads);
+  engine::generation_request req;
+  req.prompt = *(*m)->tokenizer().encode(prompt, true);
+  req.max_tokens = max_tokens;
+  req.stop_tokens = {*(*m)->tokenizer().eos()};
+  REQUIRE(eng.submit(req));
+  std::vector<std::int32_t> ids;
+  while (!eng.idle())
+    for (const auto& t : eng.step().tokens) ids.push_back(t.token);
+  std::string bytes;
+  for (auto id : ids) bytes += (*m)->tokenizer().decode_token(id);
+  return model::sanitize_utf8(bytes);
+}
+
+struct server {
+  std::unique_ptr<actors::embedded_cluster> cluster;
+  std::unique_ptr<frontdoor> door;
+
+  server() {
+    actors::cluster_options o;
+    o.nodes = 1;
+    o.devices_per_node = 2;
+    o.device_memory_bytes = 64ull << 20;
+    o.default_model_file = model_path();
+    o.scheduler_threads = 2;
+    api::deploy_request d;
+    d.name = "tiny";
+    d.replicas = 2;
+    o.deployments.push_back(d);
+    auto c = actors::embedded_cluster::start(o);
+    REQUIRE(c.has_value());
+    cluster = std::move(*c);
+    frontdoor_config fc;
+    fc.http_port = 0;
+    fc.rpc_port = 0;
+    auto f = frontdoor::start(fc, cluster->backend());
+    REQUIRE(f.has_value());
+    door = std::move(*f);
+  }
+  ~server() {
+    door->stop();
+    cluster->stop();
+  }
+};
+
+// One server per test: an actor system must be gone before main() returns
+// (CAF's own statics are destroyed at exit), so no static instance.
+
+std::string completion_body(const std::string& prompt, std::uint32_t max_tokens, bool stream) {
+  return json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", stream}}.dump();
+}
+
+std::string streamed_text(std::uint16_t port, const std::string& prompt, std::uint32_t max_tokens) {
+  const auto r = test::http_request(port, "POST", "/v1/completions", completion_body(prompt, max_tokens, true));
+  REQUIRE(r.status == 200);
+  const auto events = test::sse_events(r.body);
+  REQUIRE_FALSE(events.empty());
+  REQUIRE(events.back() == "[DONE]");
+  std::string text;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    const auto j = json::parse(events[i]);
+    REQUIRE_FALSE(j.contains("error"));
+    text += j["choices"][0]["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("a streamed greedy HTTP completion equals the engine's own output", "[serving][http]") {
+  server s;
+  const std::string expected = engine_text("Hello, ExaServe", 40);
+  REQUIRE_FALSE(expected.empty());
+  CHECK(streamed_text(s.door->http_port(), "Hello, ExaServe", 40) == expected);
+
+  const auto r = test::http_request(s.door->http_port(), "POST", "/v1/completions",
+                                    completion_body("Hello, ExaServe", 40, false));
+  REQUIRE(r.status == 200);
+  const auto j = json::parse(r.body);
+  CHECK(j["choices"][0]["text"].get<std::string>() == expected);
+  CHECK(j["usage"]["prompt_tokens"].get<int>() == 16);  // BOS + 15 bytes
+}
+
+TEST_CASE("concurrent HTTP streams each get their own exact output", "[serving][http]") {
+  server s;
+  constexpr int n = 12;
+  std::vector<std::string> got(n), want(n);
+  for (int i = 0; i < n; ++i) want[i] = engine_text("prompt number " + std::to_string(i), 24);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] { got[i] = streamed_text(s.door->http_port(), "prompt number " + std::to_string(i), 24); });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < n; ++i) CHECK(got[i] == want[i]);
+}
+
+TEST_CASE("the RPC client streams the same greedy completion", "[serving][rpc]") {
+  server s;
+  const std::string expected = engine_text("Over RPC", 30);
+  const std::string connect = "127.0.0.1:" + std::to_string(s.door->rpc_port());
+  const auto r = test::run_process({std::string(EXA_BIN_DIR) + "/exaserve-cli", "--connect", connect, "generate",
+                                    "--max-tokens", "30", "Over RPC"},
+                                   std::chrono::seconds(60));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out == expected + (expected.empty() ? "" : "\n"));
+
+  const auto st = test::run_process({std::string(EXA_BIN_DIR) + "/exaserve-cli", "--connect", connect, "status"},
+                                    std::chrono::seconds(60));
+  REQUIRE(st.exit_code == 0);
+  CHECK_THAT(st.out, Catch::Contains("tiny"));
+  CHECK_THAT(st.out, Catch::Contains("ready"));
+}
+
+TEST_CASE("bad requests to the real cluster get clear errors and it keeps serving", "[serving][http]") {
+  server s;
+  const auto port = s.door->http_port();
+  auto r = test::http_request(port, "POST", "/v1/completions",
+                              json{{"model", "nope"}, {"prompt", "x"}, {"max_tokens", 4}}.dump());
+  CHECK(r.status == 404);
+  CHECK_THAT(r.body, Catch::Contains("unknown model 'nope'"));
+  r = test::http_request(port, "POST", "/v1/completions",
+                         json{{"model", "tiny"}, {"prompt", std::string(600, 'a')}, {"max_tokens", 4}}.dump());
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("context length"));
+  r = test::http_request(port, "POST", "/v1/completions", "{\"model\": \"tiny\", \"prompt\": ");
+  CHECK(r.status == 400);
+  // Still serving.
+  CHECK(streamed_text(port, "still here", 8) == engine_text("still here", 8));
+  r = test::http_request(port, "GET", "/metrics");
+  CHECK(r.status == 200);
+  CHECK_THAT(r.body, Catch::Contains("exaserve_requests_total{model=\"tiny\",outcome=\"completed\"}"));
+}

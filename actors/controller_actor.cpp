@@ -80,8 +80,34 @@ std::size_t place_missing(self_ptr self, const std::string& name, std::string* w
   return plan->unplaced.size();
 }
 
-// A slot lost its replica: place it again (elsewhere than `excluded`) under
-// a new epoch, if the deployment still wants it.
+// Places queued slots, at most `migration_parallelism` warming at a time.
+void pump_migrations(self_ptr self) {
+  auto& st = self->state;
+  while (st.migrating.size() < std::max(1u, st.config.migration_parallelism) && !st.pending_migrations.empty()) {
+    auto m = std::move(st.pending_migrations.front());
+    st.pending_migrations.pop_front();
+    auto it = st.deployments.find(m.deployment);
+    if (it == st.deployments.end() || m.slot >= it->second.spec.replicas) continue;  // scaled away meanwhile
+    if (st.slot_epochs[{m.deployment, m.slot}] != m.epoch) continue;                // superseded
+    auto excluded = m.excluded;
+    excluded.insert(excluded.end(), st.cordoned.begin(), st.cordoned.end());
+    auto placed = cluster::place_one(*st.placement, it->second.spec, m.slot, excluded);
+    if (!placed) {
+      // No room now (nodes down or cordoned): keep it queued; a node coming
+      // back or memory being released pumps again.
+      spdlog::warn("event=replica_waiting_for_capacity deployment={} slot={} reason=\"{}\"", m.deployment, m.slot,
+                   placed.error().message);
+      st.pending_migrations.push_front(std::move(m));
+      break;
+    }
+    start_slot(self, *placed, m.epoch);
+    st.migrating.insert(placed->replica);
+  }
+}
+
+// A slot lost its replica: fence it (a new epoch, so the router and any
+// straggler of the old replica know it is stale) and queue its placement
+// elsewhere than `excluded`, if the deployment still wants it.
 void replace_slot(self_ptr self, const std::string& deployment, std::uint32_t slot,
                   const std::vector<cluster::node_id>& excluded) {
   auto& st = self->state;
@@ -98,12 +124,11 @@ void replace_slot(self_ptr self, const std::string& deployment, std::uint32_t sl
                   deployment, slot, budget.max_restarts());
     return;
   }
-  auto placed = cluster::place_one(*st.placement, it->second.spec, slot, excluded);
-  if (!placed) {
-    spdlog::error("event=replica_unplaced deployment={} slot={} reason=\"{}\"", deployment, slot, placed.error().message);
-    return;
-  }
-  start_slot(self, *placed, st.slot_epochs[placed->slot] + 1);
+  const cluster::epoch_t epoch = ++st.slot_epochs[ref];
+  self->send(st.router, fence_slot{deployment, slot, epoch});
+  spdlog::info("event=slot_fenced deployment={} slot={} epoch={}", deployment, slot, epoch);
+  st.pending_migrations.push_back({deployment, slot, epoch, excluded});
+  pump_migrations(self);
 }
 
 void forget_replica(self_ptr self, cluster::replica_id id) {
@@ -129,10 +154,14 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   const auto state = static_cast<replica_state>(ev.state);
   it->second.state = state;
   it->second.reason = ev.reason;
+  if (cluster::accepts_requests(state) && st.migrating.erase(ev.id)) pump_migrations(self);
   if (state == replica_state::stopped) {
+    st.migrating.erase(ev.id);
     forget_replica(self, ev.id);
+    pump_migrations(self);
   } else if (state == replica_state::failed) {
     const auto rec = it->second;
+    st.migrating.erase(ev.id);
     forget_replica(self, ev.id);
     // A crash loop on one node: try the others first.
     replace_slot(self, rec.deployment, rec.slot, {rec.node});
@@ -140,19 +169,63 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   update_replica_gauge(self);
 }
 
-void on_node_down(self_ptr self, cluster::node_id node) {
+// Every replica on `node` is lost (the node actor died, or its silence was
+// confirmed): tell the router, release their memory, place them elsewhere.
+void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) {
   auto& st = self->state;
-  st.nodes[node] = caf::actor{};
   std::vector<controller_state::replica_record> lost;
   for (const auto& [id, r] : st.replicas)
     if (r.node == node) lost.push_back(r);
-  spdlog::error("event=node_down node={} replicas_lost={}", node, lost.size());
+  spdlog::error("event=node_lost node={} replicas={} reason=\"{}\"", node, lost.size(), why);
   for (const auto& r : lost) {
     const replica_event ev{r.id, r.deployment, r.slot, r.epoch, node, r.device,
-                           static_cast<std::uint8_t>(replica_state::failed), "node lost", caf::actor{}};
+                           static_cast<std::uint8_t>(replica_state::failed), why, caf::actor{}};
     self->send(st.router, ev);
+    chaos::event e;  // the replica cannot say so itself: its node is gone
+    e.kind = chaos::event_kind::replica_state;
+    e.replica = r.id;
+    e.deployment = r.deployment;
+    e.slot = r.slot;
+    e.epoch = r.epoch;
+    e.node = node;
+    e.detail = "failed";
+    log_event(self, st.config.hooks, e);
+    st.migrating.erase(r.id);
     forget_replica(self, r.id);
     replace_slot(self, r.deployment, r.slot, {node});
+  }
+}
+
+void on_node_down(self_ptr self, cluster::node_id node) {
+  self->state.nodes[node] = caf::actor{};
+  chaos::event e;
+  e.kind = chaos::event_kind::fault_detected;
+  e.node = node;
+  e.detail = "monitor";
+  log_event(self, self->state.config.hooks, e);
+  migrate_node(self, node, "node actor down");
+}
+
+// The health monitor's verdicts: confirmed nodes lose their replicas (they
+// are placed elsewhere) and take no new ones; a node that speaks again after
+// that learns the current epochs, so what it still runs stops itself.
+void on_node_health(self_ptr self, const node_health_msg& m) {
+  auto& st = self->state;
+  const auto health = static_cast<cluster::node_health>(m.health);
+  const auto before = st.node_health[m.node];
+  st.node_health[m.node] = health;
+  if (health == cluster::node_health::confirmed) {
+    st.cordoned.insert(m.node);
+    migrate_node(self, m.node, "heartbeats confirmed lost");
+  } else if (health == cluster::node_health::healthy && before == cluster::node_health::confirmed) {
+    st.cordoned.erase(m.node);
+    fence_notice notice;
+    for (const auto& [slot, epoch] : st.slot_epochs) notice.slots.push_back({slot.deployment, slot.index, epoch});
+    const auto node = st.nodes.find(m.node);
+    if (node != st.nodes.end())
+      control_send(self, st.config.hooks, m.node, cluster::message_class::control, node->second, notice);
+    spdlog::info("event=node_rejoined node={} slots_fenced={}", m.node, notice.slots.size());
+    pump_migrations(self);
   }
 }
 
@@ -245,8 +318,15 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
             self->send(m.handle, spawn_replica{r.spec});
             r.spawned = true;
           }
+        pump_migrations(self);
       },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
+      [=](const node_health_msg& m) { on_node_health(self, m); },
+      [=](const device_fault& f) {
+        // The node restarts the device, and its replicas with it; a device
+        // that keeps failing ends in a crash loop and the slots move away.
+        spdlog::warn("event=device_fault_reported node={} device={} reason=\"{}\"", f.node, f.device, f.reason);
+      },
       [=](const get_node& m) -> caf::actor {
         auto it = self->state.nodes.find(m.node);
         return it == self->state.nodes.end() ? caf::actor{} : it->second;
@@ -305,7 +385,9 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         auto& s = self->state;
         auto status = std::make_shared<api::cluster_status>();
         for (const auto& n : s.placement->nodes()) {
-          status->nodes.push_back({n.id, n.rack, s.nodes.count(n.id) && s.nodes[n.id] ? "up" : "down"});
+          const bool up = s.nodes.count(n.id) && s.nodes[n.id];
+          const auto h = s.node_health.count(n.id) ? s.node_health[n.id] : cluster::node_health::healthy;
+          status->nodes.push_back({n.id, n.rack, !up ? "down" : std::string(cluster::to_string(h))});
           for (std::uint32_t d = 0; d < n.devices; ++d) {
             const auto* l = s.placement->ledger({n.id, d});
             status->devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});

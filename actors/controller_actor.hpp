@@ -9,7 +9,9 @@
 
 #include <caf/fwd.hpp>
 
+#include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,7 +22,9 @@
 #include "api/gateway.hpp"
 #include "cluster/lifecycle.hpp"
 #include "cluster/placement.hpp"
+#include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
+#include "actors/chaos_hooks.hpp"
 
 namespace exa::actors {
 
@@ -43,6 +47,8 @@ struct controller_config {
   std::string default_routing = "least_outstanding";
   std::shared_ptr<desired_state> desired;  // never null
   std::shared_ptr<cluster_metrics> metrics;  // may be null
+  std::uint32_t migration_parallelism = 4;        // replacements warming at once
+  chaos_hooks hooks;
   std::uint32_t slot_max_replacements = 5;       // within the window, per slot
   std::uint32_t slot_replacement_window_ms = 300000;
 };
@@ -100,6 +106,19 @@ struct controller_state {
   /// Replacements per slot: a slot that keeps failing wherever it goes is
   /// given up (reported, not placed again) instead of ping-ponging forever.
   std::map<cluster::slot_ref, cluster::restart_intensity> slot_failures;
+  /// Slots waiting to be placed again, and replacements still warming: a
+  /// lost node's replicas move a few at a time, so they do not all load
+  /// their model at once.
+  struct migration {
+    std::string deployment;
+    std::uint32_t slot = 0;
+    cluster::epoch_t epoch = 0;
+    std::vector<cluster::node_id> excluded;
+  };
+  std::deque<migration> pending_migrations;
+  std::set<cluster::replica_id> migrating;
+  std::set<cluster::node_id> cordoned;  // confirmed failed: nothing is placed there
+  std::map<cluster::node_id, cluster::node_health> node_health;
   static inline const char* name = "controller";
 };
 

@@ -32,8 +32,38 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
         auto& s = self->state;
         return device_resources{s.pool, s.threads, s.config.page_bytes};
       },
-      [=](const step_job& job) {
+      [=](check_atom) -> caf::result<ok_atom> {
         auto& s = self->state;
+        if (!s.hung) return ok_atom::value;
+        auto promise = self->make_response_promise<ok_atom>();
+        s.held.push_back([promise]() mutable { promise.deliver(ok_atom::value); });
+        return promise;
+      },
+      [=](const inject_fault& f) {
+        auto& s = self->state;
+        if (f.kind != "hang") return;
+        spdlog::warn("event=chaos_hang_device node={} device={} duration_ms={}", s.config.node, s.config.index,
+                     f.duration_ms);
+        s.hung = true;
+        self->delayed_send(self, std::chrono::milliseconds(f.duration_ms), unhang_atom::value);
+      },
+      [=](unhang_atom) {
+        auto& s = self->state;
+        s.hung = false;
+        auto held = std::move(s.held);
+        s.held.clear();
+        for (auto& fn : held) fn();
+      },
+      [=](const step_job& job) -> caf::result<step_done> {
+        auto& s = self->state;
+        if (s.hung) {  // the step waits (and its replica's step timeout runs)
+          auto promise = self->make_response_promise<step_done>();
+          s.held.push_back([self, job, promise]() mutable {
+            auto r = std::make_shared<engine::step_result>(job.engine->step());
+            promise.deliver(step_done{std::move(r), 0.0});
+          });
+          return promise;
+        }
         const auto t0 = std::chrono::steady_clock::now();
         auto result = std::make_shared<engine::step_result>(job.engine->step());
         ++s.steps;

@@ -8,7 +8,9 @@
 #include <caf/fwd.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "actors/messages.hpp"
 #include "engine/block_pool.hpp"
@@ -43,6 +45,10 @@ struct device_state {
   std::shared_ptr<engine::block_pool> pool;
   std::shared_ptr<engine::thread_pool> threads;
   std::uint64_t steps = 0;
+  /// Fault injection: while hung, steps and health checks get no answer
+  /// (they wait here and run when the hang ends).
+  bool hung = false;
+  std::vector<std::function<void()>> held;
   static inline const char* name = "device";
 };
 

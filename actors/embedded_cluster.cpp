@@ -10,6 +10,7 @@
 
 #include <thread>
 
+#include "actors/chaos_hooks.hpp"
 #include "actors/cluster_metrics.hpp"
 #include "actors/cluster_supervisor.hpp"
 #include "actors/gateway_bridge.hpp"
@@ -37,7 +38,12 @@ cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics
   cluster_plan plan;
   plan.metrics = metrics;
   plan.controller.metrics = metrics;
+  const chaos_hooks hooks{o.fault_injector, o.event_log};
   plan.health.heartbeat_interval_ms = o.heartbeat_interval_ms;
+  plan.health.suspect_after_missed = o.suspect_after_missed;
+  plan.health.observation_window_ms = o.observation_window_ms;
+  plan.health.hooks = hooks;
+  plan.router.max_attempts = o.max_attempts;
   plan.router.request_deadline_ms = o.request_deadline_ms;
   plan.router.admission.queued_per_model_max = o.queued_per_model_max;
   plan.router.admission.queued_global_max = o.queued_global_max;
@@ -49,11 +55,14 @@ cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics
   c.default_model_file = o.default_model_file;
   c.default_routing = o.default_routing;
   c.desired = std::make_shared<desired_state>();
+  c.hooks = hooks;
+  c.migration_parallelism = o.migration_parallelism;
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
   plan.router.desired = c.desired;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;
     c.nodes.push_back({n, rack, o.devices_per_node, o.device_memory_bytes});
+    plan.health.nodes.push_back(n);
     node_config nc;
     nc.id = n;
     nc.rack = rack;
@@ -65,6 +74,13 @@ cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics
     nc.detached_devices = !o.deterministic;
     nc.heartbeat_interval_ms = o.heartbeat_interval_ms;
     nc.metrics = metrics;
+    nc.hooks = hooks;
+    nc.device_check_interval_ms = o.device_check_interval_ms;
+    nc.device_check_timeout_ms = o.device_check_timeout_ms;
+    nc.replica_step_timeout_ms = o.step_timeout_ms;
+    // One interval before the monitor can confirm the node failed.
+    const std::uint64_t confirm_ms = std::uint64_t{o.suspect_after_missed} * o.heartbeat_interval_ms + o.observation_window_ms;
+    nc.lease_ms = static_cast<std::uint32_t>(confirm_ms > 2ull * o.heartbeat_interval_ms ? confirm_ms - o.heartbeat_interval_ms : confirm_ms);
     plan.nodes.push_back(nc);
   }
   return plan;

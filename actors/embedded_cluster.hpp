@@ -21,6 +21,12 @@ class test_coordinator;
 namespace exa::metrics {
 class registry;
 }
+namespace exa::cluster {
+class fault_injector;
+}
+namespace exa::chaos {
+class event_log;
+}
 
 namespace exa::actors {
 
@@ -38,6 +44,13 @@ struct cluster_options {
   std::string default_routing = "least_outstanding";
   std::vector<api::deploy_request> deployments;    // deployed at start
   std::uint32_t heartbeat_interval_ms = 2000;
+  std::uint32_t suspect_after_missed = 5;        // k missed heartbeats: suspect
+  std::uint32_t observation_window_ms = 30000;   // then silent this long: confirmed
+  std::uint32_t device_check_interval_ms = 30000;
+  std::uint32_t device_check_timeout_ms = 5000;
+  std::uint32_t step_timeout_ms = 60000;         // an engine step this slow: the device is hung
+  std::uint32_t migration_parallelism = 4;       // replacements warming at once
+  std::uint32_t max_attempts = 4;                // replicas one request may try
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t queued_per_model_max = 1024;
   std::uint32_t queued_global_max = 4096;
@@ -45,6 +58,9 @@ struct cluster_options {
   /// Deterministic mode for tests: CAF's test scheduler in virtual time, and
   /// devices run inline instead of on their own threads.
   bool deterministic = false;
+  /// Chaos harness hooks (null outside chaos runs).
+  std::shared_ptr<cluster::fault_injector> fault_injector;
+  std::shared_ptr<chaos::event_log> event_log;
 };
 
 class embedded_cluster {

@@ -1,19 +1,72 @@
 #include "actors/health_monitor_actor.hpp"
 
+#include <caf/actor_registry.hpp>
+#include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 
+#include "actors/cluster_supervisor.hpp"
+
 namespace exa::actors {
+namespace {
+
+using self_ptr = caf::stateful_actor<health_monitor_state>*;
+using cluster::node_health;
+
+void announce(self_ptr self, const cluster::health_change& c) {
+  auto& st = self->state;
+  const auto level = c.to == node_health::healthy ? spdlog::level::info : spdlog::level::warn;
+  spdlog::log(level, "event=node_health node={} from={} to={} last_heard_ms_ago={}", c.node, cluster::to_string(c.from),
+              cluster::to_string(c.to), (c.at_ns - st.detector->last_heard_ns(c.node)) / 1000000);
+  chaos::event e;
+  e.kind = chaos::event_kind::node_state;
+  e.node = c.node;
+  e.detail = std::string(cluster::to_string(c.to));
+  log_event(self, st.config.hooks, e);
+  if (c.to != node_health::healthy) {
+    e.kind = chaos::event_kind::fault_detected;
+    e.detail = c.to == node_health::suspect ? "heartbeat_suspect" : "heartbeat_confirmed";
+    log_event(self, st.config.hooks, e);
+  }
+  // The router and controller may have restarted: look them up each time.
+  const node_health_msg msg{c.node, static_cast<std::uint8_t>(c.to)};
+  auto& reg = self->home_system().registry();
+  if (auto r = caf::actor_cast<caf::actor>(reg.get(router_atom::value))) self->send(r, msg);
+  if (auto r = caf::actor_cast<caf::actor>(reg.get(controller_atom::value))) self->send(r, msg);
+}
+
+}  // namespace
 
 caf::behavior health_monitor_actor(caf::stateful_actor<health_monitor_state>* self, health_config config) {
-  self->state.config = config;
+  auto& st = self->state;
+  st.config = std::move(config);
+  st.detector.emplace(cluster::detector_config{std::chrono::milliseconds(st.config.heartbeat_interval_ms),
+                                               st.config.suspect_after_missed,
+                                               std::chrono::milliseconds(st.config.observation_window_ms)});
+  for (const auto n : st.config.nodes) st.detector->watch(n, clock_ns(self));
+  // Evaluate silence twice per interval: detection within half an interval
+  // of k × interval.
+  const auto period = std::chrono::milliseconds(std::max(1u, st.config.heartbeat_interval_ms / 2));
+  self->delayed_send(self, period, tick_atom::value);
   return {
       [=](const heartbeat& hb) {
-        auto& n = self->state.nodes[hb.node];
-        n.sequence = std::max(n.sequence, hb.sequence);
-        n.last_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+        if (auto change = self->state.detector->heartbeat(hb.node, clock_ns(self))) announce(self, *change);
+        // The ack travels the node's channel too: a partition silences both.
+        control_send(self, self->state.config.hooks, hb.node, cluster::message_class::heartbeat,
+                     caf::actor_cast<caf::actor>(self->current_sender()), heartbeat_ack{hb.node, hb.sequence});
+      },
+      [=](tick_atom) {
+        for (const auto& change : self->state.detector->tick(clock_ns(self))) announce(self, change);
+        self->delayed_send(self, period, tick_atom::value);
+      },
+      [=](nodes_atom) {
+        std::vector<std::pair<cluster::node_id, std::uint8_t>> out;
+        for (const auto n : self->state.config.nodes)
+          out.emplace_back(n, static_cast<std::uint8_t>(self->state.detector->health(n)));
+        return out;
       },
   };
 }

@@ -1,28 +1,34 @@
 #pragma once
-// The health monitor collects node heartbeats and answers what it knows of
-// each node. (Failure detection -- suspect after missed heartbeats, confirm
-// after an observation window -- builds on this.)
+// The health monitor: node heartbeats in, suspect-then-confirm out
+// (runtime/cluster/failure_detector). A node missing k heartbeats becomes
+// suspect -- the router stops sending it new requests -- and after the
+// observation window without a heartbeat it is confirmed failed, which makes
+// the controller fence and migrate its replicas. Heartbeats that resume in
+// time clear the suspicion and nothing moves.
 
 #include <caf/fwd.hpp>
 
 #include <cstdint>
-#include <map>
+#include <optional>
+#include <vector>
 
+#include "actors/chaos_hooks.hpp"
 #include "actors/messages.hpp"
+#include "cluster/failure_detector.hpp"
 
 namespace exa::actors {
 
 struct health_config {
   std::uint32_t heartbeat_interval_ms = 2000;
+  std::uint32_t suspect_after_missed = 5;
+  std::uint32_t observation_window_ms = 30000;
+  std::vector<cluster::node_id> nodes;  // watched from the start
+  chaos_hooks hooks;
 };
 
 struct health_monitor_state {
   health_config config;
-  struct node_seen {
-    std::uint64_t sequence = 0;
-    std::int64_t last_ns = 0;
-  };
-  std::map<cluster::node_id, node_seen> nodes;
+  std::optional<cluster::heartbeat_detector> detector;
   static inline const char* name = "health_monitor";
 };
 

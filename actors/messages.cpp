@@ -51,8 +51,14 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<pick_replica>("exa.pick_replica");
   cfg.add_message_type<picked_replica>("exa.picked_replica");
   cfg.add_message_type<heartbeat>("exa.heartbeat");
+  cfg.add_message_type<heartbeat_ack>("exa.heartbeat_ack");
   cfg.add_message_type<kill_replica>("exa.kill_replica");
   cfg.add_message_type<get_node>("exa.get_node");
+  cfg.add_message_type<node_health_msg>("exa.node_health");
+  cfg.add_message_type<fence_slot>("exa.fence_slot");
+  cfg.add_message_type<fence_notice>("exa.fence_notice");
+  cfg.add_message_type<device_fault>("exa.device_fault");
+  cfg.add_message_type<inject_fault>("exa.inject_fault");
 }
 
 }  // namespace exa::actors

@@ -12,6 +12,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;  // request dea
 using warmed_atom = caf::atom_constant<caf::atom("warmed")>;      // warm-up finished
 using ok_atom = caf::atom_constant<caf::atom("ok")>;
 using loads_atom = caf::atom_constant<caf::atom("loads")>;        // router's load table
+using check_atom = caf::atom_constant<caf::atom("check")>;        // device health check
+using unhang_atom = caf::atom_constant<caf::atom("unhang")>;      // a device hang ends
+using nodes_atom = caf::atom_constant<caf::atom("nodes")>;        // health monitor's node view
 
 // ------------------------------------------------------- error on the wire
 
@@ -232,6 +236,78 @@ typename Inspector::result_type inspect(Inspector& f, get_node& x) {
   return f(caf::meta::type_name("exa.get_node"), x.node);
 }
 
+/// health monitor -> controller, router: a node's health changed
+/// (cluster::node_health).
+struct node_health_msg {
+  cluster::node_id node = 0;
+  std::uint8_t health = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_health_msg& x) {
+  return f(caf::meta::type_name("exa.node_health"), x.node, x.health);
+}
+
+/// controller -> router: a slot moved on to `epoch`; older replicas are stale.
+struct fence_slot {
+  std::string deployment;
+  std::uint32_t slot = 0;
+  cluster::epoch_t epoch = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fence_slot& x) {
+  return f(caf::meta::type_name("exa.fence_slot"), x.deployment, x.slot, x.epoch);
+}
+
+/// controller -> node -> replica, router -> replica: these are the current
+/// epochs; a replica serving an older one stops itself.
+struct fence_notice {
+  std::vector<fence_slot> slots;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fence_notice& x) {
+  return f(caf::meta::type_name("exa.fence_notice"), x.slots);
+}
+
+/// node -> controller: a device check failed (hung, failed, out of memory).
+struct device_fault {
+  cluster::node_id node = 0;
+  std::uint32_t device = 0;
+  std::string reason;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_fault& x) {
+  return f(caf::meta::type_name("exa.device_fault"), x.node, x.device, x.reason);
+}
+
+/// chaos -> node: fault injection on one of its devices or its model cache.
+/// kind: "fail" (the device actor dies), "hang" (steps and checks get no
+/// answer for duration_ms), "slow_load" (model loads take delay_ms longer
+/// for duration_ms).
+struct inject_fault {
+  std::string kind;
+  std::uint32_t device = 0;
+  std::uint32_t duration_ms = 0;
+  std::uint32_t delay_ms = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, inject_fault& x) {
+  return f(caf::meta::type_name("exa.inject_fault"), x.kind, x.device, x.duration_ms, x.delay_ms);
+}
+
+/// health monitor -> node: heard you. A node that hears no ack for its lease
+/// assumes it has been declared failed and fences itself first.
+struct heartbeat_ack {
+  cluster::node_id node = 0;
+  std::uint64_t sequence = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, heartbeat_ack& x) {
+  return f(caf::meta::type_name("exa.heartbeat_ack"), x.node, x.sequence);
+}
+
+/// node -> replica: the node lost the control plane; stop serving now.
+using self_fence_atom = caf::atom_constant<caf::atom("selffence")>;
+
 /// node -> health monitor: I am alive.
 struct heartbeat {
   cluster::node_id node = 0;
@@ -285,6 +361,10 @@ struct deployment_info {
 struct deployment_removed {
   std::string name;
 };
+/// self -> self: run this later (delayed_send), for fault injection delays.
+struct deferred_call {
+  std::function<void()> fn;
+};
 /// A callback to run with a value, for replies to the gateway bridge.
 struct status_reply {
   std::shared_ptr<api::cluster_status> status;
@@ -305,3 +385,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::cancel_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deployment_info)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deployment_removed)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::status_reply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deferred_call)

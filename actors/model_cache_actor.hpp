@@ -25,6 +25,9 @@ struct model_cache_state {
   std::uint32_t capacity = 4;
   std::uint64_t clock = 0;  // use order, for LRU
   std::uint64_t loads = 0;
+  // Fault injection: model loads take `slow_delay_ms` longer until then.
+  std::int64_t slow_until_ns = 0;
+  std::uint32_t slow_delay_ms = 0;
   static inline const char* name = "model_cache";
 };
 

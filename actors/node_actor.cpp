@@ -28,6 +28,7 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   rc.controller = st.ctx.controller;
   rc.router = st.ctx.router;
   rc.step_timeout_ms = st.ctx.config.replica_step_timeout_ms;
+  rc.hooks = st.ctx.config.hooks;
   auto handle = self->spawn(replica_actor, std::move(rc));
   self->link_to(handle);
   return handle;
@@ -37,10 +38,47 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
 // nothing: `failed` when it gives the slot up, `creating` for a restart.
 void report(self_ptr self, const replica_spec& spec, cluster::replica_state state, const std::string& reason,
             const caf::actor& handle = {}) {
-  const replica_event ev{spec.id, spec.deployment, spec.slot, spec.epoch, self->state.ctx.config.id, spec.device,
+  auto& st = self->state;
+  const replica_event ev{spec.id, spec.deployment, spec.slot, spec.epoch, st.ctx.config.id, spec.device,
                          static_cast<std::uint8_t>(state), reason, handle};
-  self->send(self->state.ctx.controller, ev);
-  self->send(self->state.ctx.router, ev);
+  control_send(self, st.ctx.config.hooks, st.ctx.config.id, cluster::message_class::control, st.ctx.controller, ev);
+  control_send(self, st.ctx.config.hooks, st.ctx.config.id, cluster::message_class::control, st.ctx.router, ev);
+  chaos::event e;
+  e.kind = chaos::event_kind::replica_state;
+  e.replica = spec.id;
+  e.deployment = spec.deployment;
+  e.slot = spec.slot;
+  e.epoch = spec.epoch;
+  e.node = st.ctx.config.id;
+  e.detail = std::string(cluster::to_string(state));
+  log_event(self, st.ctx.config.hooks, e);
+}
+
+// Asks every device whether it is well; an unanswered check means a hung
+// device: report it and restart the device (its replicas follow).
+void check_devices(self_ptr self) {
+  auto& st = self->state;
+  for (std::uint32_t i = 0; i < st.ctx.config.devices; ++i) {
+    auto dev = st.sup->child(device_name(i));
+    if (!dev) continue;
+    self->request(dev, std::chrono::milliseconds(st.ctx.config.device_check_timeout_ms), check_atom::value)
+        .then([](ok_atom) {},
+              [=](const caf::error& err) {
+                auto& s = self->state;
+                const std::string why = "device check failed: " + caf::to_string(err);
+                spdlog::error("event=device_fault node={} device={} reason=\"{}\"", s.ctx.config.id, i, why);
+                chaos::event e;
+                e.kind = chaos::event_kind::fault_detected;
+                e.node = s.ctx.config.id;
+                e.device = i;
+                e.detail = "device_check";
+                log_event(self, s.ctx.config.hooks, e);
+                self->send(s.ctx.controller, device_fault{s.ctx.config.id, i, why});
+                if (auto d = s.sup->child(device_name(i)))
+                  caf::anon_send<caf::message_priority::high>(
+                      d, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, why)});
+              });
+  }
 }
 
 void report_failed(self_ptr self, const replica_spec& spec, const std::string& reason) {
@@ -52,10 +90,16 @@ void on_replica_exit(self_ptr self, std::map<cluster::replica_id, node_state::re
   auto& st = self->state;
   auto& entry = it->second;
   const bool normal = !reason || reason == caf::exit_reason::normal;
-  if (normal) {  // stopped or drained on purpose
+  if (normal) {  // stopped, drained or fenced on purpose
     st.replicas.erase(it);
     return;
   }
+  chaos::event detected;
+  detected.kind = chaos::event_kind::fault_detected;
+  detected.node = st.ctx.config.id;
+  detected.replica = entry.spec.id;
+  detected.detail = "monitor";
+  log_event(self, st.ctx.config.hooks, detected);
   const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch());
   if (!entry.intensity.allow(now)) {
     spdlog::error("event=replica_quarantined node={} replica={} deployment={} slot={} restarts={} reason=\"{}\"",
@@ -74,6 +118,24 @@ void on_replica_exit(self_ptr self, std::map<cluster::replica_id, node_state::re
   entry.handle = spawn_replica_actor(self, entry.spec);
   report(self, entry.spec, cluster::replica_state::creating, "restarted after crash: " + caf::to_string(reason),
          entry.handle);
+}
+
+// Heard nothing back for the lease: this node is (about to be) declared
+// failed and its slots placed elsewhere. Its replicas stop serving first.
+void check_lease(self_ptr self) {
+  auto& st = self->state;
+  const auto lease_ns = std::int64_t{st.ctx.config.lease_ms} * 1000000;
+  if (lease_ns == 0 || st.self_fenced || clock_ns(self) - st.last_ack_ns < lease_ns) return;
+  st.self_fenced = true;
+  spdlog::error("event=node_self_fenced node={} replicas={} silent_ms={}", st.ctx.config.id, st.replicas.size(),
+                (clock_ns(self) - st.last_ack_ns) / 1000000);
+  chaos::event e;
+  e.kind = chaos::event_kind::node_state;
+  e.node = st.ctx.config.id;
+  e.detail = "self_fenced";
+  log_event(self, st.ctx.config.hooks, e);
+  for (auto& [id, r] : st.replicas)
+    if (r.handle) self->send(r.handle, self_fence_atom::value);
 }
 
 void start_children(self_ptr self) {
@@ -106,6 +168,7 @@ void start_children(self_ptr self) {
 
 caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx) {
   self->state.ctx = std::move(ctx);
+  self->state.last_ack_ns = clock_ns(self);
   start_children(self);
   self->set_exit_handler([=](const caf::exit_msg& msg) {
     auto& st = self->state;
@@ -119,12 +182,51 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
     self->quit(msg.reason);
   });
   if (self->state.ctx.health_monitor) self->send(self, tick_atom::value);
+  if (self->state.ctx.config.device_check_interval_ms > 0)
+    self->delayed_send(self, std::chrono::milliseconds(self->state.ctx.config.device_check_interval_ms),
+                       check_atom::value);
   spdlog::info("event=node_started node={} rack={} devices={}", self->state.ctx.config.id,
                self->state.ctx.config.rack, self->state.ctx.config.devices);
   return {
+      [=](check_atom) {
+        check_devices(self);
+        self->delayed_send(self, std::chrono::milliseconds(self->state.ctx.config.device_check_interval_ms),
+                           check_atom::value);
+      },
+      [=](const inject_fault& f) {
+        auto& st = self->state;
+        if (f.kind == "fail") {
+          auto d = st.sup->child(device_name(f.device));
+          spdlog::warn("event=chaos_fail_device node={} device={}", st.ctx.config.id, f.device);
+          if (d)
+            caf::anon_send<caf::message_priority::high>(
+                d, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, "device failed (injected)")});
+        } else if (f.kind == "hang") {
+          if (auto d = st.sup->child(device_name(f.device))) self->send(d, f);
+        } else if (f.kind == "slow_load") {
+          if (auto c = st.sup->child("model-cache")) self->send(c, f);
+        }
+      },
+      [=](const fence_notice& n) {
+        // Replicas of slots that moved on while we were cut off stop now.
+        for (auto& [id, r] : self->state.replicas)
+          for (const auto& f : n.slots)
+            if (r.handle && f.deployment == r.spec.deployment && f.slot == r.spec.slot && f.epoch > r.spec.epoch)
+              self->send(r.handle, n);
+      },
+      [=](const heartbeat_ack&) {
+        auto& st = self->state;
+        st.last_ack_ns = clock_ns(self);
+        if (st.self_fenced) {
+          st.self_fenced = false;
+          spdlog::info("event=node_unfenced node={}", st.ctx.config.id);
+        }
+      },
       [=](tick_atom) {
         auto& st = self->state;
-        self->send(st.ctx.health_monitor, heartbeat{st.ctx.config.id, ++st.heartbeat_sequence});
+        check_lease(self);
+        control_send(self, st.ctx.config.hooks, st.ctx.config.id, cluster::message_class::heartbeat,
+                     st.ctx.health_monitor, heartbeat{st.ctx.config.id, ++st.heartbeat_sequence});
         self->delayed_send(self, std::chrono::milliseconds(st.ctx.config.heartbeat_interval_ms), tick_atom::value);
       },
       [=](const spawn_replica& m) {

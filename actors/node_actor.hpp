@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 
+#include "actors/chaos_hooks.hpp"
 #include "actors/device_actor.hpp"
 #include "actors/messages.hpp"
 #include "actors/supervisor.hpp"
@@ -34,7 +35,15 @@ struct node_config {
   std::uint32_t replica_max_restarts = 3;      // per slot, within the window
   std::uint32_t replica_restart_window_ms = 60000;
   std::uint32_t replica_step_timeout_ms = 60000;
+  std::uint32_t device_check_interval_ms = 30000;  // device health checks
+  std::uint32_t device_check_timeout_ms = 5000;    // a check unanswered this long: hung
+  /// No heartbeat ack for this long: the control plane has (or is about to
+  /// have) declared this node failed and moved its slots -- stop serving
+  /// them first, so a slot never has two serving replicas. Set below the
+  /// monitor's confirmation time (k × interval + window). 0: never.
+  std::uint32_t lease_ms = 0;
   std::shared_ptr<cluster_metrics> metrics;  // may be null
+  chaos_hooks hooks;
 };
 
 struct node_context {
@@ -54,6 +63,8 @@ struct node_state {
   };
   std::map<cluster::replica_id, replica_entry> replicas;
   std::uint64_t heartbeat_sequence = 0;
+  std::int64_t last_ack_ns = 0;
+  bool self_fenced = false;
   std::uint64_t replica_restarts = 0;
   static inline const char* name = "node";
 };

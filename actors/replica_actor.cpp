@@ -40,8 +40,18 @@ bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
   st.state = to;
   const replica_event ev{st.ctx.spec.id, st.ctx.spec.deployment, st.ctx.spec.slot, st.ctx.spec.epoch, st.ctx.node,
                          st.ctx.spec.device, static_cast<std::uint8_t>(to), reason, caf::actor_cast<caf::actor>(self)};
-  if (st.ctx.controller) self->send(st.ctx.controller, ev);
-  if (st.ctx.router) self->send(st.ctx.router, ev);
+  control_send(self, st.ctx.hooks, st.ctx.node, cluster::message_class::control, st.ctx.controller, ev);
+  control_send(self, st.ctx.hooks, st.ctx.node, cluster::message_class::control, st.ctx.router, ev);
+  chaos::event e;
+  e.kind = chaos::event_kind::replica_state;
+  e.replica = st.ctx.spec.id;
+  e.deployment = st.ctx.spec.deployment;
+  e.slot = st.ctx.spec.slot;
+  e.epoch = st.ctx.spec.epoch;
+  e.node = st.ctx.node;
+  e.device = st.ctx.spec.device;
+  e.detail = std::string(cluster::to_string(to));
+  log_event(self, st.ctx.hooks, e);
   return true;
 }
 
@@ -73,7 +83,7 @@ void report_load(self_ptr self, bool force) {
   }
   load.decode_tokens_per_s = st.decode_tokens_per_s;
   load.prefill_tokens_per_s = st.prefill_tokens_per_s;
-  self->send(st.ctx.router, load);
+  control_send(self, st.ctx.hooks, st.ctx.node, cluster::message_class::control, st.ctx.router, load);
 }
 
 void maybe_step(self_ptr self);
@@ -278,6 +288,23 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
   return {
       [=](const submit_msg& m) { return on_submit(self, m); },
       [=](const cancel_msg& m) { on_cancel(self, m.request); },
+      [=](self_fence_atom) {
+        move_to(self, replica_state::failed, "self-fenced: node " + std::to_string(self->state.ctx.node) +
+                                                 " lost the control plane");
+        self->quit();
+      },
+      [=](const fence_notice& n) {
+        auto& s = self->state;
+        for (const auto& f : n.slots)
+          if (f.deployment == s.ctx.spec.deployment && f.slot == s.ctx.spec.slot && f.epoch > s.ctx.spec.epoch) {
+            // Our slot moved on while we were cut off: never serve it again.
+            // Requests still here resume elsewhere when we are gone.
+            move_to(self, replica_state::failed, "fenced: epoch " + std::to_string(s.ctx.spec.epoch) +
+                                                     " is stale, the slot is at " + std::to_string(f.epoch));
+            self->quit();
+            return;
+          }
+      },
       [=](const stop_replica& m) {
         if (!m.drain) {
           move_to(self, replica_state::stopped, "stopped without draining");

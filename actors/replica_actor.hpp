@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 
+#include "actors/chaos_hooks.hpp"
 #include "actors/messages.hpp"
 #include "engine/block_pool.hpp"
 #include "engine/thread_pool.hpp"
@@ -31,6 +32,7 @@ struct replica_context {
   caf::actor router;
   std::uint32_t step_timeout_ms = 60000;      // a step taking longer means a hung device
   std::uint32_t load_report_interval_ms = 5;  // at most one load report per interval
+  chaos_hooks hooks;
 };
 
 struct replica_actor_state {

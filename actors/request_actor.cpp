@@ -142,6 +142,7 @@ void failover(self_ptr self, const std::string& why) {
   if (st.done) return;
   spdlog::info("event=request_resume request={} from_replica={} generated={} reason=\"{}\"", st.ctx.request.request_id,
                st.replica_id, st.generated.size(), why);
+  st.last_failure = why;
   if (st.replica) self->demonitor(st.replica);
   if (st.replica_id) st.tried.push_back(st.replica_id);
   if (st.ctx.metrics) cluster_metrics::series(st.ctx.metrics->resumes, st.ctx.request.model)->inc();
@@ -184,6 +185,7 @@ void try_replica(self_ptr self) {
               // No capacity right now: wait and try again, until the deadline
               // ends it. Waiting does not use up the replica budget.
               auto& s = self->state;
+              s.last_failure = e.message;
               --s.attempts;
               s.tried.clear();
               s.backoff_ms = s.backoff_ms == 0 ? s.ctx.retry_backoff_ms : std::min(s.backoff_ms * 2, 2000u);
@@ -237,9 +239,11 @@ caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, requ
       [=](const finish_msg& m) { on_finish(self, m); },
       [=](tick_atom) { try_replica(self); },
       [=](deadline_atom) {
+        const auto& s = self->state;
         finish(self, api::finish_reason::error,
-               error{errc::deadline_exceeded, "request deadline passed after " +
-                                                  std::to_string(self->state.generated.size()) + " tokens"});
+               error{errc::deadline_exceeded,
+                     "request deadline passed after " + std::to_string(s.generated.size()) + " tokens" +
+                         (s.last_failure.empty() ? std::string() : " (last failure: " + s.last_failure + ")")});
       },
       [=](const cancel_request&) {
         finish(self, api::finish_reason::cancelled);

@@ -120,6 +120,14 @@ caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
   return picked_replica{id, epoch, handle->second};
 }
 
+// A replica of a slot that has moved on: it stops itself when told.
+bool fence_if_stale(self_ptr self, const cluster::slot_ref& slot, cluster::epoch_t epoch, const caf::actor& replica) {
+  const auto current = self->state.table->slot_epoch(slot);
+  if (epoch >= current || !replica) return false;
+  self->send(replica, fence_notice{{fence_slot{slot.deployment, slot.index, current}}});
+  return true;
+}
+
 void on_replica_event(self_ptr self, const replica_event& ev) {
   auto& st = self->state;
   const auto state = static_cast<replica_state>(ev.state);
@@ -127,8 +135,11 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     (void)st.table->remove(ev.id);
     st.replicas.erase(ev.id);
     st.loads.erase(ev.id);
+    st.where.erase(ev.id);
     return;
   }
+  if (fence_if_stale(self, {ev.deployment, ev.slot}, ev.epoch, ev.handle)) return;
+  st.where[ev.id] = {ev.node, {ev.deployment, ev.slot}, ev.epoch};
   if (ev.handle && st.replicas[ev.id] != ev.handle) {
     st.replicas[ev.id] = ev.handle;
     self->monitor(ev.handle);
@@ -140,8 +151,11 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     c.epoch = ev.epoch;
     c.model = ev.deployment;
     c.state = state;
+    const bool suspect = st.suspect_nodes.count(ev.node) != 0;
     if (auto ok = st.table->upsert(std::move(c)); !ok)
       spdlog::warn("event=router_upsert_refused replica={} error=\"{}\"", ev.id, to_string(ok.error()));
+    else if (suspect)
+      (void)st.table->set_suspect(ev.id, true);
     return;
   }
   (void)st.table->set_state(ev.id, state);
@@ -163,6 +177,7 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
   for (auto it = st.replicas.begin(); it != st.replicas.end(); ++it)
     if (it->second.address() == dm.source) {  // crashed: stop routing to it now
       (void)st.table->set_state(it->first, replica_state::failed);
+      st.where.erase(it->first);
       st.replicas.erase(it);
       return;
     }
@@ -210,8 +225,32 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         s.waiting_for_start.erase(t.deployment);
       },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
+      [=](const node_health_msg& m) {
+        // A suspect node's replicas finish what they have and get nothing new.
+        auto& s = self->state;
+        const bool suspect = static_cast<cluster::node_health>(m.health) != cluster::node_health::healthy;
+        if (suspect) s.suspect_nodes.insert(m.node);
+        else s.suspect_nodes.erase(m.node);
+        for (const auto& [id, w] : s.where)
+          if (w.node == m.node) (void)s.table->set_suspect(id, suspect);
+      },
+      [=](const fence_slot& f) {
+        auto& s = self->state;
+        if (auto ok = s.table->fence({f.deployment, f.slot}, f.epoch); !ok)
+          spdlog::warn("event=fence_refused deployment={} slot={} epoch={} error=\"{}\"", f.deployment, f.slot,
+                       f.epoch, to_string(ok.error()));
+        // Tell the fenced replicas now if they can hear it.
+        for (const auto& [id, w] : s.where)
+          if (w.slot == cluster::slot_ref{f.deployment, f.slot} && w.epoch < f.epoch)
+            if (auto h = s.replicas.find(id); h != s.replicas.end()) self->send(h->second, fence_notice{{f}});
+      },
       [=](const replica_load& l) {
         auto& s = self->state;
+        if (auto w = s.where.find(l.id); w != s.where.end()) {
+          auto h = s.replicas.find(l.id);
+          if (fence_if_stale(self, w->second.slot, w->second.epoch, h == s.replicas.end() ? caf::actor{} : h->second))
+            return;
+        }
         s.loads[l.id] = l;
         cluster::load_report r;
         r.outstanding_requests = l.running + l.queued;

@@ -9,6 +9,7 @@
 #include <caf/fwd.hpp>
 
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,13 @@ struct router_state {
   std::optional<cluster::admission_controller> admission;
   std::map<cluster::replica_id, caf::actor> replicas;
   std::map<cluster::replica_id, replica_load> loads;
+  struct replica_where {
+    cluster::node_id node = 0;
+    cluster::slot_ref slot;
+    cluster::epoch_t epoch = 0;
+  };
+  std::map<cluster::replica_id, replica_where> where;
+  std::set<cluster::node_id> suspect_nodes;
   std::map<std::string, deployment_info> deployments;
   struct request_entry {
     caf::actor actor;

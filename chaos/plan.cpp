@@ -1,0 +1,545 @@
+#include "chaos/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "common/assert.hpp"
+
+namespace exa::chaos {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::uint32_t max_nodes = 1024;
+constexpr std::uint32_t max_devices_per_node = 64;
+constexpr std::uint32_t max_replicas = max_nodes * max_devices_per_node;
+constexpr std::uint32_t max_heartbeat_interval_ms = 600'000;
+constexpr std::uint32_t max_window_ms = 3'600'000;
+constexpr std::uint32_t max_request_deadline_ms = 86'400'000;
+constexpr std::uint32_t max_migration_parallelism = 1024;
+constexpr std::uint32_t max_suspect_after_missed = 100;
+constexpr double max_rate_per_s = 100'000;
+constexpr double max_duration_s = 86'400;
+constexpr std::uint32_t max_prompt_tokens = 4096;
+constexpr std::uint32_t max_max_tokens = 4096;
+constexpr double max_temperature = 2;
+constexpr std::uint32_t max_prompts = 1024;
+constexpr double max_rate_per_min = 6000;
+constexpr double max_fault_duration_s = 86'400;
+constexpr std::uint32_t max_delay_ms = 3'600'000;
+
+// The prompt tag alphabet: 64 printable characters, so two of them tell 4096
+// prompts apart.
+constexpr std::string_view tag_alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+-";
+
+// ---------------------------------------------------------------------------
+// Field readers. The first error wins and later reads become no-ops, so the
+// parsers read straight down without checking after every field.
+
+class field_errors {
+ public:
+  void fail(const std::string& field, std::string message) {
+    if (!first_) first_ = error{errc::invalid_argument, field + ": " + message};
+  }
+  bool failed() const noexcept { return first_.has_value(); }
+  const error& first() const { return *first_; }
+
+ private:
+  std::optional<error> first_;
+};
+
+std::string join_path(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : path + "." + std::string(key);
+}
+
+class object_reader {
+ public:
+  object_reader(const json& obj, std::string path, field_errors& errs)
+      : obj_(obj), path_(std::move(path)), errs_(errs) {}
+
+  std::string field(std::string_view key) const { return join_path(path_, key); }
+  bool has(const char* key) const { return obj_.contains(key); }
+  const json& at(const char* key) const { return obj_.at(key); }
+  field_errors& errors() const { return errs_; }
+
+  /// Unknown keys are errors: a typo must not silently fall back to a default.
+  void known_keys(std::initializer_list<std::string_view> keys) const {
+    for (auto it = obj_.begin(); it != obj_.end() && !errs_.failed(); ++it) {
+      if (std::find(keys.begin(), keys.end(), it.key()) == keys.end())
+        errs_.fail(field(it.key()), "unknown key");
+    }
+  }
+  void require(const char* key, std::string_view why = "required") const {
+    if (!errs_.failed() && !has(key)) errs_.fail(field(key), std::string(why));
+  }
+  void forbid(const char* key, std::string_view why) const {
+    if (!errs_.failed() && has(key)) errs_.fail(field(key), std::string(why));
+  }
+
+  void u32(const char* key, std::uint32_t lo, std::uint32_t hi, std::uint32_t& out) const {
+    std::uint64_t v = out;
+    u64(key, lo, hi, v);
+    out = static_cast<std::uint32_t>(v);
+  }
+  void u64(const char* key, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out) const {
+    if (errs_.failed() || !has(key)) return;
+    const json& v = at(key);
+    if (!v.is_number_integer()) return errs_.fail(field(key), "must be an integer (got " + v.dump() + ")");
+    if (!v.is_number_unsigned()) return errs_.fail(field(key), fmt::format("must be between {} and {} (got {})", lo, hi, v.dump()));
+    const auto x = v.get<std::uint64_t>();
+    if (x < lo || x > hi) return errs_.fail(field(key), fmt::format("must be between {} and {} (got {})", lo, hi, x));
+    out = x;
+  }
+  /// A number in [lo, hi], or (lo, hi] when lo_open.
+  void number(const char* key, double lo, bool lo_open, double hi, double& out) const {
+    if (errs_.failed() || !has(key)) return;
+    const json& v = at(key);
+    if (!v.is_number()) return errs_.fail(field(key), "must be a number (got " + v.dump() + ")");
+    const auto x = v.get<double>();
+    if (x < lo || (lo_open && x == lo) || x > hi || std::isnan(x))
+      return errs_.fail(field(key), fmt::format("must be in {}{}, {}] (got {})", lo_open ? "(" : "[", lo, hi, v.dump()));
+    out = x;
+  }
+  void number(const char* key, double lo, bool lo_open, double hi, std::optional<double>& out) const {
+    double v = 0;
+    if (errs_.failed() || !has(key)) return;
+    number(key, lo, lo_open, hi, v);
+    if (!errs_.failed()) out = v;
+  }
+  void string(const char* key, std::size_t max_chars, std::string& out) const {
+    if (errs_.failed() || !has(key)) return;
+    const json& v = at(key);
+    if (!v.is_string()) return errs_.fail(field(key), "must be a string (got " + v.dump() + ")");
+    const auto& s = v.get_ref<const std::string&>();
+    if (s.size() > max_chars) return errs_.fail(field(key), fmt::format("longer than {} characters", max_chars));
+    out = s;
+  }
+
+ private:
+  const json& obj_;
+  std::string path_;
+  field_errors& errs_;
+};
+
+bool is_object_field(const object_reader& r, const char* key) {
+  if (r.errors().failed() || !r.has(key)) return false;
+  if (r.at(key).is_object()) return true;
+  r.errors().fail(r.field(key), "must be an object");
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// Sections.
+
+void parse_cluster(const object_reader& r, cluster_spec& c) {
+  r.known_keys({"nodes", "devices_per_node", "racks", "replicas", "engine", "heartbeat_interval_ms",
+                "suspect_after_missed", "observation_window_ms", "device_check_interval_ms",
+                "request_deadline_ms", "migration_parallelism"});
+  r.u32("nodes", 1, max_nodes, c.nodes);
+  r.u32("devices_per_node", 1, max_devices_per_node, c.devices_per_node);
+  r.u32("racks", 1, max_nodes, c.racks);
+  if (!r.errors().failed() && c.racks > c.nodes)
+    r.errors().fail(r.field("racks"), fmt::format("{} racks for {} nodes leaves racks empty", c.racks, c.nodes));
+  r.u32("replicas", 1, max_replicas, c.replicas);
+  r.string("engine", 16, c.engine);
+  if (!r.errors().failed() && c.engine != "cpu" && c.engine != "null")
+    r.errors().fail(r.field("engine"), "must be \"cpu\" or \"null\" (got \"" + c.engine + "\")");
+  r.u32("heartbeat_interval_ms", 1, max_heartbeat_interval_ms, c.heartbeat_interval_ms);
+  r.u32("suspect_after_missed", 1, max_suspect_after_missed, c.suspect_after_missed);
+  r.u32("observation_window_ms", 1, max_window_ms, c.observation_window_ms);
+  r.u32("device_check_interval_ms", 1, max_window_ms, c.device_check_interval_ms);
+  r.u32("request_deadline_ms", 1, max_request_deadline_ms, c.request_deadline_ms);
+  r.u32("migration_parallelism", 1, max_migration_parallelism, c.migration_parallelism);
+}
+
+std::optional<workload_kind> workload_kind_from_string(std::string_view s) {
+  if (s == "steady") return workload_kind::steady;
+  if (s == "ramp") return workload_kind::ramp;
+  if (s == "chaos") return workload_kind::chaos;
+  return std::nullopt;
+}
+
+void parse_workload(const object_reader& r, workload_spec& w) {
+  r.known_keys({"kind", "rate_per_s", "end_rate_per_s", "duration_s", "prompt_tokens", "max_tokens",
+                "temperature", "prompts"});
+  std::string kind = "steady";
+  r.string("kind", 16, kind);
+  const auto k = workload_kind_from_string(kind);
+  if (!r.errors().failed() && !k)
+    return r.errors().fail(r.field("kind"), "must be \"steady\", \"ramp\" or \"chaos\" (got \"" + kind + "\")");
+  if (k) w.kind = *k;
+  r.number("rate_per_s", 0, true, max_rate_per_s, w.rate_per_s);
+  if (w.kind != workload_kind::ramp) r.forbid("end_rate_per_s", "only applies to \"ramp\" workloads");
+  r.number("end_rate_per_s", 0, true, max_rate_per_s, w.end_rate_per_s);
+  r.number("duration_s", 0, true, max_duration_s, w.duration_s);
+  r.u32("prompt_tokens", 1, max_prompt_tokens, w.prompt_tokens);
+  r.u32("max_tokens", 1, max_max_tokens, w.max_tokens);
+  r.number("temperature", 0, false, max_temperature, w.temperature);
+  r.u32("prompts", 1, max_prompts, w.prompts);
+  if (r.errors().failed()) return;
+  if (w.prompt_tokens == 1 && w.prompts > tag_alphabet.size())
+    return r.errors().fail(r.field("prompts"),
+                           fmt::format("{} distinct prompts need prompt_tokens >= 2 (one byte tells {} apart)",
+                                       w.prompts, tag_alphabet.size()));
+  const double end_rate = w.kind == workload_kind::ramp ? w.end_rate_per_s : w.rate_per_s;
+  const double expected_requests = (w.rate_per_s + end_rate) / 2 * w.duration_s;
+  if (expected_requests > max_workload_requests)
+    r.errors().fail(r.field("rate_per_s"), fmt::format("the workload expects {:.0f} requests, more than {:.0f}",
+                                                       expected_requests, max_workload_requests));
+}
+
+// Which optional fields each fault kind uses; node is always accepted.
+struct kind_fields {
+  bool node_required = true;
+  bool device = false;
+  bool duration = false;
+  bool delay = false;
+  bool probability = false;
+};
+
+kind_fields fields_of(fault_kind k) {
+  switch (k) {
+    case fault_kind::kill_replica: return {.node_required = false};
+    case fault_kind::kill_node: return {};
+    case fault_kind::partition_node: return {.duration = true};
+    case fault_kind::heartbeat_jitter: return {.duration = true, .delay = true};
+    case fault_kind::fail_device: return {.device = true};
+    case fault_kind::hang_device: return {.device = true, .duration = true};
+    case fault_kind::slow_model_load: return {.duration = true, .delay = true};
+    case fault_kind::drop_messages: return {.duration = true, .probability = true};
+    case fault_kind::delay_messages: return {.duration = true, .delay = true};
+    case fault_kind::duplicate_messages: return {.duration = true, .probability = true};
+  }
+  return {};
+}
+
+void parse_fault_timing(const object_reader& r, const workload_spec& w, fault_spec& f) {
+  if (!r.errors().failed() && r.has("at_s") == r.has("rate_per_min"))
+    return r.errors().fail(r.field("at_s"), "exactly one of at_s or rate_per_min is required");
+  if (r.has("at_s")) {
+    r.forbid("from_s", "only applies with rate_per_min");
+    r.forbid("to_s", "only applies with rate_per_min");
+    r.number("at_s", 0, false, w.duration_s, f.at_s);
+    return;
+  }
+  r.number("rate_per_min", 0, true, max_rate_per_min, f.rate_per_min);
+  f.from_s = 0;
+  f.to_s = w.duration_s;
+  r.number("from_s", 0, false, w.duration_s, f.from_s);
+  r.number("to_s", 0, true, w.duration_s, f.to_s);
+  if (r.errors().failed()) return;
+  if (f.from_s >= f.to_s)
+    return r.errors().fail(r.field("to_s"), fmt::format("must be after from_s ({} >= {})", f.from_s, f.to_s));
+  const double expected_faults = *f.rate_per_min * (f.to_s - f.from_s) / 60;
+  if (expected_faults > max_random_faults_per_process)
+    r.errors().fail(r.field("rate_per_min"), fmt::format("expects {:.0f} faults, more than {:.0f}", expected_faults,
+                                                         max_random_faults_per_process));
+}
+
+void parse_fault_target(const object_reader& r, const cluster_spec& c, const kind_fields& k, fault_spec& f) {
+  const std::string kind(to_string(f.kind));
+  if (k.node_required) r.require("node", "required for " + kind);
+  std::uint32_t node = 0;
+  r.u32("node", 0, std::numeric_limits<std::uint32_t>::max(), node);
+  if (!r.errors().failed() && r.has("node")) {
+    if (node >= c.nodes)
+      return r.errors().fail(r.field("node"), fmt::format("{} is not a node of a {}-node cluster", node, c.nodes));
+    f.node = node;
+  }
+  if (!k.device) return r.forbid("device", "does not apply to " + kind);
+  r.require("device", "required for " + kind);
+  std::uint32_t device = 0;
+  r.u32("device", 0, std::numeric_limits<std::uint32_t>::max(), device);
+  if (r.errors().failed()) return;
+  if (device >= c.devices_per_node)
+    return r.errors().fail(r.field("device"), fmt::format("{} is not a device of a node with {} devices", device,
+                                                          c.devices_per_node));
+  f.device = device;
+}
+
+void parse_fault_params(const object_reader& r, const kind_fields& k, fault_spec& f) {
+  const std::string kind(to_string(f.kind));
+  if (k.duration) {
+    r.require("duration_s", "required for " + kind);
+    r.number("duration_s", 0, true, max_fault_duration_s, f.duration_s);
+  } else {
+    r.forbid("duration_s", "does not apply to " + kind);
+  }
+  if (k.delay) {
+    r.require("delay_ms", "required for " + kind);
+    r.u32("delay_ms", 1, max_delay_ms, f.delay_ms);
+  } else {
+    r.forbid("delay_ms", "does not apply to " + kind);
+  }
+  if (k.probability) {
+    r.require("probability", "required for " + kind);
+    r.number("probability", 0, true, 1, f.probability);
+  } else {
+    r.forbid("probability", "does not apply to " + kind);
+  }
+}
+
+void parse_fault(const object_reader& r, const cluster_spec& c, const workload_spec& w, fault_spec& f) {
+  r.known_keys({"kind", "at_s", "rate_per_min", "from_s", "to_s", "node", "device", "duration_s", "delay_ms",
+                "probability"});
+  r.require("kind");
+  std::string kind;
+  r.string("kind", 32, kind);
+  if (r.errors().failed()) return;
+  const auto k = fault_kind_from_string(kind);
+  if (!k) return r.errors().fail(r.field("kind"), "unknown fault kind \"" + kind + "\"");
+  f.kind = *k;
+  const kind_fields fields = fields_of(f.kind);
+  parse_fault_timing(r, w, f);
+  parse_fault_target(r, c, fields, f);
+  parse_fault_params(r, fields, f);
+}
+
+void parse_faults(const object_reader& r, plan& p) {
+  if (r.errors().failed() || !r.has("faults")) return;
+  const json& arr = r.at("faults");
+  if (!arr.is_array()) return r.errors().fail("faults", "must be an array");
+  if (arr.size() > max_faults) return r.errors().fail("faults", fmt::format("more than {} faults", max_faults));
+  for (std::size_t i = 0; i < arr.size() && !r.errors().failed(); ++i) {
+    const std::string path = fmt::format("faults[{}]", i);
+    if (!arr[i].is_object()) return r.errors().fail(path, "must be an object");
+    fault_spec f;
+    parse_fault(object_reader(arr[i], path, r.errors()), p.cluster, p.workload, f);
+    p.faults.push_back(f);
+  }
+}
+
+bool valid_name(std::string_view name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+           ch == '_' || ch == '-';
+  });
+}
+
+/// Captures the first syntax error: nlohmann reports it only through an
+/// exception or a SAX handler, and business logic does not catch.
+class syntax_error_capture final : public nlohmann::json_sax<json> {
+ public:
+  std::string message;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
+    std::string_view what = ex.what();
+    if (auto pos = what.find("] "); pos != std::string_view::npos) what.remove_prefix(pos + 2);
+    message = std::string(what);
+    return false;
+  }
+};
+
+}  // namespace
+
+std::string_view to_string(fault_kind k) noexcept {
+  switch (k) {
+    case fault_kind::kill_replica: return "kill_replica";
+    case fault_kind::kill_node: return "kill_node";
+    case fault_kind::partition_node: return "partition_node";
+    case fault_kind::heartbeat_jitter: return "heartbeat_jitter";
+    case fault_kind::fail_device: return "fail_device";
+    case fault_kind::hang_device: return "hang_device";
+    case fault_kind::slow_model_load: return "slow_model_load";
+    case fault_kind::drop_messages: return "drop_messages";
+    case fault_kind::delay_messages: return "delay_messages";
+    case fault_kind::duplicate_messages: return "duplicate_messages";
+  }
+  return "unknown";
+}
+
+std::optional<fault_kind> fault_kind_from_string(std::string_view s) noexcept {
+  constexpr std::array all = {fault_kind::kill_replica,    fault_kind::kill_node,     fault_kind::partition_node,
+                              fault_kind::heartbeat_jitter, fault_kind::fail_device,   fault_kind::hang_device,
+                              fault_kind::slow_model_load,  fault_kind::drop_messages, fault_kind::delay_messages,
+                              fault_kind::duplicate_messages};
+  for (fault_kind k : all)
+    if (to_string(k) == s) return k;
+  return std::nullopt;
+}
+
+expected<plan> parse_plan(const std::string& json_text) {
+  if (json_text.size() > max_plan_bytes)
+    return make_error(errc::invalid_argument, fmt::format("plan: larger than {} bytes", max_plan_bytes));
+  const json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    syntax_error_capture capture;
+    json::sax_parse(json_text, &capture, json::input_format_t::json, /*strict=*/true);
+    return make_error(errc::invalid_argument, "plan: not valid JSON: " + capture.message);
+  }
+  if (!doc.is_object()) return make_error(errc::invalid_argument, "plan: must be a JSON object");
+
+  plan p;
+  field_errors errs;
+  const object_reader top(doc, "", errs);
+  top.known_keys({"name", "description", "seed", "cluster", "workload", "faults"});
+  top.require("name");
+  top.string("name", max_plan_name_chars, p.name);
+  if (!errs.failed() && !valid_name(p.name)) errs.fail("name", "must be letters, digits, '.', '_' or '-'");
+  top.string("description", max_plan_description_chars, p.description);
+  top.u64("seed", 0, std::numeric_limits<std::uint64_t>::max(), p.seed);
+  if (is_object_field(top, "cluster")) parse_cluster(object_reader(doc.at("cluster"), "cluster", errs), p.cluster);
+  if (is_object_field(top, "workload"))
+    parse_workload(object_reader(doc.at("workload"), "workload", errs), p.workload);
+  parse_faults(top, p);
+  if (errs.failed()) return std::unexpected(errs.first());
+  return p;
+}
+
+expected<plan> load_plan(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(errc::io_error, "cannot open plan file " + path);
+  // Read one byte past the limit so an oversized file is told apart from one
+  // exactly at it, without reading an arbitrarily large file into memory.
+  std::string text(max_plan_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return make_error(errc::io_error, "cannot read plan file " + path);
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  auto parsed = parse_plan(text);
+  if (!parsed) return make_error(parsed.error().code, path + ": " + parsed.error().message);
+  return parsed;
+}
+
+// ---------------------------------------------------------------------------
+// Schedules.
+
+namespace {
+
+/// splitmix64 (Steele, Lea, Flood): tiny, fast, and good enough to drive
+/// arrival times; the whole run's randomness comes from the plan seed.
+class splitmix64 {
+ public:
+  explicit splitmix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    state_ += 0x9e3779b97f4a7c15ull;
+    return finalize(state_);
+  }
+  /// Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  /// Exponential gap of a Poisson process at `rate` events per unit time.
+  double exponential(double rate) { return -std::log1p(-uniform()) / rate; }
+
+  static std::uint64_t finalize(std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Independent streams per purpose and per fault or request, so adding a
+// fault to a plan does not move the times of the others.
+constexpr std::uint64_t fault_stream = 0x6661756c74ull;     // "fault"
+constexpr std::uint64_t request_stream = 0x72657175657374ull;  // "request"
+constexpr std::uint64_t arrival_stream = 0x617272697661ull;    // "arrival"
+constexpr std::uint64_t prompt_stream = 0x70726f6d7074ull;     // "prompt"
+
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  return splitmix64::finalize(seed ^ splitmix64::finalize(stream + splitmix64::finalize(index)));
+}
+
+// Hard caps behind the parse-time limits, for plans built in code.
+constexpr std::size_t max_generated_per_process = 4 * static_cast<std::size_t>(max_random_faults_per_process);
+constexpr std::size_t max_generated_requests = 4 * static_cast<std::size_t>(max_workload_requests);
+
+}  // namespace
+
+std::vector<scheduled_fault> schedule(const plan& p, std::optional<std::uint64_t> seed) {
+  const std::uint64_t s = seed.value_or(p.seed);
+  std::vector<scheduled_fault> out;
+  for (std::size_t i = 0; i < p.faults.size(); ++i) {
+    const fault_spec& f = p.faults[i];
+    if (f.at_s) {
+      out.push_back({0, *f.at_s, f});
+      continue;
+    }
+    EXA_ASSERT_MSG(f.rate_per_min.has_value(), "a fault needs at_s or rate_per_min");
+    splitmix64 rng(derive_seed(s, fault_stream, i));
+    const double rate_per_s = *f.rate_per_min / 60;
+    double t = f.from_s;
+    for (std::size_t n = 0; n < max_generated_per_process; ++n) {
+      t += rng.exponential(rate_per_s);
+      if (!(t < f.to_s)) break;
+      out.push_back({0, t, f});
+    }
+  }
+  // Stable: equal times keep plan order (and a process's own order).
+  std::stable_sort(out.begin(), out.end(),
+                   [](const scheduled_fault& a, const scheduled_fault& b) { return a.at_s < b.at_s; });
+  for (std::size_t i = 0; i < out.size(); ++i) out[i].id = i + 1;
+  return out;
+}
+
+std::vector<scheduled_request> schedule_workload(const plan& p, std::optional<std::uint64_t> seed) {
+  const std::uint64_t s = seed.value_or(p.seed);
+  const workload_spec& w = p.workload;
+  const double start_rate = w.rate_per_s;
+  const double end_rate = w.kind == workload_kind::ramp ? w.end_rate_per_s : w.rate_per_s;
+  // Thinning (Lewis and Shedler): candidates at the peak rate, each kept with
+  // probability rate(t) / peak, give a Poisson process of rate rate(t).
+  const double peak = std::max(start_rate, end_rate);
+  std::vector<scheduled_request> out;
+  if (!(peak > 0) || !(w.duration_s > 0) || w.prompts == 0) return out;
+  splitmix64 rng(derive_seed(s, arrival_stream, 0));
+  double t = 0;
+  for (std::size_t n = 0; n < max_generated_requests; ++n) {
+    t += rng.exponential(peak);
+    if (!(t < w.duration_s)) break;
+    const double rate = start_rate + (end_rate - start_rate) * (t / w.duration_s);
+    if (rng.uniform() * peak >= rate) continue;
+    const std::uint64_t index = out.size();
+    out.push_back({.id = fmt::format("w{}", index),
+                   .at_s = t,
+                   .prompt = static_cast<std::uint32_t>(index % w.prompts),
+                   .max_tokens = w.max_tokens,
+                   .temperature = static_cast<float>(w.temperature),
+                   .seed = derive_seed(s, request_stream, index)});
+  }
+  return out;
+}
+
+std::string workload_prompt(const workload_spec& w, std::uint32_t index) {
+  // A small fixed vocabulary keeps prompts readable and tokenizable by any
+  // model; the seeded word choice makes prompts differ beyond their tag.
+  static constexpr std::array<std::string_view, 32> words = {
+      "the",   "river", "stone",  "light", "north",  "quiet", "garden", "signal", "copper", "window", "seven",
+      "cloud", "paper", "engine", "maple", "harbor", "amber", "violet", "summer", "bridge", "lantern", "falcon",
+      "marble", "orbit", "silver", "meadow", "crystal", "thunder", "velvet", "canyon", "ember", "willow"};
+  const std::size_t n = w.prompt_tokens;
+  std::string out;
+  out.reserve(n + 16);
+  out.push_back(tag_alphabet[index % tag_alphabet.size()]);
+  out.push_back(tag_alphabet[(index / tag_alphabet.size()) % tag_alphabet.size()]);
+  splitmix64 rng(derive_seed(0, prompt_stream, index));
+  while (out.size() < n) {
+    out.push_back(' ');
+    out += words[rng.next() % words.size()];
+  }
+  out.resize(n);
+  // A prompt ending in a space tokenizes oddly on some models.
+  if (n > 1 && out.back() == ' ') out.back() = '.';
+  return out;
+}
+
+}  // namespace exa::chaos

@@ -1,0 +1,110 @@
+// Suspect-then-confirm heartbeat detection, request error rates, and the
+// channel fault points.
+
+#include <catch2/catch.hpp>
+
+#include "cluster/failure_detector.hpp"
+#include "cluster/fault_injector.hpp"
+
+using namespace exa::cluster;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr std::int64_t s = 1'000'000'000;
+detector_config defaults() { return {2s, 5, 30s}; }
+}  // namespace
+
+TEST_CASE("k missed heartbeats make a node suspect, the window confirms it", "[detector]") {
+  heartbeat_detector d(defaults());
+  d.watch(1, 0);
+  d.watch(2, 0);
+  for (std::int64_t t = 2 * s; t <= 8 * s; t += 2 * s) {  // node 2 keeps beating
+    d.heartbeat(2, t);
+    CHECK(d.tick(t).empty());
+  }
+  d.heartbeat(2, 10 * s);
+  auto changes = d.tick(10 * s);  // node 1 silent for 5 × 2 s
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].node == 1);
+  CHECK(changes[0].to == node_health::suspect);
+  CHECK(d.health(1) == node_health::suspect);
+  CHECK(d.health(2) == node_health::healthy);
+  for (std::int64_t t = 12 * s; t < 40 * s; t += 2 * s) {
+    d.heartbeat(2, t);
+    CHECK(d.tick(t).empty());  // still inside the 30 s window
+  }
+  changes = d.tick(40 * s);
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].to == node_health::confirmed);
+}
+
+TEST_CASE("a heartbeat inside the window clears suspicion and nothing is confirmed", "[detector]") {
+  heartbeat_detector d(defaults());
+  d.watch(1, 0);
+  REQUIRE(d.tick(10 * s).size() == 1);
+  const auto back = d.heartbeat(1, 25 * s);
+  REQUIRE(back.has_value());
+  CHECK(back->from == node_health::suspect);
+  CHECK(back->to == node_health::healthy);
+  for (std::int64_t t = 27 * s; t <= 41 * s; t += 2 * s) {
+    d.heartbeat(1, t);
+    CHECK(d.tick(t).empty());  // past the window's end at 40 s: not confirmed
+  }
+  CHECK(d.health(1) == node_health::healthy);
+}
+
+TEST_CASE("jitter shorter than k intervals never raises suspicion", "[detector]") {
+  heartbeat_detector d(defaults());
+  d.watch(1, 0);
+  // Heartbeats arrive late, up to 9.9 s apart: below 5 × 2 s.
+  std::int64_t t = 0;
+  for (int i = 0; i < 20; ++i) {
+    t += (i % 2 ? 99 : 20) * s / 10;
+    CHECK(d.tick(t - 1).empty());
+    d.heartbeat(1, t);
+  }
+  CHECK(d.health(1) == node_health::healthy);
+}
+
+TEST_CASE("a confirmed node that speaks again is reported healthy", "[detector]") {
+  heartbeat_detector d(defaults());
+  d.watch(3, 0);
+  d.tick(10 * s);
+  d.tick(40 * s);
+  REQUIRE(d.health(3) == node_health::confirmed);
+  const auto back = d.heartbeat(3, 50 * s);
+  REQUIRE(back.has_value());
+  CHECK(back->from == node_health::confirmed);
+  CHECK(d.health(3) == node_health::healthy);
+}
+
+TEST_CASE("error rate marks a replica unhealthy only with enough samples", "[detector]") {
+  error_rate_tracker t({10s, 4, 0.5});
+  CHECK_FALSE(t.record(7, false, 0));
+  CHECK_FALSE(t.record(7, false, 1));
+  CHECK_FALSE(t.record(7, false, 2));  // 3 samples: below min_samples
+  CHECK(t.record(7, true, 3));         // 3 errors of 4
+  CHECK_FALSE(t.unhealthy(7, 12 * s)); // the window slid past them
+}
+
+TEST_CASE("fault points partition, jitter, drop and duplicate a node's channel", "[detector][chaos]") {
+  fault_injector f(42);
+  CHECK(f.decide(1, message_class::heartbeat, 0).deliver);
+  f.arm(1, channel_fault::partition, 10 * s);
+  CHECK_FALSE(f.decide(1, message_class::control, 5 * s).deliver);
+  CHECK(f.partitioned(1, 5 * s));
+  CHECK(f.decide(2, message_class::control, 5 * s).deliver);  // other nodes unaffected
+  CHECK(f.decide(1, message_class::control, 10 * s).deliver);  // expired
+  f.arm(1, channel_fault::jitter, 20 * s, 1.0, 3 * s);
+  CHECK(f.decide(1, message_class::heartbeat, 11 * s).delay_ns == 3 * s);
+  CHECK(f.decide(1, message_class::control, 11 * s).delay_ns == 0);  // jitter delays heartbeats only
+  f.clear(1);
+  f.arm(1, channel_fault::drop, 100 * s, 0.5);
+  int delivered = 0;
+  for (int i = 0; i < 1000; ++i) delivered += f.decide(1, message_class::control, 30 * s).deliver;
+  CHECK(delivered > 400);
+  CHECK(delivered < 600);
+  f.clear(1);
+  f.arm(1, channel_fault::duplicate, 100 * s, 1.0);
+  CHECK(f.decide(1, message_class::control, 30 * s).copies == 2);
+}

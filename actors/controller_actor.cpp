@@ -120,8 +120,12 @@ void replace_slot(self_ptr self, const std::string& deployment, std::uint32_t sl
                      .first->second;
   const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch());
   if (!budget.allow(now)) {
-    spdlog::error("event=slot_given_up deployment={} slot={} replacements={} reason=\"keeps failing wherever it is placed\"",
-                  deployment, slot, budget.max_restarts());
+    // Quarantined for a while, not forever: capacity the slot needs may come
+    // back (a node rejoins), and a transient cause may pass.
+    spdlog::error("event=slot_given_up deployment={} slot={} replacements={} retry_in_ms={} "
+                  "reason=\"keeps failing wherever it is placed\"",
+                  deployment, slot, budget.max_restarts(), st.config.slot_retry_after_ms);
+    self->delayed_send(self, std::chrono::milliseconds(st.config.slot_retry_after_ms), retry_slot{deployment, slot});
     return;
   }
   const cluster::epoch_t epoch = ++st.slot_epochs[ref];
@@ -322,6 +326,16 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
       [=](const node_health_msg& m) { on_node_health(self, m); },
+      [=](const retry_slot& m) {
+        auto& s = self->state;
+        // Only if nothing fills the slot by now.
+        for (const auto& [id, r] : s.replicas)
+          if (r.deployment == m.deployment && r.slot == m.slot) return;
+        for (const auto& p : s.pending_migrations)
+          if (p.deployment == m.deployment && p.slot == m.slot) return;
+        s.slot_failures.erase({m.deployment, m.slot});
+        replace_slot(self, m.deployment, m.slot, {});
+      },
       [=](const device_fault& f) {
         // The node restarts the device, and its replicas with it; a device
         // that keeps failing ends in a crash loop and the slots move away.

@@ -51,6 +51,7 @@ struct controller_config {
   chaos_hooks hooks;
   std::uint32_t slot_max_replacements = 5;       // within the window, per slot
   std::uint32_t slot_replacement_window_ms = 300000;
+  std::uint32_t slot_retry_after_ms = 30000;     // a given-up slot is tried again after this
 };
 
 /// A node (re)started: the controller (re)learns its handle.
@@ -67,6 +68,11 @@ struct undeploy_msg {
 struct scale_msg {
   std::string name;
   std::uint32_t replicas = 0;
+};
+/// controller -> controller: try a given-up slot again.
+struct retry_slot {
+  std::string deployment;
+  std::uint32_t slot = 0;
 };
 struct models_reply {
   std::vector<api::model_info> models;
@@ -132,4 +138,5 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deploy_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::undeploy_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::scale_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::models_reply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::retry_slot)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::node_states)

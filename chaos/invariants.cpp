@@ -100,7 +100,7 @@ class request_checker {
       r.stream_broken = true;
       r.tokens.resize(e.index, -1);
     }
-    
+    if (e.index < next) report_duplicates(i, e, r);
     for (std::size_t j = 0; j < e.tokens.size(); ++j) {
       if (e.index + j >= r.tokens.size()) r.tokens.push_back(e.tokens[j]);
     }

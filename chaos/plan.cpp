@@ -237,7 +237,7 @@ void parse_fault_timing(const object_reader& r, const workload_spec& w, fault_sp
   r.number("to_s", 0, true, w.duration_s, f.to_s);
   if (r.errors().failed()) return;
   if (f.from_s >= f.to_s)
-    return r.errors().fail(r.field("to_s"), fmt::format("must be after from_s ({} >= {})", f.from_s, f.to_s));
+    return r.errors().fail(r.field("to_s"), fmt::format("must be after from_s (from_s {}, to_s {})", f.from_s, f.to_s));
   const double expected_faults = *f.rate_per_min * (f.to_s - f.from_s) / 60;
   if (expected_faults > max_random_faults_per_process)
     r.errors().fail(r.field("rate_per_min"), fmt::format("expects {:.0f} faults, more than {:.0f}", expected_faults,

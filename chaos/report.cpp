@@ -174,7 +174,7 @@ std::string to_json(const run_report& r) {
 std::string to_table(const run_report& r) {
   std::string out;
   auto line = std::back_inserter(out);
-  fmt::format_to(line, "chaos plan {}  seed {}  wall {:.1f} s  {}\n", r.plan, r.seed, r.wall_s, r.ok() ? "OK" : "FAILED");
+  fmt::format_to(line, "chaos plan {}  seed {}  wall {:.3f} s  {}\n", r.plan, r.seed, r.wall_s, r.ok() ? "OK" : "FAILED");
   fmt::format_to(line, "  requests {:>8}  completed {:>8}  errored {:>8}  lost {:>8}\n", r.requests, r.completed,
                  r.errored, r.lost);
   fmt::format_to(line, "  ttft ms          {:>10} {:>10}\n", "p50", "p99");
@@ -191,7 +191,7 @@ std::string to_table(const run_report& r) {
     out += "all invariants held\n";
     return out;
   }
-  fmt::format_to(line, "{} violations:\n", r.violations.size());
+  fmt::format_to(line, "violations ({}):\n", r.violations.size());
   for (const violation& v : r.violations) fmt::format_to(line, "  {:<22} {}\n", v.invariant, v.detail);
   return out;
 }

@@ -9,5 +9,6 @@ int cmd_generate(int argc, char** argv);
 int cmd_bench_engine(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
+int cmd_chaos(int argc, char** argv);
 
 }  // namespace exa::app

@@ -14,11 +14,12 @@ namespace {
 constexpr const char* usage = R"(usage: exaserve <command> [flags]
 
 commands:
-  serve          start the embedded cluster (for now: generate from the default model)
+  serve          start the embedded cluster behind the HTTP and RPC front doors
   generate       generate text or token ids from a GGUF model
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   bench-engine   measure prefill and decode throughput of the CPU engine
   plan           print the memory ledger: how many replicas of a model fit a GPU and a node
+  chaos          run a fault plan against the embedded cluster under load and check invariants
 
 Run `exaserve <command> --help` for the flags of a command.
 Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off); results to stdout.
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   if (cmd == "gen-model") return exa::app::cmd_gen_model(argc, argv);
   if (cmd == "bench-engine") return exa::app::cmd_bench_engine(argc, argv);
   if (cmd == "plan") return exa::app::cmd_plan(argc, argv);
+  if (cmd == "chaos") return exa::app::cmd_chaos(argc, argv);
   std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

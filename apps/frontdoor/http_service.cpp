@@ -91,7 +91,8 @@ struct sse_stream {
   /// Renders a batch; sets `finished` when it ends the stream.
   void render(const request_channel::batch& b) {
     for (const auto& chunk : b.chunks)
-      if (!chunk.text.empty()) pending += render_stream_text(meta, chunk.text);
+      if (!chunk.text.empty() || (meta.return_token_ids && !chunk.tokens.empty()))
+        pending += render_stream_text(meta, chunk.text, &chunk);
     if (!b.done) return;
     finished = true;
     if (auto failed = failure_of(*b.done)) {
@@ -220,7 +221,7 @@ kj::Promise<void> http_service::handle_generate(exchange& ex, bool chat, kj::May
     auto req = parse_openai_request(kind, r.data, ctx_->config.limits);
     if (!req) return send_error(ex, response, req.error().err, req.error().param);
     if (auto bad = validate_generate(req->gen, ctx_->config.limits)) return send_error(ex, response, *bad);
-    response_meta meta{kind, {}, req->gen.model, unix_now_s()};
+    response_meta meta{kind, {}, req->gen.model, unix_now_s(), req->return_token_ids};
     auto call = generate_call::start(ctx_, std::move(req->gen));
     ex.request_id = call->id();
     meta.id = response_id(kind, call->id());
@@ -240,9 +241,13 @@ kj::Promise<void> http_service::complete(exchange& ex, kj::Own<generate_call> ca
     kj::Own<generate_call> call;
     response_meta meta;
     std::string text;
+    std::vector<api::token_id> token_ids;
     kj::Promise<api::generate_result> run() {
       return call->next().then([this](request_channel::batch b) -> kj::Promise<api::generate_result> {
-        for (const auto& chunk : b.chunks) text += chunk.text;
+        for (const auto& chunk : b.chunks) {
+          text += chunk.text;
+          token_ids.insert(token_ids.end(), chunk.tokens.begin(), chunk.tokens.end());
+        }
         if (b.done) return kj::mv(*b.done);
         return run();
       });
@@ -253,7 +258,7 @@ kj::Promise<void> http_service::complete(exchange& ex, kj::Own<generate_call> ca
   return s.run()
       .then([this, &ex, &s, &response](api::generate_result result) -> kj::Promise<void> {
         if (auto failed = failure_of(result)) return send_error(ex, response, *failed, {}, 0, result.retry_after_ms);
-        return send_json(ex, response, 200, render_response(s.meta, s.text, result));
+        return send_json(ex, response, 200, render_response(s.meta, s.text, result, &s.token_ids));
       })
       .attach(kj::mv(state));
 }

@@ -229,6 +229,7 @@ check read_max_tokens(api_kind kind, const json& body, const api::request_limits
 check read_options(const json& body, openai_request& req) {
   if (auto bad = read_bool(body, "stream", req.stream)) return bad;
   if (auto bad = read_bool(body, "ignore_eos", req.gen.ignore_eos)) return bad;
+  if (auto bad = read_bool(body, "return_token_ids", req.return_token_ids)) return bad;
   std::int64_t n = 1;
   if (auto bad = read_int(body, "n", 1, std::numeric_limits<std::int32_t>::max(), n)) return bad;
   if (n != 1) return field_error("n", "only n=1 is supported", errc::unsupported);
@@ -304,8 +305,10 @@ std::string_view openai_finish_reason(api::finish_reason reason) noexcept {
   return reason == api::finish_reason::length ? "length" : "stop";
 }
 
-std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result) {
+std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result,
+                            const std::vector<api::token_id>* token_ids) {
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(result.reason)}};
+  if (meta.return_token_ids && token_ids) choice["token_ids"] = *token_ids;
   if (meta.kind == api_kind::chat)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
@@ -319,8 +322,12 @@ std::string render_response(const response_meta& meta, std::string_view text, co
   return dump(body);
 }
 
-std::string render_stream_text(const response_meta& meta, std::string_view text) {
+std::string render_stream_text(const response_meta& meta, std::string_view text, const api::token_chunk* tokens) {
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (meta.return_token_ids && tokens) {
+    choice["token_ids"] = tokens->tokens;
+    choice["token_index"] = tokens->first_index;
+  }
   if (meta.kind == api_kind::chat)
     choice["delta"] = {{"content", text}};
   else

@@ -23,6 +23,10 @@ struct openai_request {
   api::generate_request gen;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a usage chunk before [DONE]
+  /// ExaServe extension: each choice also carries "token_ids" (and, when
+  /// streaming, "token_index", the index of the first), so a client can check
+  /// that a resumed stream has no gap and no duplicate.
+  bool return_token_ids = false;
 };
 
 /// An error about a request, with the field it concerns ("" if none) for the
@@ -54,6 +58,7 @@ struct response_meta {
   std::string id;     // "cmpl-..." / "chatcmpl-..."
   std::string model;
   std::int64_t created = 0;  // unix seconds
+  bool return_token_ids = false;
 };
 
 /// "cmpl-<request id>" or "chatcmpl-<request id>".
@@ -63,11 +68,13 @@ std::string response_id(api_kind kind, const std::string& request_id);
 std::string_view openai_finish_reason(api::finish_reason reason) noexcept;
 
 /// The non-streaming response body.
-std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result);
+std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result,
+                            const std::vector<api::token_id>* token_ids = nullptr);
 
 /// One SSE event, "data: {...}\n\n", carrying text (completions: choices[0].text,
 /// chat: choices[0].delta.content).
-std::string render_stream_text(const response_meta& meta, std::string_view text);
+std::string render_stream_text(const response_meta& meta, std::string_view text,
+                               const api::token_chunk* tokens = nullptr);
 /// The chat stream's opening event: delta {"role":"assistant","content":""}.
 std::string render_stream_role(const response_meta& meta);
 /// The closing event with finish_reason (and an empty text / delta).

@@ -44,6 +44,7 @@ cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics
   plan.health.observation_window_ms = o.observation_window_ms;
   plan.health.hooks = hooks;
   plan.router.max_attempts = o.max_attempts;
+  plan.router.hooks = hooks;
   plan.router.request_deadline_ms = o.request_deadline_ms;
   plan.router.admission.queued_per_model_max = o.queued_per_model_max;
   plan.router.admission.queued_global_max = o.queued_global_max;

@@ -308,6 +308,25 @@ typename Inspector::result_type inspect(Inspector& f, heartbeat_ack& x) {
 /// node -> replica: the node lost the control plane; stop serving now.
 using self_fence_atom = caf::atom_constant<caf::atom("selffence")>;
 
+/// request -> router: how an attempt on a replica went (request-level health
+/// signal: a replica failing many requests stops getting new ones).
+struct replica_outcome {
+  cluster::replica_id replica = 0;
+  bool ok = true;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_outcome& x) {
+  return f(caf::meta::type_name("exa.replica_outcome"), x.replica, x.ok);
+}
+/// router -> router: a replica's error-rate suspicion expires.
+struct unsuspect_replica {
+  cluster::replica_id replica = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, unsuspect_replica& x) {
+  return f(caf::meta::type_name("exa.unsuspect_replica"), x.replica);
+}
+
 /// node -> health monitor: I am alive.
 struct heartbeat {
   cluster::node_id node = 0;

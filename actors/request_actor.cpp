@@ -133,6 +133,7 @@ void on_finish(self_ptr self, const finish_msg& m) {
   out += st.held_text;  // the stream ended: a partial stop sequence is just text
   st.held_text.clear();
   emit(self, std::move(out));
+  self->send(st.ctx.router, replica_outcome{st.replica_id, true});
   finish(self, reason == engine::finish_reason::stop ? api::finish_reason::stop : api::finish_reason::length);
 }
 
@@ -144,7 +145,10 @@ void failover(self_ptr self, const std::string& why) {
                st.replica_id, st.generated.size(), why);
   st.last_failure = why;
   if (st.replica) self->demonitor(st.replica);
-  if (st.replica_id) st.tried.push_back(st.replica_id);
+  if (st.replica_id) {
+    st.tried.push_back(st.replica_id);
+    self->send(st.ctx.router, replica_outcome{st.replica_id, false});
+  }
   if (st.ctx.metrics) cluster_metrics::series(st.ctx.metrics->resumes, st.ctx.request.model)->inc();
   st.replica = nullptr;
   st.replica_id = 0;

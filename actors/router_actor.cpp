@@ -199,6 +199,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
     return {};
   }
   st.table.emplace(std::move(*table));
+  st.errors.emplace(st.config.error_rate);
   st.admission.emplace(std::move(*admission));
   self->set_down_handler([=](const caf::down_msg& dm) { on_down(self, dm); });
   return {
@@ -233,6 +234,32 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         else s.suspect_nodes.erase(m.node);
         for (const auto& [id, w] : s.where)
           if (w.node == m.node) (void)s.table->set_suspect(id, suspect);
+      },
+      [=](const replica_outcome& o) {
+        auto& s = self->state;
+        const auto now = static_cast<std::int64_t>(now_ns(self));
+        if (!s.errors->record(o.replica, o.ok, now) || s.error_suspects.count(o.replica)) return;
+        // Failing too many requests: no new ones for a window, then a retry.
+        s.error_suspects.insert(o.replica);
+        (void)s.table->set_suspect(o.replica, true);
+        spdlog::warn("event=replica_suspect_errors replica={} error_rate={:.2f}", o.replica,
+                     s.errors->error_rate(o.replica, now));
+        chaos::event e;
+        e.kind = chaos::event_kind::fault_detected;
+        e.replica = o.replica;
+        if (auto w = s.where.find(o.replica); w != s.where.end()) e.node = w->second.node;
+        e.detail = "error_rate";
+        log_event(self, s.config.hooks, e);
+        self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(s.config.error_rate.window),
+                           unsuspect_replica{o.replica});
+      },
+      [=](const unsuspect_replica& u) {
+        auto& s = self->state;
+        s.error_suspects.erase(u.replica);
+        s.errors->forget(u.replica);
+        const auto w = s.where.find(u.replica);
+        const bool node_suspect = w != s.where.end() && s.suspect_nodes.count(w->second.node);
+        if (!node_suspect) (void)s.table->set_suspect(u.replica, false);
       },
       [=](const fence_slot& f) {
         auto& s = self->state;

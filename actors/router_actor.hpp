@@ -15,7 +15,9 @@
 #include <string>
 
 #include "actors/messages.hpp"
+#include "actors/chaos_hooks.hpp"
 #include "cluster/admission.hpp"
+#include "cluster/failure_detector.hpp"
 #include "cluster/routing.hpp"
 
 namespace exa::actors {
@@ -32,6 +34,8 @@ struct router_config {
   /// The deployments the controller is bringing up: a request for one of
   /// them waits for it (bounded) instead of being told it does not exist.
   std::shared_ptr<struct desired_state> desired;
+  cluster::error_rate_config error_rate;  // request-level replica health
+  chaos_hooks hooks;
 };
 
 /// router -> router: a starting deployment's waiting requests ran out of time.
@@ -52,6 +56,8 @@ struct router_state {
   };
   std::map<cluster::replica_id, replica_where> where;
   std::set<cluster::node_id> suspect_nodes;
+  std::optional<cluster::error_rate_tracker> errors;
+  std::set<cluster::replica_id> error_suspects;  // suspected for their error rate
   std::map<std::string, deployment_info> deployments;
   struct request_entry {
     caf::actor actor;

@@ -106,6 +106,40 @@ std::string ms_cell(double v) { return v < 0 ? std::string("-") : fmt::format("{
 
 }  // namespace
 
+namespace {
+
+// For each fault: how long requests that were streaming when it hit waited
+// for their next token.
+void measure_stalls(const std::vector<event>& log, run_report& r) {
+  struct stream {
+    std::int64_t accepted = 0, finished = -1;
+    std::vector<std::int64_t> tokens;
+  };
+  std::map<std::string, stream> streams;
+  std::map<std::uint64_t, std::int64_t> injected;
+  for (const event& e : log) {
+    if (e.kind == event_kind::fault_injected) injected[e.fault_id] = e.t_ns;
+    if (e.kind == event_kind::request_accepted) streams[e.request_id].accepted = e.t_ns;
+    if (e.kind == event_kind::request_tokens) streams[e.request_id].tokens.push_back(e.t_ns);
+    if (e.kind == event_kind::request_finished && streams[e.request_id].finished < 0)
+      streams[e.request_id].finished = e.t_ns;
+  }
+  for (fault_report& f : r.faults) {
+    const auto inj = injected.find(f.id);
+    if (inj == injected.end()) continue;
+    for (const auto& [id, s] : streams) {
+      // Streaming: started producing before the fault, still going after it.
+      if (s.tokens.empty() || s.tokens.front() > inj->second || (s.finished >= 0 && s.finished <= inj->second)) continue;
+      const auto next = std::upper_bound(s.tokens.begin(), s.tokens.end(), inj->second);
+      const std::int64_t until = next != s.tokens.end() ? *next : (s.finished >= 0 ? s.finished : inj->second);
+      ++f.in_flight;
+      f.stall_max_ms = std::max(f.stall_max_ms, ns_to_ms(until - inj->second));
+    }
+  }
+}
+
+}  // namespace
+
 double percentile(std::vector<double> values, double p) {
   EXA_ASSERT(p > 0 && p <= 100);
   if (values.empty()) return -1;
@@ -135,6 +169,7 @@ run_report make_report(const std::string& plan_name, std::uint64_t seed, const s
     if (f.recovered_ns) fr.recover_ms = ns_to_ms(*f.recovered_ns - f.injected_ns);
   }
   count_requests(requests, faults, r);
+  measure_stalls(log, r);
   if (!log.empty()) r.wall_s = static_cast<double>(log.back().t_ns - t0_ns) / 1e9;
   return r;
 }
@@ -147,7 +182,9 @@ std::string to_json(const run_report& r) {
                       {"kind", f.kind},
                       {"injected_s", round3(f.injected_s)},
                       {"detect_ms", round3(f.detect_ms)},
-                      {"recover_ms", round3(f.recover_ms)}});
+                      {"recover_ms", round3(f.recover_ms)},
+                      {"in_flight", f.in_flight},
+                      {"stall_max_ms", round3(f.stall_max_ms)}});
   json violations = json::array();
   for (const violation& v : r.violations) violations.push_back({{"invariant", v.invariant}, {"detail", v.detail}});
   json out = {{"plan", r.plan},
@@ -181,11 +218,11 @@ std::string to_table(const run_report& r) {
   fmt::format_to(line, "    all            {:>10} {:>10}\n", ms_cell(r.ttft_p50_ms), ms_cell(r.ttft_p99_ms));
   fmt::format_to(line, "    during faults  {:>10} {:>10}\n", ms_cell(r.ttft_p50_fault_ms), ms_cell(r.ttft_p99_fault_ms));
   fmt::format_to(line, "    no fault       {:>10} {:>10}\n", ms_cell(r.ttft_p50_clear_ms), ms_cell(r.ttft_p99_clear_ms));
-  fmt::format_to(line, "  {:>5}  {:<20} {:>12} {:>12} {:>12}\n", "fault", "kind", "injected_s", "detect_ms",
-                 "recover_ms");
+  fmt::format_to(line, "  {:>5}  {:<20} {:>12} {:>12} {:>12} {:>10} {:>14}\n", "fault", "kind", "injected_s",
+                 "detect_ms", "recover_ms", "in_flight", "stall_max_ms");
   for (const fault_report& f : r.faults)
-    fmt::format_to(line, "  {:>5}  {:<20} {:>12.3f} {:>12} {:>12}\n", f.id, f.kind, f.injected_s,
-                   ms_cell(f.detect_ms), ms_cell(f.recover_ms));
+    fmt::format_to(line, "  {:>5}  {:<20} {:>12.3f} {:>12} {:>12} {:>10} {:>14}\n", f.id, f.kind, f.injected_s,
+                   ms_cell(f.detect_ms), ms_cell(f.recover_ms), f.in_flight, ms_cell(f.stall_max_ms));
   if (r.faults.empty()) out += "  (no faults injected)\n";
   if (r.violations.empty()) {
     out += "all invariants held\n";

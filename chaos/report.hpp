@@ -17,6 +17,10 @@ struct fault_report {
   double injected_s = 0;   // since the first event of the log
   double detect_ms = -1;   // -1: not detected (or nothing to detect)
   double recover_ms = -1;  // -1: not recovered within the run
+  /// Among requests streaming when the fault hit: the longest wait from the
+  /// injection to their next token (a resumed request's gap); -1 if none.
+  double stall_max_ms = -1;
+  std::uint64_t in_flight = 0;  // requests streaming when it hit
 };
 
 struct run_report {

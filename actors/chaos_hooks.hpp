@@ -7,6 +7,7 @@
 #include <caf/actor.hpp>
 #include <caf/scheduled_actor.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 
@@ -19,6 +20,8 @@ namespace exa::actors {
 struct chaos_hooks {
   std::shared_ptr<cluster::fault_injector> injector;
   std::shared_ptr<chaos::event_log> log;
+  /// Simulation: modeled busy time of all devices, in microseconds.
+  std::shared_ptr<std::atomic<std::uint64_t>> device_busy_us;
 };
 
 inline std::int64_t clock_ns(caf::scheduled_actor* self) {

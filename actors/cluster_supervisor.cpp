@@ -21,7 +21,11 @@ void trap_exits(caf::stateful_actor<State>* self) {
 
 caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self, cluster_plan plan,
                                caf::actor controller, caf::actor router, caf::actor health) {
-  auto& sup = self->state.sup.emplace(self, "nodes", supervision_strategy::one_for_one, plan.max_restarts,
+  // Node losses are routine at scale (a rack is many nodes at once): the
+  // budget grows with the cluster so they never escalate into a restart of
+  // the whole control plane.
+  const auto budget = std::max<std::uint32_t>(plan.max_restarts, 2 * static_cast<std::uint32_t>(plan.nodes.size()));
+  auto& sup = self->state.sup.emplace(self, "nodes", supervision_strategy::one_for_one, budget,
                                       std::chrono::milliseconds(plan.restart_window_ms));
   trap_exits(self);
   sup.on_started = [=](const std::string& name, const caf::actor& handle) {

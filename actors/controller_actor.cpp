@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "actors/cluster_metrics.hpp"
+#include "cluster/model_ref.hpp"
 #include "cluster/model_shape.hpp"
 #include "cluster/routing.hpp"
 #include "model/llama_model.hpp"
@@ -243,20 +244,28 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
   const std::string routing = req.routing.empty() ? st.config.default_routing : req.routing;
   if (auto policy = cluster::make_routing_policy(routing); !policy) return to_caf(policy.error());
   const std::string file = req.model_file.empty() ? st.config.default_model_file : req.model_file;
-  auto model = model::llama_model::load(file);
-  if (!model) return to_caf(model.error());
+  auto ref = cluster::parse_model_ref(file);
+  if (!ref) return to_caf(ref.error());
   controller_state::deployment dep;
   dep.model_file = file;
-  dep.model = *model;
+  if (ref->is_preset()) {  // simulation: a published shape, no weights
+    dep.spec.model = *ref->preset;
+  } else {
+    auto model = model::llama_model::load(file);
+    if (!model) return to_caf(model.error());
+    dep.model = *model;
+    dep.spec.model = cluster::model_shape_from(**model);
+  }
   dep.routing = routing;
   dep.spec.name = req.name;
-  dep.spec.model = cluster::model_shape_from(**model);
   dep.spec.replicas = req.replicas;
+  if (req.max_replicas_per_node) dep.spec.max_replicas_per_node = req.max_replicas_per_node;
   dep.spec.replica.kv_tokens = req.kv_tokens ? req.kv_tokens : st.config.default_kv_tokens;
   dep.spec.replica.max_batch_tokens = st.config.max_batch_tokens;
+  dep.spec.replica.replica_overhead_bytes = st.config.replica_overhead_bytes;
   st.deployments[req.name] = dep;
-  self->send(st.router, deployment_info{req.name, dep.model, (*model)->config().vocab_size,
-                                        (*model)->config().context_length, dep.routing});
+  self->send(st.router, deployment_info{req.name, dep.model, dep.spec.model.vocab_size,
+                                        dep.spec.model.context_length, dep.routing});
   std::string why;
   const std::size_t missing = place_missing(self, req.name, &why);
   spdlog::info("event=deployed deployment={} model={} replicas={} placed={} routing={}", req.name, file, req.replicas,
@@ -322,6 +331,8 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
             self->send(m.handle, spawn_replica{r.spec});
             r.spawned = true;
           }
+        // A restarted node can take slots again (unless it is cordoned).
+        for (auto& p : s.pending_migrations) std::erase(p.excluded, m.node);
         pump_migrations(self);
       },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
@@ -380,7 +391,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       [=](models_atom) {
         models_reply out;
         for (const auto& [name, dep] : self->state.deployments) {
-          api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.model->config().context_length};
+          api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length};
           for (const auto& [id, r] : self->state.replicas)
             if (r.deployment == name && cluster::accepts_requests(r.state)) ++mi.replicas_ready;
           out.models.push_back(std::move(mi));

@@ -40,6 +40,7 @@ struct desired_state {
 struct controller_config {
   std::vector<cluster::node_info> nodes;
   std::uint64_t device_reserved_bytes = 0;
+  std::uint64_t replica_overhead_bytes = 0;  // per replica shard (GPU framework cost)
   std::string engine = "cpu";           // engine of new replicas: "cpu" or "null"
   std::uint32_t default_kv_tokens = 4096;
   std::uint32_t max_batch_tokens = 512;

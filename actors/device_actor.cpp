@@ -12,9 +12,68 @@
 
 namespace exa::actors {
 
+namespace {
+
+using self_ptr = caf::stateful_actor<device_state>*;
+
+std::int64_t now_ns(self_ptr self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+void schedule_delivery(self_ptr self, device_state::sim_step& s) {
+  s.token = ++self->state.next_token;
+  const auto due_ns = s.start_ns + static_cast<std::int64_t>(s.result->duration_s * 1e9);
+  const auto wait = std::chrono::nanoseconds(std::max<std::int64_t>(0, due_ns - now_ns(self)));
+  self->delayed_send(self, wait, deliver_step{s.engine.get(), s.token});
+}
+
+// A simulated step: modeled, then answered when its duration has passed.
+caf::result<step_done> sim_step(self_ptr self, const step_job& job) {
+  auto& st = self->state;
+  job.engine->set_device_sharing(static_cast<std::uint32_t>(st.sim_steps.size() + 1));
+  auto result = std::make_shared<engine::step_result>(job.engine->step());
+  ++st.steps;
+  if (result->duration_s <= 0) return step_done{std::move(result), 0.0};
+  auto& s = st.sim_steps[job.engine.get()];
+  s = {job.engine, self->make_response_promise(), std::move(result), now_ns(self), 0};
+  schedule_delivery(self, s);
+  return caf::delegated<step_done>();
+}
+
+}  // namespace
+
 caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_config config) {
   auto& st = self->state;
   st.config = config;
+  if (config.sim) {  // no memory to reserve, no threads: a cost model
+    spdlog::debug("event=device_started node={} device={} kind=sim", config.node, config.index);
+    return {
+        [=](resources_atom) { return device_resources{nullptr, nullptr, self->state.config.page_bytes, self->state.config.sim}; },
+        [=](check_atom) { return ok_atom::value; },
+        [=](const step_job& job) { return sim_step(self, job); },
+        [=](const interrupt_step& m) {
+          auto& s = self->state;
+          auto it = s.sim_steps.find(m.engine);
+          if (it == s.sim_steps.end()) return;
+          const double elapsed = (now_ns(self) - it->second.start_ns) / 1e9;
+          if (auto cut = it->second.engine->truncate_last_step(elapsed)) {
+            *it->second.result = std::move(*cut);
+            schedule_delivery(self, it->second);  // the earlier delivery is now stale
+          }
+        },
+        [=](const deliver_step& m) {
+          auto& s = self->state;
+          auto it = s.sim_steps.find(m.engine);
+          if (it == s.sim_steps.end() || it->second.token != m.token) return;
+          s.busy_s += it->second.result->duration_s;
+          if (auto& busy = s.config.hooks.device_busy_us)
+            busy->fetch_add(static_cast<std::uint64_t>(it->second.result->duration_s * 1e6));
+          it->second.promise.deliver(step_done{it->second.result, it->second.result->duration_s});
+          s.sim_steps.erase(it);
+        },
+        [=](const inject_fault&) {},
+    };
+  }
   const std::uint32_t pages = static_cast<std::uint32_t>(config.memory_bytes / config.page_bytes);
   auto pool = gpu::cpu_memory_pool::create(config.page_bytes, pages);
   if (!pool) {
@@ -30,7 +89,7 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
   return {
       [=](resources_atom) {
         auto& s = self->state;
-        return device_resources{s.pool, s.threads, s.config.page_bytes};
+        return device_resources{s.pool, s.threads, s.config.page_bytes, std::nullopt};
       },
       [=](check_atom) -> caf::result<ok_atom> {
         auto& s = self->state;

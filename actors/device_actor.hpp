@@ -12,8 +12,15 @@
 #include <memory>
 #include <vector>
 
+#include "actors/chaos_hooks.hpp"
 #include "actors/messages.hpp"
+#include <caf/response_promise.hpp>
+
+#include <map>
+#include <optional>
+
 #include "engine/block_pool.hpp"
+#include "engine/sim_engine.hpp"
 #include "engine/thread_pool.hpp"
 
 namespace exa::actors {
@@ -27,6 +34,11 @@ struct device_config {
   /// Report measured wall time per step (production) or a modeled cost
   /// (deterministic tests: the same inputs must give the same routing).
   bool measure_wall_time = true;
+  /// Simulated device (exaserve sim): no memory is reserved and engine steps
+  /// take their modeled duration in virtual time, several replicas' steps
+  /// overlapping and sharing the device's bandwidth.
+  std::optional<engine::sim_device> sim;
+  chaos_hooks hooks;
 };
 
 /// device -> replica: what an engine needs from its device. Shared, so an
@@ -35,6 +47,18 @@ struct device_resources {
   std::shared_ptr<engine::block_pool> pool;
   std::shared_ptr<engine::thread_pool> threads;
   std::size_t page_bytes = 0;
+  std::optional<engine::sim_device> sim;  // set on simulated devices
+};
+
+/// replica -> device (simulated): a request arrived while my step runs; cut
+/// the step at its next boundary so the request can join there.
+struct interrupt_step {
+  engine::inference_engine* engine = nullptr;
+};
+/// device -> device (simulated): a step's modeled duration is over.
+struct deliver_step {
+  engine::inference_engine* engine = nullptr;
+  std::uint64_t token = 0;  // which (re)schedule of that step
 };
 
 /// Asks a device for its resources; replies device_resources.
@@ -49,6 +73,17 @@ struct device_state {
   /// (they wait here and run when the hang ends).
   bool hung = false;
   std::vector<std::function<void()>> held;
+  /// Simulated steps in progress, by engine.
+  struct sim_step {
+    std::shared_ptr<engine::inference_engine> engine;
+    caf::response_promise promise;
+    std::shared_ptr<engine::step_result> result;
+    std::int64_t start_ns = 0;
+    std::uint64_t token = 0;
+  };
+  std::map<engine::inference_engine*, sim_step> sim_steps;
+  std::uint64_t next_token = 0;
+  double busy_s = 0;  // modeled busy time (utilization)
   static inline const char* name = "device";
 };
 
@@ -57,3 +92,5 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
 }  // namespace exa::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::device_resources)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::interrupt_step)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deliver_step)

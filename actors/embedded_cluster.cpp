@@ -15,6 +15,8 @@
 #include "actors/cluster_supervisor.hpp"
 #include "actors/gateway_bridge.hpp"
 #include "actors/messages.hpp"
+#include "cluster/hardware.hpp"
+#include "engine/sim_engine.hpp"
 
 namespace exa::actors {
 namespace {
@@ -34,11 +36,21 @@ class system_config : public caf::actor_system_config {
   }
 };
 
-cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics> metrics) {
+expected<cluster_plan> make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics> metrics) {
   cluster_plan plan;
+  std::optional<engine::sim_device> sim;
+  std::uint64_t memory_bytes = o.device_memory_bytes;
+  if (o.engine == "sim") {
+    auto gpu = cluster::device_preset(o.sim_gpu);
+    if (!gpu) return std::unexpected(gpu.error());
+    sim = engine::sim_device{gpu->memory_bandwidth_bytes_per_s, gpu->fp16_flops_per_s, gpu->int8_ops_per_s};
+    memory_bytes = gpu->memory_bytes;
+    plan.controller.device_reserved_bytes = gpu->device_reserved_bytes;
+    plan.controller.replica_overhead_bytes = gpu->replica_overhead_bytes;
+  }
   plan.metrics = metrics;
   plan.controller.metrics = metrics;
-  const chaos_hooks hooks{o.fault_injector, o.event_log};
+  const chaos_hooks hooks{o.fault_injector, o.event_log, o.device_busy_us};
   plan.health.heartbeat_interval_ms = o.heartbeat_interval_ms;
   plan.health.suspect_after_missed = o.suspect_after_missed;
   plan.health.observation_window_ms = o.observation_window_ms;
@@ -62,13 +74,14 @@ cluster_plan make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics
   plan.router.desired = c.desired;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;
-    c.nodes.push_back({n, rack, o.devices_per_node, o.device_memory_bytes});
+    c.nodes.push_back({n, rack, o.devices_per_node, memory_bytes});
     plan.health.nodes.push_back(n);
     node_config nc;
     nc.id = n;
     nc.rack = rack;
     nc.devices = o.devices_per_node;
-    nc.device.memory_bytes = o.device_memory_bytes;
+    nc.device.memory_bytes = memory_bytes;
+    nc.device.sim = sim;
     nc.device.page_bytes = o.kv_page_bytes;
     nc.device.threads = o.device_threads;
     nc.device.measure_wall_time = !o.deterministic;
@@ -111,7 +124,9 @@ expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_opti
   p->deterministic = options.deterministic;
   p->metrics = cluster_metrics::create();
   p->backend = make_gateway_bridge(p->system, p->metrics);
-  p->root = p->system.spawn(cluster_supervisor, make_plan(options, p->metrics));
+  auto plan = make_plan(options, p->metrics);
+  if (!plan) return std::unexpected(plan.error());
+  p->root = p->system.spawn(cluster_supervisor, std::move(*plan));
   if (!options.deterministic) {
     // The front doors may send the first request right after start(): wait
     // until the router and controller are registered (a few milliseconds).

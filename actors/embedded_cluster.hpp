@@ -3,6 +3,7 @@
 // supervision tree of ARCHITECTURE.md, and the gateway backend the front
 // doors talk to. This header keeps CAF out of its includers.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,7 +39,8 @@ struct cluster_options {
   std::size_t kv_page_bytes = 32 * 1024;
   std::uint32_t device_threads = 1;                // engine worker threads per device
   std::uint32_t scheduler_threads = 0;             // CAF workers; 0 = cores
-  std::string engine = "cpu";                      // "cpu" or "null" (zero-cost)
+  std::string engine = "cpu";                      // "cpu", "null" (zero-cost) or "sim" (cost model)
+  std::string sim_gpu = "h100-80gb";               // engine "sim": the device preset simulated
   std::string default_model_file;                  // for deployments naming no file
   std::uint32_t default_kv_tokens = 4096;
   std::string default_routing = "least_outstanding";
@@ -61,6 +63,7 @@ struct cluster_options {
   /// Chaos harness hooks (null outside chaos runs).
   std::shared_ptr<cluster::fault_injector> fault_injector;
   std::shared_ptr<chaos::event_log> event_log;
+  std::shared_ptr<std::atomic<std::uint64_t>> device_busy_us;  // simulation: device busy time
 };
 
 class embedded_cluster {

@@ -147,6 +147,7 @@ void start_children(self_ptr self) {
     device_config dc = cfg.device;
     dc.node = cfg.id;
     dc.index = i;
+    dc.hooks = cfg.hooks;
     const bool detached = cfg.detached_devices;
     st.sup->add_child({device_name(i),
                        [dc, detached](caf::scheduled_actor* parent) {

@@ -10,7 +10,9 @@
 
 #include "actors/device_actor.hpp"
 #include "engine/cpu_engine.hpp"
+#include "cluster/model_ref.hpp"
 #include "engine/null_engine.hpp"
+#include "engine/sim_engine.hpp"
 #include "model/llama_model.hpp"
 
 namespace exa::actors {
@@ -72,7 +74,10 @@ void report_load(self_ptr self, bool force) {
   replica_load load;
   load.id = st.ctx.spec.id;
   std::uint64_t outstanding = 0;
-  for (const auto& [id, r] : st.active) outstanding += r.max_tokens - std::min(r.max_tokens, r.generated);
+  // Work still ahead: tokens to generate, plus whole prompts not yet
+  // prefilled (a long prompt is most of a request's cost before its first token).
+  for (const auto& [id, r] : st.active)
+    outstanding += r.max_tokens - std::min(r.max_tokens, r.generated) + (r.first_token_seen ? 0 : r.prompt_tokens);
   load.outstanding_tokens = outstanding;
   if (st.engine) {
     const auto s = st.engine->stats();
@@ -118,6 +123,7 @@ void on_step_done(self_ptr self, const step_done& done) {
     auto it = st.active.find(id);
     if (it == st.active.end()) continue;
     it->second.generated += static_cast<std::uint32_t>(msg.tokens.size());
+    it->second.first_token_seen = true;
     self->send(it->second.requester, std::move(msg));
   }
   for (const auto& f : r.finished) {
@@ -131,9 +137,15 @@ void on_step_done(self_ptr self, const step_done& done) {
     self->demonitor(it->second.requester);
     st.active.erase(it);
   }
+  // Run what waited for this step with stepping held off: each deferred
+  // submit ends in maybe_step(), and a step started by the first one would
+  // run on the device thread while the next one touches the engine here.
+  // Holding off also batches every deferred request into the next step.
   auto deferred = std::move(st.deferred);
   st.deferred.clear();
+  st.step_in_flight = true;
   for (auto& fn : deferred) fn();
+  st.step_in_flight = false;
   if (st.state == replica_state::serving && st.active.empty()) move_to(self, replica_state::ready);
   if (st.state == replica_state::draining && st.active.empty()) {
     move_to(self, replica_state::stopped, "drained");
@@ -148,7 +160,10 @@ void maybe_step(self_ptr self) {
   auto& st = self->state;
   if (st.step_in_flight || !st.engine || st.engine->idle()) return;
   st.step_in_flight = true;
-  self->request(st.ctx.device, std::chrono::milliseconds(st.ctx.step_timeout_ms), step_job{st.engine})
+  // No timeout per step (a timer per step would cost more than many steps):
+  // a hung device is found by its node's health checks, which restart it,
+  // and this replica follows its device down.
+  self->request(st.ctx.device, caf::infinite, step_job{st.engine})
       .then([=](const step_done& done) { on_step_done(self, done); },
             [=](const caf::error& err) {
               fail(self, "engine step on node " + std::to_string(self->state.ctx.node) + " device " +
@@ -162,9 +177,40 @@ void with_engine(self_ptr self, std::function<void()> fn) {
   else fn();
 }
 
+// The cost model of this replica's model on its device.
+expected<engine::sim_cost_model> sim_cost(const replica_spec& spec, const std::optional<engine::sim_device>& device) {
+  auto ref = cluster::parse_model_ref(spec.model_file);
+  if (!ref) return std::unexpected(ref.error());
+  if (!ref->is_preset())
+    return make_error(errc::invalid_argument, "simulated replicas serve model presets, not files: " + spec.model_file);
+  if (!device) return make_error(errc::invalid_argument, "a simulated replica needs a simulated device");
+  const auto& m = *ref->preset;
+  engine::sim_model sm;
+  sm.parameters = m.parameter_count();
+  sm.weight_bytes = m.weight_bytes;
+  sm.kv_bytes_per_token = m.kv_bytes_per_token();
+  sm.n_layers = m.n_layers;
+  sm.dim = m.dim;
+  sm.vocab_size = m.vocab_size;
+  sm.context_length = m.context_length;
+  sm.int8_compute = m.weight_precision == cluster::precision::int8 || m.weight_precision == cluster::precision::int4;
+  return engine::sim_cost_model(sm, *device);
+}
+
+expected<std::shared_ptr<engine::inference_engine>> make_sim_engine(const replica_spec& spec,
+                                                                   const device_resources& res) {
+  auto cost = sim_cost(spec, res.sim);
+  if (!cost) return std::unexpected(cost.error());
+  engine::sim_engine_config c;
+  c.kv_capacity_tokens = spec.kv_tokens;
+  c.prefill_ends_step = true;  // first tokens at the moment they exist: exact TTFT
+  return std::make_shared<engine::sim_engine>(*cost, c);
+}
+
 expected<std::shared_ptr<engine::inference_engine>> make_engine(const replica_actor_state& st,
                                                                const device_resources& res) {
   const auto& spec = st.ctx.spec;
+  if (spec.engine == "sim") return make_sim_engine(spec, res);
   const auto& cfg = st.model->config();
   if (spec.engine == "null") {
     engine::null_engine_config nc;
@@ -197,8 +243,39 @@ void warm_up(self_ptr self) {
   maybe_step(self);
 }
 
+void start_with_resources(self_ptr self) {
+  self->request(self->state.ctx.device, caf::infinite, resources_atom::value)
+      .then(
+          [=](const device_resources& res) {
+            self->state.pool = res.pool;
+            self->state.threads = res.threads;
+            auto eng = make_engine(self->state, res);
+            if (!eng) return fail(self, eng.error().message);
+            self->state.engine = std::move(*eng);
+            warm_up(self);
+          },
+          [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
+}
+
+// Simulation: no weights to map; loading takes the modeled time to move the
+// model's bytes over the storage network.
+void start_simulated(self_ptr self) {
+  auto& st = self->state;
+  move_to(self, replica_state::loading);
+  self->request(st.ctx.device, caf::infinite, resources_atom::value)
+      .then(
+          [=](const device_resources& res) {
+            auto cost = sim_cost(self->state.ctx.spec, res.sim);
+            if (!cost) return fail(self, cost.error().message);
+            self->delayed_send(self, std::chrono::nanoseconds(static_cast<std::int64_t>(cost->load_s() * 1e9)),
+                               deferred_call{[=] { start_with_resources(self); }});
+          },
+          [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
+}
+
 void start(self_ptr self) {
   auto& st = self->state;
+  if (st.ctx.spec.engine == "sim") return start_simulated(self);
   move_to(self, replica_state::loading);
   self->request(st.ctx.model_cache, caf::infinite, acquire_model{st.ctx.spec.model_file})
       .then([=](const model_handle& h) {
@@ -236,6 +313,9 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   req.sampling = {m.temperature, m.top_p, m.top_k, m.seed};
   req.stop_tokens = m.stop_tokens;
   auto promise = self->make_response_promise<ok_atom>();
+  // A simulated step covers many decode steps: cut it at the next boundary
+  // so this request joins when it would on a real engine.
+  if (st.step_in_flight && st.ctx.spec.engine == "sim") self->send(st.ctx.device, interrupt_step{st.engine.get()});
   with_engine(self, [=]() mutable {
     auto& s = self->state;
     if (auto ok = s.engine->submit(req); !ok) {
@@ -288,6 +368,7 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
   return {
       [=](const submit_msg& m) { return on_submit(self, m); },
       [=](const cancel_msg& m) { on_cancel(self, m.request); },
+      [=](const deferred_call& c) { c.fn(); },
       [=](self_fence_atom) {
         move_to(self, replica_state::failed, "self-fenced: node " + std::to_string(self->state.ctx.node) +
                                                  " lost the control plane");

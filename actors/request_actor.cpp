@@ -57,6 +57,9 @@ void finish(self_ptr self, api::finish_reason reason, std::optional<error> err =
                 st.ctx.request.request_id, static_cast<int>(reason), st.generated.size(), r.timings.ttft_ms,
                 r.timings.e2e_ms, r.replica, st.attempts, r.err ? " error=\"" + to_string(*r.err) + "\"" : "");
   st.ctx.sink->on_done(r);
+  // A monitor outlives its observer in CAF: the replica would keep a
+  // reference to this finished actor, and with it the actor's memory.
+  if (st.replica) self->demonitor(st.replica);
   self->quit();
 }
 
@@ -107,11 +110,11 @@ void on_tokens(self_ptr self, const token_msg& m) {
   EXA_ASSERT_MSG(m.first_index <= st.generated.size(), "token stream gap");
   if (skip >= m.tokens.size()) return;
   if (!st.first_token_ns) st.first_token_ns = now_ns(self);
-  const auto& tok = st.ctx.model->tokenizer();
+  const model::tokenizer* tok = st.ctx.model ? &st.ctx.model->tokenizer() : nullptr;
   for (std::size_t i = skip; i < m.tokens.size(); ++i) {
     st.generated.push_back(m.tokens[i]);
     st.unsent_tokens.push_back(m.tokens[i]);
-    st.held_text += st.utf8.push(tok.decode_token(m.tokens[i]));
+    if (tok) st.held_text += st.utf8.push(tok->decode_token(m.tokens[i]));  // simulated models have no text
   }
   std::string out;
   const bool stopped = release_text(st, out);
@@ -163,7 +166,8 @@ void submit(self_ptr self, const picked_replica& p) {
   const auto& r = st.ctx.request;
   submit_msg m{st.ctx.number, st.prompt, st.generated, r.max_tokens, r.sampling.temperature, r.sampling.top_p,
                r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch};
-  self->request(p.handle, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(m))
+  // No timeout: a dead replica is a down message, a slow one the deadline's.
+  self->request(p.handle, caf::infinite, std::move(m))
       .then([](ok_atom) {},
             [=](const caf::error& err) {
               const error e = from_caf(err);
@@ -181,7 +185,7 @@ void try_replica(self_ptr self) {
   ++st.attempts;
   pick_replica pick{st.ctx.request.model, static_cast<std::uint32_t>(st.prompt.size() + st.generated.size()),
                     st.ctx.request.max_tokens - static_cast<std::uint32_t>(st.generated.size()), st.tried};
-  self->request(st.ctx.router, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(pick))
+  self->request(st.ctx.router, caf::infinite, std::move(pick))
       .then([=](const picked_replica& p) { submit(self, p); },
             [=](const caf::error& err) {
               const error e = from_caf(err);
@@ -200,25 +204,27 @@ void try_replica(self_ptr self) {
 // Validates and tokenizes; an error here is the client's to fix.
 expected<void> prepare(request_actor_state& st) {
   const auto& r = st.ctx.request;
-  const auto& m = *st.ctx.model;
+  const model::llama_model* m = st.ctx.model.get();
   if (r.prompt_ids) {
     st.prompt = *r.prompt_ids;
-  } else {
-    auto ids = m.tokenizer().encode(r.prompt_text.value_or(""), true);
+  } else if (m) {
+    auto ids = m->tokenizer().encode(r.prompt_text.value_or(""), true);
     if (!ids) return std::unexpected(ids.error());
     st.prompt = std::move(*ids);
+  } else {
+    return make_error(errc::unsupported, "model '" + r.model + "' is simulated and has no tokenizer: send token ids");
   }
   if (st.prompt.empty()) return make_error(errc::invalid_argument, "prompt is empty");
   for (const auto t : st.prompt)
-    if (t < 0 || static_cast<std::uint32_t>(t) >= m.config().vocab_size)
+    if (t < 0 || static_cast<std::uint32_t>(t) >= st.ctx.vocab_size)
       return make_error(errc::invalid_argument, "prompt token id " + std::to_string(t) +
                                                     " is outside the vocabulary of model '" + r.model + "'");
-  if (st.prompt.size() + std::uint64_t{r.max_tokens} > m.config().context_length)
+  if (st.prompt.size() + std::uint64_t{r.max_tokens} > st.ctx.context_length)
     return make_error(errc::invalid_argument,
                       "prompt (" + std::to_string(st.prompt.size()) + " tokens) + max_tokens (" +
                           std::to_string(r.max_tokens) + ") exceeds the context length " +
-                          std::to_string(m.config().context_length) + " of model '" + r.model + "'");
-  if (!r.ignore_eos && m.tokenizer().eos()) st.stop_tokens.push_back(*m.tokenizer().eos());
+                          std::to_string(st.ctx.context_length) + " of model '" + r.model + "'");
+  if (!r.ignore_eos && m && m->tokenizer().eos()) st.stop_tokens.push_back(*m->tokenizer().eos());
   return {};
 }
 
@@ -235,8 +241,9 @@ caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, requ
     finish(self, api::finish_reason::error, ok.error());
     return {};
   }
-  const std::uint32_t deadline = st.ctx.request.deadline_ms ? st.ctx.request.deadline_ms : st.ctx.deadline_ms;
-  self->delayed_send(self, std::chrono::milliseconds(deadline), deadline_atom::value);
+  // The deadline is enforced by the router's sweep (one timer for all
+  // requests; a timer per request would hold every finished actor alive
+  // until it fired).
   try_replica(self);
   return {
       [=](const token_msg& m) { on_tokens(self, m); },

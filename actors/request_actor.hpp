@@ -27,7 +27,9 @@ struct request_context {
   std::uint64_t number = 0;  // engine-level id, unique in the process
   api::generate_request request;
   std::shared_ptr<api::stream_sink> sink;
-  std::shared_ptr<const model::llama_model> model;  // tokenizer and limits
+  std::shared_ptr<const model::llama_model> model;  // tokenizer; null for simulated models
+  std::uint32_t vocab_size = 0;
+  std::uint32_t context_length = 0;
   caf::actor router;
   std::uint32_t deadline_ms = 120000;     // when the request gives none
   std::uint32_t max_attempts = 4;         // replicas tried before giving up

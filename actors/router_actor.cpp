@@ -88,16 +88,21 @@ void on_route(self_ptr self, const route_request& m) {
   rc.request = m.request;
   rc.sink = m.sink;
   rc.model = dep->second.model;
+  rc.vocab_size = dep->second.vocab_size;
+  rc.context_length = dep->second.context_length;
   rc.router = caf::actor_cast<caf::actor>(self);
   rc.deadline_ms = st.config.request_deadline_ms;
   rc.max_attempts = st.config.max_attempts;
   rc.submit_timeout_ms = st.config.submit_timeout_ms;
   rc.retry_backoff_ms = st.config.retry_backoff_ms;
   rc.metrics = st.metrics;
+  const std::uint32_t deadline_ms = m.request.deadline_ms ? m.request.deadline_ms : st.config.request_deadline_ms;
   auto actor = self->spawn(request_actor, std::move(rc));
   self->monitor(actor);
   st.request_ids[actor.address()] = m.request.request_id;
-  st.requests[m.request.request_id] = {actor, *ticket, m.request.model};
+  st.requests[m.request.request_id] = {actor, *ticket, m.request.model,
+                                       static_cast<std::int64_t>(now_ns(self)) + std::int64_t{deadline_ms} * 1000000,
+                                       false};
   update_gauges(self, m.request.model);
 }
 
@@ -202,6 +207,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
   st.errors.emplace(st.config.error_rate);
   st.admission.emplace(std::move(*admission));
   self->set_down_handler([=](const caf::down_msg& dm) { on_down(self, dm); });
+  self->delayed_send(self, std::chrono::milliseconds(st.config.deadline_sweep_ms), deadline_atom::value);
   return {
       [=](const deployment_info& d) {
         auto& s = self->state;
@@ -292,6 +298,17 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         }
       },
       [=](const route_request& m) { on_route(self, m); },
+      [=](deadline_atom) {
+        // One sweep for every request's deadline.
+        auto& s = self->state;
+        const auto now = static_cast<std::int64_t>(now_ns(self));
+        for (auto& [id, r] : s.requests)
+          if (!r.expired && r.deadline_ns <= now) {
+            r.expired = true;
+            self->send(r.actor, deadline_atom::value);
+          }
+        self->delayed_send(self, std::chrono::milliseconds(s.config.deadline_sweep_ms), deadline_atom::value);
+      },
       [=](const pick_replica& m) { return on_pick(self, m); },
       [=](const cancel_request& m) {
         auto it = self->state.requests.find(m.request_id);

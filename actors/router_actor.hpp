@@ -31,6 +31,7 @@ struct router_config {
   std::uint32_t max_attempts = 4;
   std::uint32_t submit_timeout_ms = 10000;
   std::uint32_t retry_backoff_ms = 50;
+  std::uint32_t deadline_sweep_ms = 100;  // how often expired requests are told
   /// The deployments the controller is bringing up: a request for one of
   /// them waits for it (bounded) instead of being told it does not exist.
   std::shared_ptr<struct desired_state> desired;
@@ -63,6 +64,8 @@ struct router_state {
     caf::actor actor;
     cluster::admission_ticket ticket;
     std::string deployment;
+    std::int64_t deadline_ns = 0;
+    bool expired = false;
   };
   std::map<std::string, request_entry> requests;  // by client request id
   std::map<caf::actor_addr, std::string> request_ids;

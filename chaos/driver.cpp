@@ -19,6 +19,7 @@
 #include "actors/cluster_supervisor.hpp"
 #include "actors/embedded_cluster.hpp"
 #include "actors/messages.hpp"
+#include "chaos/driver_detail.hpp"
 #include "chaos/invariants.hpp"
 #include "chaos/sse_client.hpp"
 #include "cluster/fault_injector.hpp"
@@ -169,51 +170,9 @@ struct logging_sink final : api::stream_sink {
   }
 };
 
-// What the fault side needs from the cluster, on either clock.
-struct cluster_access {
-  actors::embedded_cluster& cluster;
-  bool virtual_time;
+}  // namespace
 
-  std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(cluster.system().clock().now().time_since_epoch())
-        .count();
-  }
-  void settle() {
-    if (auto* s = cluster.test_scheduler()) s->run();
-  }
-  caf::actor node(std::uint32_t id) {
-    auto controller = caf::actor_cast<caf::actor>(cluster.system().registry().get(actors::controller_atom::value));
-    if (!controller) return {};
-    if (virtual_time) {
-      auto out = std::make_shared<caf::actor>();
-      cluster.system().spawn([=](caf::event_based_actor* self) {
-        self->request(controller, std::chrono::seconds(5), actors::get_node{id}).then([=](const caf::actor& a) { *out = a; });
-      });
-      settle();
-      return *out;
-    }
-    caf::scoped_actor self{cluster.system()};
-    caf::actor out;
-    self->request(controller, std::chrono::seconds(5), actors::get_node{id})
-        .receive([&](const caf::actor& a) { out = a; }, [](const caf::error&) {});
-    return out;
-  }
-  std::vector<api::replica_status> replicas() {
-    std::mutex m;
-    std::condition_variable cv;
-    std::optional<expected<api::cluster_status>> out;
-    cluster.backend()->status([&](expected<api::cluster_status> s) {
-      std::lock_guard lock(m);
-      out = std::move(s);
-      cv.notify_all();
-    });
-    settle();
-    std::unique_lock lock(m);
-    cv.wait_for(lock, std::chrono::seconds(10), [&] { return out.has_value(); });
-    if (!out || !*out) return {};
-    return (*out)->replicas;
-  }
-};
+namespace detail {
 
 std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -287,14 +246,18 @@ std::int64_t inject(cluster_access& ca, cluster::fault_injector& inj, event_log&
   return f.spec.duration_s > 0 ? until : 0;
 }
 
-}  // namespace
+}  // namespace detail
 
 namespace {
+
+using detail::cluster_access;
+using detail::inject;
 
 bool matches(const event& fault, const event& det) {
   const std::string kind = fault.detail;
   if (kind.rfind("kill_replica", 0) == 0) return det.detail == "monitor" && det.replica == fault.replica;
-  if (kind == "kill_node") return det.detail == "monitor" && det.node == fault.node && det.replica == 0;
+  if (kind == "kill_node" || kind == "kill_rack")  // a rack is followed on its first node
+    return det.detail == "monitor" && det.node == fault.node && det.replica == 0;
   if (kind == "hang_device") return det.node == fault.node && (det.detail == "device_check" || det.detail == "monitor");
   if (kind == "fail_device") return det.node == fault.node && (det.detail == "monitor" || det.detail == "device_check");
   if (kind == "slow_model_load") return false;

@@ -167,6 +167,11 @@ std::vector<event> event_log::events() const {
   return events_;
 }
 
+void event_log::visit_since(std::size_t& cursor, const std::function<void(const event&)>& fn) const {
+  std::lock_guard lock(mutex_);
+  for (; cursor < events_.size(); ++cursor) fn(events_[cursor]);
+}
+
 std::size_t event_log::size() const {
   std::lock_guard lock(mutex_);
   return events_.size();

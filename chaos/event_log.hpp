@@ -5,6 +5,7 @@
 // byte, so a failing seed replays exactly.
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -57,6 +58,9 @@ class event_log {
   /// A copy of everything so far, in append order.
   std::vector<event> events() const;
   std::size_t size() const;
+  /// Calls fn for every event appended since `cursor` and advances it: lets a
+  /// driver follow a long run without copying the whole log.
+  void visit_since(std::size_t& cursor, const std::function<void(const event&)>& fn) const;
   /// The whole log as JSON lines.
   std::string to_jsonl() const;
 

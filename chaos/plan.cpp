@@ -10,13 +10,18 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "chaos/plan_json.hpp"
 #include "common/assert.hpp"
 
 namespace exa::chaos {
 
 namespace {
 
-using json = nlohmann::json;
+using json_detail::field_errors;
+using json_detail::is_object_field;
+using json_detail::json;
+using json_detail::object_reader;
+using json_detail::valid_name;
 
 constexpr std::uint32_t max_nodes = 1024;
 constexpr std::uint32_t max_devices_per_node = 64;
@@ -39,102 +44,6 @@ constexpr std::uint32_t max_delay_ms = 3'600'000;
 // The prompt tag alphabet: 64 printable characters, so two of them tell 4096
 // prompts apart.
 constexpr std::string_view tag_alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+-";
-
-// ---------------------------------------------------------------------------
-// Field readers. The first error wins and later reads become no-ops, so the
-// parsers read straight down without checking after every field.
-
-class field_errors {
- public:
-  void fail(const std::string& field, std::string message) {
-    if (!first_) first_ = error{errc::invalid_argument, field + ": " + message};
-  }
-  bool failed() const noexcept { return first_.has_value(); }
-  const error& first() const { return *first_; }
-
- private:
-  std::optional<error> first_;
-};
-
-std::string join_path(const std::string& path, std::string_view key) {
-  return path.empty() ? std::string(key) : path + "." + std::string(key);
-}
-
-class object_reader {
- public:
-  object_reader(const json& obj, std::string path, field_errors& errs)
-      : obj_(obj), path_(std::move(path)), errs_(errs) {}
-
-  std::string field(std::string_view key) const { return join_path(path_, key); }
-  bool has(const char* key) const { return obj_.contains(key); }
-  const json& at(const char* key) const { return obj_.at(key); }
-  field_errors& errors() const { return errs_; }
-
-  /// Unknown keys are errors: a typo must not silently fall back to a default.
-  void known_keys(std::initializer_list<std::string_view> keys) const {
-    for (auto it = obj_.begin(); it != obj_.end() && !errs_.failed(); ++it) {
-      if (std::find(keys.begin(), keys.end(), it.key()) == keys.end())
-        errs_.fail(field(it.key()), "unknown key");
-    }
-  }
-  void require(const char* key, std::string_view why = "required") const {
-    if (!errs_.failed() && !has(key)) errs_.fail(field(key), std::string(why));
-  }
-  void forbid(const char* key, std::string_view why) const {
-    if (!errs_.failed() && has(key)) errs_.fail(field(key), std::string(why));
-  }
-
-  void u32(const char* key, std::uint32_t lo, std::uint32_t hi, std::uint32_t& out) const {
-    std::uint64_t v = out;
-    u64(key, lo, hi, v);
-    out = static_cast<std::uint32_t>(v);
-  }
-  void u64(const char* key, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out) const {
-    if (errs_.failed() || !has(key)) return;
-    const json& v = at(key);
-    if (!v.is_number_integer()) return errs_.fail(field(key), "must be an integer (got " + v.dump() + ")");
-    if (!v.is_number_unsigned()) return errs_.fail(field(key), fmt::format("must be between {} and {} (got {})", lo, hi, v.dump()));
-    const auto x = v.get<std::uint64_t>();
-    if (x < lo || x > hi) return errs_.fail(field(key), fmt::format("must be between {} and {} (got {})", lo, hi, x));
-    out = x;
-  }
-  /// A number in [lo, hi], or (lo, hi] when lo_open.
-  void number(const char* key, double lo, bool lo_open, double hi, double& out) const {
-    if (errs_.failed() || !has(key)) return;
-    const json& v = at(key);
-    if (!v.is_number()) return errs_.fail(field(key), "must be a number (got " + v.dump() + ")");
-    const auto x = v.get<double>();
-    if (x < lo || (lo_open && x == lo) || x > hi || std::isnan(x))
-      return errs_.fail(field(key), fmt::format("must be in {}{}, {}] (got {})", lo_open ? "(" : "[", lo, hi, v.dump()));
-    out = x;
-  }
-  void number(const char* key, double lo, bool lo_open, double hi, std::optional<double>& out) const {
-    double v = 0;
-    if (errs_.failed() || !has(key)) return;
-    number(key, lo, lo_open, hi, v);
-    if (!errs_.failed()) out = v;
-  }
-  void string(const char* key, std::size_t max_chars, std::string& out) const {
-    if (errs_.failed() || !has(key)) return;
-    const json& v = at(key);
-    if (!v.is_string()) return errs_.fail(field(key), "must be a string (got " + v.dump() + ")");
-    const auto& s = v.get_ref<const std::string&>();
-    if (s.size() > max_chars) return errs_.fail(field(key), fmt::format("longer than {} characters", max_chars));
-    out = s;
-  }
-
- private:
-  const json& obj_;
-  std::string path_;
-  field_errors& errs_;
-};
-
-bool is_object_field(const object_reader& r, const char* key) {
-  if (r.errors().failed() || !r.has(key)) return false;
-  if (r.at(key).is_object()) return true;
-  r.errors().fail(r.field(key), "must be an object");
-  return false;
-}
 
 // ---------------------------------------------------------------------------
 // Sections.
@@ -287,7 +196,10 @@ void parse_fault_params(const object_reader& r, const kind_fields& k, fault_spec
   }
 }
 
-void parse_fault(const object_reader& r, const cluster_spec& c, const workload_spec& w, fault_spec& f) {
+}  // namespace
+
+void json_detail::parse_fault(const object_reader& r, const cluster_spec& c, const workload_spec& w,
+                              fault_spec& f) {
   r.known_keys({"kind", "at_s", "rate_per_min", "from_s", "to_s", "node", "device", "duration_s", "delay_ms",
                 "probability"});
   r.require("kind");
@@ -303,6 +215,8 @@ void parse_fault(const object_reader& r, const cluster_spec& c, const workload_s
   parse_fault_params(r, fields, f);
 }
 
+namespace {
+
 void parse_faults(const object_reader& r, plan& p) {
   if (r.errors().failed() || !r.has("faults")) return;
   const json& arr = r.at("faults");
@@ -312,16 +226,9 @@ void parse_faults(const object_reader& r, plan& p) {
     const std::string path = fmt::format("faults[{}]", i);
     if (!arr[i].is_object()) return r.errors().fail(path, "must be an object");
     fault_spec f;
-    parse_fault(object_reader(arr[i], path, r.errors()), p.cluster, p.workload, f);
+    json_detail::parse_fault(object_reader(arr[i], path, r.errors()), p.cluster, p.workload, f);
     p.faults.push_back(f);
   }
-}
-
-bool valid_name(std::string_view name) {
-  return !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-           ch == '_' || ch == '-';
-  });
 }
 
 /// Captures the first syntax error: nlohmann reports it only through an
@@ -377,16 +284,24 @@ std::optional<fault_kind> fault_kind_from_string(std::string_view s) noexcept {
   return std::nullopt;
 }
 
-expected<plan> parse_plan(const std::string& json_text) {
-  if (json_text.size() > max_plan_bytes)
-    return make_error(errc::invalid_argument, fmt::format("plan: larger than {} bytes", max_plan_bytes));
-  const json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+expected<json_detail::json> json_detail::parse_json_object(const std::string& text, std::size_t max_bytes,
+                                                          std::string_view what) {
+  if (text.size() > max_bytes)
+    return make_error(errc::invalid_argument, fmt::format("{}: larger than {} bytes", what, max_bytes));
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     syntax_error_capture capture;
-    json::sax_parse(json_text, &capture, json::input_format_t::json, /*strict=*/true);
-    return make_error(errc::invalid_argument, "plan: not valid JSON: " + capture.message);
+    json::sax_parse(text, &capture, json::input_format_t::json, /*strict=*/true);
+    return make_error(errc::invalid_argument, fmt::format("{}: not valid JSON: {}", what, capture.message));
   }
-  if (!doc.is_object()) return make_error(errc::invalid_argument, "plan: must be a JSON object");
+  if (!doc.is_object()) return make_error(errc::invalid_argument, fmt::format("{}: must be a JSON object", what));
+  return doc;
+}
+
+expected<plan> parse_plan(const std::string& json_text) {
+  auto parsed = json_detail::parse_json_object(json_text, max_plan_bytes, "plan");
+  if (!parsed) return std::unexpected(parsed.error());
+  const json& doc = *parsed;
 
   plan p;
   field_errors errs;
@@ -405,16 +320,23 @@ expected<plan> parse_plan(const std::string& json_text) {
   return p;
 }
 
-expected<plan> load_plan(const std::string& path) {
+expected<std::string> json_detail::read_text_file(const std::string& path, std::size_t max_bytes,
+                                                  std::string_view what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(errc::io_error, "cannot open plan file " + path);
+  if (!in) return make_error(errc::io_error, fmt::format("cannot open {} file {}", what, path));
   // Read one byte past the limit so an oversized file is told apart from one
   // exactly at it, without reading an arbitrarily large file into memory.
-  std::string text(max_plan_bytes + 1, '\0');
+  std::string text(max_bytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) return make_error(errc::io_error, "cannot read plan file " + path);
+  if (in.bad()) return make_error(errc::io_error, fmt::format("cannot read {} file {}", what, path));
   text.resize(static_cast<std::size_t>(in.gcount()));
-  auto parsed = parse_plan(text);
+  return text;
+}
+
+expected<plan> load_plan(const std::string& path) {
+  auto text = json_detail::read_text_file(path, max_plan_bytes, "plan");
+  if (!text) return std::unexpected(text.error());
+  auto parsed = parse_plan(*text);
   if (!parsed) return make_error(parsed.error().code, path + ": " + parsed.error().message);
   return parsed;
 }

@@ -10,5 +10,6 @@ int cmd_bench_engine(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_chaos(int argc, char** argv);
+int cmd_sim(int argc, char** argv);
 
 }  // namespace exa::app

@@ -20,6 +20,7 @@ commands:
   bench-engine   measure prefill and decode throughput of the CPU engine
   plan           print the memory ledger: how many replicas of a model fit a GPU and a node
   chaos          run a fault plan against the embedded cluster under load and check invariants
+  sim            rehearse a cluster (up to 256 nodes, 3072 replicas) in virtual time
 
 Run `exaserve <command> --help` for the flags of a command.
 Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off); results to stdout.
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench-engine") return exa::app::cmd_bench_engine(argc, argv);
   if (cmd == "plan") return exa::app::cmd_plan(argc, argv);
   if (cmd == "chaos") return exa::app::cmd_chaos(argc, argv);
+  if (cmd == "sim") return exa::app::cmd_sim(argc, argv);
   std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

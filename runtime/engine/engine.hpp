@@ -52,6 +52,9 @@ struct step_result {
   std::uint32_t prefill_tokens = 0;  // prompt tokens computed this step
   std::uint32_t decode_tokens = 0;   // sequences that produced a token
   std::uint32_t preempted = 0;       // sequences pushed back to waiting
+  /// Modeled duration of this step (simulated engines); 0 for engines that
+  /// run for real (their time is measured, not modeled).
+  double duration_s = 0;
 };
 
 struct engine_stats {
@@ -84,6 +87,19 @@ class inference_engine {
   /// one prefill chunk.
   virtual step_result step() = 0;
   virtual engine_stats stats() const = 0;
+
+  /// Simulated engines: how many replicas share this engine's device right
+  /// now (memory bandwidth is split among them). Real engines ignore it.
+  virtual void set_device_sharing(std::uint32_t active_replicas) { (void)active_replicas; }
+  /// Simulated engines: cut the step last returned by step() short after
+  /// `elapsed_s` of its modeled duration, at the first step boundary at or
+  /// after it, so a request that arrived meanwhile joins there (as it would
+  /// on a real engine). Returns the shortened step (what it produced, its
+  /// new duration), or nullopt when the step cannot or need not be cut.
+  virtual std::optional<step_result> truncate_last_step(double elapsed_s) {
+    (void)elapsed_s;
+    return std::nullopt;
+  }
 };
 
 }  // namespace exa::engine

@@ -1,0 +1,359 @@
+#include "chaos/sim_driver.hpp"
+
+#include <sys/resource.h>
+
+#include <caf/send.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "chaos/driver.hpp"
+#include "chaos/driver_detail.hpp"
+#include "chaos/sim_workload.hpp"
+#include "cluster/hardware.hpp"
+#include "cluster/model_ref.hpp"
+#include "cluster/placement.hpp"
+
+namespace exa::chaos {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::string model_ref_of(const sim_deployment& d) {
+  return cluster::preset_ref(d.model, *cluster::precision_from_string(d.precision), d.context_length);
+}
+
+actors::cluster_options options_for(const scenario& s, const std::string& policy,
+                                    std::shared_ptr<cluster::fault_injector> inj, std::shared_ptr<event_log> log,
+                                    std::shared_ptr<std::atomic<std::uint64_t>> busy) {
+  actors::cluster_options o;
+  o.nodes = s.topology.nodes;
+  o.devices_per_node = s.topology.gpus_per_node;
+  o.racks = s.topology.racks;
+  o.engine = "sim";
+  o.sim_gpu = s.topology.gpu;
+  o.deterministic = true;
+  o.heartbeat_interval_ms = s.timing.heartbeat_interval_ms;
+  o.suspect_after_missed = s.timing.suspect_after_missed;
+  o.observation_window_ms = s.timing.observation_window_ms;
+  o.migration_parallelism = s.timing.migration_parallelism;
+  o.request_deadline_ms = s.timing.request_deadline_ms;
+  o.device_check_interval_ms = 30000;
+  o.step_timeout_ms = 600000;  // modeled steps never hang; generous for long prefills
+  o.queued_global_max = 1u << 20;
+  o.queued_per_model_max = 1u << 20;
+  o.in_flight_per_replica_max = 256;
+  o.max_attempts = 8;
+  o.fault_injector = std::move(inj);
+  o.event_log = std::move(log);
+  o.device_busy_us = std::move(busy);
+  for (const auto& d : s.deployments) {
+    api::deploy_request r;
+    r.name = d.name;
+    r.model_file = model_ref_of(d);
+    r.replicas = d.replicas;
+    r.kv_tokens = d.kv_tokens;
+    r.routing = policy.empty() ? d.routing : policy;
+    r.max_replicas_per_node = d.max_replicas_per_node.value_or(0);
+    o.deployments.push_back(r);
+  }
+  return o;
+}
+
+// Wall time of the initial placement alone: every replica of every
+// deployment onto the topology's ledgers (the controller runs this same
+// function when it starts).
+expected<double> measure_placement_ms(const scenario& s) {
+  auto gpu = cluster::device_preset(s.topology.gpu);
+  if (!gpu) return std::unexpected(gpu.error());
+  std::vector<cluster::node_info> nodes;
+  for (std::uint32_t n = 0; n < s.topology.nodes; ++n)
+    nodes.push_back({n, n % std::max(1u, s.topology.racks), s.topology.gpus_per_node, gpu->memory_bytes});
+  auto state = cluster::cluster_state::create(nodes, gpu->device_reserved_bytes);
+  if (!state) return std::unexpected(state.error());
+  std::vector<cluster::deployment_spec> specs;
+  for (const auto& d : s.deployments) {
+    auto ref = cluster::parse_model_ref(model_ref_of(d));
+    if (!ref) return std::unexpected(ref.error());
+    cluster::deployment_spec spec;
+    spec.name = d.name;
+    spec.model = *ref->preset;
+    spec.replicas = d.replicas;
+    spec.replica.kv_tokens = d.kv_tokens;
+    spec.replica.max_batch_tokens = 512;
+    spec.replica.replica_overhead_bytes = gpu->replica_overhead_bytes;
+    spec.max_replicas_per_node = d.max_replicas_per_node;
+    specs.push_back(std::move(spec));
+  }
+  const auto t0 = clock_type::now();
+  auto plan = cluster::place(*state, specs);
+  const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+  if (!plan) return std::unexpected(plan.error());
+  if (!plan->unplaced.empty())
+    return make_error(errc::unavailable, "the scenario's replicas do not fit: " + plan->unplaced.front().reason);
+  return ms;
+}
+
+// Records one request as its client sees it, and checks its stream.
+struct record_sink final : api::stream_sink {
+  sim_request_record* record;
+  std::function<double()> now_s;
+  std::uint64_t* gaps;
+  std::uint32_t received = 0;
+  char* done;
+
+  void on_chunk(const api::token_chunk& c) override {
+    if (c.tokens.empty()) return;
+    if (c.first_index != received) ++*gaps;  // a gap or a duplicate
+    received += static_cast<std::uint32_t>(c.tokens.size());
+    if (record->ttft_s < 0) record->ttft_s = now_s() - record->arrival_s;
+  }
+  void on_done(const api::generate_result& r) override {
+    record->finish_s = now_s();
+    record->generated_tokens = received;
+    record->completed = r.reason == api::finish_reason::stop || r.reason == api::finish_reason::length;
+    if (r.err) record->error = std::string(to_string(r.err->code));
+    if (r.usage.completion_tokens != received) ++*gaps;
+    *done = 1;
+  }
+};
+
+std::uint64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;
+}
+
+struct run_inputs {
+  const scenario& s;
+  const std::vector<sim_request>& workload;
+  const std::vector<sim_fault>& faults;
+  std::uint64_t seed;
+  double duration_s;
+  double drain_s;
+};
+
+struct sampler {
+  std::map<std::uint64_t, std::string> replica_state;  // from the event log
+  std::size_t cursor = 0;
+  std::uint64_t last_busy_us = 0;
+  double last_t = 0;
+};
+
+sim_sample take_sample(double t, sampler& smp, const event_log& log, std::uint64_t busy_us, std::uint32_t devices,
+                       const std::vector<sim_request_record>& records, const std::vector<char>& done,
+                       std::size_t sent, std::uint32_t arrivals) {
+  sim_sample out;
+  out.t_s = t;
+  out.arrivals = arrivals;
+  log.visit_since(smp.cursor, [&](const event& e) {
+    if (e.kind == event_kind::replica_state) smp.replica_state[e.replica] = e.detail;
+  });
+  for (const auto& [id, st] : smp.replica_state) ++out.replicas_by_state[st];
+  std::vector<double> ttfts;
+  for (std::size_t i = 0; i < sent; ++i) {
+    if (!done[i]) {
+      ++out.in_flight;
+      if (records[i].ttft_s < 0) ++out.queued;
+    }
+    const double first = records[i].arrival_s + records[i].ttft_s;
+    if (records[i].ttft_s >= 0 && first > smp.last_t && first <= t) ttfts.push_back(records[i].ttft_s);
+  }
+  std::sort(ttfts.begin(), ttfts.end());
+  if (!ttfts.empty()) {
+    out.ttft_p50_s = ttfts[(ttfts.size() - 1) / 2];
+    out.ttft_p99_s = ttfts[std::min(ttfts.size() - 1, static_cast<std::size_t>(0.99 * ttfts.size()))];
+  }
+  const double span = t - smp.last_t;
+  if (span > 0) out.device_utilization = (busy_us - smp.last_busy_us) / 1e6 / (span * devices);
+  smp.last_busy_us = busy_us;
+  smp.last_t = t;
+  return out;
+}
+
+std::vector<std::int32_t> prompt_ids(std::size_t index, std::uint32_t length, std::uint32_t vocab) {
+  std::vector<std::int32_t> ids(length);
+  for (std::uint32_t j = 0; j < length; ++j)
+    ids[j] = static_cast<std::int32_t>(3 + (index * 31 + j * 7) % (vocab - 3));
+  return ids;
+}
+
+// A rack loss: its nodes crash, and the rack stays cut off for the rest of
+// the run (the restarted node processes are silent), so the control plane
+// must detect it and move the rack's slots elsewhere.
+void inject_rack_loss(detail::cluster_access& ca, cluster::fault_injector& inj, event_log& log, const scenario& s,
+                      const sim_fault& f) {
+  event e;
+  e.kind = event_kind::fault_injected;
+  e.fault_id = f.id;
+  e.detail = "kill_rack";
+  e.t_ns = ca.now_ns();
+  bool first = true;
+  for (std::uint32_t n = 0; n < s.topology.nodes; ++n) {
+    if (n % std::max(1u, s.topology.racks) != *f.kill_rack) continue;
+    if (first) e.node = n;  // detection and recovery are followed on the rack's first node
+    first = false;
+    inj.arm(n, cluster::channel_fault::partition, std::numeric_limits<std::int64_t>::max());
+    if (auto node = ca.node(n))
+      caf::anon_send<caf::message_priority::high>(
+          node, caf::exit_msg{caf::actor_addr{}, detail::fault_reason("rack lost (injected)")});
+  }
+  spdlog::warn("event=sim_rack_lost rack={} at_s={:.1f}", *f.kill_rack, f.at_s);
+  log.append(e);
+}
+
+expected<sim_run> run_once(const run_inputs& in, const std::string& policy) {
+  const scenario& s = in.s;
+  sim_run run;
+  run.policy = policy.empty() ? s.deployments.front().routing : policy;
+  auto placement = measure_placement_ms(s);
+  if (!placement) return std::unexpected(placement.error());
+  run.placement_ms = *placement;
+  auto inj = std::make_shared<cluster::fault_injector>(in.seed);
+  auto log = std::make_shared<event_log>();
+  auto busy = std::make_shared<std::atomic<std::uint64_t>>(0);
+  const auto wall0 = clock_type::now();
+  auto cluster = actors::embedded_cluster::start(options_for(s, policy, inj, log, busy));
+  if (!cluster) return std::unexpected(cluster.error());
+  auto* sched = (*cluster)->test_scheduler();
+  auto& clk = sched->clock();
+  detail::cluster_access ca{**cluster, true};
+  const std::int64_t t0 = ca.now_ns();
+  const auto now_s = [&] { return (ca.now_ns() - t0) / 1e9; };
+  const std::uint32_t vocab = cluster::parse_model_ref(model_ref_of(s.deployments.front()))->preset->vocab_size;
+  const std::uint32_t devices = s.topology.nodes * s.topology.gpus_per_node;
+
+  run.requests.resize(in.workload.size());
+  std::vector<char> done(in.workload.size(), 0);
+  std::vector<std::shared_ptr<record_sink>> sinks(in.workload.size());
+  std::uint64_t gaps = 0;
+  std::size_t sent = 0, next_fault = 0, finished_seen = 0;
+  std::uint32_t arrivals_in_interval = 0;
+  double next_sample = s.sample_interval_s;
+  sampler smp;
+  auto backend = (*cluster)->backend();
+  const double end_s = in.duration_s + in.drain_s;
+  for (;;) {
+    sched->run();
+    const double t = now_s();
+    while (finished_seen < sent && done[finished_seen]) ++finished_seen;
+    const bool all_done = sent == in.workload.size() &&
+                          std::all_of(done.begin() + static_cast<std::ptrdiff_t>(finished_seen), done.end(), [](char d) { return d; });
+    if ((t >= in.duration_s && all_done) || t >= end_s) break;
+    double next_ext = std::min(next_sample, end_s);
+    if (sent < in.workload.size()) next_ext = std::min(next_ext, in.workload[sent].at_s);
+    if (next_fault < in.faults.size()) next_ext = std::min(next_ext, in.faults[next_fault].at_s);
+    const double next_timer = clk.schedule().empty()
+                                  ? std::numeric_limits<double>::infinity()
+                                  : (std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         clk.schedule().begin()->first.time_since_epoch()).count() - t0) / 1e9;
+    if (next_timer <= next_ext) {
+      clk.trigger_timeout();
+      continue;
+    }
+    if (next_ext > t) sched->advance_time(std::chrono::nanoseconds(static_cast<std::int64_t>((next_ext - t) * 1e9) + 1));
+    const double now = now_s();
+    while (sent < in.workload.size() && in.workload[sent].at_s <= now) {
+      const auto& w = in.workload[sent];
+      auto& rec = run.requests[sent];
+      rec.arrival_s = now;
+      rec.prompt_tokens = w.prompt_tokens;
+      rec.max_tokens = w.max_tokens;
+      auto sink = std::make_shared<record_sink>();
+      sink->record = &rec;
+      sink->now_s = now_s;
+      sink->gaps = &gaps;
+      sink->done = &done[sent];
+      sinks[sent] = sink;
+      api::generate_request g;
+      g.request_id = "s" + std::to_string(sent);
+      g.model = s.deployments.front().name;
+      g.prompt_ids = prompt_ids(sent, w.prompt_tokens, vocab);
+      g.max_tokens = w.max_tokens;
+      g.ignore_eos = true;
+      backend->generate(std::move(g), sink);
+      ++sent;
+      ++arrivals_in_interval;
+    }
+    while (next_fault < in.faults.size() && in.faults[next_fault].at_s <= now) {
+      const auto& f = in.faults[next_fault++];
+      if (f.kill_rack) {
+        inject_rack_loss(ca, *inj, *log, s, f);
+      } else if (f.chaos) {
+        detail::inject(ca, *inj, *log, scheduled_fault{f.id, f.at_s, *f.chaos}, in.seed);
+      }
+    }
+    if (now >= next_sample) {
+      run.samples.push_back(take_sample(now, smp, *log, busy->load(), devices, run.requests, done, sent,
+                                        arrivals_in_interval));
+      arrivals_in_interval = 0;
+      next_sample += s.sample_interval_s;
+      spdlog::info("event=sim_progress policy={} sim_s={:.0f} sent={} in_flight={}", run.policy, now, sent,
+                   run.samples.back().in_flight);
+    }
+  }
+  run.samples.push_back(take_sample(now_s(), smp, *log, busy->load(), devices, run.requests, done, sent, arrivals_in_interval));
+  for (std::size_t i = 0; i < sent; ++i) run.lost += !done[i];
+  run.requests.resize(sent);
+  (*cluster)->stop();
+  run.wall_s = std::chrono::duration<double>(clock_type::now() - wall0).count();
+  run.peak_rss_bytes = peak_rss_bytes();
+  std::uint32_t desired = 0;
+  for (const auto& d : s.deployments) desired += d.replicas;
+  const auto attributed = attribute_faults(log->events(), desired);
+  std::map<std::uint64_t, sim_fault_record> faults;
+  for (const auto& e : attributed) {
+    if (e.fault_id == 0) continue;
+    auto& f = faults[e.fault_id];
+    f.id = e.fault_id;
+    const double at = (e.t_ns - t0) / 1e9;
+    if (e.kind == event_kind::fault_injected) {
+      f.kind = e.detail;
+      f.at_s = at;
+    } else if (e.kind == event_kind::fault_detected && f.detect_s < 0) {
+      f.detect_s = at - f.at_s;
+    } else if (e.kind == event_kind::fault_recovered && f.recover_s < 0) {
+      f.recover_s = at - f.at_s;
+    }
+  }
+  for (auto& [id, f] : faults) run.faults.push_back(f);
+  if (gaps > 0) spdlog::error("event=sim_stream_violations count={}", gaps);
+  run.stream_violations = gaps;
+  return run;
+}
+
+}  // namespace
+
+expected<sim_report> run_simulation(const sim_config& config) {
+  scenario s = config.scenario;
+  if (config.rate_multiplier) s.workload.rate_multiplier = *config.rate_multiplier;
+  if (config.duration_s) s.duration_s = *config.duration_s;
+  if (s.deployments.empty()) return make_error(errc::invalid_argument, "scenario has no deployment");
+  const std::uint64_t seed = config.seed.value_or(s.seed);
+  auto workload = make_workload(s, seed);
+  if (!workload) return std::unexpected(workload.error());
+  const auto faults = schedule_faults(s, seed);
+  sim_report report;
+  report.scenario = s.name;
+  report.seed = seed;
+  report.duration_s = s.duration_s;
+  report.slo_ttft_ms = s.slo.ttft_ms;
+  report.slo_tpot_ms = s.slo.tpot_ms;
+  const run_inputs in{s, *workload, faults, seed, s.duration_s, config.drain_s};
+  std::vector<std::string> policies = s.compare_policies;
+  if (policies.empty()) policies.push_back("");
+  for (const auto& p : policies) {
+    spdlog::info("event=sim_run_start scenario={} policy={} requests={} faults={}", s.name, p.empty() ? "default" : p,
+                 workload->size(), faults.size());
+    auto run = run_once(in, p);
+    if (!run) return std::unexpected(run.error());
+    report.runs.push_back(std::move(*run));
+  }
+  return report;
+}
+
+}  // namespace exa::chaos

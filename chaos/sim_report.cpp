@@ -1,0 +1,541 @@
+#include "chaos/sim_report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "common/assert.hpp"
+
+namespace exa::chaos {
+
+namespace {
+
+// Insertion-ordered, so the JSON reads in the order documented.
+using ojson = nlohmann::ordered_json;
+
+constexpr double nan_v = std::numeric_limits<double>::quiet_NaN();
+
+/// Nearest-rank percentile `p` (in whole percent) of sorted `v`: the smallest
+/// value with at least p% of the values at or below it. Integer rank
+/// arithmetic, because 0.99 * 100 is not 99 in floating point.
+double nearest_rank(const std::vector<double>& sorted, unsigned p) {
+  EXA_ASSERT(p >= 1 && p <= 100);
+  if (sorted.empty()) return -1;
+  const std::size_t n = sorted.size();
+  const std::size_t rank = std::max<std::size_t>(1, (p * n + 99) / 100);
+  return sorted[rank - 1];
+}
+
+/// Time per output token after the first, in ms; nullopt below 2 tokens or
+/// without a first token.
+std::optional<double> tpot_ms_of(const sim_request_record& r) {
+  if (r.generated_tokens < 2 || r.ttft_s < 0) return std::nullopt;
+  const double first_token_s = r.arrival_s + r.ttft_s;
+  return (r.finish_s - first_token_s) * 1000 / static_cast<double>(r.generated_tokens - 1);
+}
+
+void summarize_samples(const std::vector<sim_sample>& samples, sim_summary& s) {
+  if (samples.empty()) return;
+  double util = 0, queued = 0;
+  for (const sim_sample& x : samples) {
+    util += x.device_utilization;
+    queued += x.queued;
+    s.max_queued = std::max(s.max_queued, static_cast<double>(x.queued));
+  }
+  const auto n = static_cast<double>(samples.size());
+  s.mean_device_utilization = util / n;
+  s.mean_queued = queued / n;
+}
+
+// ---------------------------------------------------------------------------
+// Fixed formatting: every number goes through here, so equal inputs give
+// byte-equal output and tiny float noise does not show.
+
+double round_to(double x, int decimals) {
+  if (!std::isfinite(x)) return x;
+  const double scale = std::pow(10.0, decimals);
+  const double r = std::round(x * scale) / scale;
+  return r == 0 ? 0.0 : r;  // no "-0"
+}
+
+double ms(double x) { return round_to(x, 3); }
+double share(double x) { return round_to(x, 6); }
+/// A latency in seconds as ms, keeping -1 ("none").
+double s_to_ms(double s) { return s < 0 ? -1.0 : ms(s * 1000); }
+
+ojson summary_json(const sim_summary& s) {
+  ojson j;
+  j["requests"] = s.requests;
+  j["completed"] = s.completed;
+  j["errored"] = s.errored;
+  j["lost"] = s.lost;
+  j["ttft_p50_ms"] = ms(s.ttft_p50_ms);
+  j["ttft_p90_ms"] = ms(s.ttft_p90_ms);
+  j["ttft_p99_ms"] = ms(s.ttft_p99_ms);
+  j["tpot_p50_ms"] = ms(s.tpot_p50_ms);
+  j["tpot_p90_ms"] = ms(s.tpot_p90_ms);
+  j["tpot_p99_ms"] = ms(s.tpot_p99_ms);
+  j["e2e_p50_s"] = ms(s.e2e_p50_s);
+  j["e2e_p99_s"] = ms(s.e2e_p99_s);
+  j["slo_attainment"] = share(s.slo_attainment);
+  j["goodput_tokens_per_s"] = ms(s.goodput_tokens_per_s);
+  j["throughput_tokens_per_s"] = ms(s.throughput_tokens_per_s);
+  j["mean_device_utilization"] = share(s.mean_device_utilization);
+  j["mean_queued"] = ms(s.mean_queued);
+  j["max_queued"] = ms(s.max_queued);
+  return j;
+}
+
+ojson faults_json(const std::vector<sim_fault_record>& faults) {
+  ojson arr = ojson::array();
+  for (const sim_fault_record& f : faults) {
+    ojson j;
+    j["id"] = f.id;
+    j["kind"] = f.kind;
+    j["at_s"] = ms(f.at_s);
+    j["detect_ms"] = s_to_ms(f.detect_s);
+    j["recover_ms"] = s_to_ms(f.recover_s);
+    arr.push_back(std::move(j));
+  }
+  return arr;
+}
+
+ojson policy_json(const sim_run& run, const sim_summary& s) {
+  ojson j;
+  j["policy"] = run.policy;
+  const ojson summary = summary_json(s);
+  for (const auto& [key, value] : summary.items()) j[key] = value;
+  std::map<std::string, std::uint64_t> errors;
+  for (const sim_request_record& r : run.requests)
+    if (!r.completed) ++errors[r.error.empty() ? "unknown" : r.error];
+  j["errors"] = errors;
+  j["placement_ms"] = ms(run.placement_ms);
+  j["wall_s"] = ms(run.wall_s);
+  j["peak_rss_bytes"] = run.peak_rss_bytes;
+  j["faults"] = faults_json(run.faults);
+  return j;
+}
+
+std::vector<sim_summary> summaries(const sim_report& r) {
+  std::vector<sim_summary> out;
+  for (const sim_run& run : r.runs) out.push_back(summarize(run, r.slo_ttft_ms, r.slo_tpot_ms, r.duration_s));
+  return out;
+}
+
+}  // namespace
+
+sim_summary summarize(const sim_run& run, double slo_ttft_ms, double slo_tpot_ms, double duration_s) {
+  sim_summary s;
+  s.requests = run.requests.size();
+  s.lost = run.lost;
+  std::vector<double> ttft_ms, tpot_ms, e2e_s;
+  double all_tokens = 0, good_tokens = 0;
+  std::uint64_t met = 0;
+  for (const sim_request_record& r : run.requests) {
+    all_tokens += r.generated_tokens;
+    if (!r.completed) {
+      ++s.errored;
+      continue;
+    }
+    ++s.completed;
+    e2e_s.push_back(r.finish_s - r.arrival_s);
+    if (r.ttft_s >= 0) ttft_ms.push_back(r.ttft_s * 1000);
+    const auto tpot = tpot_ms_of(r);
+    if (tpot) tpot_ms.push_back(*tpot);
+    if (r.ttft_s >= 0 && r.ttft_s * 1000 <= slo_ttft_ms && (!tpot || *tpot <= slo_tpot_ms)) {
+      ++met;
+      good_tokens += r.generated_tokens;
+    }
+  }
+  for (auto* v : {&ttft_ms, &tpot_ms, &e2e_s}) std::sort(v->begin(), v->end());
+  s.ttft_p50_ms = nearest_rank(ttft_ms, 50);
+  s.ttft_p90_ms = nearest_rank(ttft_ms, 90);
+  s.ttft_p99_ms = nearest_rank(ttft_ms, 99);
+  s.tpot_p50_ms = nearest_rank(tpot_ms, 50);
+  s.tpot_p90_ms = nearest_rank(tpot_ms, 90);
+  s.tpot_p99_ms = nearest_rank(tpot_ms, 99);
+  s.e2e_p50_s = nearest_rank(e2e_s, 50);
+  s.e2e_p99_s = nearest_rank(e2e_s, 99);
+  if (s.requests > 0) s.slo_attainment = static_cast<double>(met) / static_cast<double>(s.requests);
+  if (duration_s > 0) {
+    s.goodput_tokens_per_s = good_tokens / duration_s;
+    s.throughput_tokens_per_s = all_tokens / duration_s;
+  }
+  summarize_samples(run.samples, s);
+  return s;
+}
+
+std::string to_json(const sim_report& r) {
+  const std::vector<sim_summary> sums = summaries(r);
+  const sim_summary first = sums.empty() ? sim_summary{} : sums.front();
+  ojson j;
+  j["scenario"] = r.scenario;
+  j["seed"] = r.seed;
+  j["duration_s"] = ms(r.duration_s);
+  j["slo_ttft_ms"] = ms(r.slo_ttft_ms);
+  j["slo_tpot_ms"] = ms(r.slo_tpot_ms);
+  std::uint64_t lost = 0;
+  double wall_s = 0;
+  for (const sim_run& run : r.runs) {
+    lost += run.lost;
+    wall_s += run.wall_s;
+  }
+  j["lost"] = lost;
+  j["requests"] = first.requests;
+  j["completed"] = first.completed;
+  j["errored"] = first.errored;
+  j["placement_ms"] = ms(r.runs.empty() ? 0.0 : r.runs.front().placement_ms);
+  j["wall_s"] = ms(wall_s);
+  j["ttft_p50_ms"] = ms(first.ttft_p50_ms);
+  j["ttft_p99_ms"] = ms(first.ttft_p99_ms);
+  j["tpot_p50_ms"] = ms(first.tpot_p50_ms);
+  j["tpot_p99_ms"] = ms(first.tpot_p99_ms);
+  j["slo_attainment"] = share(first.slo_attainment);
+  j["goodput_tokens_per_s"] = ms(first.goodput_tokens_per_s);
+  ojson policies = ojson::array();
+  for (std::size_t i = 0; i < r.runs.size(); ++i) policies.push_back(policy_json(r.runs[i], sums[i]));
+  j["policies"] = std::move(policies);
+  j["faults"] = r.runs.empty() ? ojson::array() : faults_json(r.runs.front().faults);
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+/// "1234.5" or "-" for the -1 sentinel.
+std::string num_or_dash(double v, int decimals) {
+  return v < 0 ? std::string("-") : fmt::format("{:.{}f}", v, decimals);
+}
+
+std::string detect_recover(const sim_fault_record& f) {
+  return fmt::format("{}/{}", num_or_dash(f.detect_s, 1), num_or_dash(f.recover_s, 1));
+}
+
+void text_faults(const sim_report& r, std::string& out) {
+  if (r.runs.empty() || r.runs.front().faults.empty()) return;
+  out += "\nfaults (detected / recovered, seconds after injection; - : not)\n";
+  out += fmt::format("{:>4}  {:<20} {:>9}", "id", "kind", "at s");
+  for (const sim_run& run : r.runs) out += fmt::format("  {:>20}", run.policy);
+  out += "\n";
+  for (std::size_t i = 0; i < r.runs.front().faults.size(); ++i) {
+    const sim_fault_record& f = r.runs.front().faults[i];
+    out += fmt::format("{:>4}  {:<20} {:>9.1f}", f.id, f.kind, f.at_s);
+    for (const sim_run& run : r.runs)
+      out += fmt::format("  {:>20}", i < run.faults.size() ? detect_recover(run.faults[i]) : std::string("?"));
+    out += "\n";
+  }
+}
+
+}  // namespace
+
+std::string to_text(const sim_report& r) {
+  const std::vector<sim_summary> sums = summaries(r);
+  std::string out = fmt::format("scenario {}  seed {}  duration {:.0f} s  SLO ttft {:.0f} ms, tpot {:.0f} ms\n\n",
+                                r.scenario, r.seed, r.duration_s, r.slo_ttft_ms, r.slo_tpot_ms);
+  out += fmt::format("{:<18} {:>9} {:>9} {:>7} {:>5} {:>19} {:>15} {:>15} {:>7} {:>11} {:>6} {:>8}\n", "policy",
+                     "requests", "completed", "errored", "lost", "ttft p50/p99 ms", "tpot p50/p99 ms",
+                     "e2e p50/p99 s", "SLO %", "goodput t/s", "util %", "queued");
+  for (std::size_t i = 0; i < r.runs.size(); ++i) {
+    const sim_summary& s = sums[i];
+    out += fmt::format("{:<18} {:>9} {:>9} {:>7} {:>5} {:>19} {:>15} {:>15} {:>7.2f} {:>11.1f} {:>6.1f} {:>8.1f}\n",
+                       r.runs[i].policy, s.requests, s.completed, s.errored, s.lost,
+                       num_or_dash(s.ttft_p50_ms, 0) + "/" + num_or_dash(s.ttft_p99_ms, 0),
+                       num_or_dash(s.tpot_p50_ms, 1) + "/" + num_or_dash(s.tpot_p99_ms, 1),
+                       num_or_dash(s.e2e_p50_s, 1) + "/" + num_or_dash(s.e2e_p99_s, 1), s.slo_attainment * 100,
+                       s.goodput_tokens_per_s, s.mean_device_utilization * 100, s.mean_queued);
+  }
+  text_faults(r, out);
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// HTML: inline SVG line charts, no scripts, no external resources.
+
+namespace {
+
+struct series {
+  std::string name;
+  std::string color;
+  bool dashed = false;
+  std::vector<std::pair<double, double>> points;  // y NaN: a gap in the line
+};
+
+struct chart {
+  std::string title;
+  std::string y_label;
+  double x_max = 1;
+  std::vector<series> lines;
+  std::vector<std::pair<double, std::uint64_t>> markers;  // fault times and ids
+};
+
+constexpr std::array<std::string_view, 8> palette = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                                     "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+
+// Layout of every chart, in SVG user units.
+constexpr double svg_w = 960, svg_h = 320;
+constexpr double plot_x0 = 70, plot_x1 = 700, plot_y0 = 36, plot_y1 = 272;
+constexpr double legend_x = 720;
+
+std::string escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string coord(double v) { return fmt::format("{:.1f}", v); }
+
+/// A 1-2-5 step giving about `target` intervals over `range`.
+double nice_step(double range, double target) {
+  if (!(range > 0)) return 1;
+  const double raw = range / target;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double norm = raw / mag;
+  const double step = norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10;
+  return step * mag;
+}
+
+std::string tick_label(double v, double step) {
+  const int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
+  return fmt::format("{:.{}f}", round_to(v, decimals), decimals);
+}
+
+void svg_axes(const chart& c, double y_max, std::string& out) {
+  const double x_step = nice_step(c.x_max, 8), y_step = nice_step(y_max, 5);
+  const auto x_of = [&](double x) { return plot_x0 + (plot_x1 - plot_x0) * x / c.x_max; };
+  const auto y_of = [&](double y) { return plot_y1 - (plot_y1 - plot_y0) * y / y_max; };
+  for (int i = 0; i * y_step <= y_max * (1 + 1e-9); ++i) {
+    const double y = y_of(i * y_step);
+    out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" class=\"grid\"/>\n", coord(plot_x0), coord(y),
+                       coord(plot_x1), coord(y));
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", coord(plot_x0 - 6), coord(y + 4),
+                       tick_label(i * y_step, y_step));
+  }
+  for (int i = 0; i * x_step <= c.x_max * (1 + 1e-9); ++i) {
+    const double x = x_of(i * x_step);
+    out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" class=\"axis\"/>\n", coord(x), coord(plot_y1),
+                       coord(x), coord(plot_y1 + 5));
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", coord(x), coord(plot_y1 + 18),
+                       tick_label(i * x_step, x_step));
+  }
+  out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", coord(plot_x0),
+                     coord(plot_y0), coord(plot_x1 - plot_x0), coord(plot_y1 - plot_y0));
+  out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time (s)</text>\n",
+                     coord((plot_x0 + plot_x1) / 2), coord(svg_h - 10));
+  out += fmt::format("<text x=\"16\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {})\">{}</text>\n",
+                     coord((plot_y0 + plot_y1) / 2), coord((plot_y0 + plot_y1) / 2), escape(c.y_label));
+}
+
+void svg_series(const chart& c, const series& s, double y_max, std::string& out) {
+  const auto x_of = [&](double x) { return plot_x0 + (plot_x1 - plot_x0) * std::clamp(x, 0.0, c.x_max) / c.x_max; };
+  const auto y_of = [&](double y) { return plot_y1 - (plot_y1 - plot_y0) * std::clamp(y, 0.0, y_max) / y_max; };
+  std::string pts;
+  const auto flush = [&] {
+    if (!pts.empty())
+      out += fmt::format("<polyline points=\"{}\" stroke=\"{}\"{} class=\"line\"/>\n", pts, s.color,
+                         s.dashed ? " stroke-dasharray=\"6 3\"" : "");
+    pts.clear();
+  };
+  for (const auto& [x, y] : s.points) {
+    if (std::isnan(y)) {
+      flush();
+      continue;
+    }
+    pts += fmt::format("{}{},{}", pts.empty() ? "" : " ", coord(x_of(x)), coord(y_of(y)));
+  }
+  flush();
+}
+
+void svg_legend(const chart& c, std::string& out) {
+  for (std::size_t i = 0; i < c.lines.size(); ++i) {
+    const series& s = c.lines[i];
+    const double y = plot_y0 + 8 + 16 * static_cast<double>(i);
+    out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"{} class=\"line\"/>\n",
+                       coord(legend_x), coord(y), coord(legend_x + 24), coord(y), s.color,
+                       s.dashed ? " stroke-dasharray=\"6 3\"" : "");
+    out += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", coord(legend_x + 30), coord(y + 4), escape(s.name));
+  }
+}
+
+std::string render_chart(const chart& c) {
+  double y_max = 0;
+  for (const series& s : c.lines)
+    for (const auto& [x, y] : s.points)
+      if (!std::isnan(y)) y_max = std::max(y_max, y);
+  // Round the top up to a tick so the highest line does not touch the frame.
+  const double step = nice_step(y_max > 0 ? y_max : 1, 5);
+  y_max = std::max(step, std::ceil(y_max / step) * step);
+  std::string out = fmt::format(
+      "<figure>\n<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {} {}\" width=\"{}\" height=\"{}\" "
+      "role=\"img\">\n<title>{}</title>\n<text x=\"{}\" y=\"20\" class=\"title\">{}</text>\n",
+      svg_w, svg_h, svg_w, svg_h, escape(c.title), coord(plot_x0), escape(c.title));
+  svg_axes(c, y_max, out);
+  for (const auto& [t, id] : c.markers) {
+    const double x = plot_x0 + (plot_x1 - plot_x0) * std::clamp(t, 0.0, c.x_max) / c.x_max;
+    out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" class=\"fault\"/>\n", coord(x), coord(plot_y0),
+                       coord(x), coord(plot_y1));
+    out += fmt::format("<text x=\"{}\" y=\"{}\" class=\"fault-id\">{}</text>\n", coord(x + 2), coord(plot_y0 + 10),
+                       id);
+  }
+  for (const series& s : c.lines) svg_series(c, s, y_max, out);
+  svg_legend(c, out);
+  out += "</svg>\n</figure>\n";
+  return out;
+}
+
+std::string color_of(std::size_t i) { return std::string(palette[i % palette.size()]); }
+
+/// Arrivals per second of each sample interval.
+std::vector<std::pair<double, double>> arrival_rates(const std::vector<sim_sample>& samples) {
+  std::vector<std::pair<double, double>> out;
+  double prev_t = 0;
+  for (const sim_sample& s : samples) {
+    const double dt = s.t_s - prev_t;
+    out.emplace_back(s.t_s, dt > 0 ? s.arrivals / dt : nan_v);
+    prev_t = s.t_s;
+  }
+  return out;
+}
+
+chart base_chart(const sim_report& r, std::string title, std::string y_label) {
+  chart c;
+  c.title = std::move(title);
+  c.y_label = std::move(y_label);
+  c.x_max = r.duration_s > 0 ? r.duration_s : 1;
+  if (!r.runs.empty())
+    for (const sim_fault_record& f : r.runs.front().faults) c.markers.emplace_back(f.at_s, f.id);
+  return c;
+}
+
+chart load_chart(const sim_report& r) {
+  chart c = base_chart(r, "Load: arrivals, requests in flight, requests queued", "requests (arrivals: per s)");
+  if (!r.runs.empty()) c.lines.push_back({"arrivals /s", "#7f7f7f", false, arrival_rates(r.runs.front().samples)});
+  for (std::size_t i = 0; i < r.runs.size(); ++i) {
+    series in_flight{r.runs[i].policy + " in flight", color_of(i), false, {}};
+    series queued{r.runs[i].policy + " queued", color_of(i), true, {}};
+    for (const sim_sample& s : r.runs[i].samples) {
+      in_flight.points.emplace_back(s.t_s, s.in_flight);
+      queued.points.emplace_back(s.t_s, s.queued);
+    }
+    c.lines.push_back(std::move(in_flight));
+    c.lines.push_back(std::move(queued));
+  }
+  return c;
+}
+
+chart ttft_chart(const sim_report& r) {
+  chart c = base_chart(r, "Time to first token over time (p99 solid, p50 dashed)", "TTFT (ms)");
+  for (std::size_t i = 0; i < r.runs.size(); ++i) {
+    series p99{r.runs[i].policy + " p99", color_of(i), false, {}};
+    series p50{r.runs[i].policy + " p50", color_of(i), true, {}};
+    for (const sim_sample& s : r.runs[i].samples) {
+      p99.points.emplace_back(s.t_s, s.ttft_p99_s < 0 ? nan_v : s.ttft_p99_s * 1000);
+      p50.points.emplace_back(s.t_s, s.ttft_p50_s < 0 ? nan_v : s.ttft_p50_s * 1000);
+    }
+    c.lines.push_back(std::move(p99));
+    c.lines.push_back(std::move(p50));
+  }
+  return c;
+}
+
+/// One chart per run: a line per replica state, colored alike in every chart.
+chart replica_chart(const sim_report& r, const sim_run& run, const std::set<std::string>& states) {
+  chart c = base_chart(r, "Replicas by state: " + run.policy, "replicas");
+  std::size_t color = 0;
+  for (const std::string& state : states) {
+    series s{state, color_of(color++), false, {}};
+    for (const sim_sample& x : run.samples) {
+      const auto it = x.replicas_by_state.find(state);
+      s.points.emplace_back(x.t_s, it == x.replicas_by_state.end() ? 0.0 : it->second);
+    }
+    c.lines.push_back(std::move(s));
+  }
+  return c;
+}
+
+void html_summary(const sim_report& r, std::string& out) {
+  const std::vector<sim_summary> sums = summaries(r);
+  out += "<table>\n<tr><th>policy</th><th>requests</th><th>completed</th><th>errored</th><th>lost</th>"
+         "<th>TTFT p50 / p99 (ms)</th><th>TPOT p50 / p99 (ms)</th><th>e2e p50 / p99 (s)</th><th>SLO met</th>"
+         "<th>goodput (tok/s)</th><th>throughput (tok/s)</th><th>utilization</th><th>queued mean / max</th></tr>\n";
+  for (std::size_t i = 0; i < r.runs.size(); ++i) {
+    const sim_summary& s = sums[i];
+    out += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{} / {}</td><td>{} / {}</td>"
+        "<td>{:.2f}%</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}%</td><td>{:.1f} / {:.0f}</td></tr>\n",
+        escape(r.runs[i].policy), s.requests, s.completed, s.errored, s.lost, num_or_dash(s.ttft_p50_ms, 0),
+        num_or_dash(s.ttft_p99_ms, 0), num_or_dash(s.tpot_p50_ms, 1), num_or_dash(s.tpot_p99_ms, 1),
+        num_or_dash(s.e2e_p50_s, 2), num_or_dash(s.e2e_p99_s, 2), s.slo_attainment * 100, s.goodput_tokens_per_s,
+        s.throughput_tokens_per_s, s.mean_device_utilization * 100, s.mean_queued, s.max_queued);
+  }
+  out += "</table>\n";
+}
+
+void html_faults(const sim_report& r, std::string& out) {
+  if (r.runs.empty() || r.runs.front().faults.empty()) return;
+  out += "<h2>Faults</h2>\n<p>Detected / recovered, seconds after injection (- : not).</p>\n<table>\n"
+         "<tr><th>id</th><th>kind</th><th>at (s)</th>";
+  for (const sim_run& run : r.runs) out += "<th>" + escape(run.policy) + "</th>";
+  out += "</tr>\n";
+  for (std::size_t i = 0; i < r.runs.front().faults.size(); ++i) {
+    const sim_fault_record& f = r.runs.front().faults[i];
+    out += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.1f}</td>", f.id, escape(f.kind), f.at_s);
+    for (const sim_run& run : r.runs)
+      out += "<td>" + (i < run.faults.size() ? detect_recover(run.faults[i]) : std::string("?")) + "</td>";
+    out += "</tr>\n";
+  }
+  out += "</table>\n";
+}
+
+constexpr std::string_view html_style =
+    "body{font-family:sans-serif;margin:24px;color:#222}"
+    "table{border-collapse:collapse;margin:8px 0 24px}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "td:first-child,th:first-child{text-align:left}"
+    "svg{font-size:11px;background:#fff}"
+    "svg .title{font-size:14px;font-weight:bold}"
+    "svg .grid{stroke:#e5e5e5}svg .axis{stroke:#444}svg .frame{fill:none;stroke:#444}"
+    "svg .line{fill:none;stroke-width:1.5}"
+    "svg .fault{stroke:#e41a1c;stroke-opacity:0.35}svg .fault-id{fill:#e41a1c;font-size:9px}"
+    "figure{margin:0 0 16px}";
+
+}  // namespace
+
+std::string to_html(const sim_report& r) {
+  std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  out += "<title>ExaServe simulation: " + escape(r.scenario) + "</title>\n";
+  out += "<style>" + std::string(html_style) + "</style>\n</head>\n<body>\n";
+  out += "<h1>Simulation: " + escape(r.scenario) + "</h1>\n";
+  out += fmt::format("<p>seed {}, {:.0f} simulated seconds, SLO: TTFT &le; {:.0f} ms, TPOT &le; {:.0f} ms. "
+                     "Red lines mark faults (by id).</p>\n",
+                     r.seed, r.duration_s, r.slo_ttft_ms, r.slo_tpot_ms);
+  html_summary(r, out);
+  out += "<h2>Load</h2>\n" + render_chart(load_chart(r));
+  out += "<h2>Latency</h2>\n" + render_chart(ttft_chart(r));
+  std::set<std::string> states;
+  for (const sim_run& run : r.runs)
+    for (const sim_sample& s : run.samples)
+      for (const auto& [state, n] : s.replicas_by_state) states.insert(state);
+  out += "<h2>Replicas</h2>\n";
+  for (const sim_run& run : r.runs) out += render_chart(replica_chart(r, run, states));
+  html_faults(r, out);
+  out += "</body>\n</html>\n";
+  return out;
+}
+
+}  // namespace exa::chaos

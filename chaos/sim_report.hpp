@@ -1,0 +1,107 @@
+#pragma once
+// The report of a simulation run: latency distributions, SLO attainment,
+// goodput, utilization, queueing, failures and recoveries, lost requests --
+// as JSON, a readable summary, and a self-contained HTML page with SVG plots
+// of load, latency and replica states over time. Byte-identical for equal
+// inputs (fixed number formatting, no timestamps or randomness).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace exa::chaos {
+
+/// One finished (or failed) request, as its client saw it. Times are from
+/// the start of the run except ttft_s, which is a latency.
+struct sim_request_record {
+  double arrival_s = 0;
+  double ttft_s = -1;     // first token after arrival; -1: no token
+  double finish_s = 0;    // when the last token (or the error) came
+  std::uint32_t prompt_tokens = 0;
+  std::uint32_t generated_tokens = 0;
+  std::uint32_t max_tokens = 0;
+  bool completed = false; // false: ended with an error (code in `error`)
+  std::string error;
+};
+
+/// The cluster sampled every interval.
+struct sim_sample {
+  double t_s = 0;
+  std::uint32_t arrivals = 0;           // in the interval
+  std::uint32_t in_flight = 0;          // at the sample time
+  std::uint32_t queued = 0;             // admitted, waiting for a replica
+  std::map<std::string, std::uint32_t> replicas_by_state;
+  double device_utilization = 0;        // busy fraction over the interval, all devices
+  double ttft_p50_s = -1, ttft_p99_s = -1;  // of requests whose first token came in the interval
+};
+
+struct sim_fault_record {
+  std::uint64_t id = 0;
+  std::string kind;
+  double at_s = 0;
+  double detect_s = -1;   // after injection; -1: not detected
+  double recover_s = -1;  // after injection; -1: not recovered
+};
+
+/// The result of one run (one routing policy).
+struct sim_run {
+  std::string policy;
+  std::vector<sim_request_record> requests;
+  std::vector<sim_sample> samples;
+  std::vector<sim_fault_record> faults;
+  double placement_ms = 0;   // initial placement of all replicas (wall time)
+  double wall_s = 0;         // wall time of the run
+  std::uint64_t lost = 0;    // accepted and never finished: must be 0
+  std::uint64_t peak_rss_bytes = 0;
+  std::uint64_t stream_violations = 0;  // token gaps or duplicates seen by clients: must be 0
+};
+
+struct sim_summary {
+  std::uint64_t requests = 0, completed = 0, errored = 0, lost = 0;
+  double ttft_p50_ms = -1, ttft_p90_ms = -1, ttft_p99_ms = -1;
+  double tpot_p50_ms = -1, tpot_p90_ms = -1, tpot_p99_ms = -1;
+  double e2e_p50_s = -1, e2e_p99_s = -1;
+  double slo_attainment = 0;        // share of requests meeting both SLOs
+  double goodput_tokens_per_s = 0;  // generated tokens of SLO-meeting requests per simulated second
+  double throughput_tokens_per_s = 0;
+  double mean_device_utilization = 0;
+  double mean_queued = 0, max_queued = 0;
+};
+
+/// Latency percentiles are exact (nearest rank) over the completed requests:
+/// TTFT, TPOT = (finish - first token) / (generated - 1) for generated >= 2,
+/// end to end = finish - arrival; -1 when there is none. A request meets the
+/// SLO when it completed with a token, ttft <= slo_ttft_ms and tpot <=
+/// slo_tpot_ms (met by definition below 2 tokens); slo_attainment is the
+/// share of all requests (completed and errored) that do. Goodput and
+/// throughput divide generated tokens by duration_s (0 if it is not
+/// positive); utilization and queue figures average the samples.
+sim_summary summarize(const sim_run& run, double slo_ttft_ms, double slo_tpot_ms, double duration_s);
+
+struct sim_report {
+  std::string scenario;
+  std::uint64_t seed = 0;
+  double duration_s = 0;
+  double slo_ttft_ms = 0, slo_tpot_ms = 0;
+  std::vector<sim_run> runs;  // one per policy compared
+};
+
+/// JSON with at least: scenario, seed, duration_s, lost (sum over runs),
+/// completed, placement_ms, wall_s, ttft_p50_ms/ttft_p99_ms/tpot_p50_ms/
+/// tpot_p99_ms (of the first run), and "policies": [{policy, lost, completed,
+/// errored, ttft_*, tpot_*, slo_attainment, goodput_tokens_per_s, ...}],
+/// "faults": [{id, kind, at_s, detect_ms, recover_ms}].
+/// Precisely: top-level requests, completed, errored, placement_ms, the
+/// latency percentiles, slo_attainment and goodput describe the first run;
+/// lost and wall_s sum over runs; the top-level faults are the first run's,
+/// and each policy carries its own (detection differs by run). Times in ms
+/// and s keep 3 decimals, shares 6; -1 means none. Keys keep this order.
+std::string to_json(const sim_report& r);
+std::string to_text(const sim_report& r);
+/// A self-contained HTML page with inline SVG: load (arrivals, in flight,
+/// queued), TTFT p50/p99 over time, replicas by state over time, one line per
+/// policy where it makes sense.
+std::string to_html(const sim_report& r);
+
+}  // namespace exa::chaos

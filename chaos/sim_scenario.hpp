@@ -1,0 +1,115 @@
+#pragma once
+// A simulation scenario: topology, deployments, workload, fault plan, timing,
+// SLOs -- as a JSON file in chaos/scenarios/. Parsing validates every field
+// and names the bad one.
+//
+// {
+//   "name": "reference",
+//   "seed": 1,
+//   "topology": { "nodes": 256, "gpus_per_node": 8, "racks": 16, "gpu": "h100-80gb" },
+//   "deployments": [ { "name": "llama-13b", "model": "llama-2-13b", "precision": "int4",
+//                      "replicas": 3072, "kv_tokens": 32768, "context_length": 16384,
+//                      "max_replicas_per_node": 12, "routing": "least_outstanding" } ],
+//   "workload": { "trace": "chaos/traces/azure_llm_2023_conv.csv", "rate_multiplier": 20 }
+//            or { "kind": "poisson" | "bursty", "rate_per_s": 100, "prompt_tokens": 1000,
+//                 "max_tokens": 200, "burst_factor": 5, "burst_period_s": 60 },
+//   "duration_s": 3600,
+//   "timing": { "heartbeat_interval_ms": 2000, "suspect_after_missed": 5,
+//               "observation_window_ms": 30000, "migration_parallelism": 8,
+//               "request_deadline_ms": 600000 },
+//   "slo": { "ttft_ms": 2000, "tpot_ms": 100 },
+//   "faults": [ ...chaos plan fault objects (chaos/plan.hpp)... ,
+//               { "at_s": 1800, "kind": "kill_rack", "rack": 3 } ],
+//   "compare_policies": [ "round_robin", "least_outstanding", "power_of_two", "predictive" ],
+//   "sample_interval_s": 10
+// }
+//
+// Paths are relative to the repository root (where the scenario is run from)
+// or absolute. "kill_rack" (sim only) kills every node of a rack at once.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chaos/plan.hpp"
+#include "common/error.hpp"
+
+namespace exa::chaos {
+
+struct sim_topology {
+  std::uint32_t nodes = 16;
+  std::uint32_t gpus_per_node = 8;
+  std::uint32_t racks = 1;
+  std::string gpu = "h100-80gb";  // cluster::device_preset name
+};
+
+struct sim_deployment {
+  std::string name;
+  std::string model = "llama-2-13b";  // cluster::model_shape_preset name
+  std::string precision = "fp16";     // fp32 | fp16 | bf16 | int8 | int4
+  std::uint32_t replicas = 1;
+  std::uint32_t kv_tokens = 32768;
+  std::optional<std::uint32_t> context_length;  // overrides the preset's
+  std::optional<std::uint32_t> max_replicas_per_node;
+  std::string routing = "least_outstanding";
+};
+
+enum class sim_workload_kind : std::uint8_t { trace, poisson, bursty };
+
+struct sim_workload_spec {
+  sim_workload_kind kind = sim_workload_kind::trace;
+  std::string trace;              // CSV path (kind == trace)
+  double rate_multiplier = 1.0;   // trace: arrivals compressed by this factor
+  double rate_per_s = 10;         // poisson/bursty mean rate
+  std::uint32_t prompt_tokens = 1000;
+  std::uint32_t max_tokens = 200;
+  double burst_factor = 5;        // bursty: peak rate / mean rate
+  double burst_period_s = 60;
+};
+
+struct sim_timing {
+  std::uint32_t heartbeat_interval_ms = 2000;
+  std::uint32_t suspect_after_missed = 5;
+  std::uint32_t observation_window_ms = 30000;
+  std::uint32_t migration_parallelism = 8;
+  std::uint32_t request_deadline_ms = 600000;
+};
+
+struct sim_slo {
+  double ttft_ms = 2000;
+  double tpot_ms = 100;
+};
+
+/// A scheduled fault of a scenario: a chaos fault, or (sim only) a rack loss.
+struct sim_fault {
+  std::optional<fault_spec> chaos;  // set for chaos fault kinds
+  std::optional<std::uint32_t> kill_rack;
+  double at_s = 0;
+  std::uint64_t id = 0;
+};
+
+struct scenario {
+  std::string name;
+  std::string description;
+  std::uint64_t seed = 1;
+  sim_topology topology;
+  std::vector<sim_deployment> deployments;
+  sim_workload_spec workload;
+  double duration_s = 600;
+  sim_timing timing;
+  sim_slo slo;
+  std::vector<fault_spec> faults;       // chaos kinds, validated against the topology
+  std::vector<std::pair<double, std::uint32_t>> rack_losses;  // (at_s, rack)
+  std::vector<std::string> compare_policies;  // empty: run once with each deployment's routing
+  double sample_interval_s = 10;
+};
+
+expected<scenario> parse_scenario(const std::string& json_text);
+expected<scenario> load_scenario(const std::string& path);
+
+/// Every fault of the scenario at a concrete time (random processes expanded
+/// with the seed), sorted by time, ids 1.. in that order.
+std::vector<sim_fault> schedule_faults(const scenario& s, std::uint64_t seed);
+
+}  // namespace exa::chaos

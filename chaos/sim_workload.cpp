@@ -1,0 +1,300 @@
+#include "chaos/sim_workload.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string_view>
+
+#include "common/assert.hpp"
+
+namespace exa::chaos {
+
+namespace {
+
+/// splitmix64 (Steele, Lea, Flood): tiny and good enough to drive arrival
+/// times; all of a workload's randomness comes from the scenario seed.
+class splitmix64 {
+ public:
+  explicit splitmix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    state_ += 0x9e3779b97f4a7c15ull;
+    return finalize(state_);
+  }
+  /// Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  /// Exponential gap of a Poisson process at `rate` events per second.
+  double exponential(double rate) { return -std::log1p(-uniform()) / rate; }
+
+  static std::uint64_t finalize(std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Separate streams for arrival times and lengths, so changing the lengths of
+// a workload does not move its arrivals.
+constexpr std::uint64_t arrival_stream = 0x73696d617272ull;  // "simarr"
+constexpr std::uint64_t length_stream = 0x73696d6c656eull;   // "simlen"
+
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream) {
+  return splitmix64::finalize(seed ^ splitmix64::finalize(stream));
+}
+
+// ---------------------------------------------------------------------------
+// Trace parsing.
+
+constexpr std::string_view trace_header = "TIMESTAMP,ContextTokens,GeneratedTokens";
+constexpr std::array<std::string_view, 3> column_names = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"};
+
+struct trace_row {
+  std::int64_t t_ns = 0;  // since 1970-01-01 00:00:00 (the trace has no zone; none is needed)
+  std::uint32_t prompt_tokens = 0;
+  std::uint32_t generated_tokens = 0;
+};
+
+/// Days from 1970-01-01 to a proleptic Gregorian date (Hinnant's
+/// days_from_civil): exact for every date, no time-zone library involved.
+constexpr std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2 ? 1 : 0;
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
+}
+static_assert(days_from_civil(1970, 1, 1) == 0);
+static_assert(days_from_civil(2000, 3, 1) == 11017);
+
+constexpr bool is_leap(std::int64_t y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+
+constexpr unsigned days_in_month(std::int64_t y, unsigned m) {
+  constexpr std::array<unsigned, 12> days = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  return m == 2 && is_leap(y) ? 29 : days[m - 1];
+}
+
+/// The `n` decimal digits at `pos`, or nullopt.
+std::optional<unsigned> digits(std::string_view s, std::size_t pos, std::size_t n) {
+  if (pos + n > s.size()) return std::nullopt;
+  unsigned v = 0;
+  for (std::size_t i = pos; i < pos + n; ++i) {
+    if (s[i] < '0' || s[i] > '9') return std::nullopt;
+    v = v * 10 + static_cast<unsigned>(s[i] - '0');
+  }
+  return v;
+}
+
+/// "YYYY-MM-DD HH:MM:SS" with an optional fraction of 1 to 9 digits, as
+/// nanoseconds since 1970; nullopt if malformed or out of range.
+std::optional<std::int64_t> parse_timestamp(std::string_view s) {
+  if (s.size() < 19 || s[4] != '-' || s[7] != '-' || s[10] != ' ' || s[13] != ':' || s[16] != ':')
+    return std::nullopt;
+  const auto y = digits(s, 0, 4), mo = digits(s, 5, 2), d = digits(s, 8, 2);
+  const auto h = digits(s, 11, 2), mi = digits(s, 14, 2), sec = digits(s, 17, 2);
+  if (!y || !mo || !d || !h || !mi || !sec) return std::nullopt;
+  if (*mo < 1 || *mo > 12 || *d < 1 || *d > days_in_month(*y, *mo) || *h > 23 || *mi > 59 || *sec > 59)
+    return std::nullopt;
+  std::int64_t frac_ns = 0;
+  if (s.size() > 19) {
+    const std::size_t n = s.size() - 20;
+    if (s[19] != '.' || n < 1 || n > 9) return std::nullopt;
+    const auto f = digits(s, 20, n);
+    if (!f) return std::nullopt;
+    frac_ns = *f;
+    for (std::size_t i = n; i < 9; ++i) frac_ns *= 10;
+  }
+  const std::int64_t secs = days_from_civil(*y, *mo, *d) * 86400 + *h * 3600 + *mi * 60 + *sec;
+  return secs * 1'000'000'000 + frac_ns;
+}
+
+std::optional<std::uint32_t> parse_tokens(std::string_view s) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || end != s.data() + s.size() || s.empty() || v > max_trace_tokens) return std::nullopt;
+  return static_cast<std::uint32_t>(v);
+}
+
+class trace_parser {
+ public:
+  explicit trace_parser(const std::string& path) : path_(path) {}
+
+  expected<void> header(std::string_view line) {
+    if (line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);  // a UTF-8 byte-order mark
+    if (line != trace_header)
+      return make_error(errc::corrupt_data, fmt::format("{}:1: the header must be {}", path_, trace_header));
+    return {};
+  }
+
+  expected<void> row(std::size_t line_no, std::string_view line) {
+    std::array<std::string_view, 3> cols;
+    std::size_t n = 0;
+    for (std::size_t start = 0;; ++n) {
+      const std::size_t comma = line.find(',', start);
+      if (n < cols.size()) cols[n] = line.substr(start, comma - start);
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+    }
+    if (n + 1 != cols.size())
+      return make_error(errc::corrupt_data, fmt::format("{}:{}: expected 3 columns, got {}", path_, line_no, n + 1));
+    const auto t = parse_timestamp(cols[0]);
+    if (!t) return column_error(line_no, 0, fmt::format("\"{}\" is not a time YYYY-MM-DD HH:MM:SS.fffffff", cols[0]));
+    if (!rows_.empty() && *t < rows_.back().t_ns)
+      return column_error(line_no, 0, "earlier than the row before it: rows must be in time order");
+    trace_row r{.t_ns = *t};
+    for (std::size_t c = 1; c < 3; ++c) {
+      const auto v = parse_tokens(cols[c]);
+      if (!v)
+        return column_error(line_no, c,
+                            fmt::format("\"{}\" is not a token count between 0 and {}", cols[c], max_trace_tokens));
+      // A zero-token row is a request all the same; it costs at least a step.
+      (c == 1 ? r.prompt_tokens : r.generated_tokens) = std::max<std::uint32_t>(*v, 1);
+    }
+    if (rows_.size() >= max_workload_rows)
+      return make_error(errc::invalid_argument,
+                        fmt::format("{}:{}: more than {} rows", path_, line_no, max_workload_rows));
+    rows_.push_back(r);
+    return {};
+  }
+
+  std::vector<trace_row>& rows() { return rows_; }
+
+ private:
+  std::unexpected<error> column_error(std::size_t line_no, std::size_t col, const std::string& what) const {
+    return make_error(errc::corrupt_data,
+                      fmt::format("{}:{}: column {} ({}): {}", path_, line_no, col + 1, column_names[col], what));
+  }
+
+  const std::string& path_;
+  std::vector<trace_row> rows_;
+};
+
+expected<std::string> read_trace_file(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return make_error(errc::io_error, fmt::format("cannot open trace file {}: {}", path, ec.message()));
+  if (size > max_trace_bytes)
+    return make_error(errc::invalid_argument,
+                      fmt::format("trace file {} is {} bytes, more than the limit of {}", path, size, max_trace_bytes));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(errc::io_error, "cannot open trace file " + path);
+  std::string text(static_cast<std::size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad() || static_cast<std::uintmax_t>(in.gcount()) != size)
+    return make_error(errc::io_error, "cannot read trace file " + path);
+  return text;
+}
+
+expected<std::vector<trace_row>> parse_trace(const std::string& path, std::string_view text) {
+  trace_parser parser(path);
+  bool header_seen = false;
+  std::size_t line_no = 0;
+  for (std::size_t start = 0; start < text.size();) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    if (line.empty()) continue;  // blank lines (a trailing newline) carry nothing
+    auto ok = header_seen ? parser.row(line_no, line) : parser.header(line);
+    if (!ok) return std::unexpected(ok.error());
+    header_seen = true;
+  }
+  if (parser.rows().empty()) return make_error(errc::corrupt_data, fmt::format("{}: no rows", path));
+  return std::move(parser.rows());
+}
+
+/// The trace as arrivals: offsets compressed by `rate_multiplier`, replayed
+/// back to back until `duration_s`.
+expected<std::vector<sim_request>> replay(const std::string& path, const std::vector<trace_row>& rows,
+                                          double rate_multiplier, double duration_s) {
+  EXA_ASSERT(!rows.empty());
+  const std::int64_t t0 = rows.front().t_ns;
+  const double n = static_cast<double>(rows.size());
+  const double span_s = static_cast<double>(rows.back().t_ns - t0) / 1e9 / rate_multiplier;
+  // One mean gap after the last row before the copy restarts; a trace with no
+  // span (one row, or all at one instant) repeats once per trace second.
+  const double period_s = span_s > 0 ? span_s * n / (n - 1) : 1.0 / rate_multiplier;
+  const auto too_many = [&] {
+    return make_error(errc::invalid_argument,
+                      fmt::format("trace {} at rate_multiplier {} over {} s gives more than {} requests", path,
+                                  rate_multiplier, duration_s, max_workload_rows));
+  };
+  // Whole copies alone already past the bound: refuse before generating them.
+  if (std::floor(duration_s / period_s) * n > static_cast<double>(max_workload_rows)) return too_many();
+  std::vector<sim_request> out;
+  for (std::uint64_t copy = 0;; ++copy) {
+    const double shift_s = static_cast<double>(copy) * period_s;
+    if (!(shift_s < duration_s)) break;
+    for (const trace_row& r : rows) {
+      const double at_s = shift_s + static_cast<double>(r.t_ns - t0) / 1e9 / rate_multiplier;
+      if (!(at_s < duration_s)) break;  // rows are in time order
+      if (out.size() >= max_workload_rows) return too_many();
+      out.push_back({.at_s = at_s, .prompt_tokens = r.prompt_tokens, .max_tokens = r.generated_tokens});
+    }
+  }
+  return out;
+}
+
+std::uint32_t jittered(splitmix64& rng, std::uint32_t base) {
+  const double v = std::round(static_cast<double>(base) * (0.75 + 0.5 * rng.uniform()));
+  return static_cast<std::uint32_t>(std::max(1.0, v));
+}
+
+}  // namespace
+
+expected<std::vector<sim_request>> load_azure_trace(const std::string& path, double rate_multiplier,
+                                                    double duration_s) {
+  if (!(rate_multiplier > 0) || !std::isfinite(rate_multiplier))
+    return make_error(errc::invalid_argument, fmt::format("rate_multiplier: must be positive (got {})", rate_multiplier));
+  if (!(duration_s > 0) || !std::isfinite(duration_s))
+    return make_error(errc::invalid_argument, fmt::format("duration_s: must be positive (got {})", duration_s));
+  auto text = read_trace_file(path);
+  if (!text) return std::unexpected(text.error());
+  auto rows = parse_trace(path, *text);
+  if (!rows) return std::unexpected(rows.error());
+  return replay(path, *rows, rate_multiplier, duration_s);
+}
+
+std::vector<sim_request> synthetic_workload(const sim_workload_spec& w, double duration_s, std::uint64_t seed) {
+  std::vector<sim_request> out;
+  if (!(w.rate_per_s > 0) || !(duration_s > 0) || !std::isfinite(duration_s)) return out;
+  const bool bursty = w.kind == sim_workload_kind::bursty && w.burst_factor > 1 && w.burst_period_s > 0;
+  const double b = bursty ? w.burst_factor : 1.0;
+  // Thinning (Lewis and Shedler): candidates at the peak rate, each kept with
+  // probability rate(t) / peak, form a Poisson process of rate rate(t).
+  const double peak = w.rate_per_s * b;
+  const double burst_share = 1.0 / (b + 1);
+  const auto rate_at = [&](double t) {
+    const double phase = std::fmod(t, w.burst_period_s) / w.burst_period_s;
+    return phase < burst_share ? peak : w.rate_per_s / b;
+  };
+  splitmix64 arrivals(derive_seed(seed, arrival_stream));
+  splitmix64 lengths(derive_seed(seed, length_stream));
+  double t = 0;
+  while (out.size() < max_workload_rows) {
+    t += arrivals.exponential(peak);
+    if (!(t < duration_s)) break;
+    if (bursty && arrivals.uniform() * peak >= rate_at(t)) continue;
+    const std::uint32_t prompt = jittered(lengths, w.prompt_tokens);
+    out.push_back({.at_s = t, .prompt_tokens = prompt, .max_tokens = jittered(lengths, w.max_tokens)});
+  }
+  return out;
+}
+
+expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_t seed) {
+  if (s.workload.kind == sim_workload_kind::trace)
+    return load_azure_trace(s.workload.trace, s.workload.rate_multiplier, s.duration_s);
+  return synthetic_workload(s.workload, s.duration_s, seed);
+}
+
+}  // namespace exa::chaos

@@ -1,0 +1,390 @@
+#include "engine/sim_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common/assert.hpp"
+
+namespace exa::engine {
+
+namespace {
+
+// The zero-cost engine's token function (null_engine::next_token), kept as a
+// running FNV-1a hash so that a step costs O(1) per token instead of
+// rehashing the whole sequence. A sequence resumed elsewhere with its tokens
+// as resume_tokens rebuilds the same hash, so it continues exactly.
+constexpr std::uint64_t fnv_offset = 1469598103934665603ull;
+constexpr std::uint64_t fnv_prime = 1099511628211ull;
+
+std::uint64_t extend(std::uint64_t h, model::token_id t) noexcept {
+  return (h ^ static_cast<std::uint64_t>(t)) * fnv_prime;
+}
+
+model::token_id token_of(std::uint64_t h, std::uint32_t vocab) noexcept {
+  // Printable ASCII bytes of the byte-level vocabulary when it exists, as
+  // null_engine does, so the two engines agree token for token.
+  if (vocab >= 259) return static_cast<model::token_id>(3 + 32 + h % 95);
+  return static_cast<model::token_id>(h % vocab);
+}
+
+std::uint32_t clamp_u32(std::uint64_t v) noexcept {
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(v, std::numeric_limits<std::uint32_t>::max()));
+}
+
+}  // namespace
+
+// ---- cost model ------------------------------------------------------------
+
+double sim_cost_model::compute_ops_per_s() const noexcept {
+  const double peak = model_.int8_compute ? device_.int8_ops_per_s : device_.flops_per_s;
+  return peak * device_.compute_efficiency;
+}
+
+double sim_cost_model::prefill_s(std::uint64_t tokens, std::uint64_t context_before) const {
+  const double t = static_cast<double>(tokens);
+  const double matrices = 2.0 * static_cast<double>(model_.parameters) * t;
+  const double attention = 4.0 * static_cast<double>(model_.n_layers) * static_cast<double>(model_.dim) * t *
+                           (static_cast<double>(context_before) + t / 2.0);
+  return (matrices + attention) / compute_ops_per_s();
+}
+
+double sim_cost_model::decode_step_s(std::uint32_t batch, std::uint64_t context_tokens, std::uint32_t sharing) const {
+  EXA_ASSERT_MSG(sharing >= 1, "a device is shared by at least the replica asking");
+  const double bytes = static_cast<double>(model_.weight_bytes) +
+                       static_cast<double>(model_.kv_bytes_per_token) * static_cast<double>(context_tokens);
+  const double memory_s =
+      bytes / (device_.memory_bandwidth_bytes_per_s * device_.bandwidth_efficiency / static_cast<double>(sharing));
+  const double compute_s = 2.0 * static_cast<double>(model_.parameters) * static_cast<double>(batch) / compute_ops_per_s();
+  return std::max(memory_s, compute_s);
+}
+
+double sim_cost_model::load_s() const {
+  return static_cast<double>(model_.weight_bytes) / device_.load_bytes_per_s;
+}
+
+// ---- engine: requests ------------------------------------------------------
+
+sim_engine::sim_engine(sim_cost_model cost, sim_engine_config config) : cost_(cost), config_(config) {
+  EXA_ASSERT_MSG(config_.max_running >= 1, "sim_engine needs room for one running sequence");
+  EXA_ASSERT_MSG(config_.horizon_s > 0, "sim_engine needs a positive horizon");
+  EXA_ASSERT_MSG(cost_.model().vocab_size >= 1, "sim_model needs a vocabulary");
+  const sim_device& d = cost_.device();
+  EXA_ASSERT_MSG(d.memory_bandwidth_bytes_per_s > 0 && d.bandwidth_efficiency > 0 && d.flops_per_s > 0 &&
+                     d.int8_ops_per_s > 0 && d.compute_efficiency > 0,
+                 "sim_device rates must be positive");
+}
+
+expected<void> sim_engine::check(const generation_request& r) const {
+  const sim_model& m = cost_.model();
+  if (r.prompt.empty()) return make_error(errc::invalid_argument, "prompt is empty: give at least one token");
+  const std::uint64_t total = r.prompt.size() + std::uint64_t{r.max_tokens};
+  if (total > m.context_length)
+    return make_error(errc::invalid_argument, "prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
+                                                  std::to_string(r.max_tokens) +
+                                                  ") exceeds the model's context length " +
+                                                  std::to_string(m.context_length));
+  if (total > config_.kv_capacity_tokens)
+    return make_error(errc::invalid_argument, "prompt + max_tokens (" + std::to_string(total) +
+                                                  " tokens) exceeds this replica's KV cache capacity of " +
+                                                  std::to_string(config_.kv_capacity_tokens) + " tokens");
+  if (r.resume_tokens.size() > r.max_tokens)
+    return make_error(errc::invalid_argument, "more resume tokens (" + std::to_string(r.resume_tokens.size()) +
+                                                  ") than max_tokens (" + std::to_string(r.max_tokens) + ")");
+  for (const auto* list : {&r.prompt, &r.resume_tokens})
+    for (std::size_t i = 0; i < list->size(); ++i)
+      if ((*list)[i] < 0 || static_cast<std::uint32_t>((*list)[i]) >= m.vocab_size)
+        return make_error(errc::invalid_argument, "token id " + std::to_string((*list)[i]) + " at index " +
+                                                      std::to_string(i) + " is outside the vocabulary [0, " +
+                                                      std::to_string(m.vocab_size) + ")");
+  return validate(r.sampling);
+}
+
+expected<void> sim_engine::submit(generation_request r) {
+  if (auto ok = check(r); !ok) return ok;
+  if (active_.contains(r.id))
+    return make_error(errc::invalid_argument, "request id " + std::to_string(r.id) + " is already active");
+  if (waiting_.size() >= config_.max_waiting)
+    return make_error(errc::overloaded,
+                      "engine queue is full (" + std::to_string(config_.max_waiting) + " waiting)");
+  // A new request reusing the id of one the last macro step finished would
+  // meet its twin again if that step were rolled back: forbid the rollback.
+  if (last_.valid)
+    for (const seq& f : last_.finished)
+      if (f.id == r.id) last_.valid = false;
+
+  seq s;
+  s.id = r.id;
+  s.prompt_tokens = static_cast<std::uint32_t>(r.prompt.size());
+  s.max_tokens = r.max_tokens;
+  s.generated = static_cast<std::uint32_t>(r.resume_tokens.size());
+  s.hash = fnv_offset;
+  for (const auto t : r.prompt) s.hash = extend(s.hash, t);
+  for (const auto t : r.resume_tokens) s.hash = extend(s.hash, t);
+  if (s.generated >= s.max_tokens) {  // a resume with nothing left to do
+    pending_finished_.push_back({s.id, finish_reason::length, s.generated});
+    return {};
+  }
+  s.stop_tokens = std::move(r.stop_tokens);
+  active_.insert(s.id);
+  waiting_.push_back(std::move(s));
+  return {};
+}
+
+void sim_engine::cancel(seq_id id) {
+  if (!active_.contains(id)) return;  // unknown or already finished
+  active_.erase(id);
+  const auto running = std::find_if(running_.begin(), running_.end(), [id](const seq& s) { return s.id == id; });
+  if (running != running_.end()) {
+    kv_used_ -= running->kv_tokens();
+    pending_finished_.push_back({id, finish_reason::cancelled, running->generated});
+    running_.erase(running);
+    // It ran in the last macro step; undoing that step would revive it.
+    last_.valid = false;
+    return;
+  }
+  const auto waiting = std::find_if(waiting_.begin(), waiting_.end(), [id](const seq& s) { return s.id == id; });
+  EXA_ASSERT_MSG(waiting != waiting_.end(), "an active id is running or waiting");
+  pending_finished_.push_back({id, finish_reason::cancelled, waiting->generated});
+  waiting_.erase(waiting);
+}
+
+bool sim_engine::idle() const { return running_.empty() && waiting_.empty() && pending_finished_.empty(); }
+
+engine_stats sim_engine::stats() const {
+  engine_stats s = stats_;
+  s.running = static_cast<std::uint32_t>(running_.size());
+  s.waiting = static_cast<std::uint32_t>(waiting_.size());
+  s.kv_capacity_tokens = clamp_u32(config_.kv_capacity_tokens);
+  s.kv_free_tokens = clamp_u32(config_.kv_capacity_tokens - kv_used_);
+  return s;
+}
+
+void sim_engine::set_device_sharing(std::uint32_t active_replicas) {
+  // Zero would mean "no replica uses the device", yet this one asks: treat
+  // it as having the device alone.
+  sharing_ = std::max<std::uint32_t>(active_replicas, 1);
+}
+
+// ---- engine: macro steps ---------------------------------------------------
+
+step_result sim_engine::step() {
+  begin_step(sharing_);
+  step_result out;
+  out.finished = std::move(pending_finished_);
+  pending_finished_.clear();
+  last_.pending.assign(out.finished.begin(), out.finished.end());
+  run_macro(out, std::numeric_limits<std::uint32_t>::max(), std::numeric_limits<std::uint32_t>::max());
+  return out;
+}
+
+void sim_engine::begin_step(std::uint32_t sharing) {
+  // The previous step is final now: what it retired is gone for good.
+  last_.finished.clear();
+  last_.valid = false;
+  last_.sharing = sharing;
+  last_.kv_used = kv_used_;
+  last_.next_admit = next_admit_;
+  last_.stats = stats_;
+  for (seq& s : running_) {
+    s.generated_before = s.generated;
+    s.hash_before = s.hash;
+  }
+}
+
+void sim_engine::run_macro(step_result& out, std::uint32_t admit_limit, std::uint32_t decode_limit) {
+  last_.boundaries_s.clear();
+  const double prefill_s = admit(out, admit_limit);
+  last_.has_prefill = last_.admitted > 0;
+  if (running_.empty()) {
+    // Every queued request fits an empty engine (submit checked it against
+    // the whole KV capacity), so an engine with nothing running admits.
+    EXA_ASSERT(waiting_.empty() || admit_limit == 0);
+    return;  // idle, or only finishes to report: no time passes
+  }
+  ++stats_.steps;
+  out.tokens.reserve(out.tokens.size() + token_bound(prefill_s));
+
+  bool finished = false;
+  if (last_.has_prefill) {
+    // Each admitted sequence's first token comes out of its prefill.
+    last_.boundaries_s.push_back(prefill_s);
+    for (std::size_t i = running_.size() - last_.admitted; i < running_.size(); ++i)
+      finished = emit(running_[i], out) || finished;
+  }
+  // A step that prefills ends there: its first tokens reach their clients
+  // at the exact moment they exist (TTFT is the metric everyone reads), and
+  // decoding resumes in the next macro step.
+  if (!finished && !(last_.has_prefill && config_.prefill_ends_step)) decode(out, prefill_s, decode_limit);
+  retire();
+
+  out.duration_s = last_.boundaries_s.back();
+  out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
+  stats_.generated_tokens += out.tokens.size();
+  stats_.prefill_tokens += out.prefill_tokens;
+  // Only a step with a boundary before its end can be cut.
+  last_.valid = last_.boundaries_s.size() >= 2;
+}
+
+double sim_engine::admit(step_result& out, std::uint32_t admit_limit) {
+  // Strict FIFO, the whole prompt + max_tokens reserved at once: an admitted
+  // sequence always runs to its end, so nothing is ever preempted and
+  // nothing deadlocks. The first admission of a step ignores the token
+  // budget, so a prompt longer than it still gets in (alone).
+  double prefill_s = 0;
+  std::uint64_t tokens = 0;
+  std::uint32_t admitted = 0;
+  while (!waiting_.empty() && admitted < admit_limit && running_.size() < config_.max_running) {
+    seq& s = waiting_.front();
+    const std::uint64_t prefill_tokens = s.context();  // prompt + resumed tokens
+    if (kv_used_ + s.kv_tokens() > config_.kv_capacity_tokens) break;
+    if (admitted > 0 && tokens + prefill_tokens > config_.max_batch_tokens) break;
+    // Attention is per sequence: each prompt attends only to itself.
+    prefill_s += cost_.prefill_s(prefill_tokens);
+    tokens += prefill_tokens;
+    kv_used_ += s.kv_tokens();
+    s.admit_order = next_admit_++;
+    s.generated_before = s.generated;
+    s.hash_before = s.hash;
+    running_.push_back(std::move(s));
+    waiting_.pop_front();
+    ++admitted;
+  }
+  last_.admitted = admitted;
+  out.prefill_tokens = clamp_u32(tokens);
+  return prefill_s;
+}
+
+std::size_t sim_engine::token_bound(double prefill_s) const {
+  // Every sequence emits at most one token per boundary, and the macro step
+  // ends when the first one runs out (or at the horizon): reserve for that
+  // many, so a step allocates its token vector once.
+  std::uint64_t remaining = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t context = 0;
+  for (const seq& s : running_) {
+    remaining = std::min<std::uint64_t>(remaining, s.max_tokens - s.generated);
+    context += s.context();
+  }
+  const auto batch = static_cast<std::uint32_t>(running_.size());
+  const double first_step_s = cost_.decode_step_s(batch, context, last_.sharing);
+  // Later decode steps read more context, so none is shorter than the first.
+  // The bound only sizes a reservation: cap it so that no input overflows it.
+  constexpr std::uint64_t steps_max = 1u << 16;
+  const double fit = first_step_s > 0 ? std::floor(std::max(0.0, config_.horizon_s - prefill_s) / first_step_s) : 1e18;
+  const std::uint64_t by_time = static_cast<std::uint64_t>(std::min(fit, static_cast<double>(steps_max))) + 1;
+  const std::uint64_t steps = std::min({remaining, by_time, steps_max});
+  return static_cast<std::size_t>(std::uint64_t{batch} * (steps + 1));
+}
+
+void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode_limit) {
+  // Every running sequence is prefilled now; the batch stays fixed until the
+  // first one finishes, which ends the macro step.
+  const auto batch = static_cast<std::uint32_t>(running_.size());
+  std::uint64_t context = 0;
+  for (const seq& s : running_) context += s.context();
+  double elapsed_s = prefill_s;
+  for (std::uint32_t k = 0; k < decode_limit; ++k) {
+    const double step_s = cost_.decode_step_s(batch, context, last_.sharing);
+    const bool must_progress = last_.boundaries_s.empty();  // a macro step ends at a boundary
+    if (!must_progress && elapsed_s + step_s > config_.horizon_s) break;
+    elapsed_s += step_s;
+    bool finished = false;
+    for (seq& s : running_) finished = emit(s, out) || finished;
+    last_.boundaries_s.push_back(elapsed_s);
+    context += batch;
+    if (finished) return;
+  }
+}
+
+bool sim_engine::emit(seq& s, step_result& out) {
+  EXA_ASSERT(!s.done && s.generated < s.max_tokens);
+  const model::token_id t = token_of(s.hash, cost_.model().vocab_size);
+  if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), t) != s.stop_tokens.end()) {
+    s.done = true;
+    out.finished.push_back({s.id, finish_reason::stop, s.generated});
+    return true;
+  }
+  out.tokens.push_back({s.id, t, s.generated});
+  s.hash = extend(s.hash, t);
+  ++s.generated;
+  if (s.generated < s.max_tokens) return false;
+  s.done = true;
+  out.finished.push_back({s.id, finish_reason::length, s.generated});
+  return true;
+}
+
+void sim_engine::retire() {
+  // Finished sequences leave the batch and free their KV, but are kept (in
+  // admission order) until the next step in case this one is rolled back.
+  auto keep = running_.begin();
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->done) {
+      kv_used_ -= it->kv_tokens();
+      active_.erase(it->id);
+      last_.finished.push_back(std::move(*it));
+    } else {
+      if (keep != it) *keep = std::move(*it);
+      ++keep;
+    }
+  }
+  running_.erase(keep, running_.end());
+}
+
+// ---- engine: truncation ----------------------------------------------------
+
+std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
+  if (!last_.valid || std::isnan(elapsed_s)) return std::nullopt;
+  const std::vector<double>& b = last_.boundaries_s;
+  EXA_ASSERT(b.size() >= 2);
+  const auto cut = static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), elapsed_s) - b.begin());
+  if (cut + 1 >= b.size()) return std::nullopt;  // the first boundary at or after it is the end
+  const double cut_s = b[cut];
+  // The prefill part is one boundary; every decode step is one more.
+  const auto decode_kept = static_cast<std::uint32_t>(last_.has_prefill ? cut : cut + 1);
+  const std::uint32_t admitted = last_.admitted;
+  const std::uint32_t sharing = last_.sharing;
+  std::vector<finish_event> pending = std::move(last_.pending);
+
+  // Undo the whole step, then replay it up to the cut: the replay admits the
+  // same sequences (they are back at the head of the queue, later arrivals
+  // behind them), runs under the same sharing, and emits the same tokens.
+  rollback();
+  begin_step(sharing);
+  step_result out;
+  out.finished = pending;
+  last_.pending = std::move(pending);
+  run_macro(out, admitted, decode_kept);
+  EXA_ASSERT_MSG(last_.admitted == admitted, "the replay admits what the step admitted");
+  EXA_ASSERT_MSG(std::abs(out.duration_s - cut_s) <= 1e-9 * cut_s, "the replay ends at the cut");
+  return out;
+}
+
+void sim_engine::rollback() {
+  // Put the retired sequences back among the running ones, in admission
+  // order, and every counter back to where the step found it.
+  const auto retired_from = static_cast<std::ptrdiff_t>(running_.size());
+  for (seq& s : last_.finished) {
+    active_.insert(s.id);
+    running_.push_back(std::move(s));
+  }
+  last_.finished.clear();
+  std::inplace_merge(running_.begin(), running_.begin() + retired_from, running_.end(),
+                     [](const seq& a, const seq& b) { return a.admit_order < b.admit_order; });
+  for (seq& s : running_) {
+    s.generated = s.generated_before;
+    s.hash = s.hash_before;
+    s.done = false;
+  }
+  // What the step admitted goes back to the head of the queue, in order.
+  while (!running_.empty() && running_.back().admit_order >= last_.next_admit) {
+    waiting_.push_front(std::move(running_.back()));
+    running_.pop_back();
+  }
+  kv_used_ = last_.kv_used;
+  next_admit_ = last_.next_admit;
+  stats_ = last_.stats;
+  last_.valid = false;
+}
+
+}  // namespace exa::engine

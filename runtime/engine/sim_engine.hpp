@@ -1,0 +1,170 @@
+#pragma once
+// The simulated engine: the inference_engine interface over a cost model
+// instead of a model, so the real control plane (actors) can run a 256-node,
+// 3072-replica cluster in virtual time. Continuous batching is modeled like
+// the CPU engine's scheduler (admission within KV capacity and batch limits,
+// prefill of the admitted prompts, decode steps for every running sequence;
+// KV is reserved whole at admission, so nothing is preempted), but one step()
+// covers a whole *macro step*: every decode step until the next sequence
+// finishes, capped by a horizon -- the batch does not change in between, so
+// its duration is computed in closed form instead of one event per token. A
+// request that arrives meanwhile is joined exactly at the next step boundary
+// via truncate_last_step(). Token ids are a deterministic function of the
+// sequence (like the zero-cost engine), so resumed requests continue exactly.
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/engine.hpp"
+
+namespace exa::engine {
+
+/// What the cost model needs about a device (see cluster::device_spec for the
+/// public presets it is built from).
+struct sim_device {
+  double memory_bandwidth_bytes_per_s = 3.35e12;  // H100 SXM
+  double flops_per_s = 989e12;                    // dense fp16/bf16
+  double int8_ops_per_s = 1979e12;
+  double load_bytes_per_s = 2e9;                  // storage / network, for model loads
+  double bandwidth_efficiency = 0.8;              // achievable share of peak bandwidth
+  double compute_efficiency = 0.5;                // achievable share of peak compute (MFU)
+};
+
+/// What the cost model needs about a model (see cluster::model_shape).
+struct sim_model {
+  std::uint64_t parameters = 0;
+  std::uint64_t weight_bytes = 0;           // as stored (precision included)
+  std::uint64_t kv_bytes_per_token = 0;     // all layers, K and V
+  std::uint32_t n_layers = 0;
+  std::uint32_t dim = 0;
+  std::uint32_t vocab_size = 32000;
+  std::uint32_t context_length = 4096;
+  bool int8_compute = false;                // int8/int4 weights: compute at int8 rate
+};
+
+/// Closed-form step times. Pure; documented formulas (docs/SIMULATION.md).
+class sim_cost_model {
+ public:
+  sim_cost_model(sim_model model, sim_device device) : model_(model), device_(device) {}
+
+  /// Prefill of `tokens` new prompt tokens that attend to `context_before`
+  /// earlier ones: compute-bound, 2·params·tokens FLOPs for the matrices
+  /// plus the attention term 4·layers·dim·tokens·(context_before + tokens/2).
+  double prefill_s(std::uint64_t tokens, std::uint64_t context_before = 0) const;
+  /// One decode step for `batch` sequences holding `context_tokens` in total,
+  /// with `sharing` replicas splitting the device's bandwidth: the larger of
+  /// the memory time (weights + KV read) and the compute time.
+  double decode_step_s(std::uint32_t batch, std::uint64_t context_tokens, std::uint32_t sharing = 1) const;
+  /// Model load: weight bytes over the load bandwidth.
+  double load_s() const;
+
+  const sim_model& model() const noexcept { return model_; }
+  const sim_device& device() const noexcept { return device_; }
+
+ private:
+  /// Achievable matrix throughput: the int8 rate for int8_compute models,
+  /// in prefill and decode alike, scaled by compute_efficiency.
+  double compute_ops_per_s() const noexcept;
+
+  sim_model model_;
+  sim_device device_;
+};
+
+struct sim_engine_config {
+  std::uint32_t max_running = 64;
+  std::uint32_t max_waiting = 4096;
+  std::uint32_t max_batch_tokens = 2048;  // prompt tokens prefilled per macro step; a longer prompt is admitted alone
+  std::uint64_t kv_capacity_tokens = 1 << 20;
+  double horizon_s = 2.0;                 // a macro step never models more than this
+  /// A macro step that prefills ends after its prefill, so first tokens
+  /// reach clients when they exist (exact TTFT; what the simulator uses).
+  /// Off: prefill and the decode steps after it share one macro step (fewer
+  /// events, TTFT late by up to a macro step).
+  bool prefill_ends_step = false;
+};
+
+class sim_engine final : public inference_engine {
+ public:
+  sim_engine(sim_cost_model cost, sim_engine_config config);
+
+  expected<void> submit(generation_request request) override;
+  void cancel(seq_id id) override;
+  bool idle() const override;
+  /// A macro step: admissions and their prefill (first tokens at its end),
+  /// then decode steps until the next finish or the horizon; duration_s set.
+  step_result step() override;
+  engine_stats stats() const override;
+  void set_device_sharing(std::uint32_t active_replicas) override;
+  /// Cuts the last macro step at its first boundary at or after elapsed_s
+  /// (the end of its prefill part, or of a decode step) by undoing it and
+  /// replaying it up to there. Requests submitted since stay waiting for the
+  /// next step. Nullopt when that boundary is the step's end, or when a
+  /// cancel of one of its sequences (or a reuse of an id it finished) has
+  /// made it final. See docs/SIMULATION.md.
+  std::optional<step_result> truncate_last_step(double elapsed_s) override;
+
+  const sim_cost_model& cost() const noexcept { return cost_; }
+
+ private:
+  /// One request as the simulation needs it: counters and a running hash,
+  /// never the tokens themselves (O(1) state per sequence).
+  struct seq {
+    seq_id id = 0;
+    std::uint64_t admit_order = 0;  // larger = admitted later
+    std::uint32_t prompt_tokens = 0;
+    std::uint32_t max_tokens = 0;   // resume tokens included
+    std::uint32_t generated = 0;    // resume tokens included
+    std::uint64_t hash = 0;         // FNV-1a over prompt + generated tokens
+    // The two counters as the last macro step found them, so that
+    // truncate_last_step() can roll the sequence back without a copy.
+    std::uint32_t generated_before = 0;
+    std::uint64_t hash_before = 0;
+    bool done = false;              // finished within the current macro step
+    std::vector<model::token_id> stop_tokens;
+
+    std::uint64_t kv_tokens() const noexcept { return std::uint64_t{prompt_tokens} + max_tokens; }
+    std::uint64_t context() const noexcept { return std::uint64_t{prompt_tokens} + generated; }
+  };
+
+  /// What undoing the tail of the last macro step needs. Sequences untouched
+  /// by it (waiting ones, later submissions) need nothing.
+  struct last_step {
+    bool valid = false;                 // a macro step ran and nothing since forbids undoing it
+    bool has_prefill = false;           // boundaries_s[0] is the end of the prefill part
+    std::uint32_t sharing = 1;          // the bandwidth share it ran under
+    std::uint32_t admitted = 0;         // sequences it admitted (and prefilled)
+    std::uint64_t kv_used = 0;          // state before it
+    std::uint64_t next_admit = 0;
+    engine_stats stats;
+    std::vector<finish_event> pending;  // finishes decided before it (cancellations) that it reported
+    std::vector<seq> finished;          // sequences it retired, kept until the next step
+    std::vector<double> boundaries_s;   // its step boundaries; the last one is its duration
+  };
+
+  expected<void> check(const generation_request& r) const;
+  void begin_step(std::uint32_t sharing);
+  void run_macro(step_result& out, std::uint32_t admit_limit, std::uint32_t decode_limit);
+  double admit(step_result& out, std::uint32_t admit_limit);
+  std::size_t token_bound(double prefill_s) const;
+  void decode(step_result& out, double prefill_s, std::uint32_t decode_limit);
+  bool emit(seq& s, step_result& out);
+  void retire();
+  void rollback();
+
+  sim_cost_model cost_;
+  sim_engine_config config_;
+  std::vector<seq> running_;  // admission order: the order tokens are emitted in
+  std::deque<seq> waiting_;
+  std::unordered_set<seq_id> active_;  // ids running or waiting
+  std::vector<finish_event> pending_finished_;
+  std::uint32_t sharing_ = 1;
+  std::uint64_t kv_used_ = 0;  // tokens reserved by running sequences
+  std::uint64_t next_admit_ = 0;
+  engine_stats stats_;
+  last_step last_;
+};
+
+}  // namespace exa::engine

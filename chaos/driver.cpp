@@ -269,7 +269,17 @@ bool disrupts(const event& fault, const event& e) {
   if (e.kind != event_kind::replica_state) return false;
   if (e.detail != "failed" && e.detail != "creating" && e.detail != "stopped") return false;
   if (fault.detail.rfind("kill_replica", 0) == 0) return e.replica == fault.replica;
+  if (fault.detail == "kill_rack" && fault.count > 0)
+    return e.node >= fault.node && (e.node - fault.node) % static_cast<std::int64_t>(fault.count) == 0;
   return e.node == fault.node;
+}
+
+bool later_fault_explains(const std::vector<event>& log, const event& fault, const event& e) {
+  for (const auto& g : log) {
+    if (g.t_ns > e.t_ns) break;  // log is sorted by time
+    if (g.kind == event_kind::fault_injected && g.t_ns > fault.t_ns && disrupts(g, e)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -288,7 +298,9 @@ std::vector<event> attribute_faults(std::vector<event> log, std::uint32_t desire
         d.fault_id = f.fault_id;
         added.push_back(d);
       }
-      if (disrupted < 0 && disrupts(f, e)) disrupted = e.t_ns;
+      // A disruption belongs to the latest fault that explains it: a replica
+      // failing after a later fault hit the same node is the later fault's.
+      if (disrupted < 0 && disrupts(f, e) && !later_fault_explains(log, f, e)) disrupted = e.t_ns;
     }
     if (disrupted < 0) continue;  // nothing was lost: nothing to recover
     // The first moment after the disruption with every replica serving again.

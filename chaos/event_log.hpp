@@ -20,7 +20,9 @@ enum class event_kind : std::uint8_t {
                       // value_ms = TTFT (-1 if none), value2_ms = end to end
   replica_state,      // replica, deployment, slot, epoch, node, detail = lifecycle state
   node_state,         // node, detail = "healthy" | "suspect" | "confirmed" | "down" | "up"
-  fault_injected,     // fault_id, detail = fault kind, node / replica / slot as targeted
+  fault_injected,     // fault_id, detail = fault kind, node / replica / slot as targeted;
+                      // kill_rack: node = the rack's first node, count = the rack stride
+                      // (the rack's nodes are node, node + count, ...)
   fault_detected,     // fault_id, detail = how ("monitor", "heartbeat_suspect", "heartbeat_confirmed",
                       // "device_check", "step_timeout")
   fault_recovered,    // fault_id: the cluster serves its desired replicas again

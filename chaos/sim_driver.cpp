@@ -191,6 +191,7 @@ void inject_rack_loss(detail::cluster_access& ca, cluster::fault_injector& inj, 
   e.kind = event_kind::fault_injected;
   e.fault_id = f.id;
   e.detail = "kill_rack";
+  e.count = std::max(1u, s.topology.racks);
   e.t_ns = ca.now_ns();
   bool first = true;
   for (std::uint32_t n = 0; n < s.topology.nodes; ++n) {

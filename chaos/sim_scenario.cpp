@@ -1,8 +1,11 @@
 #include "chaos/sim_scenario.hpp"
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <span>
@@ -339,6 +342,23 @@ expected<scenario> load_scenario(const std::string& path) {
   if (!text) return std::unexpected(text.error());
   auto parsed = parse_scenario(*text);
   if (!parsed) return make_error(parsed.error().code, path + ": " + parsed.error().message);
+  // A relative trace path that is not found from the working directory is
+  // looked up from the scenario's directory upward, so the shipped scenarios
+  // ("chaos/traces/...") work from anywhere in or outside the source tree.
+  namespace fs = std::filesystem;
+  auto& trace = parsed->workload.trace;
+  if (parsed->workload.kind == sim_workload_kind::trace && fs::path(trace).is_relative()) {
+    std::error_code ec;
+    if (!fs::exists(trace, ec)) {
+      for (fs::path dir = fs::absolute(path, ec).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+        if (fs::exists(dir / trace, ec)) {
+          trace = (dir / trace).string();
+          break;
+        }
+        if (dir == dir.parent_path()) break;
+      }
+    }
+  }
   return parsed;
 }
 

@@ -106,6 +106,9 @@ struct scenario {
 };
 
 expected<scenario> parse_scenario(const std::string& json_text);
+/// Reads and parses a scenario file. A relative trace path is taken from the
+/// working directory, or else from the scenario file's directory or the
+/// nearest parent directory that has it.
 expected<scenario> load_scenario(const std::string& path);
 
 /// Every fault of the scenario at a concrete time (random processes expanded

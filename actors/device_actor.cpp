@@ -131,8 +131,23 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
           seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         } else {  // a fixed cost per token keeps deterministic tests deterministic
           seconds = 1e-4 * (1 + result->prefill_tokens + result->decode_tokens);
+          if (s.config.model_step_time) {
+            const auto id = ++s.next_token;
+            auto promise = self->make_response_promise<step_done>();
+            s.timed_steps[id] = {promise, std::move(result), seconds};
+            self->delayed_send(self, std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9)),
+                               deliver_step{nullptr, id});
+            return promise;
+          }
         }
         return step_done{std::move(result), seconds};
+      },
+      [=](const deliver_step& m) {
+        auto& s = self->state;
+        auto it = s.timed_steps.find(m.token);
+        if (it == s.timed_steps.end()) return;
+        it->second.promise.deliver(step_done{std::move(it->second.result), it->second.seconds});
+        s.timed_steps.erase(it);
       },
   };
 }

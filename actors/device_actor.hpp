@@ -34,6 +34,10 @@ struct device_config {
   /// Report measured wall time per step (production) or a modeled cost
   /// (deterministic tests: the same inputs must give the same routing).
   bool measure_wall_time = true;
+  /// With measure_wall_time off: answer each step only after its modeled
+  /// cost has passed on the actor clock, so virtual time moves while tokens
+  /// stream and a fault can land mid-request (chaos plans in virtual time).
+  bool model_step_time = false;
   /// Simulated device (exaserve sim): no memory is reserved and engine steps
   /// take their modeled duration in virtual time, several replicas' steps
   /// overlapping and sharing the device's bandwidth.
@@ -82,6 +86,13 @@ struct device_state {
     std::uint64_t token = 0;
   };
   std::map<engine::inference_engine*, sim_step> sim_steps;
+  /// Modeled-time steps (model_step_time) waiting for their cost to pass.
+  struct timed_step {
+    caf::response_promise promise;
+    std::shared_ptr<engine::step_result> result;
+    double seconds = 0;
+  };
+  std::map<std::uint64_t, timed_step> timed_steps;
   std::uint64_t next_token = 0;
   double busy_s = 0;  // modeled busy time (utilization)
   static inline const char* name = "device";

@@ -85,6 +85,7 @@ expected<cluster_plan> make_plan(const cluster_options& o, std::shared_ptr<clust
     nc.device.page_bytes = o.kv_page_bytes;
     nc.device.threads = o.device_threads;
     nc.device.measure_wall_time = !o.deterministic;
+    nc.device.model_step_time = o.deterministic && o.model_step_time;
     nc.detached_devices = !o.deterministic;
     nc.heartbeat_interval_ms = o.heartbeat_interval_ms;
     nc.metrics = metrics;

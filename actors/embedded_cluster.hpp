@@ -60,6 +60,9 @@ struct cluster_options {
   /// Deterministic mode for tests: CAF's test scheduler in virtual time, and
   /// devices run inline instead of on their own threads.
   bool deterministic = false;
+  /// Deterministic mode: engine steps take their modeled cost in virtual
+  /// time instead of none, so requests are in flight when faults land.
+  bool model_step_time = false;
   /// Chaos harness hooks (null outside chaos runs).
   std::shared_ptr<cluster::fault_injector> fault_injector;
   std::shared_ptr<chaos::event_log> event_log;

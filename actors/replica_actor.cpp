@@ -1,5 +1,7 @@
 #include "actors/replica_actor.hpp"
 
+#include "common/assert.hpp"
+
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
@@ -9,6 +11,7 @@
 #include <chrono>
 
 #include "actors/device_actor.hpp"
+#include "common/assert.hpp"
 #include "engine/cpu_engine.hpp"
 #include "cluster/model_ref.hpp"
 #include "engine/null_engine.hpp"
@@ -96,6 +99,7 @@ void maybe_step(self_ptr self);
 void on_step_done(self_ptr self, const step_done& done) {
   auto& st = self->state;
   st.step_in_flight = false;
+  st.step_out = false;
   const engine::step_result& r = *done.result;
   // Speeds for the predictive router: exponentially weighted, per kind of step.
   if (done.seconds > 0) {
@@ -160,6 +164,7 @@ void maybe_step(self_ptr self) {
   auto& st = self->state;
   if (st.step_in_flight || !st.engine || st.engine->idle()) return;
   st.step_in_flight = true;
+  st.step_out = true;
   // No timeout per step (a timer per step would cost more than many steps):
   // a hung device is found by its node's health checks, which restart it,
   // and this replica follows its device down.
@@ -318,6 +323,7 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   if (st.step_in_flight && st.ctx.spec.engine == "sim") self->send(st.ctx.device, interrupt_step{st.engine.get()});
   with_engine(self, [=]() mutable {
     auto& s = self->state;
+    EXA_ASSERT_MSG(!s.step_out, "engine submit while a step is out on the device");
     if (auto ok = s.engine->submit(req); !ok) {
       promise.deliver(to_caf(ok.error()));
       return;
@@ -340,6 +346,7 @@ void on_cancel(self_ptr self, std::uint64_t request) {
     if (it == s.active.end()) return;
     self->demonitor(it->second.requester);
     s.active.erase(it);
+    EXA_ASSERT_MSG(!s.step_out, "engine cancel while a step is out on the device");
     s.engine->cancel(request);  // frees the request's KV blocks now
     maybe_step(self);           // reports the cancellation and moves on
   });

@@ -43,7 +43,8 @@ struct replica_actor_state {
   std::shared_ptr<engine::block_pool> pool;
   std::shared_ptr<engine::thread_pool> threads;
   std::shared_ptr<engine::inference_engine> engine;
-  bool step_in_flight = false;
+  bool step_in_flight = false;  // no new step may start (one is out, or deferred work runs)
+  bool step_out = false;        // a step is on the device: the engine must not be touched
   std::vector<std::function<void()>> deferred;  // engine calls waiting for the step to return
   struct active_request {
     caf::actor requester;

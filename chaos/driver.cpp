@@ -57,6 +57,7 @@ actors::cluster_options options_for(const run_config& rc, std::shared_ptr<cluste
   o.migration_parallelism = c.migration_parallelism;
   o.max_attempts = 8;
   o.deterministic = !rc.real_time;
+  o.model_step_time = true;  // in virtual time: faults must be able to land mid-stream
   o.fault_injector = std::move(inj);
   o.event_log = std::move(log);
   api::deploy_request d;

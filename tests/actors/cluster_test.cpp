@@ -169,6 +169,36 @@ TEST_CASE("a request in flight survives its replica being killed", "[actors][res
   }
 }
 
+TEST_CASE("requests that arrive during a step join the next one without touching the engine", "[actors][batching]") {
+  // Steps take modeled time: one is out on the device while more requests
+  // arrive. They wait, and when the step returns they are submitted with
+  // stepping held off (the replica asserts it never touches its engine while
+  // a step is out), so all of them join one next step.
+  auto o = test::cluster_fixture::defaults(1);
+  o.model_step_time = true;
+  test::cluster_fixture f(o);
+  f.advance(std::chrono::milliseconds(200));
+  REQUIRE(f.ready());
+  auto first = f.generate(request("first", "One", 6));
+  f.run();  // submitted; its first step is now out on the device
+  std::vector<std::shared_ptr<test::recording_sink>> later;
+  for (int i = 0; i < 3; ++i) later.push_back(f.generate(request("later" + std::to_string(i), "Two", 6)));
+  f.run();  // they reach the replica while the step is out
+  REQUIRE_FALSE(first->result.has_value());
+  for (const auto& s : later) CHECK(s->chunks.empty());
+  f.advance(std::chrono::milliseconds(200));
+  REQUIRE(first->result.has_value());
+  CHECK_FALSE(first->result->err.has_value());
+  CHECK(first->tokens() == engine_greedy("One", 6));
+  const auto want = engine_greedy("Two", 6);
+  for (const auto& s : later) {
+    REQUIRE(s->result.has_value());
+    CHECK_FALSE(s->result->err.has_value());
+    CHECK(s->result->replica == first->result->replica);  // no crash, no resume elsewhere
+    CHECK(s->tokens() == want);
+  }
+}
+
 TEST_CASE("unknown models and oversized prompts get errors naming the problem", "[actors][errors]") {
   test::cluster_fixture f(test::cluster_fixture::defaults(1));
   auto r = request("x", "hi", 4);

@@ -305,13 +305,25 @@ std::vector<event> attribute_faults(std::vector<event> log, std::uint32_t desire
     }
     if (disrupted < 0) continue;  // nothing was lost: nothing to recover
     // The first moment after the disruption with every replica serving again.
-    std::map<std::uint64_t, bool> live;
+    // Counted by slot: a slot serves when its newest epoch's replica does. A
+    // replica that vanished with a lost node never reports its end, and
+    // counting replicas would count it alongside its replacement.
+    struct slot_state {
+      std::uint64_t epoch = 0;
+      std::uint64_t replica = 0;
+      bool up = false;
+    };
+    std::map<std::pair<std::string, std::int64_t>, slot_state> live;
     for (const auto& e : log) {
       if (e.kind != event_kind::replica_state) continue;
-      live[e.replica] = e.detail == "ready" || e.detail == "serving";
+      // Events without a slot (none in practice) count by replica id.
+      std::pair<std::string, std::int64_t> key{e.deployment, e.slot};
+      if (e.slot < 0) key = {std::string(), -1 - static_cast<std::int64_t>(e.replica)};
+      auto& sl = live[key];
+      if (e.epoch >= sl.epoch) sl = {e.epoch, e.replica, e.detail == "ready" || e.detail == "serving"};
       if (e.t_ns < disrupted) continue;
       std::uint32_t n = 0;
-      for (const auto& [id, up] : live) n += up;
+      for (const auto& [k, v] : live) n += v.up;
       if (n >= desired_replicas) {
         event r;
         r.t_ns = e.t_ns;

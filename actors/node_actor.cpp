@@ -204,6 +204,14 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
                 d, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, "device failed (injected)")});
         } else if (f.kind == "hang") {
           if (auto d = st.sup->child(device_name(f.device))) self->send(d, f);
+        } else if (f.kind == "power_off") {
+          // The host is gone: its replicas end with their streams, nothing
+          // restarts them, and no heartbeat leaves. Only the control plane's
+          // own detection (missed heartbeats) can find out.
+          spdlog::warn("event=chaos_power_off node={} replicas={}", st.ctx.config.id, st.replicas.size());
+          st.powered_off = true;
+          for (auto& [id, r] : st.replicas)
+            if (r.handle) self->send(r.handle, self_fence_atom::value);
         } else if (f.kind == "slow_load") {
           if (auto c = st.sup->child("model-cache")) self->send(c, f);
         }
@@ -225,6 +233,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
       },
       [=](tick_atom) {
         auto& st = self->state;
+        if (st.powered_off) return;  // silent from now on
         check_lease(self);
         control_send(self, st.ctx.config.hooks, st.ctx.config.id, cluster::message_class::heartbeat,
                      st.ctx.health_monitor, heartbeat{st.ctx.config.id, ++st.heartbeat_sequence});
@@ -232,6 +241,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
       },
       [=](const spawn_replica& m) {
         auto& st = self->state;
+        if (st.powered_off) return;  // nobody home
         if (m.spec.device >= st.ctx.config.devices || st.replicas.count(m.spec.id)) {
           report_failed(self, m.spec, "node " + std::to_string(st.ctx.config.id) + " cannot host it on device " +
                                           std::to_string(m.spec.device));

@@ -65,6 +65,7 @@ struct node_state {
   std::uint64_t heartbeat_sequence = 0;
   std::int64_t last_ack_ns = 0;
   bool self_fenced = false;
+  bool powered_off = false;  // chaos: the host lost power; this actor only stands in for its silence
   std::uint64_t replica_restarts = 0;
   static inline const char* name = "node";
 };

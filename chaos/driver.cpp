@@ -257,8 +257,9 @@ using detail::inject;
 bool matches(const event& fault, const event& det) {
   const std::string kind = fault.detail;
   if (kind.rfind("kill_replica", 0) == 0) return det.detail == "monitor" && det.replica == fault.replica;
-  if (kind == "kill_node" || kind == "kill_rack")  // a rack is followed on its first node
-    return det.detail == "monitor" && det.node == fault.node && det.replica == 0;
+  if (kind == "kill_node") return det.detail == "monitor" && det.node == fault.node && det.replica == 0;
+  if (kind == "kill_rack")  // a silent rack, followed on its first node
+    return det.node == fault.node && (det.detail == "heartbeat_suspect" || det.detail == "heartbeat_confirmed");
   if (kind == "hang_device") return det.node == fault.node && (det.detail == "device_check" || det.detail == "monitor");
   if (kind == "fail_device") return det.node == fault.node && (det.detail == "monitor" || det.detail == "device_check");
   if (kind == "slow_model_load") return false;

@@ -182,9 +182,12 @@ std::vector<std::int32_t> prompt_ids(std::size_t index, std::uint32_t length, st
   return ids;
 }
 
-// A rack loss: its nodes crash, and the rack stays cut off for the rest of
-// the run (the restarted node processes are silent), so the control plane
-// must detect it and move the rack's slots elsewhere.
+// A rack loss (its switch or power): the rack's nodes fall silent for the rest
+// of the run and the replicas on them are gone, with their streams. Nothing
+// tells the control plane that the nodes are lost: it must suspect them from
+// missed heartbeats, confirm after the window and move their slots. (Killing
+// the node actors instead would be seen at once by their monitors, which
+// models a crashed process on a live host, not a lost rack.)
 void inject_rack_loss(detail::cluster_access& ca, cluster::fault_injector& inj, event_log& log, const scenario& s,
                       const sim_fault& f) {
   event e;
@@ -199,9 +202,7 @@ void inject_rack_loss(detail::cluster_access& ca, cluster::fault_injector& inj, 
     if (first) e.node = n;  // detection and recovery are followed on the rack's first node
     first = false;
     inj.arm(n, cluster::channel_fault::partition, std::numeric_limits<std::int64_t>::max());
-    if (auto node = ca.node(n))
-      caf::anon_send<caf::message_priority::high>(
-          node, caf::exit_msg{caf::actor_addr{}, detail::fault_reason("rack lost (injected)")});
+    if (auto node = ca.node(n)) caf::anon_send(node, actors::inject_fault{"power_off", 0, 0, 0});
   }
   spdlog::warn("event=sim_rack_lost rack={} at_s={:.1f}", *f.kill_rack, f.at_s);
   log.append(e);

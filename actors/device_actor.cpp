@@ -132,11 +132,13 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
         } else {  // a fixed cost per token keeps deterministic tests deterministic
           seconds = 1e-4 * (1 + result->prefill_tokens + result->decode_tokens);
           if (s.config.model_step_time) {
+            // The device runs one step at a time: replicas sharing it queue.
             const auto id = ++s.next_token;
+            const auto now = now_ns(self);
+            s.busy_until_ns = std::max(now, s.busy_until_ns) + static_cast<std::int64_t>(seconds * 1e9);
             auto promise = self->make_response_promise<step_done>();
             s.timed_steps[id] = {promise, std::move(result), seconds};
-            self->delayed_send(self, std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9)),
-                               deliver_step{nullptr, id});
+            self->delayed_send(self, std::chrono::nanoseconds(s.busy_until_ns - now), deliver_step{nullptr, id});
             return promise;
           }
         }

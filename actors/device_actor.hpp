@@ -93,6 +93,7 @@ struct device_state {
     double seconds = 0;
   };
   std::map<std::uint64_t, timed_step> timed_steps;
+  std::int64_t busy_until_ns = 0;  // modeled-time steps run one after another
   std::uint64_t next_token = 0;
   double busy_s = 0;  // modeled busy time (utilization)
   static inline const char* name = "device";

@@ -90,7 +90,7 @@ void on_replica_exit(self_ptr self, std::map<cluster::replica_id, node_state::re
   auto& st = self->state;
   auto& entry = it->second;
   const bool normal = !reason || reason == caf::exit_reason::normal;
-  if (normal) {  // stopped, drained or fenced on purpose
+  if (normal || st.powered_off) {  // stopped, drained or fenced on purpose; or nobody is left to restart it
     st.replicas.erase(it);
     return;
   }

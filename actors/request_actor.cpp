@@ -41,6 +41,7 @@ void finish(self_ptr self, api::finish_reason reason, std::optional<error> err =
     if (st.generated.size() > 1) r.timings.tpot_ms = (end - st.first_token_ns) / 1e6 / (st.generated.size() - 1);
   }
   r.replica = st.replica_id ? std::to_string(st.replica_id) : "";
+  r.resumes = st.resumes;
   if (const auto& m = st.ctx.metrics) {
     const std::string& model = st.ctx.request.model;
     const char* outcome = reason == api::finish_reason::error       ? "error"
@@ -149,6 +150,7 @@ void failover(self_ptr self, const std::string& why) {
   st.last_failure = why;
   if (st.replica) self->demonitor(st.replica);
   if (st.replica_id) {
+    ++st.resumes;
     st.tried.push_back(st.replica_id);
     self->send(st.ctx.router, replica_outcome{st.replica_id, false});
   }

@@ -53,6 +53,7 @@ struct request_actor_state {
   std::uint32_t attempts = 0;
   std::uint32_t backoff_ms = 0;
   bool done = false;
+  std::uint32_t resumes = 0;  // moves to another replica after one was serving it
   std::string last_failure;  // why the last attempt failed, for the final error
   std::int64_t start_ns = 0, first_token_ns = 0;
   static inline const char* name = "request";

@@ -164,6 +164,7 @@ struct logging_sink final : api::stream_sink {
                                                             : "completed";
     if (r.err) e.detail = std::string(to_string(r.err->code));
     e.count = r.usage.completion_tokens;
+    e.index = r.resumes;
     e.value_ms = first < 0 ? -1.0 : (first - start) / 1e6;
     e.value2_ms = (e.t_ns - start) / 1e6;
     log->append(std::move(e));
@@ -276,10 +277,20 @@ bool disrupts(const event& fault, const event& e) {
   return e.node == fault.node;
 }
 
+// Faults that end replicas directly. The others (partitions, jitter, dropped
+// or delayed messages, slow loads) disrupt only through the control plane's
+// decisions, seconds later, so a later one of them must not take over a
+// disruption that an earlier fault set in motion.
+bool ends_replicas(const event& fault) {
+  const std::string& k = fault.detail;
+  return k.rfind("kill_", 0) == 0 || k == "fail_device" || k == "hang_device";
+}
+
 bool later_fault_explains(const std::vector<event>& log, const event& fault, const event& e) {
   for (const auto& g : log) {
     if (g.t_ns > e.t_ns) break;  // log is sorted by time
-    if (g.kind == event_kind::fault_injected && g.t_ns > fault.t_ns && disrupts(g, e)) return true;
+    if (g.kind != event_kind::fault_injected || !ends_replicas(g) || !disrupts(g, e)) continue;
+    if (g.t_ns > fault.t_ns || (g.t_ns == fault.t_ns && g.fault_id > fault.fault_id)) return true;
   }
   return false;
 }
@@ -568,6 +579,7 @@ expected<run_outcome> run_plan(const run_config& rc) {
   inputs.desired_replicas[deployment_name] = rc.plan.cluster.replicas;
   auto violations = check_invariants(out.log, inputs);
   out.report = make_report(rc.plan.name, seed, out.log, std::move(violations));
+  if (rc.real_time) out.report.resumed = -1;  // HTTP clients cannot see a move
   out.report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return out;
 }

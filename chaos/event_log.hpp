@@ -17,6 +17,7 @@ enum class event_kind : std::uint8_t {
   request_accepted,   // request_id, deployment, detail = "greedy" or "sampled", count = max_tokens
   request_tokens,     // request_id, index = first token index, tokens
   request_finished,   // request_id, outcome, detail = error code (if any), count = tokens generated,
+                      // index = times it moved to another replica (0 where the client cannot see it),
                       // value_ms = TTFT (-1 if none), value2_ms = end to end
   replica_state,      // replica, deployment, slot, epoch, node, detail = lifecycle state
   node_state,         // node, detail = "healthy" | "suspect" | "confirmed" | "down" | "up"

@@ -36,6 +36,7 @@ struct request_times {
   bool finished = false;
   std::string outcome;
   double ttft_ms = -1;
+  bool resumed = false;
 };
 
 void note_fault(const event& e, std::int64_t t0_ns, std::vector<fault_report>& reports,
@@ -68,6 +69,7 @@ void note_request(const event& e, std::map<std::string, request_times>& requests
     r.finished = true;
     r.outcome = e.outcome;
     r.ttft_ms = e.value_ms;
+    r.resumed = e.index > 0;
   }
 }
 
@@ -87,6 +89,7 @@ void count_requests(const std::map<std::string, request_times>& requests,
     ++r.requests;
     if (!q.finished) ++r.lost;
     if (q.outcome == "completed") ++r.completed;
+    if (q.outcome == "completed" && q.resumed) ++r.resumed;
     if (q.outcome == "error" || q.outcome == "cancelled") ++r.errored;
     if (ttft) (in_any_window(*q.accepted_ns, faults) ? during_fault : clear).push_back(q.ttft_ms);
   }
@@ -193,6 +196,7 @@ std::string to_json(const run_report& r) {
               {"completed", r.completed},
               {"errored", r.errored},
               {"lost", r.lost},
+              {"resumed", r.resumed},
               {"ttft_p50_ms", round3(r.ttft_p50_ms)},
               {"ttft_p99_ms", round3(r.ttft_p99_ms)},
               {"ttft_p50_fault_ms", round3(r.ttft_p50_fault_ms)},
@@ -212,8 +216,8 @@ std::string to_table(const run_report& r) {
   std::string out;
   auto line = std::back_inserter(out);
   fmt::format_to(line, "chaos plan {}  seed {}  wall {:.3f} s  {}\n", r.plan, r.seed, r.wall_s, r.ok() ? "OK" : "FAILED");
-  fmt::format_to(line, "  requests {:>8}  completed {:>8}  errored {:>8}  lost {:>8}\n", r.requests, r.completed,
-                 r.errored, r.lost);
+  fmt::format_to(line, "  requests {:>8}  completed {:>8}  errored {:>8}  lost {:>8}  resumed {:>6}\n", r.requests,
+                 r.completed, r.errored, r.lost, r.resumed < 0 ? std::string("-") : std::to_string(r.resumed));
   fmt::format_to(line, "  ttft ms          {:>10} {:>10}\n", "p50", "p99");
   fmt::format_to(line, "    all            {:>10} {:>10}\n", ms_cell(r.ttft_p50_ms), ms_cell(r.ttft_p99_ms));
   fmt::format_to(line, "    during faults  {:>10} {:>10}\n", ms_cell(r.ttft_p50_fault_ms), ms_cell(r.ttft_p99_fault_ms));

@@ -30,6 +30,9 @@ struct run_report {
   std::uint64_t completed = 0;
   std::uint64_t errored = 0;    // finished with an error or cancellation
   std::uint64_t lost = 0;       // accepted, never finished: must be 0
+  /// Requests that moved to another replica mid-way and went on; -1 where the
+  /// client cannot tell (real-time runs over HTTP).
+  std::int64_t resumed = 0;
   // TTFT percentiles are exact (nearest rank) over the requests that had a
   // first token; -1 when a group has none.
   double ttft_p50_ms = 0, ttft_p99_ms = 0;                     // all requests
@@ -49,7 +52,7 @@ struct run_report {
 run_report make_report(const std::string& plan_name, std::uint64_t seed, const std::vector<event>& log,
                        std::vector<violation> violations);
 
-/// One JSON object: plan, seed, requests, completed, errored, lost, the six
+/// One JSON object: plan, seed, requests, completed, errored, lost, resumed, the six
 /// ttft_* fields, wall_s, ok, faults [{id, kind, injected_s, detect_ms,
 /// recover_ms}] and violations [{invariant, detail}]; times rounded to 3
 /// decimals so equal reports print equal bytes.

@@ -253,7 +253,7 @@ kj::Promise<void> http_service::complete(exchange& ex, kj::Own<generate_call> ca
       });
     }
   };
-  auto state = kj::heap<collected>(collected{kj::mv(call), std::move(meta), {}});
+  auto state = kj::heap<collected>(collected{kj::mv(call), std::move(meta), {}, {}});
   auto& s = *state;
   return s.run()
       .then([this, &ex, &s, &response](api::generate_result result) -> kj::Promise<void> {

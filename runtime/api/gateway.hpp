@@ -80,6 +80,7 @@ struct generate_result {
   request_timings timings;
   std::optional<error> err;  // set when reason == error (or a request was refused)
   std::string replica;       // which replica finished it (diagnostics)
+  std::uint32_t resumes = 0; // times it moved to another replica mid-way (diagnostics)
   std::uint32_t retry_after_ms = 0;  // for an overloaded refusal: when to try again
 };
 

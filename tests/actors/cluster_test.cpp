@@ -194,9 +194,16 @@ TEST_CASE("requests that arrive during a step join the next one without touching
   for (const auto& s : later) {
     REQUIRE(s->result.has_value());
     CHECK_FALSE(s->result->err.has_value());
-    CHECK(s->result->replica == first->result->replica);  // no crash, no resume elsewhere
     CHECK(s->tokens() == want);
+    // Sent together and admitted into the same step: the same virtual time
+    // to first token. (One step each would space them a step apart.)
+    CHECK(s->result->timings.ttft_ms == later.front()->result->timings.ttft_ms);
   }
+  // The replica was never restarted (a touched engine would have crashed it).
+  std::string text;
+  f.backend().metrics([&](std::string t) { text = std::move(t); });
+  CHECK_THAT(text, !Catch::Contains("exaserve_replica_restarts_total{node=\"0\"} 1"));
+  CHECK_THAT(text, !Catch::Contains("exaserve_replica_restarts_total{node=\"1\"} 1"));
 }
 
 TEST_CASE("unknown models and oversized prompts get errors naming the problem", "[actors][errors]") {

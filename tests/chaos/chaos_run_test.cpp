@@ -46,16 +46,17 @@ void require_ok(const chaos::run_outcome& out) {
 }  // namespace
 
 TEST_CASE("the ci plan keeps every invariant across many seeds", "[chaos][seeds]") {
-  std::uint64_t kills_detected = 0, partitions_recovered = 0, kills_mid_stream = 0;
+  std::uint64_t kills_detected = 0, partitions_recovered = 0;
+  std::int64_t resumed = 0;
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     CAPTURE(seed);  // a failure prints the seed that replays it
     auto out = chaos::run_plan(config("ci.json", seed));
     REQUIRE(out.has_value());
     require_ok(*out);
     CHECK(out->report.completed == out->report.requests);  // no request even errored
+    resumed += out->report.resumed;
     for (const auto& f : out->report.faults) {
       if (f.kind == "kill_replica" && f.detect_ms >= 0) ++kills_detected;
-      if (f.kind == "kill_replica" && f.in_flight > 0) ++kills_mid_stream;
       if (f.kind == "partition_node" && f.recover_ms >= 0) ++partitions_recovered;
     }
   }
@@ -64,7 +65,7 @@ TEST_CASE("the ci plan keeps every invariant across many seeds", "[chaos][seeds]
   CHECK(partitions_recovered >= 19);
   // Steps take modeled time, so kills land on streams in progress and the
   // resume path runs (and the invariants above prove it lost nothing).
-  CHECK(kills_mid_stream >= 10);  // 16 of 20 at the time of writing
+  CHECK(resumed >= 5);
 }
 
 TEST_CASE("equal seeds give byte-identical event logs, different seeds do not", "[chaos][determinism]") {
@@ -82,6 +83,7 @@ TEST_CASE("equal seeds give byte-identical event logs, different seeds do not", 
 }
 
 TEST_CASE("every example plan holds its invariants in virtual time", "[chaos][plans]") {
+  std::int64_t resumed = 0;
   for (const auto& entry : std::filesystem::directory_iterator(EXA_CHAOS_PLANS_DIR)) {
     const auto name = entry.path().filename().string();
     for (std::uint64_t seed : {1u, 2u}) {
@@ -89,8 +91,12 @@ TEST_CASE("every example plan holds its invariants in virtual time", "[chaos][pl
       auto out = chaos::run_plan(config(name, seed));
       REQUIRE(out.has_value());
       require_ok(*out);
+      resumed += out->report.resumed;
     }
   }
+  // Streams moved mid-way and finished with the failure-free text (the soak
+  // plan alone resumes about 85 per seed).
+  CHECK(resumed >= 100);
 }
 
 TEST_CASE("streamed HTTP completions survive killed replicas and a killed node", "[chaos][e2e]") {

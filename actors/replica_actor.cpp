@@ -286,16 +286,7 @@ void start(self_ptr self) {
       .then([=](const model_handle& h) {
         if (!h.model) return fail(self, "model load failed: " + h.error.message);
         self->state.model = h.model;
-        self->request(self->state.ctx.device, caf::infinite, resources_atom::value)
-            .then([=](const device_resources& res) {
-              self->state.pool = res.pool;
-              self->state.threads = res.threads;
-              auto eng = make_engine(self->state, res);
-              if (!eng) return fail(self, eng.error().message);
-              self->state.engine = std::move(*eng);
-              warm_up(self);
-            },
-            [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
+        start_with_resources(self);
       },
       [=](const caf::error& err) { fail(self, "model cache unavailable: " + caf::to_string(err)); });
 }

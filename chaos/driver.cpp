@@ -23,6 +23,7 @@
 #include "chaos/invariants.hpp"
 #include "chaos/sse_client.hpp"
 #include "cluster/fault_injector.hpp"
+#include "common/splitmix64.hpp"
 #include "engine/cpu_engine.hpp"
 #include "engine/null_engine.hpp"
 #include "engine/thread_pool.hpp"
@@ -176,12 +177,7 @@ struct logging_sink final : api::stream_sink {
 
 namespace detail {
 
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+std::uint64_t mix(std::uint64_t x) { return splitmix64(x); }
 
 caf::error fault_reason(const std::string& what) { return caf::make_error(caf::sec::runtime_error, what); }
 

@@ -12,6 +12,7 @@
 
 #include "chaos/plan_json.hpp"
 #include "common/assert.hpp"
+#include "common/splitmix64.hpp"
 
 namespace exa::chaos {
 
@@ -346,29 +347,6 @@ expected<plan> load_plan(const std::string& path) {
 
 namespace {
 
-/// splitmix64 (Steele, Lea, Flood): tiny, fast, and good enough to drive
-/// arrival times; the whole run's randomness comes from the plan seed.
-class splitmix64 {
- public:
-  explicit splitmix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    state_ += 0x9e3779b97f4a7c15ull;
-    return finalize(state_);
-  }
-  /// Uniform in [0, 1) with 53 random bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  /// Exponential gap of a Poisson process at `rate` events per unit time.
-  double exponential(double rate) { return -std::log1p(-uniform()) / rate; }
-
-  static std::uint64_t finalize(std::uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-
- private:
-  std::uint64_t state_;
-};
 
 // Independent streams per purpose and per fault or request, so adding a
 // fault to a plan does not move the times of the others.
@@ -378,7 +356,7 @@ constexpr std::uint64_t arrival_stream = 0x617272697661ull;    // "arrival"
 constexpr std::uint64_t prompt_stream = 0x70726f6d7074ull;     // "prompt"
 
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  return splitmix64::finalize(seed ^ splitmix64::finalize(stream + splitmix64::finalize(index)));
+  return splitmix64_finalize(seed ^ splitmix64_finalize(stream + splitmix64_finalize(index)));
 }
 
 // Hard caps behind the parse-time limits, for plans built in code.
@@ -397,7 +375,7 @@ std::vector<scheduled_fault> schedule(const plan& p, std::optional<std::uint64_t
       continue;
     }
     EXA_ASSERT_MSG(f.rate_per_min.has_value(), "a fault needs at_s or rate_per_min");
-    splitmix64 rng(derive_seed(s, fault_stream, i));
+    splitmix64_stream rng(derive_seed(s, fault_stream, i));
     const double rate_per_s = *f.rate_per_min / 60;
     double t = f.from_s;
     for (std::size_t n = 0; n < max_generated_per_process; ++n) {
@@ -423,7 +401,7 @@ std::vector<scheduled_request> schedule_workload(const plan& p, std::optional<st
   const double peak = std::max(start_rate, end_rate);
   std::vector<scheduled_request> out;
   if (!(peak > 0) || !(w.duration_s > 0) || w.prompts == 0) return out;
-  splitmix64 rng(derive_seed(s, arrival_stream, 0));
+  splitmix64_stream rng(derive_seed(s, arrival_stream, 0));
   double t = 0;
   for (std::size_t n = 0; n < max_generated_requests; ++n) {
     t += rng.exponential(peak);
@@ -453,7 +431,7 @@ std::string workload_prompt(const workload_spec& w, std::uint32_t index) {
   out.reserve(n + 16);
   out.push_back(tag_alphabet[index % tag_alphabet.size()]);
   out.push_back(tag_alphabet[(index / tag_alphabet.size()) % tag_alphabet.size()]);
-  splitmix64 rng(derive_seed(0, prompt_stream, index));
+  splitmix64_stream rng(derive_seed(0, prompt_stream, index));
   while (out.size() < n) {
     out.push_back(' ');
     out += words[rng.next() % words.size()];

@@ -12,34 +12,12 @@
 #include <string_view>
 
 #include "common/assert.hpp"
+#include "common/splitmix64.hpp"
 
 namespace exa::chaos {
 
 namespace {
 
-/// splitmix64 (Steele, Lea, Flood): tiny and good enough to drive arrival
-/// times; all of a workload's randomness comes from the scenario seed.
-class splitmix64 {
- public:
-  explicit splitmix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    state_ += 0x9e3779b97f4a7c15ull;
-    return finalize(state_);
-  }
-  /// Uniform in [0, 1) with 53 random bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  /// Exponential gap of a Poisson process at `rate` events per second.
-  double exponential(double rate) { return -std::log1p(-uniform()) / rate; }
-
-  static std::uint64_t finalize(std::uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-
- private:
-  std::uint64_t state_;
-};
 
 // Separate streams for arrival times and lengths, so changing the lengths of
 // a workload does not move its arrivals.
@@ -47,7 +25,7 @@ constexpr std::uint64_t arrival_stream = 0x73696d617272ull;  // "simarr"
 constexpr std::uint64_t length_stream = 0x73696d6c656eull;   // "simlen"
 
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream) {
-  return splitmix64::finalize(seed ^ splitmix64::finalize(stream));
+  return splitmix64_finalize(seed ^ splitmix64_finalize(stream));
 }
 
 // ---------------------------------------------------------------------------
@@ -245,7 +223,7 @@ expected<std::vector<sim_request>> replay(const std::string& path, const std::ve
   return out;
 }
 
-std::uint32_t jittered(splitmix64& rng, std::uint32_t base) {
+std::uint32_t jittered(splitmix64_stream& rng, std::uint32_t base) {
   const double v = std::round(static_cast<double>(base) * (0.75 + 0.5 * rng.uniform()));
   return static_cast<std::uint32_t>(std::max(1.0, v));
 }
@@ -278,8 +256,8 @@ std::vector<sim_request> synthetic_workload(const sim_workload_spec& w, double d
     const double phase = std::fmod(t, w.burst_period_s) / w.burst_period_s;
     return phase < burst_share ? peak : w.rate_per_s / b;
   };
-  splitmix64 arrivals(derive_seed(seed, arrival_stream));
-  splitmix64 lengths(derive_seed(seed, length_stream));
+  splitmix64_stream arrivals(derive_seed(seed, arrival_stream));
+  splitmix64_stream lengths(derive_seed(seed, length_stream));
   double t = 0;
   while (out.size() < max_workload_rows) {
     t += arrivals.exponential(peak);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cluster/lifecycle.hpp"
+#include "common/splitmix64.hpp"
 #include "cluster/types.hpp"
 
 namespace exa::cluster {
@@ -69,39 +70,9 @@ struct load_report {
   std::uint32_t queue_capacity_left = queue_capacity_unbounded;
 };
 
-/// Seeded pseudo-random state (SplitMix64), passed explicitly so a seed
-/// replays every routing decision.
-class rng_state {
- public:
-  explicit constexpr rng_state(std::uint64_t seed) noexcept : state_(seed) {}
-
-  constexpr std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-
-  /// Uniform in [0, bound); bound must be > 0. Lemire's multiply-shift with
-  /// rejection, so small bounds carry no modulo bias.
-  constexpr std::uint32_t below(std::uint32_t bound) noexcept {
-    std::uint64_t product = (next() >> 32) * bound;
-    auto low = static_cast<std::uint32_t>(product);
-    if (low < bound) {
-      const std::uint32_t threshold = (0u - bound) % bound;
-      while (low < threshold) {
-        product = (next() >> 32) * bound;
-        low = static_cast<std::uint32_t>(product);
-      }
-    }
-    return static_cast<std::uint32_t>(product >> 32);
-  }
-
-  constexpr std::uint64_t state() const noexcept { return state_; }
-
- private:
-  std::uint64_t state_;
-};
+/// Seeded pseudo-random state, passed explicitly so a seed replays every
+/// routing decision.
+using rng_state = splitmix64_stream;
 
 /// Whether a candidate can take a new request, given whether its epoch is
 /// the current one for its slot.

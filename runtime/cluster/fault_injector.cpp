@@ -4,13 +4,7 @@
 
 namespace exa::cluster {
 
-double fault_injector::uniform() {
-  std::uint64_t z = (rng_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
+double fault_injector::uniform() { return rng_.uniform(); }
 
 void fault_injector::arm(node_id node, channel_fault kind, std::int64_t until_ns, double probability,
                          std::int64_t delay_ns) {

@@ -13,6 +13,8 @@
 
 #include "cluster/types.hpp"
 
+#include "common/splitmix64.hpp"
+
 namespace exa::cluster {
 
 enum class channel_fault : std::uint8_t { partition, jitter, drop, delay, duplicate };
@@ -52,7 +54,7 @@ class fault_injector {
   double uniform();
 
   std::mutex mutex_;
-  std::uint64_t rng_;
+  splitmix64_stream rng_;
   std::map<node_id, std::vector<armed>> faults_;
 };
 

@@ -5,16 +5,10 @@
 #include <string>
 
 #include "common/assert.hpp"
+#include "common/splitmix64.hpp"
 
 namespace exa::engine {
 namespace {
-
-std::uint64_t splitmix64(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 model::token_id argmax(const float* logits, std::size_t vocab) noexcept {
   std::size_t best = 0;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/assert.hpp"
+#include "common/splitmix64.hpp"
 #include "model/gguf_writer.hpp"
 #include "model/quantize.hpp"
 #include "model/tokenizer.hpp"
@@ -61,13 +62,6 @@ std::uint64_t parameter_count(const model_spec& s) {
 }
 
 // --- deterministic weights -------------------------------------------------
-
-std::uint64_t splitmix64(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::uint64_t fnv1a64(std::string_view s) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ull;

@@ -12,6 +12,7 @@
 
 #include "chaos/plan_json.hpp"
 #include "common/assert.hpp"
+#include "common/json_syntax.hpp"
 #include "common/splitmix64.hpp"
 
 namespace exa::chaos {
@@ -232,31 +233,6 @@ void parse_faults(const object_reader& r, plan& p) {
   }
 }
 
-/// Captures the first syntax error: nlohmann reports it only through an
-/// exception or a SAX handler, and business logic does not catch.
-class syntax_error_capture final : public nlohmann::json_sax<json> {
- public:
-  std::string message;
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
-    std::string_view what = ex.what();
-    if (auto pos = what.find("] "); pos != std::string_view::npos) what.remove_prefix(pos + 2);
-    message = std::string(what);
-    return false;
-  }
-};
-
 }  // namespace
 
 std::string_view to_string(fault_kind k) noexcept {
@@ -291,9 +267,7 @@ expected<json_detail::json> json_detail::parse_json_object(const std::string& te
     return make_error(errc::invalid_argument, fmt::format("{}: larger than {} bytes", what, max_bytes));
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    syntax_error_capture capture;
-    json::sax_parse(text, &capture, json::input_format_t::json, /*strict=*/true);
-    return make_error(errc::invalid_argument, fmt::format("{}: not valid JSON: {}", what, capture.message));
+    return make_error(errc::invalid_argument, fmt::format("{}: not valid JSON: {}", what, json_syntax_error(text)));
   }
   if (!doc.is_object()) return make_error(errc::invalid_argument, fmt::format("{}: must be a JSON object", what));
   return doc;

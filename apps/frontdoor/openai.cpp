@@ -5,6 +5,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/json_syntax.hpp"
 #include "error_mapping.hpp"
 
 namespace exa::door {
@@ -18,39 +19,10 @@ request_error field_error(std::string field, std::string message, errc code = er
   return request_error{error{code, std::move(message)}, std::move(field)};
 }
 
-/// Captures the first syntax error of a body that failed to parse, so the
-/// client learns where it is (nlohmann reports it only through this or an
-/// exception, and business logic does not catch).
-class syntax_error_capture final : public nlohmann::json_sax<json> {
- public:
-  std::string message;
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
-    // Drop the "[json.exception.parse_error.101] " prefix: noise for clients.
-    std::string_view what = ex.what();
-    if (auto pos = what.find("] "); pos != std::string_view::npos) what.remove_prefix(pos + 2);
-    message = std::string(what);
-    return false;
-  }
-};
-
 std::expected<json, request_error> parse_body(std::string_view body) {
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
-    syntax_error_capture capture;
-    json::sax_parse(body, &capture, json::input_format_t::json, /*strict=*/true);
-    return std::unexpected(field_error("", "request body is not valid JSON: " + capture.message));
+    return std::unexpected(field_error("", "request body is not valid JSON: " + json_syntax_error(body)));
   }
   if (!parsed.is_object()) return std::unexpected(field_error("", "request body must be a JSON object"));
   return parsed;

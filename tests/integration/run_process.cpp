@@ -70,6 +70,8 @@ process_result run_process(const std::vector<std::string>& argv, std::chrono::mi
   process_result r;
   r.timed_out = killed;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.signaled = WIFSIGNALED(status);
+  r.signal = r.signaled ? WTERMSIG(status) : 0;
   r.out = slurp(out_path);
   r.err = slurp(err_path);
   ::unlink(out_path);

@@ -10,6 +10,8 @@ namespace exa::test {
 
 struct process_result {
   int exit_code = -1;  // -1 if killed by a signal
+  bool signaled = false;  // ended by a signal (the deadline's SIGKILL too)
+  int signal = 0;
   bool timed_out = false;
   std::string out;
   std::string err;

@@ -143,14 +143,16 @@ void measure_stalls(const std::vector<event>& log, run_report& r) {
 
 }  // namespace
 
-double percentile(std::vector<double> values, double p) {
-  EXA_ASSERT(p > 0 && p <= 100);
-  if (values.empty()) return -1;
+double nearest_rank(const std::vector<double>& sorted, unsigned p) {
+  EXA_ASSERT(p >= 1 && p <= 100);
+  if (sorted.empty()) return -1;
+  const std::size_t rank = std::max<std::size_t>(1, (p * sorted.size() + 99) / 100);
+  return sorted[rank - 1];
+}
+
+double percentile(std::vector<double> values, unsigned p) {
   std::sort(values.begin(), values.end());
-  // Nearest rank: the smallest value with at least p% of the values at or
-  // below it.
-  const auto rank = static_cast<std::size_t>(std::ceil(p / 100 * static_cast<double>(values.size())));
-  return values[std::clamp<std::size_t>(rank, 1, values.size()) - 1];
+  return nearest_rank(values, p);
 }
 
 run_report make_report(const std::string& plan_name, std::uint64_t seed, const std::vector<event>& log,

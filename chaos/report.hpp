@@ -61,7 +61,12 @@ std::string to_json(const run_report& r);
 /// violations or "all invariants held".
 std::string to_table(const run_report& r);
 
-/// The exact nearest-rank percentile (0 < p <= 100) of `values`; -1 if empty.
-double percentile(std::vector<double> values, double p);
+/// The exact nearest-rank percentile p (whole percent, 1..100) of `sorted`:
+/// the smallest value with at least p% of the values at or below it; -1 if
+/// empty. Integer rank arithmetic, because 0.99 * 100 is not 99 in floating
+/// point.
+double nearest_rank(const std::vector<double>& sorted, unsigned p);
+/// nearest_rank of `values` after sorting them.
+double percentile(std::vector<double> values, unsigned p);
 
 }  // namespace exa::chaos

@@ -1,4 +1,5 @@
 #include "chaos/sim_report.hpp"
+#include "chaos/report.hpp"
 
 #include <fmt/format.h>
 
@@ -23,17 +24,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 constexpr double nan_v = std::numeric_limits<double>::quiet_NaN();
-
-/// Nearest-rank percentile `p` (in whole percent) of sorted `v`: the smallest
-/// value with at least p% of the values at or below it. Integer rank
-/// arithmetic, because 0.99 * 100 is not 99 in floating point.
-double nearest_rank(const std::vector<double>& sorted, unsigned p) {
-  EXA_ASSERT(p >= 1 && p <= 100);
-  if (sorted.empty()) return -1;
-  const std::size_t n = sorted.size();
-  const std::size_t rank = std::max<std::size_t>(1, (p * n + 99) / 100);
-  return sorted[rank - 1];
-}
 
 /// Time per output token after the first, in ms; nullopt below 2 tokens or
 /// without a first token.

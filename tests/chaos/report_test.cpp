@@ -84,6 +84,9 @@ TEST_CASE("percentiles are exact nearest-rank values", "[chaos]") {
   CHECK(percentile({7}, 99) == 7);
   CHECK(percentile({}, 50) == -1);
   CHECK(percentile({1, 2, 3}, 50) == 2);
+  // Rank arithmetic in integers: of 1..100, p55 is rank 55 exactly (0.55 * 100
+  // in doubles is 55.00000000000001, whose ceiling would pick 56).
+  CHECK(percentile(v, 55) == 55);
 }
 
 TEST_CASE("the report counts requests and times faults from the log", "[chaos]") {

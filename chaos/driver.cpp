@@ -368,12 +368,23 @@ timeline make_timeline(const run_config& rc, std::uint64_t seed) {
   return t;
 }
 
-void log_cleared(event_log& log, std::int64_t t, std::uint64_t id) {
-  event e;
-  e.t_ns = t;
-  e.kind = event_kind::fault_cleared;
-  e.fault_id = id;
-  log.append(std::move(e));
+// Timed faults still active: (when it ends, fault id).
+using pending_clears = std::vector<std::pair<std::int64_t, std::uint64_t>>;
+
+// Logs fault_cleared for every timed fault that has ended by `now_ns`.
+void log_cleared(event_log& log, pending_clears& clears, std::int64_t now_ns) {
+  for (auto it = clears.begin(); it != clears.end();) {
+    if (it->first > now_ns) {
+      ++it;
+      continue;
+    }
+    event e;
+    e.t_ns = now_ns;
+    e.kind = event_kind::fault_cleared;
+    e.fault_id = it->second;
+    log.append(std::move(e));
+    it = clears.erase(it);
+  }
 }
 
 std::uint32_t ready_replicas(cluster_access& ca) {
@@ -391,7 +402,7 @@ void run_virtual(const run_config& rc, actors::embedded_cluster& cluster, cluste
   const std::int64_t start = ca.now_ns();
   const std::int64_t duration = static_cast<std::int64_t>(rc.plan.workload.duration_s * 1e9);
   const std::int64_t limit = duration + static_cast<std::int64_t>(rc.drain_s * 1e9);
-  std::vector<std::pair<std::int64_t, std::uint64_t>> clears;
+  pending_clears clears;
   std::vector<std::atomic<bool>> done(tl.requests.size());
   std::size_t next_fault = 0, next_request = 0;
   std::uint64_t checks = 0;
@@ -414,13 +425,7 @@ void run_virtual(const run_config& rc, actors::embedded_cluster& cluster, cluste
       backend->generate(to_api(rc, r), sink);
       ++next_request;
     }
-    for (auto it = clears.begin(); it != clears.end();)
-      if (it->first <= ca.now_ns()) {
-        log_cleared(*log, ca.now_ns(), it->second);
-        it = clears.erase(it);
-      } else {
-        ++it;
-      }
+    log_cleared(*log, clears, ca.now_ns());
     const bool all_done = next_request == tl.requests.size() &&
                           std::all_of(done.begin(), done.end(), [](const auto& d) { return d.load(); });
     if (elapsed >= limit) break;
@@ -511,7 +516,7 @@ expected<void> run_real_time(const run_config& rc, actors::embedded_cluster& clu
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_wall).count();
   };
   std::vector<std::thread> clients;
-  std::vector<std::pair<std::int64_t, std::uint64_t>> clears;
+  pending_clears clears;
   std::size_t next_fault = 0, next_request = 0;
   const std::int64_t duration = static_cast<std::int64_t>(rc.plan.workload.duration_s * 1e9);
   std::int64_t last_progress = 0;
@@ -525,13 +530,7 @@ expected<void> run_real_time(const run_config& rc, actors::embedded_cluster& clu
       const auto r = tl.requests[next_request++];
       clients.emplace_back([&, r] { http_request(port, rc, r, log, now); });
     }
-    for (auto it = clears.begin(); it != clears.end();)
-      if (it->first <= ca.now_ns()) {
-        log_cleared(*log, ca.now_ns(), it->second);
-        it = clears.erase(it);
-      } else {
-        ++it;
-      }
+    log_cleared(*log, clears, ca.now_ns());
     if (t - last_progress >= 5'000'000'000) {  // progress on long runs
       last_progress = t;
       spdlog::info("event=chaos_progress elapsed_s={:.0f} duration_s={:.0f} requests_sent={} faults_injected={}",

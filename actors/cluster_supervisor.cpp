@@ -6,6 +6,10 @@
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
 
+#include <map>
+
+#include "actors/hub_actor.hpp"
+
 namespace exa::actors {
 namespace {
 
@@ -19,6 +23,8 @@ void trap_exits(caf::stateful_actor<State>* self) {
   });
 }
 
+}  // namespace
+
 caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self, cluster_plan plan,
                                caf::actor controller, caf::actor router, caf::actor health) {
   // Node losses are routine at scale (a rack is many nodes at once): the
@@ -28,9 +34,13 @@ caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self
   auto& sup = self->state.sup.emplace(self, "nodes", supervision_strategy::one_for_one, budget,
                                       std::chrono::milliseconds(plan.restart_window_ms));
   trap_exits(self);
+  std::map<cluster::node_id, node_config> configs;
+  for (const auto& nc : plan.nodes) configs[nc.id] = nc;
   sup.on_started = [=](const std::string& name, const caf::actor& handle) {
     const auto id = static_cast<cluster::node_id>(std::stoul(name.substr(5)));  // "node-<id>"
-    self->send(controller, node_up{id, handle});
+    const auto& nc = configs.at(id);
+    // In this process the router itself is the node's hub.
+    self->send(controller, node_join{id, nc.rack, nc.devices, nc.device.memory_bytes, nc.address, handle, router});
   };
   for (const auto& nc : plan.nodes) {
     node_context ctx{nc, controller, router, health};
@@ -41,8 +51,6 @@ caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self
   return {[](tick_atom) {}};
 }
 
-}  // namespace
-
 caf::behavior cluster_supervisor(caf::stateful_actor<cluster_supervisor_state>* self, cluster_plan plan) {
   auto& sup = self->state.sup.emplace(self, "cluster", supervision_strategy::rest_for_one, plan.max_restarts,
                                       std::chrono::milliseconds(plan.restart_window_ms));
@@ -51,6 +59,7 @@ caf::behavior cluster_supervisor(caf::stateful_actor<cluster_supervisor_state>* 
     auto& reg = self->home_system().registry();
     if (name == "router") reg.put(router_atom::value, caf::actor_cast<caf::strong_actor_ptr>(handle));
     if (name == "controller") reg.put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(handle));
+    if (name == "health-monitor") reg.put(health_atom::value, caf::actor_cast<caf::strong_actor_ptr>(handle));
   };
   auto* s = &sup;
   sup.add_child({"health-monitor",
@@ -58,6 +67,7 @@ caf::behavior cluster_supervisor(caf::stateful_actor<cluster_supervisor_state>* 
                  restart_policy::permanent});
   sup.add_child({"router",
                  [plan](caf::scheduled_actor* parent) {
+                   if (plan.router_is_hub) return parent->spawn(hub_actor);
                    return parent->spawn(router_actor, plan.router, plan.metrics);
                  },
                  restart_policy::permanent});

@@ -29,6 +29,7 @@ namespace exa::actors {
 
 using router_atom = caf::atom_constant<caf::atom("router")>;
 using controller_atom = caf::atom_constant<caf::atom("controller")>;
+using health_atom = caf::atom_constant<caf::atom("health")>;
 
 struct cluster_plan {
   health_config health;
@@ -36,6 +37,9 @@ struct cluster_plan {
   controller_config controller;
   std::vector<node_config> nodes;
   std::shared_ptr<cluster_metrics> metrics;
+  /// The controller process of the distributed cluster: a hub stands where
+  /// the router would be, and the gateways' routers subscribe to it.
+  bool router_is_hub = false;
   std::uint32_t max_restarts = 5;        // per supervisor, within the window
   std::uint32_t restart_window_ms = 60000;
 };
@@ -51,5 +55,15 @@ struct nodes_supervisor_state {
 };
 
 caf::behavior cluster_supervisor(caf::stateful_actor<cluster_supervisor_state>* self, cluster_plan plan);
+
+struct cluster_options;
+/// The supervision plan of a cluster with these options (embedded: every
+/// node listed; the distributed controller clears the nodes, which join).
+expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_ptr<cluster_metrics> metrics);
+
+/// The nodes of `plan`, one_for_one; each (re)started node joins `controller`
+/// (node_join, with `router` as the hub routers hear it through).
+caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self, cluster_plan plan,
+                               caf::actor controller, caf::actor router, caf::actor health);
 
 }  // namespace exa::actors

@@ -56,6 +56,10 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   }
 }
 
+deployment_announce announce(const std::string& name, const controller_state::deployment& dep) {
+  return {name, dep.model_file, dep.spec.model.vocab_size, dep.spec.model.context_length, dep.routing};
+}
+
 void remember(self_ptr self, const api::deploy_request& req) {
   std::lock_guard lock(self->state.config.desired->mutex);
   self->state.config.desired->deployments[req.name] = req;
@@ -159,6 +163,7 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   const auto state = static_cast<replica_state>(ev.state);
   it->second.state = state;
   it->second.reason = ev.reason;
+  if (ev.handle) it->second.handle = ev.handle;
   if (cluster::accepts_requests(state) && st.migrating.erase(ev.id)) pump_migrations(self);
   if (state == replica_state::stopped) {
     st.migrating.erase(ev.id);
@@ -251,9 +256,9 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
   if (ref->is_preset()) {  // simulation: a published shape, no weights
     dep.spec.model = *ref->preset;
   } else {
+    // Read for its shape only: nodes and gateways open the file themselves.
     auto model = model::llama_model::load(file);
     if (!model) return to_caf(model.error());
-    dep.model = *model;
     dep.spec.model = cluster::model_shape_from(**model);
   }
   dep.routing = routing;
@@ -264,8 +269,7 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
   dep.spec.replica.max_batch_tokens = st.config.max_batch_tokens;
   dep.spec.replica.replica_overhead_bytes = st.config.replica_overhead_bytes;
   st.deployments[req.name] = dep;
-  self->send(st.router, deployment_info{req.name, dep.model, dep.spec.model.vocab_size,
-                                        dep.spec.model.context_length, dep.routing});
+  self->send(st.router, announce(req.name, dep));
   std::string why;
   const std::size_t missing = place_missing(self, req.name, &why);
   spdlog::info("event=deployed deployment={} model={} replicas={} placed={} routing={}", req.name, file, req.replicas,
@@ -288,6 +292,77 @@ void stop_slots(self_ptr self, const std::string& name, std::uint32_t from_slot)
   }
 }
 
+
+std::vector<api::model_info> list_models(self_ptr self) {
+  std::vector<api::model_info> out;
+  for (const auto& [name, dep] : self->state.deployments) {
+    api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length};
+    for (const auto& [id, r] : self->state.replicas)
+      if (r.deployment == name && cluster::accepts_requests(r.state)) ++mi.replicas_ready;
+    out.push_back(std::move(mi));
+  }
+  return out;
+}
+
+// A node (re)started. First sight of its id adds it to placement (nodes of
+// the distributed cluster are not known in advance); every join refreshes
+// its handle, starts what was placed there meanwhile and tells gateways.
+void on_node_join(self_ptr self, const node_join& m) {
+  auto& s = self->state;
+  if (!s.placement->node_index(m.node)) {
+    cluster::node_info info{m.node, m.rack, m.devices, m.device_memory_bytes};
+    if (auto ok = s.placement->add_node(info); !ok) {
+      spdlog::error("event=node_join_refused node={} address={} error=\"{}\"", m.node, m.address,
+                    to_string(ok.error()));
+      if (m.handle) self->send_exit(m.handle, to_caf(ok.error()));
+      return;
+    }
+    spdlog::info("event=node_added node={} rack={} devices={} device_memory_bytes={} address={}", m.node, m.rack,
+                 m.devices, m.device_memory_bytes, m.address.empty() ? "-" : m.address);
+  }
+  s.nodes[m.node] = m.handle;
+  s.contacts[m.node] = {m.address, m.hub};
+  self->monitor(m.handle);
+  for (auto& [id, r] : s.replicas)
+    if (r.node == m.node && !r.spawned) {
+      self->send(m.handle, spawn_replica{r.spec});
+      r.spawned = true;
+    }
+  for (const auto& agent : s.gateway_agents) self->send(agent, node_announce{m.node, m.address, m.hub});
+  // A restarted node can take slots again (unless it is cordoned).
+  for (auto& p : s.pending_migrations) std::erase(p.excluded, m.node);
+  // Deployments of the config that waited for nodes may go now.
+  std::size_t joined = 0;
+  for (const auto& [id, h] : s.nodes) joined += h != nullptr;
+  if (joined < s.config.deploy_after_nodes) return pump_migrations(self);
+  auto waiting = std::move(s.awaiting_nodes);
+  s.awaiting_nodes.clear();
+  for (const auto& req : waiting)
+    if (auto r = on_deploy(self, req); r.flag == caf::rt_error) s.awaiting_nodes.push_back(req);
+  pump_migrations(self);
+}
+
+// A gateway joined: it gets the whole picture now and every change after.
+void on_gateway_join(self_ptr self, const gateway_join& m) {
+  auto& s = self->state;
+  spdlog::info("event=gateway_joined gateways={}", s.gateway_agents.size() + 1);
+  for (const auto& [name, dep] : s.deployments) self->send(m.router, announce(name, dep));
+  for (const auto& [slot, epoch] : s.slot_epochs) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
+  for (const auto& [id, r] : s.replicas)
+    if (r.handle)
+      self->send(m.router, replica_event{r.id, r.deployment, r.slot, r.epoch, r.node, r.device,
+                                         static_cast<std::uint8_t>(r.state), r.reason, r.handle});
+  for (const auto& [node, health] : s.node_health)
+    self->send(m.router, node_health_msg{node, static_cast<std::uint8_t>(health)});
+  for (const auto& [node, c] : s.contacts)
+    if (s.nodes[node]) self->send(m.agent, node_announce{node, c.address, c.hub});
+  self->send(s.router, subscribe_msg{m.router});
+  if (m.agent) {
+    s.gateway_agents.push_back(m.agent);
+    self->monitor(m.agent);
+  }
+}
+
 }  // namespace
 
 caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, controller_config config,
@@ -296,7 +371,9 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
   st.config = std::move(config);
   st.router = std::move(router);
   st.health_monitor = std::move(health_monitor);
-  auto placement = cluster::cluster_state::create(st.config.nodes, st.config.device_reserved_bytes);
+  auto placement = st.config.nodes.empty()
+                       ? expected<cluster::cluster_state>(cluster::cluster_state::empty(st.config.device_reserved_bytes))
+                       : cluster::cluster_state::create(st.config.nodes, st.config.device_reserved_bytes);
   if (!placement) {
     spdlog::error("event=controller_start_failed error=\"{}\"", to_string(placement.error()));
     self->quit(to_caf(placement.error()));
@@ -310,7 +387,11 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
     desired = st.config.desired->deployments;
   }
   for (const auto& [name, req] : desired)
-    if (auto r = on_deploy(self, req); r.flag == caf::rt_error) {
+    if (st.placement->nodes().empty()) {
+      // The distributed controller starts before any node joined: deploy
+      // when there is somewhere to place.
+      st.awaiting_nodes.push_back(req);
+    } else if (auto r = on_deploy(self, req); r.flag == caf::rt_error) {
       // Not startable (bad file, nothing fits): drop it, so requests waiting
       // for it fail now instead of at their deadline.
       spdlog::error("event=deploy_failed deployment={} error=\"{}\"", name, to_string(from_caf(r.err)));
@@ -318,23 +399,17 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       self->send(st.router, deployment_removed{name});
     }
   self->set_down_handler([=](const caf::down_msg& dm) {
+    auto& agents = self->state.gateway_agents;
+    if (std::erase_if(agents, [&](const caf::actor& a) { return a.address() == dm.source; }) > 0) {
+      spdlog::warn("event=gateway_lost gateways={} reason=\"{}\"", agents.size(), caf::to_string(dm.reason));
+      return;
+    }
     for (auto& [id, handle] : self->state.nodes)
       if (handle && handle.address() == dm.source) return on_node_down(self, id);
   });
   return {
-      [=](const node_up& m) {
-        auto& s = self->state;
-        s.nodes[m.node] = m.handle;
-        self->monitor(m.handle);
-        for (auto& [id, r] : s.replicas)
-          if (r.node == m.node && !r.spawned) {
-            self->send(m.handle, spawn_replica{r.spec});
-            r.spawned = true;
-          }
-        // A restarted node can take slots again (unless it is cordoned).
-        for (auto& p : s.pending_migrations) std::erase(p.excluded, m.node);
-        pump_migrations(self);
-      },
+      [=](const node_join& m) { on_node_join(self, m); },
+      [=](const gateway_join& m) { on_gateway_join(self, m); },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
       [=](const node_health_msg& m) { on_node_health(self, m); },
       [=](const retry_slot& m) {
@@ -388,16 +463,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         spdlog::info("event=scaled deployment={} from={} to={}", m.name, old, m.replicas);
         return ok_atom::value;
       },
-      [=](models_atom) {
-        models_reply out;
-        for (const auto& [name, dep] : self->state.deployments) {
-          api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length};
-          for (const auto& [id, r] : self->state.replicas)
-            if (r.deployment == name && cluster::accepts_requests(r.state)) ++mi.replicas_ready;
-          out.models.push_back(std::move(mi));
-        }
-        return out;
-      },
+      [=](models_atom) { return models_reply{list_models(self)}; },
       [=](ready_atom) {
         for (const auto& [name, dep] : self->state.deployments) {
           bool any = false;
@@ -408,14 +474,16 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       },
       [=](status_atom) {
         auto& s = self->state;
-        auto status = std::make_shared<api::cluster_status>();
+        api::cluster_status status;
         for (const auto& n : s.placement->nodes()) {
           const bool up = s.nodes.count(n.id) && s.nodes[n.id];
           const auto h = s.node_health.count(n.id) ? s.node_health[n.id] : cluster::node_health::healthy;
-          status->nodes.push_back({n.id, n.rack, !up ? "down" : std::string(cluster::to_string(h))});
+          const auto contact = s.contacts.find(n.id);
+          status.nodes.push_back({n.id, n.rack, !up ? "down" : std::string(cluster::to_string(h)),
+                                  contact == s.contacts.end() ? "" : contact->second.address});
           for (std::uint32_t d = 0; d < n.devices; ++d) {
             const auto* l = s.placement->ledger({n.id, d});
-            status->devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});
+            status.devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});
           }
         }
         for (const auto& [id, r] : s.replicas) {
@@ -427,24 +495,10 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
           rs.state = std::string(cluster::to_string(r.state));
           rs.node = r.node;
           rs.device = r.device;
-          status->replicas.push_back(std::move(rs));
+          status.replicas.push_back(std::move(rs));
         }
-        auto promise = self->make_response_promise<status_reply>();
-        self->request(s.router, std::chrono::seconds(5), loads_atom::value)
-            .then(
-                [=](const std::vector<replica_load>& loads) mutable {
-                  for (auto& rs : status->replicas)
-                    for (const auto& l : loads)
-                      if (std::to_string(l.id) == rs.id) {
-                        rs.running = l.running;
-                        rs.queued = l.queued;
-                        rs.kv_used_tokens = l.kv_used_tokens;
-                        rs.kv_capacity_tokens = l.kv_capacity_tokens;
-                      }
-                  promise.deliver(status_reply{status});
-                },
-                [=](const caf::error&) mutable { promise.deliver(status_reply{status}); });
-        return promise;
+        status.models = list_models(self);
+        return status_reply{std::move(status)};
       },
   };
 }

@@ -53,30 +53,15 @@ struct controller_config {
   std::uint32_t slot_max_replacements = 5;       // within the window, per slot
   std::uint32_t slot_replacement_window_ms = 300000;
   std::uint32_t slot_retry_after_ms = 30000;     // a given-up slot is tried again after this
+  /// Distributed mode: configured deployments are placed once this many
+  /// nodes joined (so they spread over the expected nodes, not the first).
+  std::uint32_t deploy_after_nodes = 1;
 };
 
-/// A node (re)started: the controller (re)learns its handle.
-struct node_up {
-  cluster::node_id node = 0;
-  caf::actor handle;
-};
-struct deploy_msg {
-  api::deploy_request request;
-};
-struct undeploy_msg {
-  std::string name;
-};
-struct scale_msg {
-  std::string name;
-  std::uint32_t replicas = 0;
-};
 /// controller -> controller: try a given-up slot again.
 struct retry_slot {
   std::string deployment;
   std::uint32_t slot = 0;
-};
-struct models_reply {
-  std::vector<api::model_info> models;
 };
 /// health monitor -> controller: what it knows of each node.
 struct node_states {
@@ -89,10 +74,16 @@ struct controller_state {
   caf::actor router;
   caf::actor health_monitor;
   std::map<cluster::node_id, caf::actor> nodes;
+  struct node_contact {
+    std::string address;  // where gateways reach it ("" in the embedded cluster)
+    caf::actor hub;       // where routers subscribe to it
+  };
+  std::map<cluster::node_id, node_contact> contacts;
+  std::vector<caf::actor> gateway_agents;  // told of every node that joins
+  std::vector<api::deploy_request> awaiting_nodes;  // configured deployments waiting for a node
   struct deployment {
     cluster::deployment_spec spec;
     std::string model_file;
-    std::shared_ptr<const model::llama_model> model;
     std::string routing;
   };
   std::map<std::string, deployment> deployments;
@@ -107,6 +98,7 @@ struct controller_state {
     std::string reason;
     bool spawned = false;  // spawn_replica sent (its node was known)
     replica_spec spec;
+    caf::actor handle;  // the replica actor, once it reported (for gateways joining later)
   };
   std::map<cluster::replica_id, replica_record> replicas;
   std::map<cluster::slot_ref, cluster::epoch_t> slot_epochs;
@@ -134,10 +126,5 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
 
 }  // namespace exa::actors
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::node_up)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deploy_msg)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::undeploy_msg)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::scale_msg)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::models_reply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::retry_slot)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::node_states)

@@ -16,6 +16,7 @@
 #include "actors/gateway_bridge.hpp"
 #include "actors/messages.hpp"
 #include "cluster/hardware.hpp"
+#include "cluster/membership.hpp"
 #include "engine/sim_engine.hpp"
 
 namespace exa::actors {
@@ -36,7 +37,9 @@ class system_config : public caf::actor_system_config {
   }
 };
 
-expected<cluster_plan> make_plan(const cluster_options& o, std::shared_ptr<cluster_metrics> metrics) {
+}  // namespace
+
+expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_ptr<cluster_metrics> metrics) {
   cluster_plan plan;
   std::optional<engine::sim_device> sim;
   std::uint64_t memory_bytes = o.device_memory_bytes;
@@ -93,15 +96,11 @@ expected<cluster_plan> make_plan(const cluster_options& o, std::shared_ptr<clust
     nc.device_check_interval_ms = o.device_check_interval_ms;
     nc.device_check_timeout_ms = o.device_check_timeout_ms;
     nc.replica_step_timeout_ms = o.step_timeout_ms;
-    // One interval before the monitor can confirm the node failed.
-    const std::uint64_t confirm_ms = std::uint64_t{o.suspect_after_missed} * o.heartbeat_interval_ms + o.observation_window_ms;
-    nc.lease_ms = static_cast<std::uint32_t>(confirm_ms > 2ull * o.heartbeat_interval_ms ? confirm_ms - o.heartbeat_interval_ms : confirm_ms);
+    nc.lease_ms = cluster::node_lease_ms(o.heartbeat_interval_ms, o.suspect_after_missed, o.observation_window_ms);
     plan.nodes.push_back(nc);
   }
   return plan;
 }
-
-}  // namespace
 
 struct embedded_cluster::impl {
   explicit impl(const cluster_options& o) : config(o), system(config) {}
@@ -125,7 +124,7 @@ expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_opti
   p->deterministic = options.deterministic;
   p->metrics = cluster_metrics::create();
   p->backend = make_gateway_bridge(p->system, p->metrics);
-  auto plan = make_plan(options, p->metrics);
+  auto plan = make_cluster_plan(options, p->metrics);
   if (!plan) return std::unexpected(plan.error());
   p->root = p->system.spawn(cluster_supervisor, std::move(*plan));
   if (!options.deterministic) {

@@ -36,8 +36,12 @@ class bridge final : public api::gateway_backend {
   }
 
   void status(std::function<void(expected<api::cluster_status>)> done) override {
-    ask<status_reply>(status_atom::value, [done](const status_reply& r) { done(*r.status); },
-                   [done](const error& e) { done(std::unexpected(e)); });
+    // The controller knows placement and lifecycle; loads live in this
+    // gateway's router, which hears them from the replicas.
+    auto router = lookup(router_atom::value);
+    ask<status_reply>(status_atom::value,
+                      [this, router, done](const status_reply& r) { with_loads(router, r.status, done); },
+                      [done](const error& e) { done(std::unexpected(e)); });
   }
 
   void metrics(std::function<void(std::string)> done) override;
@@ -62,6 +66,27 @@ class bridge final : public api::gateway_backend {
   }
 
  private:
+  void with_loads(const caf::actor& router, api::cluster_status status,
+                  std::function<void(expected<api::cluster_status>)> done) {
+    if (!router) return done(std::move(status));
+    sys_.spawn([router, status = std::move(status), done](caf::event_based_actor* self) mutable {
+      self->request(router, std::chrono::seconds(5), loads_atom::value)
+          .then(
+              [=](const std::vector<replica_load>& loads) mutable {
+                for (auto& rs : status.replicas)
+                  for (const auto& l : loads)
+                    if (std::to_string(l.id) == rs.id) {
+                      rs.running = l.running;
+                      rs.queued = l.queued;
+                      rs.kv_used_tokens = l.kv_used_tokens;
+                      rs.kv_capacity_tokens = l.kv_capacity_tokens;
+                    }
+                done(std::move(status));
+              },
+              [=](const caf::error&) mutable { done(std::move(status)); });
+    });
+  }
+
   caf::actor lookup(caf::atom_value name) {
     return caf::actor_cast<caf::actor>(sys_.registry().get(name));
   }

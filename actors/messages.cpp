@@ -61,6 +61,28 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<fence_notice>("exa.fence_notice");
   cfg.add_message_type<device_fault>("exa.device_fault");
   cfg.add_message_type<inject_fault>("exa.inject_fault");
+  cfg.add_message_type<api::model_info>("exa.model_info");
+  cfg.add_message_type<api::replica_status>("exa.replica_status");
+  cfg.add_message_type<api::device_status>("exa.device_status");
+  cfg.add_message_type<api::node_status>("exa.node_status");
+  cfg.add_message_type<api::cluster_status>("exa.cluster_status");
+  cfg.add_message_type<api::deploy_request>("exa.deploy_request");
+  cfg.add_message_type<deployment_announce>("exa.deployment_announce");
+  cfg.add_message_type<deployment_removed>("exa.deployment_removed");
+  cfg.add_message_type<deploy_msg>("exa.deploy");
+  cfg.add_message_type<undeploy_msg>("exa.undeploy");
+  cfg.add_message_type<scale_msg>("exa.scale");
+  cfg.add_message_type<models_reply>("exa.models_reply");
+  cfg.add_message_type<status_reply>("exa.status_reply");
+  cfg.add_message_type<join_identity>("exa.join_identity");
+  cfg.add_message_type<hello_msg>("exa.hello");
+  cfg.add_message_type<welcome_msg>("exa.welcome");
+  cfg.add_message_type<node_join>("exa.node_join");
+  cfg.add_message_type<node_announce>("exa.node_announce");
+  cfg.add_message_type<gateway_join>("exa.gateway_join");
+  cfg.add_message_type<subscribe_msg>("exa.subscribe");
+  cfg.add_message_type<std::vector<replica_load>>("exa.replica_loads");
+  cfg.add_message_type<std::vector<std::pair<cluster::node_id, std::uint8_t>>>("exa.node_healths");
 }
 
 }  // namespace exa::actors

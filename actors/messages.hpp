@@ -29,6 +29,42 @@ namespace exa::model {
 class llama_model;
 }  // namespace exa::model
 
+// The public API's value types cross processes too (admin calls from a
+// gateway to the controller); their inspect overloads live here, beside the
+// registration, so runtime/ stays free of CAF.
+namespace exa::api {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_info& x) {
+  return f(caf::meta::type_name("exa.model_info"), x.name, x.model_file, x.replicas_ready, x.replicas_desired,
+           x.context_length);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_status& x) {
+  return f(caf::meta::type_name("exa.replica_status"), x.id, x.deployment, x.slot, x.epoch, x.state, x.node,
+           x.device, x.running, x.queued, x.kv_used_tokens, x.kv_capacity_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_status& x) {
+  return f(caf::meta::type_name("exa.device_status"), x.node, x.device, x.kind, x.memory_bytes,
+           x.memory_used_bytes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_status& x) {
+  return f(caf::meta::type_name("exa.node_status"), x.id, x.rack, x.state, x.address);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {
+  return f(caf::meta::type_name("exa.cluster_status"), x.nodes, x.devices, x.replicas, x.models);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
+  return f(caf::meta::type_name("exa.deploy_request"), x.name, x.model_file, x.replicas, x.kv_tokens, x.routing,
+           x.max_replicas_per_node);
+}
+
+}  // namespace exa::api
+
 namespace exa::actors {
 
 // ---------------------------------------------------------------- atoms
@@ -337,6 +373,162 @@ typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {
   return f(caf::meta::type_name("exa.heartbeat"), x.node, x.sequence);
 }
 
+// ------------------------------------------------ deployments and admin
+
+/// controller -> routers: a deployment exists (or changed). Each gateway
+/// opens the model file itself for its tokenizer: no pointer crosses.
+struct deployment_announce {
+  std::string name;
+  std::string model_file;  // a GGUF path, or a preset reference (simulation)
+  std::uint32_t vocab_size = 0;
+  std::uint32_t context_length = 0;
+  std::string routing;  // policy name
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deployment_announce& x) {
+  return f(caf::meta::type_name("exa.deployment_announce"), x.name, x.model_file, x.vocab_size, x.context_length,
+           x.routing);
+}
+
+/// controller -> routers: a deployment is gone.
+struct deployment_removed {
+  std::string name;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deployment_removed& x) {
+  return f(caf::meta::type_name("exa.deployment_removed"), x.name);
+}
+
+/// gateway -> controller: admin calls. deploy, undeploy and scale reply
+/// ok_atom or an error; models replies models_reply; status status_reply.
+struct deploy_msg {
+  api::deploy_request request;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deploy_msg& x) {
+  return f(caf::meta::type_name("exa.deploy"), x.request);
+}
+struct undeploy_msg {
+  std::string name;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, undeploy_msg& x) {
+  return f(caf::meta::type_name("exa.undeploy"), x.name);
+}
+struct scale_msg {
+  std::string name;
+  std::uint32_t replicas = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, scale_msg& x) {
+  return f(caf::meta::type_name("exa.scale"), x.name, x.replicas);
+}
+struct models_reply {
+  std::vector<api::model_info> models;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, models_reply& x) {
+  return f(caf::meta::type_name("exa.models_reply"), x.models);
+}
+struct status_reply {
+  api::cluster_status status;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, status_reply& x) {
+  return f(caf::meta::type_name("exa.status_reply"), x.status);
+}
+
+// ------------------------------------------------------ joining a cluster
+
+/// Who is joining, checked by the controller before anything else: a
+/// process of another cluster or another build is refused with a reason
+/// that both sides log.
+struct join_identity {
+  std::string cluster;  // the cluster's name
+  std::string version;  // the build's protocol version
+  std::string role;     // "node" or "gateway"
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, join_identity& x) {
+  return f(caf::meta::type_name("exa.join_identity"), x.cluster, x.version, x.role);
+}
+
+/// new process -> controller's directory: may I join? Replies welcome_msg
+/// or an error (invalid_argument) naming the mismatch.
+struct hello_msg {
+  join_identity who;
+  cluster::node_id node = 0;  // nodes only
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, hello_msg& x) {
+  return f(caf::meta::type_name("exa.hello"), x.who, x.node);
+}
+/// The cluster's timings travel with the welcome, so every node heartbeats
+/// and fences itself by the controller's configuration.
+struct welcome_msg {
+  caf::actor controller;
+  caf::actor health_monitor;
+  std::uint32_t heartbeat_interval_ms = 0;
+  std::uint32_t lease_ms = 0;  // self-fence after this long without an ack
+  std::string engine;          // the engine the controller places replicas with
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, welcome_msg& x) {
+  return f(caf::meta::type_name("exa.welcome"), x.controller, x.health_monitor, x.heartbeat_interval_ms,
+           x.lease_ms, x.engine);
+}
+
+/// node -> controller: this node (re)started with these devices. The
+/// controller adds it to placement and health watching on first sight, and
+/// monitors `handle`: its loss moves the node's replicas elsewhere.
+struct node_join {
+  cluster::node_id node = 0;
+  cluster::rack_id rack = 0;
+  std::uint32_t devices = 0;
+  std::uint64_t device_memory_bytes = 0;
+  std::string address;  // host:port where the node publishes its hub ("" embedded)
+  caf::actor handle;    // the node actor
+  caf::actor hub;       // where routers subscribe for replica events and loads
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_join& x) {
+  return f(caf::meta::type_name("exa.node_join"), x.node, x.rack, x.devices, x.device_memory_bytes, x.address,
+           x.handle, x.hub);
+}
+
+/// controller -> gateway agents: a node to connect to directly (the data
+/// plane never goes through the controller) and subscribe at.
+struct node_announce {
+  cluster::node_id node = 0;
+  std::string address;
+  caf::actor hub;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_announce& x) {
+  return f(caf::meta::type_name("exa.node_announce"), x.node, x.address, x.hub);
+}
+
+/// gateway -> controller: a gateway's router wants the cluster's control
+/// events; its agent wants node announcements. The controller answers with
+/// a snapshot (deployments, replicas, epochs, nodes) and keeps both posted.
+struct gateway_join {
+  caf::actor router;
+  caf::actor agent;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, gateway_join& x) {
+  return f(caf::meta::type_name("exa.gateway_join"), x.router, x.agent);
+}
+
+/// router -> hub: send me what you are sent (replica events, loads, fences).
+struct subscribe_msg {
+  caf::actor subscriber;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, subscribe_msg& x) {
+  return f(caf::meta::type_name("exa.subscribe"), x.subscriber);
+}
+
 // ------------------------------------------------- local-only (pointers)
 
 /// replica -> device: run one step of this engine on the device's thread
@@ -369,24 +561,9 @@ struct route_request {
 struct cancel_request {
   std::string request_id;
 };
-/// controller -> router: a deployment exists (or changed) with this model.
-struct deployment_info {
-  std::string name;
-  std::shared_ptr<const model::llama_model> model;  // null for null-engine deployments
-  std::uint32_t vocab_size = 0;
-  std::uint32_t context_length = 0;
-  std::string routing;  // policy name
-};
-struct deployment_removed {
-  std::string name;
-};
 /// self -> self: run this later (delayed_send), for fault injection delays.
 struct deferred_call {
   std::function<void()> fn;
-};
-/// A callback to run with a value, for replies to the gateway bridge.
-struct status_reply {
-  std::shared_ptr<api::cluster_status> status;
 };
 
 /// Registers the network-capable types with the actor system config.
@@ -401,7 +578,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::model_handle)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::release_model)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::route_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::cancel_request)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deployment_info)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deployment_removed)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::status_reply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deferred_call)

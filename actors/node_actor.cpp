@@ -22,6 +22,7 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   auto& st = self->state;
   replica_context rc;
   rc.spec = spec;
+  if (!st.ctx.config.engine.empty()) rc.spec.engine = st.ctx.config.engine;
   rc.node = st.ctx.config.id;
   rc.device = st.sup->child(device_name(spec.device));
   rc.model_cache = st.sup->child("model-cache");

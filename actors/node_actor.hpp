@@ -44,6 +44,8 @@ struct node_config {
   std::uint32_t lease_ms = 0;
   std::shared_ptr<cluster_metrics> metrics;  // may be null
   chaos_hooks hooks;
+  std::string address;  // host:port this node's process publishes its hub on ("" embedded)
+  std::string engine;   // "" = as each replica spec says; "cpu" or "null" overrides it
 };
 
 struct node_context {

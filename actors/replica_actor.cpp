@@ -156,7 +156,9 @@ void on_step_done(self_ptr self, const step_done& done) {
     self->quit();
     return;
   }
-  report_load(self, false);
+  // Throttled while busy; but the report that says "idle" always goes, or
+  // routers (and a draining gateway) would see the last busy load forever.
+  report_load(self, st.active.empty() || (st.engine && st.engine->idle()));
   maybe_step(self);
 }
 
@@ -339,6 +341,7 @@ void on_cancel(self_ptr self, std::uint64_t request) {
     s.active.erase(it);
     EXA_ASSERT_MSG(!s.step_out, "engine cancel while a step is out on the device");
     s.engine->cancel(request);  // frees the request's KV blocks now
+    if (s.engine->idle()) report_load(self, true);  // no step follows to report it
     maybe_step(self);           // reports the cancellation and moves on
   });
 }

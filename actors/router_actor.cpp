@@ -11,6 +11,7 @@
 #include "actors/controller_actor.hpp"
 #include "actors/request_actor.hpp"
 #include "cluster/lifecycle.hpp"
+#include "cluster/model_ref.hpp"
 #include "model/llama_model.hpp"
 
 namespace exa::actors {
@@ -57,6 +58,21 @@ bool is_starting(self_ptr self, const std::string& model) {
   return desired->deployments.count(model) != 0;
 }
 
+// The gateway opens the deployment's file itself (no pointer crosses from
+// the controller). A simulated model (preset reference) has no tokenizer.
+std::shared_ptr<const model::llama_model> open_tokenizer(const deployment_announce& d) {
+  auto ref = cluster::parse_model_ref(d.model_file);
+  if (!ref || ref->is_preset()) return nullptr;
+  auto model = model::llama_model::load(d.model_file);
+  if (!model) {
+    spdlog::error("event=router_model_open_failed deployment={} model={} error=\"{}\" "
+                  "detail=\"text prompts to it fail; token ids still work\"",
+                  d.name, d.model_file, to_string(model.error()));
+    return nullptr;
+  }
+  return *model;
+}
+
 void on_route(self_ptr self, const route_request& m) {
   auto& st = self->state;
   const auto dep = st.deployments.find(m.request.model);
@@ -88,8 +104,8 @@ void on_route(self_ptr self, const route_request& m) {
   rc.request = m.request;
   rc.sink = m.sink;
   rc.model = dep->second.model;
-  rc.vocab_size = dep->second.vocab_size;
-  rc.context_length = dep->second.context_length;
+  rc.vocab_size = dep->second.info.vocab_size;
+  rc.context_length = dep->second.info.context_length;
   rc.router = caf::actor_cast<caf::actor>(self);
   rc.deadline_ms = st.config.request_deadline_ms;
   rc.max_attempts = st.config.max_attempts;
@@ -204,14 +220,17 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
     return {};
   }
   st.table.emplace(std::move(*table));
+  st.next_request_number = st.config.request_number_base + 1;
   st.errors.emplace(st.config.error_rate);
   st.admission.emplace(std::move(*admission));
   self->set_down_handler([=](const caf::down_msg& dm) { on_down(self, dm); });
   self->delayed_send(self, std::chrono::milliseconds(st.config.deadline_sweep_ms), deadline_atom::value);
   return {
-      [=](const deployment_info& d) {
+      [=](const deployment_announce& d) {
         auto& s = self->state;
-        s.deployments[d.name] = d;
+        auto& entry = s.deployments[d.name];
+        if (entry.info.model_file != d.model_file || !entry.model) entry.model = open_tokenizer(d);
+        entry.info = d;
         if (auto ok = s.table->set_policy(d.name, d.routing); !ok)
           spdlog::warn("event=routing_policy_refused deployment={} error=\"{}\"", d.name, to_string(ok.error()));
         auto waiting = std::move(s.waiting_for_start[d.name]);

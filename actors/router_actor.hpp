@@ -29,6 +29,9 @@ struct router_config {
   cluster::admission_config admission;
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t max_attempts = 4;
+  /// Request numbers start above this: gateways sharing replicas each draw
+  /// their own range, so two never submit the same number.
+  std::uint64_t request_number_base = 0;
   std::uint32_t submit_timeout_ms = 10000;
   std::uint32_t retry_backoff_ms = 50;
   std::uint32_t deadline_sweep_ms = 100;  // how often expired requests are told
@@ -59,7 +62,11 @@ struct router_state {
   std::set<cluster::node_id> suspect_nodes;
   std::optional<cluster::error_rate_tracker> errors;
   std::set<cluster::replica_id> error_suspects;  // suspected for their error rate
-  std::map<std::string, deployment_info> deployments;
+  struct deployment_entry {
+    deployment_announce info;
+    std::shared_ptr<const model::llama_model> model;  // the tokenizer; null for simulated models
+  };
+  std::map<std::string, deployment_entry> deployments;
   struct request_entry {
     caf::actor actor;
     cluster::admission_ticket ticket;

@@ -214,6 +214,10 @@ struct NodeStatus {
 
   state @2 :Text;
   # "healthy", "suspect" or "down".
+
+  address @3 :Text;
+  # HOST:PORT the node's process serves its cluster traffic on; empty in the
+  # embedded cluster, where nodes are actors of one process.
 }
 
 struct DeviceStatus {

@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "frontdoor.hpp"
 #include "serve_config.hpp"
+#include "serving.hpp"
 
 namespace exa::app {
 namespace {
@@ -34,66 +35,6 @@ const std::vector<flag_spec> flags = {
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
     {"help", false, "show this help"},
 };
-
-// Asks the backend something and waits for the callback (off the loop).
-template <class T, class Call>
-std::optional<T> ask(Call call, std::chrono::milliseconds timeout) {
-  auto state = std::make_shared<std::pair<std::mutex, std::optional<T>>>();
-  auto cv = std::make_shared<std::condition_variable>();
-  call([state, cv](T v) {
-    std::lock_guard lock(state->first);
-    state->second = std::move(v);
-    cv->notify_all();
-  });
-  std::unique_lock lock(state->first);
-  cv->wait_for(lock, timeout, [&] { return state->second.has_value(); });
-  return state->second;
-}
-
-expected<serve_config> load_config(const args& a) {
-  serve_config config = default_serve_config();
-  if (auto path = a.get("config")) {
-    std::ifstream in(*path);
-    if (!in) return make_error(errc::io_error, "cannot read config file '" + *path + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (auto ok = apply_config_text(ss.str(), config); !ok)
-      return make_error(ok.error().code, *path + ": " + ok.error().message);
-  }
-  if (auto ok = apply_serve_flags(a, config); !ok) return std::unexpected(ok.error());
-  bool needs_default = false;
-  for (const auto& d : config.cluster.deployments) needs_default |= d.model_file.empty();
-  if (needs_default) {
-    auto def = default_model_path();
-    if (!def) return std::unexpected(def.error());
-    config.cluster.default_model_file = *def;
-  }
-  return config;
-}
-
-bool wait_ready(api::gateway_backend& backend, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto r = ask<bool>([&](auto cb) { backend.ready(cb); }, std::chrono::seconds(5));
-    if (r && *r) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
-}
-
-// Lets requests in flight finish, up to a grace period.
-void drain(api::gateway_backend& backend, std::chrono::seconds grace) {
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto s = ask<expected<api::cluster_status>>([&](auto cb) { backend.status(cb); }, std::chrono::seconds(2));
-    std::uint32_t busy = 0;
-    if (s && *s)
-      for (const auto& r : (*s)->replicas) busy += r.running + r.queued;
-    if (busy == 0) return;
-    spdlog::info("event=draining requests_in_flight={}", busy);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
 
 void print_banner(const frontdoor& door, const serve_config& config) {
   const std::string model = config.cluster.deployments.empty() ? "tiny" : config.cluster.deployments.front().name;
@@ -122,7 +63,7 @@ int cmd_serve(int argc, char** argv) {
                 "[--http-port 8000] [--rpc-port 7000]\n%s", describe_flags(flags).c_str());
     return 0;
   }
-  auto config = load_config(*a);
+  auto config = load_serve_config(*a);
   if (!config) return fail("serve", config.error());
 
   // Block the stop signals before any thread starts, so only sigwait sees them.

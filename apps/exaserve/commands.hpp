@@ -11,5 +11,8 @@ int cmd_serve(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_chaos(int argc, char** argv);
 int cmd_sim(int argc, char** argv);
+int cmd_controller(int argc, char** argv);
+int cmd_node(int argc, char** argv);
+int cmd_gateway(int argc, char** argv);
 
 }  // namespace exa::app

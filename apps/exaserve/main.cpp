@@ -15,6 +15,9 @@ constexpr const char* usage = R"(usage: exaserve <command> [flags]
 
 commands:
   serve          start the embedded cluster behind the HTTP and RPC front doors
+  controller     run a distributed cluster's controller (nodes and gateways join it)
+  node           run one node of a distributed cluster: devices and replicas
+  gateway        run the HTTP and RPC front doors of a distributed cluster
   generate       generate text or token ids from a GGUF model
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   bench-engine   measure prefill and decode throughput of the CPU engine
@@ -52,6 +55,9 @@ int main(int argc, char** argv) {
   if (cmd == "plan") return exa::app::cmd_plan(argc, argv);
   if (cmd == "chaos") return exa::app::cmd_chaos(argc, argv);
   if (cmd == "sim") return exa::app::cmd_sim(argc, argv);
+  if (cmd == "controller") return exa::app::cmd_controller(argc, argv);
+  if (cmd == "node") return exa::app::cmd_node(argc, argv);
+  if (cmd == "gateway") return exa::app::cmd_gateway(argc, argv);
   std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

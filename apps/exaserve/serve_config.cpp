@@ -66,6 +66,8 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"kv_tokens", uint_setter(c.default_kv_tokens, 16, 1u << 24)},
           {"routing", string_setter(c.default_routing)},
           {"heartbeat_interval_ms", uint_setter(c.heartbeat_interval_ms, 10, 600000)},
+          {"suspect_after_missed", uint_setter(c.suspect_after_missed, 1, 1000)},
+          {"observation_window_ms", uint_setter(c.observation_window_ms, 0, 3600000)},
           {"request_deadline_ms", uint_setter(c.request_deadline_ms, 100, 86400000)},
           {"queued_per_model_max", uint_setter(c.queued_per_model_max, 1, 1u << 20)}};
 }

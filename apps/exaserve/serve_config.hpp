@@ -6,6 +6,7 @@
 //   [cluster]                 nodes, devices_per_node, racks, device_memory_mb,
 //                             kv_page_kb, device_threads, engine (cpu|null),
 //                             kv_tokens, routing, heartbeat_interval_ms,
+//                             suspect_after_missed, observation_window_ms,
 //                             request_deadline_ms, queued_per_model_max
 //   [server]                  host, http_port, rpc_port, max_body_kb
 //   [deployment NAME]         model (GGUF path; empty = the default model),

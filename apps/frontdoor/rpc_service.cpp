@@ -107,6 +107,7 @@ void fill(rpc::ClusterStatus::Builder out, const api::cluster_status& s) {
     nodes[i].setId(s.nodes[i].id);
     nodes[i].setRack(s.nodes[i].rack);
     nodes[i].setState(s.nodes[i].state);
+    nodes[i].setAddress(s.nodes[i].address);
   }
   auto devices = out.initDevices(static_cast<unsigned>(s.devices.size()));
   for (unsigned i = 0; i < devices.size(); ++i) {

@@ -127,6 +127,7 @@ struct node_status {
   std::uint32_t id = 0;
   std::uint32_t rack = 0;
   std::string state;  // "healthy", "suspect", "down"
+  std::string address;  // host:port the node serves on ("" in the embedded cluster)
 };
 
 struct cluster_status {

@@ -37,7 +37,31 @@ expected<cluster_state> cluster_state::create(std::vector<node_info> nodes, std:
     for (std::uint32_t d = 0; d < n.devices; ++d) s.ledgers_.emplace_back(n.device_memory_bytes, device_reserved_bytes);
   }
   s.nodes_ = std::move(nodes);
+  s.device_reserved_bytes_ = device_reserved_bytes;
   return s;
+}
+
+cluster_state cluster_state::empty(std::uint64_t device_reserved_bytes) {
+  cluster_state s;
+  s.device_reserved_bytes_ = device_reserved_bytes;
+  return s;
+}
+
+expected<void> cluster_state::add_node(const node_info& node) {
+  if (index_.count(node.id)) return make_error(errc::invalid_argument, fmt::format("node {} is already known", node.id));
+  auto nodes = nodes_;
+  nodes.push_back(node);
+  auto next = create(std::move(nodes), device_reserved_bytes_);
+  if (!next) return std::unexpected(next.error());
+  // Ledgers are rebuilt in the new order; every replica is admitted again
+  // where it was, which cannot fail: the same devices hold the same bytes.
+  for (const auto& [id, slot] : replicas_) {
+    auto ok = next->commit(slot);
+    EXA_ASSERT_MSG(ok.has_value(), "re-admitting a placed replica after a node joined failed");
+  }
+  next->next_replica_id_ = next_replica_id_;
+  *this = std::move(*next);
+  return {};
 }
 
 std::optional<std::size_t> cluster_state::node_index(node_id node) const {

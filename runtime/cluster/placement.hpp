@@ -86,6 +86,14 @@ class cluster_state {
   /// nodes, a node id given twice, devices outside 1..max_devices_per_node,
   /// device memory not above the reserve.
   static expected<cluster_state> create(std::vector<node_info> nodes, std::uint64_t device_reserved_bytes);
+  /// A cluster with no nodes yet: the distributed controller's starting
+  /// point, filled by add_node() as nodes join.
+  static cluster_state empty(std::uint64_t device_reserved_bytes);
+
+  /// Adds a node that joined, keeping every placed replica where it is.
+  /// Errors (state unchanged): invalid_argument for a node id already known,
+  /// or devices or memory out of range as in create().
+  expected<void> add_node(const node_info& node);
 
   /// Sorted by node id.
   const std::vector<node_info>& nodes() const noexcept { return nodes_; }
@@ -117,6 +125,7 @@ class cluster_state {
   std::map<node_id, std::size_t> index_;
   std::map<replica_id, placed_slot> replicas_;
   replica_id next_replica_id_ = 1;
+  std::uint64_t device_reserved_bytes_ = 0;
 };
 
 /// Places every slot [0, replicas) of every deployment that no replica in

@@ -408,3 +408,46 @@ TEST_CASE("cluster_state validates topology and commits atomically", "[placement
   CHECK(s.ledger({7, 2}) == nullptr);
   CHECK(s.ledger({5, 0}) == nullptr);
 }
+
+TEST_CASE("nodes join an empty cluster and keep placed replicas where they are", "[placement]") {
+  auto s = cluster_state::empty(gpu_device_reserved_bytes);
+  CHECK(s.nodes().empty());
+  // Nothing to place on yet: every slot comes back unplaced, nothing breaks.
+  auto none = place(s, {sized("a", 2, 10)});
+  REQUIRE(none.has_value());
+  CHECK(none->placed.empty());
+  CHECK(none->unplaced.size() == 2);
+
+  REQUIRE(s.add_node({7, 0, 2, h100_bytes}).has_value());
+  auto first = place(s, {sized("a", 2, 10)});
+  REQUIRE(first.has_value());
+  REQUIRE(first->placed.size() == 2);
+  const auto used_before = s.ledger({7, 0})->used_bytes() + s.ledger({7, 1})->used_bytes();
+
+  // A lower id joins later: the ledgers are rebuilt in id order, and the
+  // replicas already placed on node 7 keep their bytes there.
+  REQUIRE(s.add_node({3, 1, 1, h100_bytes}).has_value());
+  REQUIRE(s.nodes().size() == 2);
+  CHECK(s.nodes().front().id == 3);
+  CHECK(s.ledger({7, 0})->used_bytes() + s.ledger({7, 1})->used_bytes() == used_before);
+  CHECK(s.ledger({3, 0})->used_bytes() == gpu_device_reserved_bytes);
+  CHECK(s.replicas().size() == 2);
+  // Ids are never reused across a join.
+  auto more = place(s, {sized("b", 1, 10)});
+  REQUIRE(more.has_value());
+  REQUIRE(more->placed.size() == 1);
+  CHECK(more->placed.front().replica > first->placed.back().replica);
+
+  SECTION("a node id joins once") {
+    auto again = s.add_node({7, 0, 2, h100_bytes});
+    REQUIRE_FALSE(again.has_value());
+    CHECK_THAT(again.error().message, Contains("node 7 is already known"));
+    CHECK(s.nodes().size() == 2);
+  }
+  SECTION("a node's devices are validated as at create") {
+    auto bad = s.add_node({9, 0, 0, h100_bytes});
+    REQUIRE_FALSE(bad.has_value());
+    CHECK(bad.error().code == errc::invalid_argument);
+    CHECK(s.nodes().size() == 2);
+  }
+}

@@ -1,0 +1,331 @@
+#include "actors/distributed.hpp"
+
+#include <caf/actor_registry.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/middleman_actor.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "actors/cluster_metrics.hpp"
+#include "actors/cluster_supervisor.hpp"
+#include "actors/gateway_bridge.hpp"
+#include "actors/hub_actor.hpp"
+#include "actors/messages.hpp"
+#include "cluster/membership.hpp"
+
+#ifndef EXASERVE_VERSION
+#define EXASERVE_VERSION "unknown"
+#endif
+
+namespace exa::actors {
+namespace {
+
+/// Default transport timeout for nodes and gateways, which learn the
+/// cluster's timings only after they connected: the default detector
+/// settings' confirmation (5 × 2 s + 30 s) plus margin.
+constexpr std::uint32_t default_transport_timeout_ms = 44000;
+
+class net_config : public caf::actor_system_config {
+ public:
+  explicit net_config(std::uint32_t transport_timeout_ms) {
+    load<caf::io::middleman>();
+    register_message_types(*this);
+    set("logger.verbosity", caf::atom("quiet"));
+    set("logger.console", caf::atom("none"));
+    set("scheduler.max-threads", static_cast<std::size_t>(std::max(2u, std::thread::hardware_concurrency())));
+    // Every role shares one application id; the cluster name and build
+    // version are checked by our own hello, so a refusal names its reason
+    // in both processes' logs.
+    set("middleman.app-identifiers", std::vector<std::string>{"exaserve"});
+    // A frozen peer sends nothing: heartbeats let the transport notice it
+    // too, after our own detector (see transport_timeout_ms) has decided.
+    set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
+    set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(transport_timeout_ms)});
+  }
+};
+
+std::string format_host_port(const host_port& hp) { return hp.host + ":" + std::to_string(hp.port); }
+
+cluster::member_identity member(const cluster_identity& id, std::string role) {
+  return {id.cluster, id.version.empty() ? build_version() : id.version, std::move(role)};
+}
+
+// The controller's published front: answers hello with the current control
+// plane (looked up each time: the supervisor may have restarted it).
+caf::behavior directory_actor(caf::event_based_actor* self, cluster::member_identity ours, welcome_msg timings) {
+  return {
+      [=](const hello_msg& h) -> caf::result<welcome_msg> {
+        const cluster::member_identity joining{h.who.cluster, h.who.version, h.who.role};
+        if (auto ok = cluster::check_join(ours, joining); !ok) {
+          spdlog::error("event=join_refused role={} node={} peer_cluster={} peer_version={} reason=\"{}\"", h.who.role,
+                        h.node, h.who.cluster, h.who.version, ok.error().message);
+          return to_caf(ok.error());
+        }
+        auto& reg = self->home_system().registry();
+        welcome_msg w = timings;
+        w.controller = caf::actor_cast<caf::actor>(reg.get(controller_atom::value));
+        w.health_monitor = caf::actor_cast<caf::actor>(reg.get(health_atom::value));
+        if (!w.controller || !w.health_monitor)
+          return to_caf({errc::unavailable, "the controller is restarting; join again shortly"});
+        spdlog::info("event=join_accepted role={} node={}", h.who.role, h.node);
+        return w;
+      },
+  };
+}
+
+// Connects a process to the controller and says hello. Errors name the
+// address and the reason (unreachable, refused, no answer).
+expected<std::pair<caf::actor, welcome_msg>> join(caf::actor_system& sys, const host_port& at,
+                                                  const cluster::member_identity& who, cluster::node_id node,
+                                                  std::uint32_t timeout_ms) {
+  const std::string where = format_host_port(at);
+  auto dir = sys.middleman().remote_actor(at.host, at.port);
+  if (!dir)
+    return make_error(errc::unavailable, "cannot reach the controller at " + where + ": " + sys.render(dir.error()));
+  caf::scoped_actor self{sys};
+  expected<std::pair<caf::actor, welcome_msg>> out = make_error(errc::internal, "no reply");
+  self->request(*dir, std::chrono::milliseconds(timeout_ms), hello_msg{{who.cluster, who.version, who.role}, node})
+      .receive([&](const welcome_msg& w) { out = std::make_pair(*dir, w); },
+               [&](const caf::error& e) {
+                 const error err = from_caf(e);
+                 out = make_error(err.code, "the controller at " + where + " refused this " + who.role + ": " +
+                                                err.message);
+               });
+  return out;
+}
+
+// A gateway's link to the nodes: for every node the controller announces,
+// connect to it directly (so tokens flow node -> gateway), then subscribe
+// the router at its hub.
+caf::behavior gateway_agent(caf::event_based_actor* self, caf::actor router) {
+  return {
+      [=](const node_announce& n) {
+        auto hp = parse_host_port(n.address);
+        if (n.address.empty() || !hp) {
+          self->send(n.hub, subscribe_msg{router});
+          return;
+        }
+        auto mm = self->home_system().middleman().actor_handle();
+        self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, hp->host, hp->port)
+            .then(
+                [=](const caf::node_id&, const caf::strong_actor_ptr& hub, const std::set<std::string>&) {
+                  auto direct = caf::actor_cast<caf::actor>(hub);
+                  spdlog::info("event=gateway_node_connected node={} address={}", n.node, n.address);
+                  self->send(direct ? direct : n.hub, subscribe_msg{router});
+                },
+                [=](const caf::error& e) {
+                  spdlog::warn("event=gateway_node_unreachable node={} address={} error=\"{}\" "
+                               "detail=\"its traffic goes through the controller\"",
+                               n.node, n.address, caf::to_string(e));
+                  self->send(n.hub, subscribe_msg{router});
+                });
+      },
+  };
+}
+
+}  // namespace
+
+std::string build_version() {
+  if (const char* v = std::getenv("EXASERVE_PROTOCOL_VERSION"); v && *v) return v;
+  return std::string("exaserve/") + EXASERVE_VERSION;
+}
+
+expected<host_port> parse_host_port(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    return make_error(errc::invalid_argument, "expected HOST:PORT, got '" + text + "'");
+  host_port out;
+  out.host = text.substr(0, colon);
+  unsigned port = 0;
+  const char* b = text.data() + colon + 1;
+  const char* e = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(b, e, port);
+  if (ec != std::errc() || end != e || port > 65535)
+    return make_error(errc::invalid_argument, "port of '" + text + "' must be a number in [0, 65535]");
+  out.port = static_cast<std::uint16_t>(port);
+  return out;
+}
+
+// ------------------------------------------------------------- controller
+
+struct controller_process::impl {
+  explicit impl(std::uint32_t transport_ms) : config(transport_ms), system(config) {}
+  net_config config;
+  caf::actor_system system;
+  caf::actor root;
+  caf::actor directory;
+  std::uint16_t port = 0;
+  bool stopped = false;
+};
+
+controller_process::controller_process(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+controller_process::~controller_process() { stop(); }
+std::uint16_t controller_process::port() const { return impl_->port; }
+
+expected<std::unique_ptr<controller_process>> controller_process::start(controller_options o) {
+  const auto& c = o.cluster;
+  auto p = std::make_unique<impl>(
+      cluster::transport_timeout_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms));
+  auto metrics = cluster_metrics::create();
+  auto plan = make_cluster_plan(c, metrics);
+  if (!plan) return std::unexpected(plan.error());
+  // Nodes are not listed: they join.
+  plan->nodes.clear();
+  plan->controller.nodes.clear();
+  plan->health.nodes.clear();
+  plan->router_is_hub = true;
+  plan->controller.deploy_after_nodes = std::max(1u, o.deploy_after_nodes);
+  plan->router.desired = nullptr;
+  p->root = p->system.spawn(cluster_supervisor, std::move(*plan));
+  welcome_msg timings;
+  timings.heartbeat_interval_ms = c.heartbeat_interval_ms;
+  timings.lease_ms = cluster::node_lease_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms);
+  timings.engine = c.engine;
+  p->directory = p->system.spawn(directory_actor, member(o.identity, "controller"), timings);
+  auto port = p->system.middleman().publish(p->directory, o.listen.port, o.listen.host.c_str(), true);
+  if (!port)
+    return make_error(errc::unavailable, "cannot listen on " + format_host_port(o.listen) + ": " +
+                                             p->system.render(port.error()));
+  p->port = *port;
+  spdlog::info("event=controller_listening address={}:{} cluster={} version={}", o.listen.host, p->port,
+               o.identity.cluster, member(o.identity, "").version);
+  return std::unique_ptr<controller_process>(new controller_process(std::move(p)));
+}
+
+void controller_process::stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  caf::anon_send_exit(impl_->directory, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(impl_->root, caf::exit_reason::user_shutdown);
+  impl_->directory = nullptr;
+  impl_->root = nullptr;
+}
+
+// ------------------------------------------------------------------- node
+
+struct node_process::impl {
+  explicit impl(std::uint32_t transport_ms) : config(transport_ms), system(config) {}
+  net_config config;
+  caf::actor_system system;
+  caf::actor root;
+  caf::actor hub;
+  std::uint16_t port = 0;
+  bool stopped = false;
+};
+
+node_process::node_process(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+node_process::~node_process() { stop(); }
+std::uint16_t node_process::port() const { return impl_->port; }
+
+expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
+  if (o.devices == 0 || o.devices > 64) return make_error(errc::invalid_argument, "--devices must be in [1, 64]");
+  if (!o.engine.empty() && o.engine != "cpu" && o.engine != "null")
+    return make_error(errc::invalid_argument, "--engine must be cpu or null, got '" + o.engine + "'");
+  auto p = std::make_unique<impl>(default_transport_timeout_ms);
+  auto joined = join(p->system, o.join, member(o.identity, "node"), o.node, o.join_timeout_ms);
+  if (!joined) return std::unexpected(joined.error());
+  const welcome_msg& w = joined->second;
+  p->hub = p->system.spawn(hub_actor);
+  auto port = p->system.middleman().publish(p->hub, o.listen.port, o.listen.host.c_str(), true);
+  if (!port)
+    return make_error(errc::unavailable, "cannot listen on " + format_host_port(o.listen) + ": " +
+                                             p->system.render(port.error()));
+  p->port = *port;
+
+  node_config nc;
+  nc.id = o.node;
+  nc.rack = o.rack;
+  nc.devices = o.devices;
+  nc.device.memory_bytes = o.device_memory_bytes;
+  nc.device.threads = o.device_threads;
+  nc.device.measure_wall_time = true;
+  nc.detached_devices = true;
+  nc.heartbeat_interval_ms = w.heartbeat_interval_ms;
+  nc.lease_ms = w.lease_ms;
+  nc.metrics = cluster_metrics::create();
+  nc.address = o.listen.host + ":" + std::to_string(p->port);
+  nc.engine = o.engine;
+  cluster_plan plan;
+  plan.nodes.push_back(nc);
+  plan.metrics = nc.metrics;
+  p->root = p->system.spawn(nodes_supervisor, std::move(plan), w.controller, p->hub, w.health_monitor);
+  spdlog::info("event=node_joined node={} rack={} devices={} address={} heartbeat_interval_ms={} lease_ms={}",
+               o.node, o.rack, o.devices, nc.address, w.heartbeat_interval_ms, w.lease_ms);
+  return std::unique_ptr<node_process>(new node_process(std::move(p)));
+}
+
+void node_process::stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  caf::anon_send_exit(impl_->root, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(impl_->hub, caf::exit_reason::user_shutdown);
+  impl_->root = nullptr;
+  impl_->hub = nullptr;
+}
+
+// ---------------------------------------------------------------- gateway
+
+struct gateway_process::impl {
+  explicit impl(std::uint32_t transport_ms) : config(transport_ms), system(config) {}
+  net_config config;
+  caf::actor_system system;
+  caf::actor router;
+  caf::actor agent;
+  std::shared_ptr<api::gateway_backend> backend;
+  bool stopped = false;
+};
+
+gateway_process::gateway_process(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+gateway_process::~gateway_process() { stop(); }
+std::shared_ptr<api::gateway_backend> gateway_process::backend() const { return impl_->backend; }
+
+expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_options o) {
+  auto p = std::make_unique<impl>(default_transport_timeout_ms);
+  auto joined = join(p->system, o.join, member(o.identity, "gateway"), 0, o.join_timeout_ms);
+  if (!joined) return std::unexpected(joined.error());
+  const welcome_msg& w = joined->second;
+  auto metrics = cluster_metrics::create();
+  router_config rc;
+  rc.table.default_policy = o.default_routing;
+  rc.admission.queued_per_model_max = o.queued_per_model_max;
+  rc.admission.queued_global_max = o.queued_global_max;
+  rc.request_deadline_ms = o.request_deadline_ms;
+  rc.max_attempts = o.max_attempts;
+  // 24 random bits per gateway above a 40-bit counter: gateways that share
+  // replicas do not reuse each other's request numbers.
+  std::random_device rd;
+  rc.request_number_base = (std::uint64_t{rd()} & 0xFFFFFFu) << 40;
+  p->router = p->system.spawn(router_actor, rc, metrics);
+  auto& reg = p->system.registry();
+  reg.put(router_atom::value, caf::actor_cast<caf::strong_actor_ptr>(p->router));
+  reg.put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(w.controller));
+  p->agent = p->system.spawn(gateway_agent, p->router);
+  caf::anon_send(w.controller, gateway_join{p->router, p->agent});
+  p->backend = make_gateway_bridge(p->system, metrics);
+  spdlog::info("event=gateway_joined controller={}", format_host_port(o.join));
+  return std::unique_ptr<gateway_process>(new gateway_process(std::move(p)));
+}
+
+void gateway_process::stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  caf::anon_send_exit(impl_->agent, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown);
+  auto& reg = impl_->system.registry();
+  reg.erase(router_atom::value);
+  reg.erase(controller_atom::value);
+  impl_->agent = nullptr;
+  impl_->router = nullptr;
+}
+
+}  // namespace exa::actors

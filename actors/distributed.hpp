@@ -1,0 +1,122 @@
+#pragma once
+// The distributed cluster: the embedded cluster's roles, cut along process
+// lines and joined by CAF's middleman (BASP over TCP).
+//
+//   controller process   health monitor, controller, a hub standing in for
+//                        every gateway's router, and a published directory
+//                        that new processes say hello to
+//   node process         one node subtree (devices, model cache, replicas)
+//                        and a published hub that gateways subscribe at
+//   gateway process      a router with its request actors, behind the HTTP
+//                        and RPC front doors; it connects to every node
+//                        directly, so tokens never pass the controller
+//
+// The actors are the embedded cluster's own; only the wiring differs. This
+// header keeps CAF out of its includers, as embedded_cluster.hpp does.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/embedded_cluster.hpp"
+#include "api/gateway.hpp"
+#include "common/error.hpp"
+
+namespace exa::actors {
+
+/// What every role checks at join: the cluster it belongs to and the
+/// protocol version of its build.
+struct cluster_identity {
+  std::string cluster = "exaserve";
+  /// This build's version; a test may override it to prove mismatches are
+  /// refused (EXASERVE_PROTOCOL_VERSION in the environment).
+  std::string version;
+};
+
+/// This build's protocol version ("exaserve/<project version>").
+std::string build_version();
+
+struct host_port {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;
+};
+/// Parses "HOST:PORT" (port 0..65535; HOST non-empty). Errors name the text.
+expected<host_port> parse_host_port(const std::string& text);
+
+struct controller_options {
+  cluster_identity identity;
+  host_port listen{"127.0.0.1", 7100};
+  /// Deployments, engine, default model and timings; nodes are not listed:
+  /// they join.
+  cluster_options cluster;
+  /// The configured deployments are placed once this many nodes joined.
+  std::uint32_t deploy_after_nodes = 1;
+};
+
+class controller_process {
+ public:
+  static expected<std::unique_ptr<controller_process>> start(controller_options options);
+  ~controller_process();
+  std::uint16_t port() const;
+  void stop();
+
+ private:
+  struct impl;
+  explicit controller_process(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+struct node_options {
+  cluster_identity identity;
+  host_port join;                          // the controller
+  host_port listen{"127.0.0.1", 0};        // where gateways reach this node
+  std::uint32_t node = 0;
+  std::uint32_t rack = 0;
+  std::uint32_t devices = 1;
+  std::uint64_t device_memory_bytes = 1ull << 30;
+  std::string engine;  // "" = the controller's; "cpu" or "null" overrides
+  std::uint32_t device_threads = 1;
+  std::uint32_t join_timeout_ms = 10000;
+};
+
+class node_process {
+ public:
+  /// Connects, says hello (refused: a clear error naming the mismatch) and
+  /// starts the node subtree.
+  static expected<std::unique_ptr<node_process>> start(node_options options);
+  ~node_process();
+  std::uint16_t port() const;
+  /// Blocks until the node subtree ended (or `stop`).
+  void stop();
+
+ private:
+  struct impl;
+  explicit node_process(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+struct gateway_options {
+  cluster_identity identity;
+  host_port join;
+  std::uint32_t join_timeout_ms = 10000;
+  std::uint32_t request_deadline_ms = 120000;
+  std::uint32_t queued_per_model_max = 1024;
+  std::uint32_t queued_global_max = 4096;
+  std::uint32_t max_attempts = 4;
+  std::string default_routing = "least_outstanding";
+};
+
+class gateway_process {
+ public:
+  static expected<std::unique_ptr<gateway_process>> start(gateway_options options);
+  ~gateway_process();
+  std::shared_ptr<api::gateway_backend> backend() const;
+  void stop();
+
+ private:
+  struct impl;
+  explicit gateway_process(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace exa::actors

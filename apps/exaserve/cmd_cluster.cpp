@@ -1,0 +1,213 @@
+// exaserve controller | node | gateway: the roles of a distributed cluster,
+// one process each, joined over CAF's middleman (docs/DEPLOYMENT.md).
+
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+
+#include "actors/distributed.hpp"
+#include "args.hpp"
+#include "cli_util.hpp"
+#include "commands.hpp"
+#include "frontdoor.hpp"
+#include "serve_config.hpp"
+#include "serving.hpp"
+
+namespace exa::app {
+namespace {
+
+const flag_spec cluster_flag{"cluster", true,
+                             "cluster name; every process of a cluster gives the same one (default exaserve)"};
+const flag_spec help_flag{"help", false, "show this help"};
+
+// Stop signals are blocked before any thread starts, so only sigwait sees them.
+sigset_t block_stop_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &s, nullptr);
+  return s;
+}
+
+void wait_for_stop(sigset_t& s) {
+  int sig = 0;
+  sigwait(&s, &sig);
+  spdlog::info("event=shutdown signal={}", sig == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+expected<actors::host_port> address_flag(const args& a, const std::string& name, const std::string& fallback,
+                                         bool required) {
+  auto v = a.get(name);
+  if (!v && required) return make_error(errc::invalid_argument, "--" + name + " HOST:PORT is required");
+  auto hp = actors::parse_host_port(v.value_or(fallback));
+  if (!hp) return make_error(errc::invalid_argument, "--" + name + ": " + hp.error().message);
+  return hp;
+}
+
+actors::cluster_identity identity(const args& a) {
+  actors::cluster_identity id;
+  id.cluster = a.get_or("cluster", "exaserve");
+  id.version = actors::build_version();
+  return id;
+}
+
+const std::vector<flag_spec> controller_flags = {
+    {"listen", true, "HOST:PORT nodes and gateways join at (default 127.0.0.1:7100)"},
+    {"state-dir", true, "directory for the controller's journal (not built yet: see the startup warning)"},
+    {"config", true, "same format as `serve`: [cluster] timings and engine, [deployment NAME] sections"},
+    {"model", true, "GGUF file of the first deployment (default: the generated tiny model)"},
+    {"replicas", true, "replicas of the first deployment (default 2)"},
+    {"engine", true, "cpu (default) or null: the engine replicas are placed with"},
+    {"wait-nodes", true, "place the configured deployments once this many nodes joined (default 1)"},
+    cluster_flag,
+    help_flag,
+};
+
+const std::vector<flag_spec> node_flags = {
+    {"join", true, "HOST:PORT of the controller (required)"},
+    {"node-id", true, "this node's id, unique in the cluster (required)"},
+    {"rack", true, "rack (failure domain) of this node (default 0)"},
+    {"devices", true, "CPU devices on this node (default 1)"},
+    {"device-memory", true, "memory budget of each device in bytes (default 1073741824)"},
+    {"engine", true, "cpu or null: overrides the controller's engine on this node"},
+    {"device-threads", true, "engine worker threads per device (default 1)"},
+    {"listen", true, "HOST:PORT gateways reach this node at (default 127.0.0.1:0, any free port)"},
+    cluster_flag,
+    help_flag,
+};
+
+const std::vector<flag_spec> gateway_flags = {
+    {"join", true, "HOST:PORT of the controller (required)"},
+    {"host", true, "address the front doors bind (default 127.0.0.1)"},
+    {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
+    {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
+    {"request-deadline-ms", true, "deadline of a request that names none (default 120000)"},
+    cluster_flag,
+    help_flag,
+};
+
+}  // namespace
+
+int cmd_controller(int argc, char** argv) {
+  auto a = args::parse(argc, argv, 2, controller_flags);
+  if (!a) return fail("controller", a.error());
+  if (a->has("help")) {
+    std::printf("usage: exaserve controller [--listen HOST:PORT] [--state-dir DIR] [--config FILE]\n%s",
+                describe_flags(controller_flags).c_str());
+    return 0;
+  }
+  auto config = load_serve_config(*a);
+  if (!config) return fail("controller", config.error());
+  auto listen = address_flag(*a, "listen", "127.0.0.1:7100", false);
+  if (!listen) return fail("controller", listen.error());
+  if (a->has("state-dir"))
+    spdlog::warn("event=state_dir_unused dir={} detail=\"the controller journal is not built yet: deployments and "
+                 "epochs live in memory, and a restarted controller starts empty\"",
+                 *a->get("state-dir"));
+  auto wait_nodes = a->get_int("wait-nodes", 1, 1, 1 << 20);
+  if (!wait_nodes) return fail("controller", wait_nodes.error());
+  auto signals = block_stop_signals();
+  actors::controller_options o;
+  o.identity = identity(*a);
+  o.listen = *listen;
+  o.deploy_after_nodes = static_cast<std::uint32_t>(*wait_nodes);
+  o.cluster = config->cluster;
+  auto controller = actors::controller_process::start(std::move(o));
+  if (!controller) return fail("controller", controller.error());
+  std::printf("exaserve controller listening on %s:%u\n", listen->host.c_str(), (*controller)->port());
+  std::fflush(stdout);
+  wait_for_stop(signals);
+  (*controller)->stop();
+  spdlog::info("event=stopped role=controller");
+  return 0;
+}
+
+int cmd_node(int argc, char** argv) {
+  auto a = args::parse(argc, argv, 2, node_flags);
+  if (!a) return fail("node", a.error());
+  if (a->has("help")) {
+    std::printf("usage: exaserve node --join HOST:PORT --node-id N [--rack R] [--devices G] [--device-memory BYTES] "
+                "[--engine cpu|null] [--listen HOST:PORT]\n%s",
+                describe_flags(node_flags).c_str());
+    return 0;
+  }
+  auto join = address_flag(*a, "join", "", true);
+  if (!join) return fail("node", join.error());
+  auto listen = address_flag(*a, "listen", "127.0.0.1:0", false);
+  if (!listen) return fail("node", listen.error());
+  if (!a->has("node-id")) return fail("node", {errc::invalid_argument, "--node-id N is required"});
+  auto id = a->get_int("node-id", 0, 0, 1 << 20);
+  auto rack = a->get_int("rack", 0, 0, 1 << 20);
+  auto devices = a->get_int("devices", 1, 1, 64);
+  auto memory = a->get_int("device-memory", 1ll << 30, 16ll << 20, 1ll << 50);
+  auto threads = a->get_int("device-threads", 1, 1, 256);
+  for (const auto* v : {&id, &rack, &devices, &memory, &threads})
+    if (!*v) return fail("node", v->error());
+  auto signals = block_stop_signals();
+  actors::node_options o;
+  o.identity = identity(*a);
+  o.join = *join;
+  o.listen = *listen;
+  o.node = static_cast<std::uint32_t>(*id);
+  o.rack = static_cast<std::uint32_t>(*rack);
+  o.devices = static_cast<std::uint32_t>(*devices);
+  o.device_memory_bytes = static_cast<std::uint64_t>(*memory);
+  o.device_threads = static_cast<std::uint32_t>(*threads);
+  o.engine = a->get_or("engine", "");
+  auto node = actors::node_process::start(std::move(o));
+  if (!node) return fail("node", node.error());
+  std::printf("exaserve node %lld joined %s:%u; gateways reach it at %s:%u\n", static_cast<long long>(*id),
+              join->host.c_str(), join->port, listen->host.c_str(), (*node)->port());
+  std::fflush(stdout);
+  wait_for_stop(signals);
+  (*node)->stop();
+  spdlog::info("event=stopped role=node");
+  return 0;
+}
+
+int cmd_gateway(int argc, char** argv) {
+  auto a = args::parse(argc, argv, 2, gateway_flags);
+  if (!a) return fail("gateway", a.error());
+  if (a->has("help")) {
+    std::printf("usage: exaserve gateway --join HOST:PORT [--http-port P] [--rpc-port P]\n%s",
+                describe_flags(gateway_flags).c_str());
+    return 0;
+  }
+  auto join = address_flag(*a, "join", "", true);
+  if (!join) return fail("gateway", join.error());
+  frontdoor_config door_config = default_serve_config().server;
+  door_config.host = a->get_or("host", door_config.host);
+  auto http = a->get_int("http-port", door_config.http_port, 0, 65535);
+  auto rpc = a->get_int("rpc-port", door_config.rpc_port, 0, 65535);
+  auto deadline = a->get_int("request-deadline-ms", 120000, 100, 86400000);
+  for (const auto* v : {&http, &rpc, &deadline})
+    if (!*v) return fail("gateway", v->error());
+  door_config.http_port = static_cast<std::uint16_t>(*http);
+  door_config.rpc_port = static_cast<std::uint16_t>(*rpc);
+  auto signals = block_stop_signals();
+  actors::gateway_options o;
+  o.identity = identity(*a);
+  o.join = *join;
+  o.request_deadline_ms = static_cast<std::uint32_t>(*deadline);
+  auto gateway = actors::gateway_process::start(std::move(o));
+  if (!gateway) return fail("gateway", gateway.error());
+  auto door = frontdoor::start(door_config, (*gateway)->backend());
+  if (!door) {
+    (*gateway)->stop();
+    return fail("gateway", door.error());
+  }
+  std::printf("exaserve gateway serving HTTP at %s and RPC on %s:%u (controller %s:%u)\n", (*door)->http_url().c_str(),
+              door_config.host.c_str(), (*door)->rpc_port(), join->host.c_str(), join->port);
+  std::fflush(stdout);
+  wait_for_stop(signals);
+  // Requests in flight finish (up to a grace period) before the doors close.
+  drain(*(*gateway)->backend(), std::chrono::seconds(10));
+  (*door)->stop();
+  (*gateway)->stop();
+  spdlog::info("event=stopped role=gateway");
+  return 0;
+}
+
+}  // namespace exa::app

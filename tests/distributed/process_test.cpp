@@ -1,0 +1,333 @@
+// The distributed cluster as real processes on loopback: a controller, node
+// processes and gateways started from the exaserve binary, driven over HTTP
+// and through exaserve-cli, and failed for real (SIGKILL, SIGSTOP). Every
+// wait is bounded; every process is killed by its pid when a test ends.
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "chaos/sse_client.hpp"
+#include "http_client.hpp"
+#include "processes.hpp"
+#include "run_process.hpp"
+
+using namespace exa;
+using namespace exa::test;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::string exaserve = std::string(EXA_BIN_DIR) + "/exaserve";
+const std::string cli = std::string(EXA_BIN_DIR) + "/exaserve-cli";
+
+// Fast failure detection, so a confirmed failure takes about a second.
+const std::string fast_timings =
+    "[cluster]\n"
+    "heartbeat_interval_ms = 100\n"
+    "suspect_after_missed = 3\n"
+    "observation_window_ms = 600\n";
+
+// A model slow enough on the CPU (about 10 ms a token) that a kill lands
+// while a stream of 150 tokens is still being generated.
+std::string slow_model(const std::string& dir) {
+  const std::string path = dir + "/slow.gguf";
+  auto r = run_process({exaserve, "gen-model", "--preset", "tiny", "--layers", "12", "--dim", "768", "--ff", "2048",
+                        "--heads", "12", "--kv-heads", "4", "--context", "1024", "--type", "q8_0", "--out", path},
+                       60s);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  return path;
+}
+
+struct replica_row {
+  std::string id, deployment, state;
+  unsigned slot = 0, epoch = 0, node = 0, running = 0;
+};
+
+// The REPLICAS table of `exaserve-cli status`.
+std::vector<replica_row> parse_replicas(const std::string& status) {
+  std::vector<replica_row> out;
+  std::istringstream in(status);
+  std::string line;
+  bool in_table = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("REPLICAS", 0) == 0) {
+      in_table = true;
+      std::getline(in, line);  // the header row
+      continue;
+    }
+    if (!in_table) continue;
+    if (line.find_first_not_of(' ') == std::string::npos) break;
+    std::istringstream row(line);
+    replica_row r;
+    std::string node_dev;
+    row >> r.id >> r.deployment >> r.slot >> r.epoch >> r.state >> node_dev >> r.running;
+    r.node = static_cast<unsigned>(std::stoul(node_dev.substr(0, node_dev.find('/'))));
+    out.push_back(r);
+  }
+  return out;
+}
+
+class process_cluster {
+ public:
+  explicit process_cluster(const std::string& name) : dir_(fresh_test_dir(name)) {}
+
+  const std::string& dir() const { return dir_; }
+
+  void write_config(const std::string& text) {
+    std::ofstream(dir_ + "/cluster.ini") << text;
+  }
+
+  void start_controller(std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{exaserve, "controller", "--listen", "127.0.0.1:0", "--config", dir_ + "/cluster.ini"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    controller_ = std::make_unique<child_process>(argv, dir_, "controller");
+    const auto out = controller_->wait_for("listening on", 20s);
+    auto port = number_after(out, "listening on 127.0.0.1:");
+    REQUIRE(port);
+    controller_port_ = *port;
+  }
+
+  std::string join_address() const { return "127.0.0.1:" + std::to_string(controller_port_); }
+
+  child_process& start_node(unsigned id, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{exaserve, "node", "--join", join_address(), "--node-id", std::to_string(id)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    nodes_[id] = std::make_unique<child_process>(argv, dir_, "node-" + std::to_string(id));
+    nodes_[id]->wait_for("joined", 20s);
+    return *nodes_[id];
+  }
+  child_process& node(unsigned id) { return *nodes_.at(id); }
+
+  void start_gateway() {
+    gateway_ = std::make_unique<child_process>(
+        std::vector<std::string>{exaserve, "gateway", "--join", join_address(), "--http-port", "0", "--rpc-port", "0"},
+        dir_, "gateway");
+    const auto out = gateway_->wait_for("serving HTTP", 20s);
+    auto http = number_after(out, "serving HTTP at http://127.0.0.1:");
+    auto rpc = number_after(out, "and RPC on 127.0.0.1:");
+    REQUIRE(http);
+    REQUIRE(rpc);
+    http_port_ = static_cast<std::uint16_t>(*http);
+    rpc_port_ = static_cast<std::uint16_t>(*rpc);
+  }
+
+  child_process& controller() { return *controller_; }
+  child_process& gateway() { return *gateway_; }
+  std::uint16_t http_port() const { return http_port_; }
+
+  process_result cli_run(std::vector<std::string> args) {
+    std::vector<std::string> argv{cli, "--connect", "127.0.0.1:" + std::to_string(rpc_port_)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, 20s);
+  }
+
+  std::string status() {
+    auto r = cli_run({"status"});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    return r.out;
+  }
+
+  /// Waits until `pred` holds for the replica table (bounded); the last table.
+  template <class Pred>
+  std::vector<replica_row> wait_replicas(Pred pred, std::chrono::milliseconds timeout, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string last;
+    for (;;) {
+      last = status();
+      auto rows = parse_replicas(last);
+      if (pred(rows)) return rows;
+      if (std::chrono::steady_clock::now() > deadline) {
+        INFO("waited for: " << what << "\nlast status:\n" << last << "\ncontroller log:\n" << controller_->err());
+        FAIL("the cluster did not get there in time");
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<child_process> controller_;
+  std::map<unsigned, std::unique_ptr<child_process>> nodes_;
+  std::unique_ptr<child_process> gateway_;
+  unsigned controller_port_ = 0;
+  std::uint16_t http_port_ = 0, rpc_port_ = 0;
+};
+
+bool all_ready(const std::vector<replica_row>& rows, std::size_t n) {
+  if (rows.size() != n) return false;
+  for (const auto& r : rows)
+    if (r.state != "ready" && r.state != "serving") return false;
+  return true;
+}
+
+struct streamed {
+  std::string text;
+  std::size_t events = 0;
+  bool done = false;
+  std::string error;
+  int status = 0;
+};
+
+// Streams a greedy completion; `after_event(n)` runs after the n-th event.
+streamed stream_completion(std::uint16_t port, const std::string& model, unsigned max_tokens,
+                           const std::function<void(std::size_t)>& after_event = {}) {
+  const std::string body = nlohmann::json{{"model", model},       {"prompt", "Hello"},  {"max_tokens", max_tokens},
+                                          {"temperature", 0},     {"ignore_eos", true}, {"stream", true}}
+                               .dump();
+  streamed s;
+  auto r = chaos::post_sse(
+      port, "/v1/completions", body,
+      [&](std::string_view data) {
+        if (data == "[DONE]") {
+          s.done = true;
+          return;
+        }
+        auto j = nlohmann::json::parse(data, nullptr, false);
+        if (j.is_discarded()) return;
+        if (j.contains("error")) s.error = j["error"].dump();
+        if (j.contains("choices") && !j["choices"].empty()) s.text += j["choices"][0].value("text", "");
+        ++s.events;
+        if (after_event) after_event(s.events);
+      },
+      60s);
+  REQUIRE(r.has_value());
+  s.status = r->status;
+  if (s.status != 200) s.error += r->body;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("controller, nodes and a gateway as processes serve and show the whole cluster", "[process]") {
+  process_cluster c("process-serve");
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
+  c.start_controller({"--wait-nodes", "2"});
+  c.start_node(1);
+  c.start_node(2);
+  c.start_gateway();
+  auto rows = c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 30s, "2 ready replicas");
+  // Spread over both nodes: the deployment waited for them.
+  CHECK(rows[0].node != rows[1].node);
+
+  const std::string status = c.status();
+  CHECK_THAT(status, Contains("NODES (2)"));
+  CHECK_THAT(status, Contains("ADDRESS"));
+  CHECK_THAT(status, Contains("127.0.0.1:"));  // each node's own address
+  // ClusterStatus.models is filled in (it used to be empty).
+  CHECK_THAT(status, Contains("DEPLOYMENTS (1)"));
+  CHECK_THAT(status, Contains("2/2"));
+
+  auto resp = http_request(c.http_port(), "POST", "/v1/completions",
+                           R"({"model": "tiny", "prompt": "Hello", "max_tokens": 8})");
+  CHECK(resp.status == 200);
+  CHECK_THAT(resp.body, Contains("\"completion_tokens\":8"));
+
+  // Once idle, every replica reports zero load (they used to keep their
+  // last busy numbers, so a draining gateway waited out its whole grace).
+  c.wait_replicas(
+      [](const auto& r) {
+        for (const auto& x : r)
+          if (x.running != 0) return false;
+        return true;
+      },
+      10s, "idle replicas reporting zero running");
+
+  // Admin calls travel gateway -> controller as messages.
+  auto scaled = c.cli_run({"scale", "tiny", "3"});
+  INFO(scaled.err);
+  CHECK(scaled.exit_code == 0);
+  c.wait_replicas([](const auto& r) { return all_ready(r, 3); }, 30s, "3 ready replicas after scale");
+  auto unknown = c.cli_run({"scale", "nope", "1"});
+  CHECK(unknown.exit_code != 0);
+  CHECK_THAT(unknown.err, Contains("no deployment named 'nope'"));
+}
+
+TEST_CASE("a node of another cluster or another build is refused at join, in both logs", "[process]") {
+  process_cluster c("process-refuse");
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\n");
+  c.start_controller();
+
+  child_process other({exaserve, "node", "--join", c.join_address(), "--node-id", "5", "--cluster", "staging"},
+                      c.dir(), "node-other-cluster");
+  auto rc = other.wait_exit(20s);
+  REQUIRE(rc);
+  CHECK(*rc != 0);
+  CHECK_THAT(other.err(), Contains("refused") && Contains("cluster 'staging'"));
+  c.controller().wait_for("cluster 'staging'", 10s, true);
+  CHECK_THAT(c.controller().err(), Contains("event=join_refused role=node node=5"));
+
+  ::setenv("EXASERVE_PROTOCOL_VERSION", "exaserve/0.0.1-other", 1);
+  child_process old({exaserve, "node", "--join", c.join_address(), "--node-id", "6"}, c.dir(), "node-other-build");
+  ::unsetenv("EXASERVE_PROTOCOL_VERSION");
+  rc = old.wait_exit(20s);
+  REQUIRE(rc);
+  CHECK(*rc != 0);
+  CHECK_THAT(old.err(), Contains("exaserve/0.0.1-other") && Contains("same build"));
+  c.controller().wait_for("exaserve/0.0.1-other", 10s, true);
+
+  // Nothing reachable at the address: a clear error, not a hang.
+  child_process lost({exaserve, "node", "--join", "127.0.0.1:1", "--node-id", "7"}, c.dir(), "node-no-controller");
+  rc = lost.wait_exit(20s);
+  REQUIRE(rc);
+  CHECK(*rc != 0);
+  CHECK_THAT(lost.err(), Contains("cannot reach the controller at 127.0.0.1:1"));
+}
+
+TEST_CASE("kill -9 of a node mid-stream: the stream resumes on another node token-exact", "[process]") {
+  process_cluster c("process-kill-node");
+  const std::string model = slow_model(c.dir());
+  c.write_config(fast_timings + "[deployment slow]\nmodel = " + model + "\nreplicas = 2\n");
+  c.start_controller({"--wait-nodes", "2"});
+  c.start_node(1);
+  c.start_node(2);
+  c.start_gateway();
+  c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 60s, "2 ready replicas");
+
+  const unsigned tokens = 150;
+  const streamed reference = stream_completion(c.http_port(), "slow", tokens);
+  REQUIRE(reference.error.empty());
+  REQUIRE(reference.done);
+
+  unsigned killed = 0;
+  const streamed run = stream_completion(c.http_port(), "slow", tokens, [&](std::size_t n) {
+    if (n != 8) return;
+    // The node whose replica is generating this stream dies now.
+    for (const auto& r : parse_replicas(c.status()))
+      if (r.running > 0) killed = r.node;
+    REQUIRE(killed != 0);
+    c.node(killed).signal(SIGKILL);
+  });
+  REQUIRE(killed != 0);
+  INFO("gateway log:\n" << c.gateway().err());
+  CHECK(run.error.empty());
+  CHECK(run.done);
+  // One continuous stream, equal to the failure-free one: no gap, no duplicate.
+  CHECK(run.text == reference.text);
+  CHECK_THAT(c.gateway().err(), Contains("event=request_resume"));
+
+  // The lost node's slot is placed again on the survivor, under a new epoch.
+  const unsigned survivor = killed == 1 ? 2 : 1;
+  auto rows = c.wait_replicas(
+      [&](const auto& r) {
+        if (!all_ready(r, 2)) return false;
+        for (const auto& x : r)
+          if (x.node != survivor) return false;
+        return true;
+      },
+      30s, "both slots ready on the surviving node");
+  unsigned max_epoch = 0;
+  for (const auto& r : rows) max_epoch = std::max(max_epoch, r.epoch);
+  CHECK(max_epoch == 2);
+  CHECK_THAT(c.controller().err(), Contains("event=node_lost node=" + std::to_string(killed)));
+}

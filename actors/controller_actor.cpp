@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "actors/cluster_metrics.hpp"
+#include "cluster/journal.hpp"
 #include "cluster/model_ref.hpp"
 #include "cluster/model_shape.hpp"
 #include "cluster/routing.hpp"
@@ -18,6 +19,7 @@ namespace {
 
 using self_ptr = caf::stateful_actor<controller_state>*;
 using cluster::replica_state;
+using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;
 
 constexpr std::uint32_t max_replicas_per_deployment = 4096;
 
@@ -29,6 +31,15 @@ expected<void> check_name(const std::string& name) {
       return make_error(errc::invalid_argument,
                         "deployment name '" + name + "' may use only letters, digits, '-', '_' and '.'");
   return {};
+}
+
+// Writes a record to the journal (distributed mode) before the controller
+// acts on it. A failing disk is logged loudly; the controller keeps serving.
+void persist(self_ptr self, const cluster::journal_record& r) {
+  auto& j = self->state.config.journal;
+  if (!j) return;
+  if (auto ok = j->append(r); !ok)
+    spdlog::error("event=journal_write_failed dir={} error=\"{}\"", j->dir(), to_string(ok.error()));
 }
 
 // Starts the replica of a placed slot on its node.
@@ -44,6 +55,10 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   spec.device = p.devices.front();
   spec.kv_tokens = static_cast<std::uint32_t>(dep.spec.replica.kv_tokens);
   spec.engine = st.config.engine;
+  // Durable before any node hears of it: a restarted controller must never
+  // meet an epoch or a replica id it does not know.
+  if (st.slot_epochs[p.slot] < epoch) persist(self, cluster::journal_record::slot_epoch(p.slot.deployment, p.slot.index, epoch));
+  persist(self, cluster::journal_record::replica_taken(p.replica));
   st.slot_epochs[p.slot] = epoch;
   auto& rec = st.replicas[p.replica];
   rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, spec};
@@ -61,13 +76,19 @@ deployment_announce announce(const std::string& name, const controller_state::de
 }
 
 void remember(self_ptr self, const api::deploy_request& req) {
-  std::lock_guard lock(self->state.config.desired->mutex);
-  self->state.config.desired->deployments[req.name] = req;
+  {
+    std::lock_guard lock(self->state.config.desired->mutex);
+    self->state.config.desired->deployments[req.name] = req;
+  }
+  persist(self, cluster::journal_record::deploy(req));
 }
 
 void forget(self_ptr self, const std::string& name) {
-  std::lock_guard lock(self->state.config.desired->mutex);
-  self->state.config.desired->deployments.erase(name);
+  {
+    std::lock_guard lock(self->state.config.desired->mutex);
+    self->state.config.desired->deployments.erase(name);
+  }
+  persist(self, cluster::journal_record::undeploy(name));
 }
 
 // Places every missing slot of a deployment; returns how many are still missing.
@@ -133,7 +154,9 @@ void replace_slot(self_ptr self, const std::string& deployment, std::uint32_t sl
     self->delayed_send(self, std::chrono::milliseconds(st.config.slot_retry_after_ms), retry_slot{deployment, slot});
     return;
   }
-  const cluster::epoch_t epoch = ++st.slot_epochs[ref];
+  const cluster::epoch_t epoch = st.slot_epochs[ref] + 1;
+  persist(self, cluster::journal_record::slot_epoch(deployment, slot, epoch));
+  st.slot_epochs[ref] = epoch;
   self->send(st.router, fence_slot{deployment, slot, epoch});
   spdlog::info("event=slot_fenced deployment={} slot={} epoch={}", deployment, slot, epoch);
   st.pending_migrations.push_back({deployment, slot, epoch, excluded});
@@ -239,18 +262,18 @@ void on_node_health(self_ptr self, const node_health_msg& m) {
   }
 }
 
-caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
+// Validates a deploy request and reads the model's shape. Errors are the
+// caller's to fix (bad name, file, policy, counts).
+expected<controller_state::deployment> make_deployment(self_ptr self, const api::deploy_request& req) {
   auto& st = self->state;
-  if (auto ok = check_name(req.name); !ok) return to_caf(ok.error());
-  if (st.deployments.count(req.name))
-    return to_caf({errc::invalid_argument, "deployment '" + req.name + "' exists; use scale or undeploy"});
+  if (auto ok = check_name(req.name); !ok) return std::unexpected(ok.error());
   if (req.replicas == 0 || req.replicas > max_replicas_per_deployment)
-    return to_caf({errc::invalid_argument, "replicas must be in [1, " + std::to_string(max_replicas_per_deployment) + "]"});
+    return make_error(errc::invalid_argument, "replicas must be in [1, " + std::to_string(max_replicas_per_deployment) + "]");
   const std::string routing = req.routing.empty() ? st.config.default_routing : req.routing;
-  if (auto policy = cluster::make_routing_policy(routing); !policy) return to_caf(policy.error());
+  if (auto policy = cluster::make_routing_policy(routing); !policy) return std::unexpected(policy.error());
   const std::string file = req.model_file.empty() ? st.config.default_model_file : req.model_file;
   auto ref = cluster::parse_model_ref(file);
-  if (!ref) return to_caf(ref.error());
+  if (!ref) return std::unexpected(ref.error());
   controller_state::deployment dep;
   dep.model_file = file;
   if (ref->is_preset()) {  // simulation: a published shape, no weights
@@ -258,7 +281,7 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
   } else {
     // Read for its shape only: nodes and gateways open the file themselves.
     auto model = model::llama_model::load(file);
-    if (!model) return to_caf(model.error());
+    if (!model) return std::unexpected(model.error());
     dep.spec.model = cluster::model_shape_from(**model);
   }
   dep.routing = routing;
@@ -268,18 +291,33 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
   dep.spec.replica.kv_tokens = req.kv_tokens ? req.kv_tokens : st.config.default_kv_tokens;
   dep.spec.replica.max_batch_tokens = st.config.max_batch_tokens;
   dep.spec.replica.replica_overhead_bytes = st.config.replica_overhead_bytes;
-  st.deployments[req.name] = dep;
-  self->send(st.router, announce(req.name, dep));
+  return dep;
+}
+
+void register_deployment(self_ptr self, const std::string& name, const controller_state::deployment& dep) {
+  self->state.deployments[name] = dep;
+  self->send(self->state.router, announce(name, dep));
+}
+
+caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
+  auto& st = self->state;
+  if (st.deployments.count(req.name))
+    return to_caf({errc::invalid_argument, "deployment '" + req.name + "' exists; use scale or undeploy"});
+  auto dep = make_deployment(self, req);
+  if (!dep) return to_caf(dep.error());
+  register_deployment(self, req.name, *dep);
   std::string why;
   const std::size_t missing = place_missing(self, req.name, &why);
-  spdlog::info("event=deployed deployment={} model={} replicas={} placed={} routing={}", req.name, file, req.replicas,
-               req.replicas - missing, dep.routing);
+  spdlog::info("event=deployed deployment={} model={} replicas={} placed={} routing={}", req.name, dep->model_file,
+               req.replicas, req.replicas - missing, dep->routing);
   if (missing == req.replicas) {  // nothing fits: refuse rather than keep an empty deployment
     st.deployments.erase(req.name);
     self->send(st.router, deployment_removed{req.name});
     return to_caf({errc::unavailable, "cannot place any replica of '" + req.name + "': " + why});
   }
-  remember(self, req);
+  api::deploy_request resolved = req;
+  resolved.model_file = dep->model_file;
+  remember(self, resolved);
   return ok_atom::value;
 }
 
@@ -304,6 +342,88 @@ std::vector<api::model_info> list_models(self_ptr self) {
   return out;
 }
 
+// Stops a replica a node reported that this controller does not want.
+void stop_reported(self_ptr self, const caf::actor& node, const running_replica& r, const char* why) {
+  spdlog::warn("event=replica_not_adopted replica={} deployment={} slot={} epoch={} reason=\"{}\"", r.spec.id,
+               r.spec.deployment, r.spec.slot, r.spec.epoch, why);
+  self->send(node, stop_replica{r.spec.id, false});
+}
+
+// A node (re)joined reporting a replica. A replica this controller placed
+// keeps its record; one it does not know (this controller restarted, or the
+// slot moved on while the node was away) is adopted when its slot is free
+// and its epoch is the journal's, and stopped otherwise: never two serving
+// replicas for one slot.
+void reconcile_replica(self_ptr self, const node_join& m, const running_replica& r) {
+  auto& st = self->state;
+  if (auto it = st.replicas.find(r.spec.id); it != st.replicas.end()) {
+    if (it->second.node != m.node) return stop_reported(self, m.handle, r, "its id belongs to another node's replica");
+    it->second.handle = r.handle;
+    it->second.spawned = true;
+    return;
+  }
+  auto dep = st.deployments.find(r.spec.deployment);
+  if (dep == st.deployments.end() || r.spec.slot >= dep->second.spec.replicas)
+    return stop_reported(self, m.handle, r, "its deployment no longer wants the slot");
+  const cluster::slot_ref ref{r.spec.deployment, r.spec.slot};
+  if (r.spec.epoch < st.slot_epochs[ref]) return stop_reported(self, m.handle, r, "its epoch is stale");
+  for (const auto& [id, rec] : st.replicas)
+    if (rec.deployment == ref.deployment && rec.slot == ref.index)
+      return stop_reported(self, m.handle, r, "another replica fills its slot");
+  auto per_device = cluster::estimate(dep->second.spec.model, dep->second.spec.replica);
+  if (!per_device) return stop_reported(self, m.handle, r, "its memory cannot be estimated");
+  cluster::placed_slot p{ref, "", r.spec.id, m.node, {r.spec.device}, *per_device};
+  if (auto ok = st.placement->commit(p); !ok) return stop_reported(self, m.handle, r, "its device has no room in the ledger");
+  if (r.spec.epoch > st.slot_epochs[ref]) persist(self, cluster::journal_record::slot_epoch(ref.deployment, ref.index, r.spec.epoch));
+  persist(self, cluster::journal_record::replica_taken(r.spec.id));
+  st.slot_epochs[ref] = r.spec.epoch;
+  auto& rec = st.replicas[r.spec.id];
+  rec = {r.spec.id, ref.deployment, ref.index, r.spec.epoch, m.node, r.spec.device, cluster::replica_state::ready,
+         "adopted", true, r.spec, r.handle};
+  spdlog::info("event=replica_adopted replica={} deployment={} slot={} epoch={} node={}", r.spec.id, ref.deployment,
+               ref.index, r.spec.epoch, m.node);
+  self->send(st.router, replica_event{rec.id, rec.deployment, rec.slot, rec.epoch, rec.node, rec.device,
+                                      static_cast<std::uint8_t>(rec.state), rec.reason, rec.handle});
+}
+
+error reconciling_error() {
+  return {errc::unavailable, "the controller restarted and is reconciling with its nodes; retry in a few seconds"};
+}
+
+// The reconcile window after a restart from the journal is over: nodes that
+// meant to come back have; what is still missing is placed now.
+void end_reconcile(self_ptr self) {
+  auto& st = self->state;
+  if (!st.reconciling) return;
+  st.reconciling = false;
+  std::size_t adopted = st.replicas.size();
+  for (const auto& [name, dep] : st.deployments) (void)place_missing(self, name, nullptr);
+  spdlog::info("event=reconcile_done adopted={} placed={} nodes={}", adopted, st.replicas.size() - adopted,
+               st.nodes.size());
+}
+
+// A restarted controller takes up the journal's deployments, epochs and
+// replica ids, and waits out the reconcile window before placing anything.
+void recover(self_ptr self) {
+  auto& st = self->state;
+  const auto& durable = st.config.journal->state();
+  st.placement->reserve_replica_ids(durable.next_replica_id);
+  for (const auto& [slot, epoch] : durable.epochs) st.slot_epochs[slot] = epoch;
+  for (const auto& [name, req] : durable.deployments) {
+    auto dep = make_deployment(self, req);
+    if (!dep) {
+      spdlog::error("event=deploy_failed deployment={} error=\"{}\" detail=\"recovered from the journal\"", name,
+                    to_string(dep.error()));
+      continue;
+    }
+    register_deployment(self, name, *dep);
+  }
+  st.reconciling = true;
+  spdlog::info("event=controller_recovered deployments={} slots={} next_replica_id={} reconcile_window_ms={}",
+               st.deployments.size(), durable.epochs.size(), durable.next_replica_id, st.config.reconcile_window_ms);
+  self->delayed_send(self, std::chrono::milliseconds(st.config.reconcile_window_ms), reconcile_atom::value);
+}
+
 // A node (re)started. First sight of its id adds it to placement (nodes of
 // the distributed cluster are not known in advance); every join refreshes
 // its handle, starts what was placed there meanwhile and tells gateways.
@@ -323,6 +443,7 @@ void on_node_join(self_ptr self, const node_join& m) {
   s.nodes[m.node] = m.handle;
   s.contacts[m.node] = {m.address, m.hub};
   self->monitor(m.handle);
+  for (const auto& r : m.replicas) reconcile_replica(self, m, r);
   for (auto& [id, r] : s.replicas)
     if (r.node == m.node && !r.spawned) {
       self->send(m.handle, spawn_replica{r.spec});
@@ -331,6 +452,7 @@ void on_node_join(self_ptr self, const node_join& m) {
   for (const auto& agent : s.gateway_agents) self->send(agent, node_announce{m.node, m.address, m.hub});
   // A restarted node can take slots again (unless it is cordoned).
   for (auto& p : s.pending_migrations) std::erase(p.excluded, m.node);
+  if (s.reconciling) return;  // placing waits for the window to end
   // Deployments of the config that waited for nodes may go now.
   std::size_t joined = 0;
   for (const auto& [id, h] : s.nodes) joined += h != nullptr;
@@ -380,6 +502,11 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
     return {};
   }
   st.placement.emplace(std::move(*placement));
+  // A controller with a journal that holds anything resumes from it; the
+  // config's deployments only seed a fresh state directory.
+  if (st.config.journal && !st.config.journal->empty()) {
+    recover(self);
+  } else {
   // A restarted controller rebuilds the deployments its predecessor held.
   std::map<std::string, api::deploy_request> desired;
   {
@@ -398,6 +525,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       forget(self, name);
       self->send(st.router, deployment_removed{name});
     }
+  }
   self->set_down_handler([=](const caf::down_msg& dm) {
     auto& agents = self->state.gateway_agents;
     if (std::erase_if(agents, [&](const caf::actor& a) { return a.address() == dm.source; }) > 0) {
@@ -409,6 +537,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
   });
   return {
       [=](const node_join& m) { on_node_join(self, m); },
+      [=](reconcile_atom) { end_reconcile(self); },
       [=](const gateway_join& m) { on_gateway_join(self, m); },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
       [=](const node_health_msg& m) { on_node_health(self, m); },
@@ -431,9 +560,13 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         auto it = self->state.nodes.find(m.node);
         return it == self->state.nodes.end() ? caf::actor{} : it->second;
       },
-      [=](const deploy_msg& m) { return on_deploy(self, m.request); },
+      [=](const deploy_msg& m) -> caf::result<ok_atom> {
+        if (self->state.reconciling) return to_caf(reconciling_error());
+        return on_deploy(self, m.request);
+      },
       [=](const undeploy_msg& m) -> caf::result<ok_atom> {
         auto& s = self->state;
+        if (s.reconciling) return to_caf(reconciling_error());
         if (!s.deployments.count(m.name)) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
         stop_slots(self, m.name, 0);
         s.deployments.erase(m.name);
@@ -444,6 +577,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       },
       [=](const scale_msg& m) -> caf::result<ok_atom> {
         auto& s = self->state;
+        if (s.reconciling) return to_caf(reconciling_error());
         auto it = s.deployments.find(m.name);
         if (it == s.deployments.end()) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
         if (m.replicas == 0 || m.replicas > max_replicas_per_deployment)
@@ -456,6 +590,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
           auto d = s.config.desired->deployments.find(m.name);
           if (d != s.config.desired->deployments.end()) d->second.replicas = m.replicas;
         }
+        persist(self, cluster::journal_record::scale(m.name, m.replicas));
         if (m.replicas < old) stop_slots(self, m.name, m.replicas);
         std::string why;
         if (m.replicas > old && place_missing(self, m.name, &why) > 0)

@@ -26,6 +26,10 @@
 #include "cluster/restart_intensity.hpp"
 #include "actors/chaos_hooks.hpp"
 
+namespace exa::cluster {
+class journal;
+}
+
 namespace exa::actors {
 
 struct cluster_metrics;
@@ -56,6 +60,12 @@ struct controller_config {
   /// Distributed mode: configured deployments are placed once this many
   /// nodes joined (so they spread over the expected nodes, not the first).
   std::uint32_t deploy_after_nodes = 1;
+  /// Distributed mode: the journal in --state-dir (null in the embedded
+  /// cluster, whose desired state lives in memory).
+  std::shared_ptr<cluster::journal> journal;
+  /// After a restart from the journal: how long nodes have to rejoin and
+  /// report their replicas before missing slots are placed anew.
+  std::uint32_t reconcile_window_ms = 10000;
 };
 
 /// controller -> controller: try a given-up slot again.
@@ -81,6 +91,7 @@ struct controller_state {
   std::map<cluster::node_id, node_contact> contacts;
   std::vector<caf::actor> gateway_agents;  // told of every node that joins
   std::vector<api::deploy_request> awaiting_nodes;  // configured deployments waiting for a node
+  bool reconciling = false;  // restarted from the journal: adopting before placing
   struct deployment {
     cluster::deployment_spec spec;
     std::string model_file;

@@ -21,6 +21,8 @@
 #include "actors/gateway_bridge.hpp"
 #include "actors/hub_actor.hpp"
 #include "actors/messages.hpp"
+#include "actors/uplink_actor.hpp"
+#include "cluster/journal.hpp"
 #include "cluster/membership.hpp"
 
 #ifndef EXASERVE_VERSION
@@ -34,6 +36,9 @@ namespace {
 /// cluster's timings only after they connected: the default detector
 /// settings' confirmation (5 × 2 s + 30 s) plus margin.
 constexpr std::uint32_t default_transport_timeout_ms = 44000;
+/// How long an uplink waits for a reconnect step, and its longest backoff.
+constexpr std::uint32_t uplink_request_timeout_ms = 5000;
+constexpr std::uint32_t uplink_retry_max_ms = 2000;
 
 class net_config : public caf::actor_system_config {
  public:
@@ -102,6 +107,16 @@ expected<std::pair<caf::actor, welcome_msg>> join(caf::actor_system& sys, const 
                                                 err.message);
                });
   return out;
+}
+
+uplink_config make_uplink(const host_port& at, const cluster::member_identity& who, cluster::node_id node) {
+  uplink_config u;
+  u.host = at.host;
+  u.port = at.port;
+  u.hello = hello_msg{{who.cluster, who.version, who.role}, node};
+  u.request_timeout_ms = uplink_request_timeout_ms;
+  u.retry_max_ms = uplink_retry_max_ms;
+  return u;
 }
 
 // A gateway's link to the nodes: for every node the controller announces,
@@ -185,6 +200,20 @@ expected<std::unique_ptr<controller_process>> controller_process::start(controll
   plan->health.nodes.clear();
   plan->router_is_hub = true;
   plan->controller.deploy_after_nodes = std::max(1u, o.deploy_after_nodes);
+  if (o.state_dir.empty()) return make_error(errc::invalid_argument, "the controller needs a state directory");
+  cluster::journal_recovery recovery;
+  auto journal = cluster::journal::open(o.state_dir, &recovery);
+  if (!journal) return std::unexpected(journal.error());
+  if (recovery.torn_tail)
+    spdlog::warn("event=journal_torn_tail dir={} record={} offset={} detail=\"the last record was cut short by a "
+                 "crash and is dropped; everything before it is recovered\"",
+                 o.state_dir, recovery.torn_record, recovery.torn_offset);
+  spdlog::info("event=journal_opened dir={} from_snapshot={} records_replayed={} deployments={}", o.state_dir,
+               recovery.from_snapshot, recovery.records_replayed, journal->state().deployments.size());
+  plan->controller.journal = std::make_shared<cluster::journal>(std::move(*journal));
+  plan->controller.reconcile_window_ms = cluster::reconcile_window_ms(
+      cluster::node_lease_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms),
+      c.heartbeat_interval_ms, uplink_request_timeout_ms, uplink_retry_max_ms);
   plan->router.desired = nullptr;
   p->root = p->system.spawn(cluster_supervisor, std::move(*plan));
   welcome_msg timings;
@@ -219,6 +248,7 @@ struct node_process::impl {
   caf::actor_system system;
   caf::actor root;
   caf::actor hub;
+  caf::actor uplink;
   std::uint16_t port = 0;
   bool stopped = false;
 };
@@ -232,9 +262,13 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   if (!o.engine.empty() && o.engine != "cpu" && o.engine != "null")
     return make_error(errc::invalid_argument, "--engine must be cpu or null, got '" + o.engine + "'");
   auto p = std::make_unique<impl>(default_transport_timeout_ms);
-  auto joined = join(p->system, o.join, member(o.identity, "node"), o.node, o.join_timeout_ms);
+  const auto who = member(o.identity, "node");
+  auto joined = join(p->system, o.join, who, o.node, o.join_timeout_ms);
   if (!joined) return std::unexpected(joined.error());
   const welcome_msg& w = joined->second;
+  // The node and its replicas talk to the control plane through the uplink,
+  // which outlives a controller restart.
+  p->uplink = p->system.spawn(uplink_actor, make_uplink(o.join, who, o.node), w);
   p->hub = p->system.spawn(hub_actor);
   auto port = p->system.middleman().publish(p->hub, o.listen.port, o.listen.host.c_str(), true);
   if (!port)
@@ -258,7 +292,7 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   cluster_plan plan;
   plan.nodes.push_back(nc);
   plan.metrics = nc.metrics;
-  p->root = p->system.spawn(nodes_supervisor, std::move(plan), w.controller, p->hub, w.health_monitor);
+  p->root = p->system.spawn(nodes_supervisor, std::move(plan), p->uplink, p->hub, p->uplink);
   spdlog::info("event=node_joined node={} rack={} devices={} address={} heartbeat_interval_ms={} lease_ms={}",
                o.node, o.rack, o.devices, nc.address, w.heartbeat_interval_ms, w.lease_ms);
   return std::unique_ptr<node_process>(new node_process(std::move(p)));
@@ -269,8 +303,10 @@ void node_process::stop() {
   impl_->stopped = true;
   caf::anon_send_exit(impl_->root, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(impl_->hub, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(impl_->uplink, caf::exit_reason::user_shutdown);
   impl_->root = nullptr;
   impl_->hub = nullptr;
+  impl_->uplink = nullptr;
 }
 
 // ---------------------------------------------------------------- gateway
@@ -281,6 +317,7 @@ struct gateway_process::impl {
   caf::actor_system system;
   caf::actor router;
   caf::actor agent;
+  caf::actor uplink;
   std::shared_ptr<api::gateway_backend> backend;
   bool stopped = false;
 };
@@ -291,7 +328,8 @@ std::shared_ptr<api::gateway_backend> gateway_process::backend() const { return 
 
 expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_options o) {
   auto p = std::make_unique<impl>(default_transport_timeout_ms);
-  auto joined = join(p->system, o.join, member(o.identity, "gateway"), 0, o.join_timeout_ms);
+  const auto who = member(o.identity, "gateway");
+  auto joined = join(p->system, o.join, who, 0, o.join_timeout_ms);
   if (!joined) return std::unexpected(joined.error());
   const welcome_msg& w = joined->second;
   auto metrics = cluster_metrics::create();
@@ -310,6 +348,9 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   reg.put(router_atom::value, caf::actor_cast<caf::strong_actor_ptr>(p->router));
   reg.put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(w.controller));
   p->agent = p->system.spawn(gateway_agent, p->router);
+  auto uplink = make_uplink(o.join, who, 0);
+  uplink.gateway = gateway_join{p->router, p->agent};
+  p->uplink = p->system.spawn(uplink_actor, uplink, w);
   caf::anon_send(w.controller, gateway_join{p->router, p->agent});
   p->backend = make_gateway_bridge(p->system, metrics);
   spdlog::info("event=gateway_joined controller={}", format_host_port(o.join));
@@ -319,8 +360,10 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
 void gateway_process::stop() {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
+  caf::anon_send_exit(impl_->uplink, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(impl_->agent, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown);
+  impl_->uplink = nullptr;
   auto& reg = impl_->system.registry();
   reg.erase(router_atom::value);
   reg.erase(controller_atom::value);

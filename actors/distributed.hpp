@@ -51,6 +51,9 @@ struct controller_options {
   cluster_options cluster;
   /// The configured deployments are placed once this many nodes joined.
   std::uint32_t deploy_after_nodes = 1;
+  /// The journal's directory (required): deployments, epochs and replica ids
+  /// survive a controller restart.
+  std::string state_dir;
 };
 
 class controller_process {

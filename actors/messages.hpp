@@ -478,6 +478,17 @@ typename Inspector::result_type inspect(Inspector& f, welcome_msg& x) {
            x.lease_ms, x.engine);
 }
 
+/// A replica a node runs, as it reports it when it (re)joins: a restarted
+/// controller adopts it or tells the node to stop it.
+struct running_replica {
+  replica_spec spec;
+  caf::actor handle;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, running_replica& x) {
+  return f(caf::meta::type_name("exa.running_replica"), x.spec, x.handle);
+}
+
 /// node -> controller: this node (re)started with these devices. The
 /// controller adds it to placement and health watching on first sight, and
 /// monitors `handle`: its loss moves the node's replicas elsewhere.
@@ -489,11 +500,12 @@ struct node_join {
   std::string address;  // host:port where the node publishes its hub ("" embedded)
   caf::actor handle;    // the node actor
   caf::actor hub;       // where routers subscribe for replica events and loads
+  std::vector<running_replica> replicas;  // what it runs (empty on a fresh start)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_join& x) {
   return f(caf::meta::type_name("exa.node_join"), x.node, x.rack, x.devices, x.device_memory_bytes, x.address,
-           x.handle, x.hub);
+           x.handle, x.hub, x.replicas);
 }
 
 /// controller -> gateway agents: a node to connect to directly (the data

@@ -126,7 +126,7 @@ void on_replica_exit(self_ptr self, std::map<cluster::replica_id, node_state::re
 void check_lease(self_ptr self) {
   auto& st = self->state;
   const auto lease_ns = std::int64_t{st.ctx.config.lease_ms} * 1000000;
-  if (lease_ns == 0 || st.self_fenced || clock_ns(self) - st.last_ack_ns < lease_ns) return;
+  if (lease_ns == 0 || st.self_fenced || st.lease_held || clock_ns(self) - st.last_ack_ns < lease_ns) return;
   st.self_fenced = true;
   spdlog::error("event=node_self_fenced node={} replicas={} silent_ms={}", st.ctx.config.id, st.replicas.size(),
                 (clock_ns(self) - st.last_ack_ns) / 1000000);
@@ -137,6 +137,42 @@ void check_lease(self_ptr self) {
   log_event(self, st.ctx.config.hooks, e);
   for (auto& [id, r] : st.replicas)
     if (r.handle) self->send(r.handle, self_fence_atom::value);
+}
+
+// The controller's process is gone or back (our uplink says which).
+void on_control_plane(self_ptr self, const control_plane_state& m) {
+  auto& st = self->state;
+  const auto lease_ns = std::int64_t{st.ctx.config.lease_ms} * 1000000;
+  if (!m.reachable && !m.hold_allowed) {
+    if (st.lease_held) {
+      st.lease_held = false;
+      st.last_ack_ns = clock_ns(self);  // a fresh lease from now, then fence
+      spdlog::warn("event=node_lease_released node={} detail=\"a controller may be up but unreachable\"",
+                   st.ctx.config.id);
+    }
+    check_lease(self);
+    return;
+  }
+  if (!m.reachable) {
+    // Hold the lease only if it was still good: a node that was frozen or cut
+    // off past it has had its slots given away, and fences itself as usual.
+    st.lease_held = lease_ns > 0 && clock_ns(self) - st.last_ack_ns < lease_ns;
+    spdlog::warn("event=node_lease_{} node={} replicas={}", st.lease_held ? "held" : "not_held", st.ctx.config.id,
+                 st.replicas.size());
+    check_lease(self);
+    return;
+  }
+  st.lease_held = false;
+  st.last_ack_ns = clock_ns(self);
+  // Join again, saying what runs here: the controller adopts what it still
+  // wants and stops the rest.
+  const auto& cfg = st.ctx.config;
+  node_join join{cfg.id, cfg.rack, cfg.devices, cfg.device.memory_bytes, cfg.address,
+                 caf::actor_cast<caf::actor>(self), st.ctx.router, {}};
+  for (const auto& [id, r] : st.replicas)
+    if (r.handle) join.replicas.push_back({r.spec, r.handle});
+  self->send(st.ctx.controller, join);
+  spdlog::info("event=node_rejoining node={} replicas={}", cfg.id, join.replicas.size());
 }
 
 void start_children(self_ptr self) {
@@ -224,6 +260,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
             if (r.handle && f.deployment == r.spec.deployment && f.slot == r.spec.slot && f.epoch > r.spec.epoch)
               self->send(r.handle, n);
       },
+      [=](const control_plane_state& m) { on_control_plane(self, m); },
       [=](const heartbeat_ack&) {
         auto& st = self->state;
         st.last_ack_ns = clock_ns(self);

@@ -67,11 +67,28 @@ struct node_state {
   std::uint64_t heartbeat_sequence = 0;
   std::int64_t last_ack_ns = 0;
   bool self_fenced = false;
+  /// The controller's process went away while our lease was good: nobody
+  /// can give our slots away until a controller returns, and a returning
+  /// one reconciles with what we report, so the lease is held meanwhile.
+  bool lease_held = false;
   bool powered_off = false;  // chaos: the host lost power; this actor only stands in for its silence
   std::uint64_t replica_restarts = 0;
   static inline const char* name = "node";
 };
 
+/// uplink -> node: the control plane is unreachable (its process closed the
+/// connection) or back; when back, the node joins again with its replicas.
+struct control_plane_state {
+  bool reachable = true;
+  /// While unreachable: true when no controller is up at all (its process
+  /// closed the connection, reconnects are refused), so nothing can move our
+  /// slots and the lease may be held; false once a reconnect timed out (a
+  /// controller may be up but cut off from us), which starts a fresh lease.
+  bool hold_allowed = true;
+};
+
 caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx);
 
 }  // namespace exa::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::control_plane_state)

@@ -55,8 +55,9 @@ actors::cluster_identity identity(const args& a) {
 
 const std::vector<flag_spec> controller_flags = {
     {"listen", true, "HOST:PORT nodes and gateways join at (default 127.0.0.1:7100)"},
-    {"state-dir", true, "directory for the controller's journal (not built yet: see the startup warning)"},
-    {"config", true, "same format as `serve`: [cluster] timings and engine, [deployment NAME] sections"},
+    {"state-dir", true, "the controller's journal (required): deployments, epochs and replica ids survive a restart"},
+    {"config", true, "same format as `serve`: [cluster] timings and engine, [deployment NAME] sections; "
+                     "its deployments seed a fresh state directory"},
     {"model", true, "GGUF file of the first deployment (default: the generated tiny model)"},
     {"replicas", true, "replicas of the first deployment (default 2)"},
     {"engine", true, "cpu (default) or null: the engine replicas are placed with"},
@@ -94,7 +95,7 @@ int cmd_controller(int argc, char** argv) {
   auto a = args::parse(argc, argv, 2, controller_flags);
   if (!a) return fail("controller", a.error());
   if (a->has("help")) {
-    std::printf("usage: exaserve controller [--listen HOST:PORT] [--state-dir DIR] [--config FILE]\n%s",
+    std::printf("usage: exaserve controller --state-dir DIR [--listen HOST:PORT] [--config FILE]\n%s",
                 describe_flags(controller_flags).c_str());
     return 0;
   }
@@ -102,10 +103,7 @@ int cmd_controller(int argc, char** argv) {
   if (!config) return fail("controller", config.error());
   auto listen = address_flag(*a, "listen", "127.0.0.1:7100", false);
   if (!listen) return fail("controller", listen.error());
-  if (a->has("state-dir"))
-    spdlog::warn("event=state_dir_unused dir={} detail=\"the controller journal is not built yet: deployments and "
-                 "epochs live in memory, and a restarted controller starts empty\"",
-                 *a->get("state-dir"));
+  if (!a->has("state-dir")) return fail("controller", {errc::invalid_argument, "--state-dir DIR is required"});
   auto wait_nodes = a->get_int("wait-nodes", 1, 1, 1 << 20);
   if (!wait_nodes) return fail("controller", wait_nodes.error());
   auto signals = block_stop_signals();
@@ -113,6 +111,7 @@ int cmd_controller(int argc, char** argv) {
   o.identity = identity(*a);
   o.listen = *listen;
   o.deploy_after_nodes = static_cast<std::uint32_t>(*wait_nodes);
+  o.state_dir = *a->get("state-dir");
   o.cluster = config->cluster;
   auto controller = actors::controller_process::start(std::move(o));
   if (!controller) return fail("controller", controller.error());

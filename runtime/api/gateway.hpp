@@ -144,6 +144,7 @@ struct deploy_request {
   std::uint32_t kv_tokens = 0;  // per replica; 0 = default
   std::string routing;          // policy name; "" = default
   std::uint32_t max_replicas_per_node = 0;  // anti-affinity; 0 = spread evenly
+  bool operator==(const deploy_request&) const = default;
 };
 
 class gateway_backend {

@@ -1,5 +1,8 @@
 #include "cluster/membership.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace exa::cluster {
 
 expected<void> check_join(const member_identity& ours, const member_identity& joining) {
@@ -27,8 +30,16 @@ std::uint32_t transport_timeout_ms(std::uint32_t heartbeat_interval_ms, std::uin
                                    std::uint32_t observation_window_ms) {
   const std::uint64_t confirm_ms =
       std::uint64_t{suspect_after_missed} * heartbeat_interval_ms + observation_window_ms;
-  // Two more intervals: the confirmation has been acted on by then.
-  return static_cast<std::uint32_t>(std::min<std::uint64_t>(confirm_ms + 2ull * heartbeat_interval_ms, UINT32_MAX));
+  // Two more intervals: the confirmation has been acted on by then. Never
+  // under 3 s: the transport's own heartbeats must not call a busy peer dead.
+  const std::uint64_t t = std::max<std::uint64_t>(confirm_ms + 2ull * heartbeat_interval_ms, 3000);
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(t, UINT32_MAX));
+}
+
+std::uint32_t reconcile_window_ms(std::uint32_t lease_ms, std::uint32_t heartbeat_interval_ms,
+                                  std::uint32_t reconnect_timeout_ms, std::uint32_t reconnect_backoff_max_ms) {
+  const std::uint64_t sum = std::uint64_t{lease_ms} + heartbeat_interval_ms + reconnect_timeout_ms + reconnect_backoff_max_ms;
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(sum, UINT32_MAX));
 }
 
 }  // namespace exa::cluster

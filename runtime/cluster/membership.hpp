@@ -32,8 +32,18 @@ std::uint32_t node_lease_ms(std::uint32_t heartbeat_interval_ms, std::uint32_t s
 
 /// How long the transport may stay silent before it drops a connection:
 /// past the failure detector's confirmation, so our own suspect-then-confirm
-/// decides first and the transport only cleans up what it confirmed.
+/// decides first and the transport only cleans up what it confirmed; never
+/// under 3 s, so a peer that is merely busy keeps its connection.
 std::uint32_t transport_timeout_ms(std::uint32_t heartbeat_interval_ms, std::uint32_t suspect_after_missed,
                                    std::uint32_t observation_window_ms);
+
+/// How long a controller restarted from its journal waits for nodes to
+/// rejoin before it places their slots anew. A node that lost the old
+/// controller holds its lease only while no controller answers; once one
+/// is up but unreachable for it (a reconnect attempt times out) it starts a
+/// fresh lease. So every node either rejoins or has fenced itself within
+/// one backoff, one attempt and one lease of the restart, plus a heartbeat.
+std::uint32_t reconcile_window_ms(std::uint32_t lease_ms, std::uint32_t heartbeat_interval_ms,
+                                  std::uint32_t reconnect_timeout_ms, std::uint32_t reconnect_backoff_max_ms);
 
 }  // namespace exa::cluster

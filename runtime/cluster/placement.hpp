@@ -18,6 +18,7 @@
 // containers only; every tie broken by an id). Cost: O(slots × nodes) cheap
 // comparisons plus a device scan only for nodes that beat the current best.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -114,6 +115,8 @@ class cluster_state {
   const std::map<replica_id, placed_slot>& replicas() const noexcept { return replicas_; }
   /// The id the next placed replica gets: ids are never reused.
   replica_id next_replica_id() const noexcept { return next_replica_id_; }
+  /// Ids below `next` are taken (by a previous controller): never hand them out.
+  void reserve_replica_ids(replica_id next) noexcept { next_replica_id_ = std::max(next_replica_id_, next); }
 
  private:
   cluster_state() = default;

@@ -41,5 +41,14 @@ TEST_CASE("the lease ends before the monitor can confirm, the transport waits pa
         const std::uint64_t confirm = std::uint64_t{k} * interval + window;
         CHECK(node_lease_ms(interval, k, window) <= confirm);
         CHECK(transport_timeout_ms(interval, k, window) > confirm);
+        CHECK(transport_timeout_ms(interval, k, window) >= 3000);
       }
+}
+
+TEST_CASE("a restarted controller waits out a backoff, an attempt and a lease before placing", "[membership]") {
+  CHECK(reconcile_window_ms(38000, 2000, 5000, 2000) == 47000);
+  // A node that held its lease starts a fresh one at the latest after one
+  // backoff and one timed-out attempt: it has fenced itself by then.
+  for (std::uint32_t lease : {800u, 38000u})
+    CHECK(reconcile_window_ms(lease, 100, 5000, 2000) >= lease + 5000 + 2000);
 }

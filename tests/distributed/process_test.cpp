@@ -88,13 +88,24 @@ class process_cluster {
   }
 
   void start_controller(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{exaserve, "controller", "--listen", "127.0.0.1:0", "--config", dir_ + "/cluster.ini"};
+    std::vector<std::string> argv{exaserve,     "controller", "--listen",          "127.0.0.1:0",
+                                  "--config",   dir_ + "/cluster.ini", "--state-dir", dir_ + "/state"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     controller_ = std::make_unique<child_process>(argv, dir_, "controller");
     const auto out = controller_->wait_for("listening on", 20s);
     auto port = number_after(out, "listening on 127.0.0.1:");
     REQUIRE(port);
     controller_port_ = *port;
+  }
+
+  /// A new controller process on the same address and state directory.
+  void restart_controller() {
+    controller_.reset();
+    std::vector<std::string> argv{exaserve,   "controller",          "--listen",    join_address(),
+                                  "--config", dir_ + "/cluster.ini", "--state-dir", dir_ + "/state",
+                                  "--wait-nodes", "2"};
+    controller_ = std::make_unique<child_process>(argv, dir_, "controller-2");
+    controller_->wait_for("listening on", 20s);
   }
 
   std::string join_address() const { return "127.0.0.1:" + std::to_string(controller_port_); }
@@ -330,4 +341,116 @@ TEST_CASE("kill -9 of a node mid-stream: the stream resumes on another node toke
   for (const auto& r : rows) max_epoch = std::max(max_epoch, r.epoch);
   CHECK(max_epoch == 2);
   CHECK_THAT(c.controller().err(), Contains("event=node_lost node=" + std::to_string(killed)));
+}
+
+TEST_CASE("SIGSTOP of a node: suspected, confirmed, migrated, and after SIGCONT its stale replica stops", "[process]") {
+  process_cluster c("process-freeze");
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
+  c.start_controller({"--wait-nodes", "2"});
+  c.start_node(1);
+  c.start_node(2);
+  c.start_gateway();
+  auto before = c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 30s, "2 ready replicas");
+  std::string frozen_replica;
+  for (const auto& r : before)
+    if (r.node == 1) frozen_replica = r.id;
+  REQUIRE_FALSE(frozen_replica.empty());
+
+  c.node(1).signal(SIGSTOP);
+  // Suspect first (k missed heartbeats), confirmed after the window, and only
+  // then moved: suspicion alone moves nothing.
+  const auto log = c.controller().wait_for("event=node_lost node=1", 20s, true);
+  const auto suspect = log.find("event=node_health node=1 from=healthy to=suspect");
+  const auto confirmed = log.find("event=node_health node=1 from=suspect to=confirmed");
+  REQUIRE(suspect != std::string::npos);
+  REQUIRE(confirmed != std::string::npos);
+  CHECK(suspect < confirmed);
+  CHECK(confirmed < log.find("event=node_lost node=1"));
+  auto moved = c.wait_replicas(
+      [](const auto& r) {
+        if (!all_ready(r, 2)) return false;
+        for (const auto& x : r)
+          if (x.node != 2) return false;
+        return true;
+      },
+      20s, "both slots ready on node 2");
+  for (const auto& r : moved) CHECK(r.id != frozen_replica);
+  // The data plane serves on through it.
+  auto resp = http_request(c.http_port(), "POST", "/v1/completions",
+                           R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+  CHECK(resp.status == 200);
+
+  c.node(1).signal(SIGCONT);
+  // Its lease ran out while it was frozen: its replica stops itself instead
+  // of serving a slot that has moved on.
+  c.node(1).wait_for("event=node_self_fenced node=1", 20s, true);
+  c.wait_replicas(
+      [&](const auto& r) {
+        if (!all_ready(r, 2)) return false;
+        for (const auto& x : r)
+          if (x.id == frozen_replica || x.node != 2) return false;
+        return true;
+      },
+      20s, "still exactly the two replicas on node 2");
+  // And the node comes back as healthy, able to take new replicas.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::string status;
+  do {
+    status = c.status();
+    if (status.find("1     0     healthy") != std::string::npos) break;
+    std::this_thread::sleep_for(100ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  INFO(status);
+  CHECK_THAT(status, Contains("1     0     healthy"));
+}
+
+TEST_CASE("kill -9 of the controller: serving goes on, and restarted on its state dir it adopts every replica",
+          "[process]") {
+  process_cluster c("process-controller");
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
+  c.start_controller({"--wait-nodes", "2"});
+  c.start_node(1);
+  c.start_node(2);
+  c.start_gateway();
+  auto before = c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 30s, "2 ready replicas");
+
+  c.controller().signal(SIGKILL);
+  c.node(1).wait_for("event=control_plane_lost", 10s, true);
+  // Nothing migrates and nothing stops: the gateway routes on its table and
+  // the nodes hold their leases (no controller can give their slots away).
+  for (int i = 0; i < 5; ++i) {
+    auto resp = http_request(c.http_port(), "POST", "/v1/completions",
+                             R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+    CHECK(resp.status == 200);
+    std::this_thread::sleep_for(300ms);  // past the 0.8 s lease, in all
+  }
+  CHECK_THAT(c.node(1).err(), Contains("event=node_lease_held"));
+  CHECK_THAT(c.node(1).err(), !Contains("event=node_self_fenced"));
+  auto down = c.cli_run({"status"});
+  CHECK(down.exit_code != 0);
+  CHECK_THAT(down.err, Contains("controller"));
+
+  c.restart_controller();
+  c.controller().wait_for("event=replica_adopted", 20s, true);
+  auto after = c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 30s, "2 ready replicas again");
+  // The same replicas under the same epochs: adopted, not restarted.
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    CHECK(after[i].id == before[i].id);
+    CHECK(after[i].epoch == before[i].epoch);
+    CHECK(after[i].node == before[i].node);
+  }
+  const auto log = c.controller().wait_for("event=reconcile_done", 30s, true);
+  CHECK_THAT(log, Contains("event=journal_opened") && Contains("deployments=1"));
+  CHECK_THAT(log, Contains("event=reconcile_done adopted=2 placed=0"));
+  // The restarted controller runs the cluster: a node loss is handled again.
+  c.node(2).signal(SIGKILL);
+  c.wait_replicas(
+      [](const auto& r) {
+        if (!all_ready(r, 2)) return false;
+        for (const auto& x : r)
+          if (x.node != 1) return false;
+        return true;
+      },
+      30s, "both slots on node 1 after node 2 died");
 }

@@ -1,0 +1,171 @@
+// The controller's journal: what is appended survives a reopen; a torn tail
+// is cut and reported by record number; damage in the middle refuses to open;
+// snapshots replace the log without losing a record.
+
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cluster/journal.hpp"
+
+using namespace exa;
+using namespace exa::cluster;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/journal-" + name + "-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+api::deploy_request dep(const std::string& name, std::uint32_t replicas) {
+  api::deploy_request d;
+  d.name = name;
+  d.model_file = "/models/" + name + " with space.gguf";
+  d.replicas = replicas;
+  d.routing = "round_robin";
+  return d;
+}
+
+std::uintmax_t log_size(const std::string& dir) { return std::filesystem::file_size(dir + "/journal.log"); }
+
+void truncate_log(const std::string& dir, std::uintmax_t size) { std::filesystem::resize_file(dir + "/journal.log", size); }
+
+void flip_byte(const std::string& dir, std::uintmax_t at) {
+  std::fstream f(dir + "/journal.log", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(c ^ 0x5A));
+}
+
+}  // namespace
+
+TEST_CASE("CRC-32 is the IEEE one", "[journal]") {
+  CHECK(crc32("123456789", 9) == 0xCBF43926u);
+  CHECK(crc32("", 0) == 0u);
+}
+
+TEST_CASE("appended records survive a reopen, in order", "[journal]") {
+  const auto dir = fresh_dir("reopen");
+  durable_state expected_state;
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j.has_value());
+    CHECK(j->empty());
+    const std::vector<journal_record> records = {
+        journal_record::deploy(dep("a", 2)),         journal_record::slot_epoch("a", 0, 1),
+        journal_record::slot_epoch("a", 1, 1),       journal_record::replica_taken(2),
+        journal_record::scale("a", 3),               journal_record::slot_epoch("a", 0, 2),
+        journal_record::deploy(dep("b", 1)),         journal_record::undeploy("b"),
+        journal_record::slot_epoch("a", 0, 1),  // an older epoch never lowers it
+    };
+    for (const auto& r : records) {
+      REQUIRE(j->append(r).has_value());
+      apply(expected_state, r);
+    }
+    CHECK(j->state() == expected_state);
+  }
+  CHECK(expected_state.deployments.size() == 1);
+  CHECK(expected_state.deployments.at("a").replicas == 3);
+  CHECK(expected_state.epochs.at({"a", 0}) == 2);
+  CHECK(expected_state.next_replica_id == 3);
+
+  journal_recovery rep;
+  auto again = journal::open(dir, &rep);
+  REQUIRE(again.has_value());
+  CHECK_FALSE(again->empty());
+  CHECK(rep.records_replayed == 9);
+  CHECK_FALSE(rep.torn_tail);
+  CHECK(again->state() == expected_state);
+}
+
+TEST_CASE("a torn tail is cut, reported by record number, and appending goes on", "[journal]") {
+  const auto dir = fresh_dir("torn");
+  std::uintmax_t after_two = 0;
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j.has_value());
+    REQUIRE(j->append(journal_record::deploy(dep("a", 2))).has_value());
+    REQUIRE(j->append(journal_record::slot_epoch("a", 0, 1)).has_value());
+    after_two = log_size(dir);
+    REQUIRE(j->append(journal_record::slot_epoch("a", 1, 1)).has_value());
+  }
+  SECTION("cut inside the payload") { truncate_log(dir, log_size(dir) - 3); }
+  SECTION("cut inside the header") { truncate_log(dir, after_two + 5); }
+  SECTION("last record damaged in place") { flip_byte(dir, log_size(dir) - 2); }
+
+  journal_recovery rep;
+  auto j = journal::open(dir, &rep);
+  REQUIRE(j.has_value());
+  CHECK(rep.torn_tail);
+  CHECK(rep.torn_record == 3);
+  CHECK(rep.torn_offset == after_two);
+  CHECK(rep.records_replayed == 2);
+  CHECK(j->state().epochs.count({"a", 1}) == 0);
+  CHECK(log_size(dir) == after_two);  // cut away, so the next append is whole
+  REQUIRE(j->append(journal_record::slot_epoch("a", 1, 4)).has_value());
+  j = journal::open(dir, &rep);
+  REQUIRE(j.has_value());
+  CHECK_FALSE(rep.torn_tail);
+  CHECK(j->state().epochs.at({"a", 1}) == 4);
+}
+
+TEST_CASE("damage with records after it refuses to open, naming the record", "[journal]") {
+  const auto dir = fresh_dir("corrupt");
+  std::uintmax_t after_one = 0;
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j.has_value());
+    REQUIRE(j->append(journal_record::deploy(dep("a", 2))).has_value());
+    after_one = log_size(dir);
+    REQUIRE(j->append(journal_record::slot_epoch("a", 0, 1)).has_value());
+    REQUIRE(j->append(journal_record::slot_epoch("a", 1, 1)).has_value());
+  }
+  SECTION("a payload byte") {
+    flip_byte(dir, after_one + 10);
+    auto j = journal::open(dir);
+    REQUIRE_FALSE(j.has_value());
+    CHECK(j.error().code == errc::corrupt_data);
+    CHECK_THAT(j.error().message, Contains("record 2") && Contains("checksum") && Contains("damaged, not torn"));
+  }
+  SECTION("a hostile length") {
+    flip_byte(dir, after_one + 3);  // the length's top byte
+    auto j = journal::open(dir);
+    REQUIRE_FALSE(j.has_value());
+    CHECK_THAT(j.error().message, Contains("record 2") && Contains("impossible length"));
+  }
+}
+
+TEST_CASE("a snapshot replaces the log and keeps every record", "[journal]") {
+  const auto dir = fresh_dir("snapshot");
+  durable_state before;
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j.has_value());
+    for (std::uint32_t s = 0; s < 10; ++s) REQUIRE(j->append(journal_record::slot_epoch("a", s, s + 1)).has_value());
+    REQUIRE(j->append(journal_record::deploy(dep("a", 10))).has_value());
+    REQUIRE(j->snapshot().has_value());
+    CHECK(log_size(dir) == 0);
+    REQUIRE(j->append(journal_record::replica_taken(41)).has_value());
+    before = j->state();
+  }
+  journal_recovery rep;
+  auto j = journal::open(dir, &rep);
+  REQUIRE(j.has_value());
+  CHECK(rep.from_snapshot);
+  CHECK(rep.records_replayed == 1);
+  CHECK(j->state() == before);
+  CHECK(j->state().next_replica_id == 42);
+
+  std::ofstream(dir + "/snapshot.json") << "{ not json";
+  auto broken = journal::open(dir);
+  REQUIRE_FALSE(broken.has_value());
+  CHECK_THAT(broken.error().message, Contains("snapshot.json is not a valid snapshot"));
+}

@@ -13,6 +13,7 @@ packages=(
   wrk                   # HTTP load generator for the serving benchmark
   catch2                # Catch2 v2: tests
   libbenchmark-dev      # Google Benchmark: bench/
+  iproute2              # ip netns, veth and tc netem: partitions in the multi-process tests
 )
 
 missing=()

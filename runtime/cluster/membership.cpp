@@ -22,7 +22,11 @@ std::uint32_t node_lease_ms(std::uint32_t heartbeat_interval_ms, std::uint32_t s
                             std::uint32_t observation_window_ms) {
   const std::uint64_t confirm_ms =
       std::uint64_t{suspect_after_missed} * heartbeat_interval_ms + observation_window_ms;
-  const std::uint64_t lease = confirm_ms > 2ull * heartbeat_interval_ms ? confirm_ms - heartbeat_interval_ms : confirm_ms;
+  // Two intervals short of it: the node looks at its lease once an
+  // interval, so it fences itself at the latest one interval before the
+  // monitor (which looks twice an interval) can confirm.
+  const std::uint64_t lease =
+      confirm_ms > 3ull * heartbeat_interval_ms ? confirm_ms - 2ull * heartbeat_interval_ms : confirm_ms / 2;
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(lease, UINT32_MAX));
 }
 

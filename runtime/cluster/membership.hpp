@@ -24,9 +24,10 @@ struct member_identity {
 expected<void> check_join(const member_identity& ours, const member_identity& joining);
 
 /// How long a node may go without a heartbeat ack before it stops serving:
-/// one interval before the monitor can confirm it failed (k missed
-/// heartbeats, then the observation window), so its replicas stop before
-/// the controller gives their slots away.
+/// two intervals before the monitor can confirm it failed (k missed
+/// heartbeats, then the observation window; the node checks its lease once
+/// an interval), so its replicas stop before the controller gives their
+/// slots away.
 std::uint32_t node_lease_ms(std::uint32_t heartbeat_interval_ms, std::uint32_t suspect_after_missed,
                             std::uint32_t observation_window_ms);
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -50,7 +51,7 @@ std::string slow_model(const std::string& dir) {
 
 struct replica_row {
   std::string id, deployment, state;
-  unsigned slot = 0, epoch = 0, node = 0, running = 0;
+  unsigned slot = 0, epoch = 0, node = 0, running = 0, queued = 0, kv_used = 0;
 };
 
 // The REPLICAS table of `exaserve-cli status`.
@@ -70,8 +71,10 @@ std::vector<replica_row> parse_replicas(const std::string& status) {
     std::istringstream row(line);
     replica_row r;
     std::string node_dev;
-    row >> r.id >> r.deployment >> r.slot >> r.epoch >> r.state >> node_dev >> r.running;
+    std::string kv;
+    row >> r.id >> r.deployment >> r.slot >> r.epoch >> r.state >> node_dev >> r.running >> r.queued >> kv;
     r.node = static_cast<unsigned>(std::stoul(node_dev.substr(0, node_dev.find('/'))));
+    r.kv_used = static_cast<unsigned>(std::stoul(kv.substr(0, kv.find('/'))));
     out.push_back(r);
   }
   return out;
@@ -119,25 +122,29 @@ class process_cluster {
   }
   child_process& node(unsigned id) { return *nodes_.at(id); }
 
-  void start_gateway() {
-    gateway_ = std::make_unique<child_process>(
+  /// Starts gateway `n` (0 is the one the helpers below talk to).
+  void start_gateway(unsigned n = 0) {
+    auto& g = gateways_[n];
+    g.process = std::make_unique<child_process>(
         std::vector<std::string>{exaserve, "gateway", "--join", join_address(), "--http-port", "0", "--rpc-port", "0"},
-        dir_, "gateway");
-    const auto out = gateway_->wait_for("serving HTTP", 20s);
+        dir_, "gateway-" + std::to_string(n));
+    const auto out = g.process->wait_for("serving HTTP", 20s);
     auto http = number_after(out, "serving HTTP at http://127.0.0.1:");
     auto rpc = number_after(out, "and RPC on 127.0.0.1:");
     REQUIRE(http);
     REQUIRE(rpc);
-    http_port_ = static_cast<std::uint16_t>(*http);
-    rpc_port_ = static_cast<std::uint16_t>(*rpc);
+    g.http_port = static_cast<std::uint16_t>(*http);
+    g.rpc_port = static_cast<std::uint16_t>(*rpc);
   }
 
   child_process& controller() { return *controller_; }
-  child_process& gateway() { return *gateway_; }
-  std::uint16_t http_port() const { return http_port_; }
+  child_process& gateway(unsigned n = 0) { return *gateways_.at(n).process; }
+  std::uint16_t http_port(unsigned n = 0) const { return gateways_.at(n).http_port; }
+  /// Points the helpers (status, cli_run) at gateway `n`.
+  void use_gateway(unsigned n) { current_ = n; }
 
   process_result cli_run(std::vector<std::string> args) {
-    std::vector<std::string> argv{cli, "--connect", "127.0.0.1:" + std::to_string(rpc_port_)};
+    std::vector<std::string> argv{cli, "--connect", "127.0.0.1:" + std::to_string(gateways_.at(current_).rpc_port)};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_process(argv, 20s);
   }
@@ -170,9 +177,13 @@ class process_cluster {
   std::string dir_;
   std::unique_ptr<child_process> controller_;
   std::map<unsigned, std::unique_ptr<child_process>> nodes_;
-  std::unique_ptr<child_process> gateway_;
+  struct gateway_entry {
+    std::unique_ptr<child_process> process;
+    std::uint16_t http_port = 0, rpc_port = 0;
+  };
+  std::map<unsigned, gateway_entry> gateways_;
+  unsigned current_ = 0;
   unsigned controller_port_ = 0;
-  std::uint16_t http_port_ = 0, rpc_port_ = 0;
 };
 
 bool all_ready(const std::vector<replica_row>& rows, std::size_t n) {
@@ -453,4 +464,53 @@ TEST_CASE("kill -9 of the controller: serving goes on, and restarted on its stat
         return true;
       },
       30s, "both slots on node 1 after node 2 died");
+}
+
+TEST_CASE("kill -9 of a gateway: another keeps serving, and the dead one's requests are cancelled on the nodes",
+          "[process]") {
+  process_cluster c("process-gateway");
+  const std::string model = slow_model(c.dir());
+  c.write_config(fast_timings + "[deployment slow]\nmodel = " + model + "\nreplicas = 2\n");
+  c.start_controller({"--wait-nodes", "2"});
+  c.start_node(1);
+  c.start_node(2);
+  c.start_gateway(0);
+  c.start_gateway(1);
+  c.use_gateway(1);
+  c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 60s, "2 ready replicas");
+
+  // A long stream through gateway 0 (about 8 s of generation)...
+  std::atomic<bool> streaming{false};
+  std::thread client([&] {
+    try {
+      (void)stream_completion(c.http_port(0), "slow", 600, [&](std::size_t n) {
+        if (n == 4) streaming = true;
+      });
+    } catch (...) {
+    }
+  });
+  const auto started = std::chrono::steady_clock::now();
+  while (!streaming && std::chrono::steady_clock::now() - started < 30s) std::this_thread::sleep_for(10ms);
+  REQUIRE(streaming);
+  bool busy = false;
+  for (const auto& r : parse_replicas(c.status())) busy |= r.running > 0;
+  CHECK(busy);
+
+  // ...and its gateway dies. The node hears of it and frees the request's KV
+  // at once, long before the 600 tokens would have been done.
+  c.gateway(0).signal(SIGKILL);
+  client.join();
+  c.wait_replicas(
+      [](const auto& r) {
+        for (const auto& x : r)
+          if (x.running != 0 || x.queued != 0 || x.kv_used != 0) return false;
+        return r.size() == 2;
+      },
+      3s, "no running request and no KV in use after the gateway died");
+
+  // The other gateway serves on.
+  const streamed after = stream_completion(c.http_port(1), "slow", 8);
+  CHECK(after.error.empty());
+  CHECK(after.done);
+  CHECK(after.events >= 8);
 }

@@ -1,0 +1,149 @@
+// A real partition: a node process in a network namespace of its own, joined
+// to the rest over a veth pair, then cut off (tc netem 100 % loss both ways,
+// or both ends of the link down where the kernel has no netem). Its lease
+// must stop its replica before the controller confirms the node failed and
+// gives the slot away. Needs root and `ip netns`: without them the test
+// exits with 77, which ctest reports as skipped.
+
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "processes.hpp"
+#include "run_process.hpp"
+
+using namespace exa::test;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::string exaserve = std::string(EXA_BIN_DIR) + "/exaserve";
+const std::string cli = std::string(EXA_BIN_DIR) + "/exaserve-cli";
+
+int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+
+// A namespace with a veth pair to the root namespace: host side HOST_IP,
+// namespace side NS_IP. Removed (with its links) on destruction.
+struct test_host {
+  std::string ns, host_if, ns_if;
+  std::string host_ip, ns_ip;
+  bool up = false;
+
+  explicit test_host(unsigned tag) {
+    ns = "exa-part-" + std::to_string(tag);
+    host_if = "exph" + std::to_string(tag);
+    ns_if = "expn" + std::to_string(tag);
+    host_ip = "10.213." + std::to_string(tag % 250) + ".1";
+    ns_ip = "10.213." + std::to_string(tag % 250) + ".2";
+    sh("ip netns del " + ns);
+    up = sh("ip netns add " + ns) == 0 && sh("ip link add " + host_if + " type veth peer name " + ns_if) == 0 &&
+         sh("ip link set " + ns_if + " netns " + ns) == 0 && sh("ip addr add " + host_ip + "/30 dev " + host_if) == 0 &&
+         sh("ip link set " + host_if + " up") == 0 &&
+         sh("ip netns exec " + ns + " ip addr add " + ns_ip + "/30 dev " + ns_if) == 0 &&
+         sh("ip netns exec " + ns + " ip link set " + ns_if + " up") == 0 &&
+         sh("ip netns exec " + ns + " ip link set lo up") == 0;
+  }
+  ~test_host() {
+    sh("ip link del " + host_if);
+    sh("ip netns del " + ns);
+  }
+  bool netem = false;
+  // 100 % loss both ways with netem where the kernel has it; else both ends
+  // of the link go down, which drops every packet as silently (no reset).
+  bool cut() {
+    netem = sh("tc qdisc add dev " + host_if + " root netem loss 100%") == 0;
+    if (netem) return sh("ip netns exec " + ns + " tc qdisc add dev " + ns_if + " root netem loss 100%") == 0;
+    std::fprintf(stderr, "note: no netem qdisc in this kernel; partitioning by taking the veth link down\n");
+    return sh("ip link set " + host_if + " down") == 0 && sh("ip netns exec " + ns + " ip link set " + ns_if + " down") == 0;
+  }
+  bool heal() {
+    if (netem)
+      return sh("tc qdisc del dev " + host_if + " root") == 0 &&
+             sh("ip netns exec " + ns + " tc qdisc del dev " + ns_if + " root") == 0;
+    return sh("ip link set " + host_if + " up") == 0 && sh("ip netns exec " + ns + " ip link set " + ns_if + " up") == 0;
+  }
+};
+
+// Milliseconds since midnight of a log line's "HH:MM:SS.mmm" stamp, for
+// the first line containing `needle`; -1 if absent.
+long long stamp_ms(const std::string& log, const std::string& needle) {
+  const auto at = log.find(needle);
+  if (at == std::string::npos) return -1;
+  const auto line = log.rfind('\n', at);
+  const std::string head = log.substr(line == std::string::npos ? 0 : line + 1, 23);  // 2026-12-01T10:00:41.498
+  if (head.size() < 23) return -1;
+  const int h = std::stoi(head.substr(11, 2)), m = std::stoi(head.substr(14, 2)), s = std::stoi(head.substr(17, 2));
+  const int ms = std::stoi(head.substr(20, 3));
+  return ((h * 60LL + m) * 60 + s) * 1000 + ms;
+}
+
+}  // namespace
+
+TEST_CASE("a partitioned node fences itself before the controller gives its slot away", "[process][partition]") {
+  const unsigned tag = static_cast<unsigned>(::getpid() % 200);
+  auto host = std::make_unique<test_host>(tag);
+  if (::geteuid() != 0 || !host->up) {
+    std::fprintf(stderr, "SKIPPED: needs root and ip netns (network namespaces and veth)\n");
+    host.reset();
+    std::_Exit(77);
+  }
+  const std::string dir = fresh_test_dir("process-partition");
+  std::ofstream(dir + "/cluster.ini") << "[cluster]\nheartbeat_interval_ms = 200\nsuspect_after_missed = 3\n"
+                                         "observation_window_ms = 1000\n[deployment tiny]\nreplicas = 2\n";
+  child_process controller({exaserve, "controller", "--listen", "0.0.0.0:0", "--config", dir + "/cluster.ini",
+                            "--state-dir", dir + "/state", "--wait-nodes", "2"},
+                           dir, "controller");
+  const auto port = number_after(controller.wait_for("listening on", 20s), "listening on 0.0.0.0:");
+  REQUIRE(port);
+  const std::string p = std::to_string(*port);
+  child_process local({exaserve, "node", "--join", "127.0.0.1:" + p, "--node-id", "1"}, dir, "node-1");
+  local.wait_for("joined", 20s);
+  // Node 2 lives behind the veth pair, and is reached at its own address.
+  child_process remote({"/usr/sbin/ip", "netns", "exec", host->ns, exaserve, "node", "--join", host->host_ip + ":" + p,
+                        "--node-id", "2", "--listen", host->ns_ip + ":0"},
+                       dir, "node-2");
+  remote.wait_for("joined", 20s);
+  child_process gateway({exaserve, "gateway", "--join", "127.0.0.1:" + p, "--http-port", "0", "--rpc-port", "0"}, dir,
+                        "gateway");
+  const auto rpc = number_after(gateway.wait_for("serving HTTP", 20s), "and RPC on 127.0.0.1:");
+  REQUIRE(rpc);
+  const auto status = [&] { return run_process({cli, "--connect", "127.0.0.1:" + std::to_string(*rpc), "status"}, 20s); };
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  std::string s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    s = status().out;
+    if (s.find("2/2") != std::string::npos && s.find(host->ns_ip) != std::string::npos) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  INFO(s);
+  REQUIRE(s.find("2/2") != std::string::npos);
+  CHECK_THAT(s, Contains(host->ns_ip));  // node 2's own address, shown in status
+
+  REQUIRE(host->cut());
+  const auto clog = controller.wait_for("event=node_lost node=2", 20s, true);
+  const auto nlog = remote.wait_for("event=node_self_fenced node=2", 20s, true);
+  const long long fenced = stamp_ms(nlog, "event=node_self_fenced node=2");
+  const long long confirmed = stamp_ms(clog, "event=node_health node=2 from=suspect to=confirmed");
+  const long long suspected = stamp_ms(clog, "event=node_health node=2 from=healthy to=suspect");
+  INFO("suspected " << suspected << " fenced " << fenced << " confirmed " << confirmed);
+  REQUIRE(fenced > 0);
+  REQUIRE(confirmed > 0);
+  CHECK(suspected < confirmed);
+  CHECK(fenced < confirmed);  // the replica stopped before its slot was given away
+
+  // The slot comes back on node 1.
+  const auto moved_by = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < moved_by) {
+    s = status().out;
+    if (s.find("2/2") != std::string::npos) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK_THAT(s, Contains("2/2"));
+  CHECK(host->heal());
+}

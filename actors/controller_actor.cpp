@@ -117,6 +117,10 @@ void pump_migrations(self_ptr self) {
     if (st.slot_epochs[{m.deployment, m.slot}] != m.epoch) continue;                // superseded
     auto excluded = m.excluded;
     excluded.insert(excluded.end(), st.cordoned.begin(), st.cordoned.end());
+    // Nor onto a node that is down right now (a rack lost at once: its other
+    // nodes are not cordoned until the monitor confirms them).
+    for (const auto& [id, handle] : st.nodes)
+      if (!handle) excluded.push_back(id);
     auto placed = cluster::place_one(*st.placement, it->second.spec, m.slot, excluded);
     if (!placed) {
       // No room now (nodes down or cordoned): keep it queued; a node coming

@@ -42,6 +42,17 @@ constexpr std::uint32_t uplink_retry_max_ms = 2000;
 
 class net_config : public caf::actor_system_config {
  public:
+  /// `light_idle`: nodes and the controller, whose work is a trickle of
+  /// control messages; many such processes share a host in tests and
+  /// scale runs, and CAF's default idle polling (about 100 + 500 polls after
+  /// every burst, and a stealing wake-up every 10 ms) costs each a few
+  /// percent of a core. Workers still wake at once for their own jobs.
+  net_config(std::uint32_t transport_timeout_ms, bool light_idle) : net_config(transport_timeout_ms) {
+    if (!light_idle) return;
+    set("work-stealing.aggressive-poll-attempts", std::size_t{10});
+    set("work-stealing.moderate-poll-attempts", std::size_t{20});
+    set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(100)});
+  }
   explicit net_config(std::uint32_t transport_timeout_ms) {
     load<caf::io::middleman>();
     register_message_types(*this);
@@ -54,7 +65,7 @@ class net_config : public caf::actor_system_config {
     set("middleman.app-identifiers", std::vector<std::string>{"exaserve"});
     // A frozen peer sends nothing: heartbeats let the transport notice it
     // too, after our own detector (see transport_timeout_ms) has decided.
-    set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
+    set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(1000)});
     set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(transport_timeout_ms)});
   }
 };
@@ -88,25 +99,41 @@ caf::behavior directory_actor(caf::event_based_actor* self, cluster::member_iden
   };
 }
 
-// Connects a process to the controller and says hello. Errors name the
-// address and the reason (unreachable, refused, no answer).
+// Connects a process to the controller and says hello, retrying with
+// backoff while the controller cannot be reached (not up yet, or swamped
+// by a whole cluster starting at once) until `timeout_ms`. A refusal ends
+// it at once. Errors name the address and the reason.
 expected<std::pair<caf::actor, welcome_msg>> join(caf::actor_system& sys, const host_port& at,
                                                   const cluster::member_identity& who, cluster::node_id node,
                                                   std::uint32_t timeout_ms) {
   const std::string where = format_host_port(at);
-  auto dir = sys.middleman().remote_actor(at.host, at.port);
-  if (!dir)
-    return make_error(errc::unavailable, "cannot reach the controller at " + where + ": " + sys.render(dir.error()));
-  caf::scoped_actor self{sys};
-  expected<std::pair<caf::actor, welcome_msg>> out = make_error(errc::internal, "no reply");
-  self->request(*dir, std::chrono::milliseconds(timeout_ms), hello_msg{{who.cluster, who.version, who.role}, node})
-      .receive([&](const welcome_msg& w) { out = std::make_pair(*dir, w); },
-               [&](const caf::error& e) {
-                 const error err = from_caf(e);
-                 out = make_error(err.code, "the controller at " + where + " refused this " + who.role + ": " +
-                                                err.message);
-               });
-  return out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto backoff = std::chrono::milliseconds(100);
+  for (std::uint32_t attempt = 1;; ++attempt) {
+    auto dir = sys.middleman().remote_actor(at.host, at.port);
+    if (!dir) {
+      const std::string why = sys.render(dir.error());
+      if (std::chrono::steady_clock::now() + backoff > deadline)
+        return make_error(errc::unavailable, "cannot reach the controller at " + where + " (" +
+                                                 std::to_string(attempt) + " attempts): " + why);
+      spdlog::warn("event=join_retry role={} node={} attempt={} controller={} error=\"{}\"", who.role, node, attempt,
+                   where, why);
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+      continue;
+    }
+    caf::scoped_actor self{sys};
+    expected<std::pair<caf::actor, welcome_msg>> out = make_error(errc::internal, "no reply");
+    self->request(*dir, std::chrono::milliseconds(std::max(1000u, timeout_ms / 2)),
+                  hello_msg{{who.cluster, who.version, who.role}, node})
+        .receive([&](const welcome_msg& w) { out = std::make_pair(*dir, w); },
+                 [&](const caf::error& e) {
+                   const error err = from_caf(e);
+                   out = make_error(err.code, "the controller at " + where + " refused this " + who.role + ": " +
+                                                  err.message);
+                 });
+    return out;
+  }
 }
 
 uplink_config make_uplink(const host_port& at, const cluster::member_identity& who, cluster::node_id node) {
@@ -174,7 +201,7 @@ expected<host_port> parse_host_port(const std::string& text) {
 // ------------------------------------------------------------- controller
 
 struct controller_process::impl {
-  explicit impl(std::uint32_t transport_ms) : config(transport_ms), system(config) {}
+  explicit impl(std::uint32_t transport_ms) : config(transport_ms, true), system(config) {}
   net_config config;
   caf::actor_system system;
   caf::actor root;
@@ -243,7 +270,7 @@ void controller_process::stop() {
 // ------------------------------------------------------------------- node
 
 struct node_process::impl {
-  explicit impl(std::uint32_t transport_ms) : config(transport_ms), system(config) {}
+  explicit impl(std::uint32_t transport_ms) : config(transport_ms, true), system(config) {}
   net_config config;
   caf::actor_system system;
   caf::actor root;

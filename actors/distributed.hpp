@@ -79,7 +79,7 @@ struct node_options {
   std::uint64_t device_memory_bytes = 1ull << 30;
   std::string engine;  // "" = the controller's; "cpu" or "null" overrides
   std::uint32_t device_threads = 1;
-  std::uint32_t join_timeout_ms = 10000;
+  std::uint32_t join_timeout_ms = 60000;  // keeps trying to reach the controller this long
 };
 
 class node_process {
@@ -101,7 +101,7 @@ class node_process {
 struct gateway_options {
   cluster_identity identity;
   host_port join;
-  std::uint32_t join_timeout_ms = 10000;
+  std::uint32_t join_timeout_ms = 60000;
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t queued_per_model_max = 1024;
   std::uint32_t queued_global_max = 4096;

@@ -75,6 +75,7 @@ const std::vector<flag_spec> node_flags = {
     {"engine", true, "cpu or null: overrides the controller's engine on this node"},
     {"device-threads", true, "engine worker threads per device (default 1)"},
     {"listen", true, "HOST:PORT gateways reach this node at (default 127.0.0.1:0, any free port)"},
+    {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     cluster_flag,
     help_flag,
 };
@@ -85,6 +86,7 @@ const std::vector<flag_spec> gateway_flags = {
     {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
     {"request-deadline-ms", true, "deadline of a request that names none (default 120000)"},
+    {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     cluster_flag,
     help_flag,
 };
@@ -142,7 +144,8 @@ int cmd_node(int argc, char** argv) {
   auto devices = a->get_int("devices", 1, 1, 64);
   auto memory = a->get_int("device-memory", 1ll << 30, 16ll << 20, 1ll << 50);
   auto threads = a->get_int("device-threads", 1, 1, 256);
-  for (const auto* v : {&id, &rack, &devices, &memory, &threads})
+  auto join_timeout = a->get_int("join-timeout-ms", 60000, 100, 86400000);
+  for (const auto* v : {&id, &rack, &devices, &memory, &threads, &join_timeout})
     if (!*v) return fail("node", v->error());
   auto signals = block_stop_signals();
   actors::node_options o;
@@ -155,6 +158,7 @@ int cmd_node(int argc, char** argv) {
   o.device_memory_bytes = static_cast<std::uint64_t>(*memory);
   o.device_threads = static_cast<std::uint32_t>(*threads);
   o.engine = a->get_or("engine", "");
+  o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   auto node = actors::node_process::start(std::move(o));
   if (!node) return fail("node", node.error());
   std::printf("exaserve node %lld joined %s:%u; gateways reach it at %s:%u\n", static_cast<long long>(*id),
@@ -181,7 +185,8 @@ int cmd_gateway(int argc, char** argv) {
   auto http = a->get_int("http-port", door_config.http_port, 0, 65535);
   auto rpc = a->get_int("rpc-port", door_config.rpc_port, 0, 65535);
   auto deadline = a->get_int("request-deadline-ms", 120000, 100, 86400000);
-  for (const auto* v : {&http, &rpc, &deadline})
+  auto join_timeout = a->get_int("join-timeout-ms", 60000, 100, 86400000);
+  for (const auto* v : {&http, &rpc, &deadline, &join_timeout})
     if (!*v) return fail("gateway", v->error());
   door_config.http_port = static_cast<std::uint16_t>(*http);
   door_config.rpc_port = static_cast<std::uint16_t>(*rpc);
@@ -190,6 +195,7 @@ int cmd_gateway(int argc, char** argv) {
   o.identity = identity(*a);
   o.join = *join;
   o.request_deadline_ms = static_cast<std::uint32_t>(*deadline);
+  o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   auto gateway = actors::gateway_process::start(std::move(o));
   if (!gateway) return fail("gateway", gateway.error());
   auto door = frontdoor::start(door_config, (*gateway)->backend());

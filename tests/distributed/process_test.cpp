@@ -299,11 +299,13 @@ TEST_CASE("a node of another cluster or another build is refused at join, in bot
   c.controller().wait_for("exaserve/0.0.1-other", 10s, true);
 
   // Nothing reachable at the address: a clear error, not a hang.
-  child_process lost({exaserve, "node", "--join", "127.0.0.1:1", "--node-id", "7"}, c.dir(), "node-no-controller");
+  child_process lost({exaserve, "node", "--join", "127.0.0.1:1", "--node-id", "7", "--join-timeout-ms", "500"}, c.dir(),
+                     "node-no-controller");
   rc = lost.wait_exit(20s);
   REQUIRE(rc);
   CHECK(*rc != 0);
-  CHECK_THAT(lost.err(), Contains("cannot reach the controller at 127.0.0.1:1"));
+  CHECK_THAT(lost.err(), Contains("cannot reach the controller at 127.0.0.1:1") && Contains("attempts"));
+  CHECK_THAT(lost.err(), Contains("event=join_retry"));
 }
 
 TEST_CASE("kill -9 of a node mid-stream: the stream resumes on another node token-exact", "[process]") {

@@ -6,6 +6,9 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/middleman_actor.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/openssl/remote_actor.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
@@ -15,12 +18,14 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <unistd.h>
 
 #include "actors/cluster_metrics.hpp"
 #include "actors/cluster_supervisor.hpp"
 #include "actors/gateway_bridge.hpp"
 #include "actors/hub_actor.hpp"
 #include "actors/messages.hpp"
+#include "actors/transport.hpp"
 #include "actors/uplink_actor.hpp"
 #include "cluster/journal.hpp"
 #include "cluster/membership.hpp"
@@ -47,14 +52,24 @@ class net_config : public caf::actor_system_config {
   /// scale runs, and CAF's default idle polling (about 100 + 500 polls after
   /// every burst, and a stealing wake-up every 10 ms) costs each a few
   /// percent of a core. Workers still wake at once for their own jobs.
-  net_config(std::uint32_t transport_timeout_ms, bool light_idle) : net_config(transport_timeout_ms) {
+  net_config(std::uint32_t transport_timeout_ms, bool light_idle, const tls_options& tls)
+      : net_config(transport_timeout_ms, tls) {
     if (!light_idle) return;
     set("work-stealing.aggressive-poll-attempts", std::size_t{10});
     set("work-stealing.moderate-poll-attempts", std::size_t{20});
     set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(100)});
   }
-  explicit net_config(std::uint32_t transport_timeout_ms) {
+  net_config(std::uint32_t transport_timeout_ms, const tls_options& tls) {
     load<caf::io::middleman>();
+    if (tls.enabled()) {
+      // Both sides then require a peer certificate that verifies against
+      // the CA (SSL_VERIFY_PEER | FAIL_IF_NO_PEER_CERT): a process holding
+      // no certificate of this cluster's CA cannot join or send a message.
+      load<caf::openssl::manager>();
+      openssl_certificate = tls.cert;
+      openssl_key = tls.key;
+      openssl_cafile = tls.ca;
+    }
     register_message_types(*this);
     set("logger.verbosity", caf::atom("quiet"));
     set("logger.console", caf::atom("none"));
@@ -71,6 +86,16 @@ class net_config : public caf::actor_system_config {
 };
 
 std::string format_host_port(const host_port& hp) { return hp.host + ":" + std::to_string(hp.port); }
+
+// Publishes over TLS when the OpenSSL module is loaded, else plain TCP.
+caf::expected<std::uint16_t> publish(caf::actor_system& sys, const caf::actor& whom, const host_port& at) {
+  if (sys.has_openssl_manager()) return caf::openssl::publish(whom, at.port, at.host.c_str(), true);
+  return sys.middleman().publish(whom, at.port, at.host.c_str(), true);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
 
 cluster::member_identity member(const cluster_identity& id, std::string role) {
   return {id.cluster, id.version.empty() ? build_version() : id.version, std::move(role)};
@@ -110,9 +135,13 @@ expected<std::pair<caf::actor, welcome_msg>> join(caf::actor_system& sys, const 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto backoff = std::chrono::milliseconds(100);
   for (std::uint32_t attempt = 1;; ++attempt) {
-    auto dir = sys.middleman().remote_actor(at.host, at.port);
+    auto dir = sys.has_openssl_manager() ? caf::openssl::remote_actor(sys, at.host, at.port)
+                                         : sys.middleman().remote_actor(at.host, at.port);
     if (!dir) {
-      const std::string why = sys.render(dir.error());
+      std::string why = sys.render(dir.error());
+      if (why.find("handshake") != std::string::npos)
+        why += " (a refused TLS handshake looks like this: both sides need --tls-cert, --tls-key and --tls-ca with "
+               "certificates of the same cluster CA)";
       if (std::chrono::steady_clock::now() + backoff > deadline)
         return make_error(errc::unavailable, "cannot reach the controller at " + where + " (" +
                                                  std::to_string(attempt) + " attempts): " + why);
@@ -157,8 +186,7 @@ caf::behavior gateway_agent(caf::event_based_actor* self, caf::actor router) {
           self->send(n.hub, subscribe_msg{router});
           return;
         }
-        auto mm = self->home_system().middleman().actor_handle();
-        self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, hp->host, hp->port)
+        self->request(connector(self->home_system()), std::chrono::seconds(10), caf::connect_atom::value, hp->host, hp->port)
             .then(
                 [=](const caf::node_id&, const caf::strong_actor_ptr& hub, const std::set<std::string>&) {
                   auto direct = caf::actor_cast<caf::actor>(hub);
@@ -176,6 +204,32 @@ caf::behavior gateway_agent(caf::event_based_actor* self, caf::actor router) {
 }
 
 }  // namespace
+
+caf::io::middleman_actor connector(caf::actor_system& sys) {
+  return sys.has_openssl_manager() ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+}
+
+expected<void> check_transport(const tls_options& tls, bool insecure, const std::vector<host_port>& addresses) {
+  if (tls.enabled()) {
+    const std::pair<const char*, const std::string*> files[] = {
+        {"--tls-cert", &tls.cert}, {"--tls-key", &tls.key}, {"--tls-ca", &tls.ca}};
+    for (const auto& [flag, value] : files)
+      if (value->empty())
+        return make_error(errc::invalid_argument,
+                          std::string(flag) + " is missing: TLS needs all of --tls-cert, --tls-key and --tls-ca");
+    for (const auto& [flag, value] : files)
+      if (::access(value->c_str(), R_OK) != 0)
+        return make_error(errc::invalid_argument, std::string(flag) + " '" + *value + "' cannot be read");
+    return {};
+  }
+  if (insecure) return {};
+  for (const auto& a : addresses)
+    if (!is_loopback(a.host))
+      return make_error(errc::invalid_argument,
+                        "plain TCP on " + format_host_port(a) + " is not loopback: give --tls-cert, --tls-key and --tls-ca "
+                        "(exaserve gen-certs DIR writes them), or --insecure to run unauthenticated on purpose");
+  return {};
+}
 
 std::string build_version() {
   if (const char* v = std::getenv("EXASERVE_PROTOCOL_VERSION"); v && *v) return v;
@@ -201,7 +255,7 @@ expected<host_port> parse_host_port(const std::string& text) {
 // ------------------------------------------------------------- controller
 
 struct controller_process::impl {
-  explicit impl(std::uint32_t transport_ms) : config(transport_ms, true), system(config) {}
+  impl(std::uint32_t transport_ms, const tls_options& tls) : config(transport_ms, true, tls), system(config) {}
   net_config config;
   caf::actor_system system;
   caf::actor root;
@@ -216,8 +270,9 @@ std::uint16_t controller_process::port() const { return impl_->port; }
 
 expected<std::unique_ptr<controller_process>> controller_process::start(controller_options o) {
   const auto& c = o.cluster;
+  if (auto ok = check_transport(o.tls, o.insecure, {o.listen}); !ok) return std::unexpected(ok.error());
   auto p = std::make_unique<impl>(
-      cluster::transport_timeout_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms));
+      cluster::transport_timeout_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms), o.tls);
   auto metrics = cluster_metrics::create();
   auto plan = make_cluster_plan(c, metrics);
   if (!plan) return std::unexpected(plan.error());
@@ -248,7 +303,7 @@ expected<std::unique_ptr<controller_process>> controller_process::start(controll
   timings.lease_ms = cluster::node_lease_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms);
   timings.engine = c.engine;
   p->directory = p->system.spawn(directory_actor, member(o.identity, "controller"), timings);
-  auto port = p->system.middleman().publish(p->directory, o.listen.port, o.listen.host.c_str(), true);
+  auto port = publish(p->system, p->directory, o.listen);
   if (!port)
     return make_error(errc::unavailable, "cannot listen on " + format_host_port(o.listen) + ": " +
                                              p->system.render(port.error()));
@@ -270,7 +325,7 @@ void controller_process::stop() {
 // ------------------------------------------------------------------- node
 
 struct node_process::impl {
-  explicit impl(std::uint32_t transport_ms) : config(transport_ms, true), system(config) {}
+  impl(std::uint32_t transport_ms, const tls_options& tls) : config(transport_ms, true, tls), system(config) {}
   net_config config;
   caf::actor_system system;
   caf::actor root;
@@ -288,7 +343,8 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   if (o.devices == 0 || o.devices > 64) return make_error(errc::invalid_argument, "--devices must be in [1, 64]");
   if (!o.engine.empty() && o.engine != "cpu" && o.engine != "null")
     return make_error(errc::invalid_argument, "--engine must be cpu or null, got '" + o.engine + "'");
-  auto p = std::make_unique<impl>(default_transport_timeout_ms);
+  if (auto ok = check_transport(o.tls, o.insecure, {o.join, o.listen}); !ok) return std::unexpected(ok.error());
+  auto p = std::make_unique<impl>(default_transport_timeout_ms, o.tls);
   const auto who = member(o.identity, "node");
   auto joined = join(p->system, o.join, who, o.node, o.join_timeout_ms);
   if (!joined) return std::unexpected(joined.error());
@@ -297,7 +353,7 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   // which outlives a controller restart.
   p->uplink = p->system.spawn(uplink_actor, make_uplink(o.join, who, o.node), w);
   p->hub = p->system.spawn(hub_actor);
-  auto port = p->system.middleman().publish(p->hub, o.listen.port, o.listen.host.c_str(), true);
+  auto port = publish(p->system, p->hub, o.listen);
   if (!port)
     return make_error(errc::unavailable, "cannot listen on " + format_host_port(o.listen) + ": " +
                                              p->system.render(port.error()));
@@ -339,7 +395,7 @@ void node_process::stop() {
 // ---------------------------------------------------------------- gateway
 
 struct gateway_process::impl {
-  explicit impl(std::uint32_t transport_ms) : config(transport_ms), system(config) {}
+  impl(std::uint32_t transport_ms, const tls_options& tls) : config(transport_ms, tls), system(config) {}
   net_config config;
   caf::actor_system system;
   caf::actor router;
@@ -354,7 +410,8 @@ gateway_process::~gateway_process() { stop(); }
 std::shared_ptr<api::gateway_backend> gateway_process::backend() const { return impl_->backend; }
 
 expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_options o) {
-  auto p = std::make_unique<impl>(default_transport_timeout_ms);
+  if (auto ok = check_transport(o.tls, o.insecure, {o.join}); !ok) return std::unexpected(ok.error());
+  auto p = std::make_unique<impl>(default_transport_timeout_ms, o.tls);
   const auto who = member(o.identity, "gateway");
   auto joined = join(p->system, o.join, who, 0, o.join_timeout_ms);
   if (!joined) return std::unexpected(joined.error());

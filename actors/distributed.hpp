@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/embedded_cluster.hpp"
 #include "api/gateway.hpp"
@@ -40,10 +41,25 @@ struct host_port {
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;
 };
+
+/// Mutual TLS between cluster processes (CAF's OpenSSL module): this
+/// process's certificate and key, and the cluster CA every peer's
+/// certificate must be signed by. All three or none.
+struct tls_options {
+  std::string cert, key, ca;
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+
+/// Checks a process's transport choice: TLS with all three files, or plain
+/// TCP only where every address it listens on or joins is loopback, unless
+/// `insecure` says the operator means it. Errors name the flag to give.
+expected<void> check_transport(const tls_options& tls, bool insecure, const std::vector<host_port>& addresses);
 /// Parses "HOST:PORT" (port 0..65535; HOST non-empty). Errors name the text.
 expected<host_port> parse_host_port(const std::string& text);
 
 struct controller_options {
+  tls_options tls;
+  bool insecure = false;  // plain TCP beyond loopback, on purpose
   cluster_identity identity;
   host_port listen{"127.0.0.1", 7100};
   /// Deployments, engine, default model and timings; nodes are not listed:
@@ -70,6 +86,8 @@ class controller_process {
 };
 
 struct node_options {
+  tls_options tls;
+  bool insecure = false;  // plain TCP beyond loopback, on purpose
   cluster_identity identity;
   host_port join;                          // the controller
   host_port listen{"127.0.0.1", 0};        // where gateways reach this node
@@ -99,6 +117,8 @@ class node_process {
 };
 
 struct gateway_options {
+  tls_options tls;
+  bool insecure = false;  // plain TCP beyond loopback, on purpose
   cluster_identity identity;
   host_port join;
   std::uint32_t join_timeout_ms = 60000;

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "actors/cluster_supervisor.hpp"
+#include "actors/transport.hpp"
 #include "actors/node_actor.hpp"
 
 namespace exa::actors {
@@ -62,8 +63,7 @@ void reconnect(self_ptr self) {
   if (st.controller || st.connecting) return;
   st.connecting = true;
   const auto timeout = std::chrono::milliseconds(st.config.request_timeout_ms);
-  auto mm = self->home_system().middleman().actor_handle();
-  self->request(mm, timeout, caf::connect_atom::value, st.config.host, st.config.port)
+  self->request(connector(self->home_system()), timeout, caf::connect_atom::value, st.config.host, st.config.port)
       .then(
           [=](const caf::node_id&, const caf::strong_actor_ptr& dir, const std::set<std::string>&) {
             self->request(caf::actor_cast<caf::actor>(dir), timeout, self->state.config.hello)

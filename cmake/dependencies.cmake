@@ -13,6 +13,13 @@ set_target_properties(caf::core PROPERTIES IMPORTED_LOCATION ${CAF_CORE_LIBRARY}
 add_library(caf::io UNKNOWN IMPORTED)
 set_target_properties(caf::io PROPERTIES IMPORTED_LOCATION ${CAF_IO_LIBRARY}
   INTERFACE_LINK_LIBRARIES caf::core)
+# Mutual TLS between cluster processes (libcaf-openssl, installed with libcaf-dev).
+find_library(CAF_OPENSSL_LIBRARY caf_openssl REQUIRED)
+add_library(caf::openssl UNKNOWN IMPORTED)
+set_target_properties(caf::openssl PROPERTIES IMPORTED_LOCATION ${CAF_OPENSSL_LIBRARY}
+  INTERFACE_LINK_LIBRARIES caf::io)
+# OpenSSL itself: exaserve gen-certs writes the cluster's CA and certificates.
+find_package(OpenSSL REQUIRED)
 
 find_package(CapnProto CONFIG REQUIRED)
 

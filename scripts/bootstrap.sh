@@ -6,7 +6,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config ccache
-  libcaf-dev            # CAF 0.17: actors
+  libcaf-dev            # CAF 0.17: actors, middleman, OpenSSL module
+  libssl-dev            # OpenSSL: exaserve gen-certs
   capnproto libcapnp-dev # Cap'n Proto 0.9 + KJ async/HTTP
   libspdlog-dev libfmt-dev
   nlohmann-json3-dev    # JSON for the HTTP front door

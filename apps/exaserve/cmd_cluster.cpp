@@ -20,6 +20,14 @@ namespace {
 const flag_spec cluster_flag{"cluster", true,
                              "cluster name; every process of a cluster gives the same one (default exaserve)"};
 const flag_spec help_flag{"help", false, "show this help"};
+const flag_spec tls_cert_flag{"tls-cert", true, "this process's certificate (PEM), signed by the cluster CA"};
+const flag_spec tls_key_flag{"tls-key", true, "its private key (PEM)"};
+const flag_spec tls_ca_flag{"tls-ca", true, "the cluster CA (PEM): peers without a certificate it signed are refused"};
+const flag_spec insecure_flag{"insecure", false, "plain TCP beyond loopback: unauthenticated and unencrypted, on purpose"};
+
+actors::tls_options tls_of(const args& a) {
+  return {a.get_or("tls-cert", ""), a.get_or("tls-key", ""), a.get_or("tls-ca", "")};
+}
 
 // Stop signals are blocked before any thread starts, so only sigwait sees them.
 sigset_t block_stop_signals() {
@@ -62,6 +70,10 @@ const std::vector<flag_spec> controller_flags = {
     {"replicas", true, "replicas of the first deployment (default 2)"},
     {"engine", true, "cpu (default) or null: the engine replicas are placed with"},
     {"wait-nodes", true, "place the configured deployments once this many nodes joined (default 1)"},
+    tls_cert_flag,
+    tls_key_flag,
+    tls_ca_flag,
+    insecure_flag,
     cluster_flag,
     help_flag,
 };
@@ -76,6 +88,10 @@ const std::vector<flag_spec> node_flags = {
     {"device-threads", true, "engine worker threads per device (default 1)"},
     {"listen", true, "HOST:PORT gateways reach this node at (default 127.0.0.1:0, any free port)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
+    tls_cert_flag,
+    tls_key_flag,
+    tls_ca_flag,
+    insecure_flag,
     cluster_flag,
     help_flag,
 };
@@ -87,6 +103,10 @@ const std::vector<flag_spec> gateway_flags = {
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
     {"request-deadline-ms", true, "deadline of a request that names none (default 120000)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
+    tls_cert_flag,
+    tls_key_flag,
+    tls_ca_flag,
+    insecure_flag,
     cluster_flag,
     help_flag,
 };
@@ -114,10 +134,17 @@ int cmd_controller(int argc, char** argv) {
   o.listen = *listen;
   o.deploy_after_nodes = static_cast<std::uint32_t>(*wait_nodes);
   o.state_dir = *a->get("state-dir");
+  o.tls = tls_of(*a);
+  o.insecure = a->has("insecure");
   o.cluster = config->cluster;
+  const bool o_tls_enabled = o.tls.enabled();
+  if (!o_tls_enabled)
+    spdlog::warn("event=cluster_transport_plain detail=\"no --tls-cert/--tls-key/--tls-ca: cluster traffic is neither "
+                 "encrypted nor authenticated\"");
   auto controller = actors::controller_process::start(std::move(o));
   if (!controller) return fail("controller", controller.error());
-  std::printf("exaserve controller listening on %s:%u\n", listen->host.c_str(), (*controller)->port());
+  std::printf("exaserve controller listening on %s:%u (%s)\n", listen->host.c_str(), (*controller)->port(),
+              o_tls_enabled ? "mutual TLS" : "plain TCP");
   std::fflush(stdout);
   wait_for_stop(signals);
   (*controller)->stop();
@@ -159,6 +186,8 @@ int cmd_node(int argc, char** argv) {
   o.device_threads = static_cast<std::uint32_t>(*threads);
   o.engine = a->get_or("engine", "");
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
+  o.tls = tls_of(*a);
+  o.insecure = a->has("insecure");
   auto node = actors::node_process::start(std::move(o));
   if (!node) return fail("node", node.error());
   std::printf("exaserve node %lld joined %s:%u; gateways reach it at %s:%u\n", static_cast<long long>(*id),
@@ -196,6 +225,8 @@ int cmd_gateway(int argc, char** argv) {
   o.join = *join;
   o.request_deadline_ms = static_cast<std::uint32_t>(*deadline);
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
+  o.tls = tls_of(*a);
+  o.insecure = a->has("insecure");
   auto gateway = actors::gateway_process::start(std::move(o));
   if (!gateway) return fail("gateway", gateway.error());
   auto door = frontdoor::start(door_config, (*gateway)->backend());

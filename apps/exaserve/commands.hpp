@@ -14,5 +14,6 @@ int cmd_sim(int argc, char** argv);
 int cmd_controller(int argc, char** argv);
 int cmd_node(int argc, char** argv);
 int cmd_gateway(int argc, char** argv);
+int cmd_gen_certs(int argc, char** argv);
 
 }  // namespace exa::app

@@ -18,6 +18,7 @@ commands:
   controller     run a distributed cluster's controller (nodes and gateways join it)
   node           run one node of a distributed cluster: devices and replicas
   gateway        run the HTTP and RPC front doors of a distributed cluster
+  gen-certs      write a cluster CA and certificates for controller, node and gateway
   generate       generate text or token ids from a GGUF model
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   bench-engine   measure prefill and decode throughput of the CPU engine
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   if (cmd == "controller") return exa::app::cmd_controller(argc, argv);
   if (cmd == "node") return exa::app::cmd_node(argc, argv);
   if (cmd == "gateway") return exa::app::cmd_gateway(argc, argv);
+  if (cmd == "gen-certs") return exa::app::cmd_gen_certs(argc, argv);
   std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

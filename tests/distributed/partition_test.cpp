@@ -97,7 +97,7 @@ TEST_CASE("a partitioned node fences itself before the controller gives its slot
   std::ofstream(dir + "/cluster.ini") << "[cluster]\nheartbeat_interval_ms = 200\nsuspect_after_missed = 3\n"
                                          "observation_window_ms = 1000\n[deployment tiny]\nreplicas = 2\n";
   child_process controller({exaserve, "controller", "--listen", "0.0.0.0:0", "--config", dir + "/cluster.ini",
-                            "--state-dir", dir + "/state", "--wait-nodes", "2"},
+                            "--state-dir", dir + "/state", "--wait-nodes", "2", "--insecure"},
                            dir, "controller");
   const auto port = number_after(controller.wait_for("listening on", 20s), "listening on 0.0.0.0:");
   REQUIRE(port);
@@ -106,7 +106,7 @@ TEST_CASE("a partitioned node fences itself before the controller gives its slot
   local.wait_for("joined", 20s);
   // Node 2 lives behind the veth pair, and is reached at its own address.
   child_process remote({"/usr/sbin/ip", "netns", "exec", host->ns, exaserve, "node", "--join", host->host_ip + ":" + p,
-                        "--node-id", "2", "--listen", host->ns_ip + ":0"},
+                        "--node-id", "2", "--listen", host->ns_ip + ":0", "--insecure"},
                        dir, "node-2");
   remote.wait_for("joined", 20s);
   child_process gateway({exaserve, "gateway", "--join", "127.0.0.1:" + p, "--http-port", "0", "--rpc-port", "0"}, dir,

@@ -123,11 +123,11 @@ class process_cluster {
   child_process& node(unsigned id) { return *nodes_.at(id); }
 
   /// Starts gateway `n` (0 is the one the helpers below talk to).
-  void start_gateway(unsigned n = 0) {
+  void start_gateway(unsigned n = 0, std::vector<std::string> extra = {}) {
     auto& g = gateways_[n];
-    g.process = std::make_unique<child_process>(
-        std::vector<std::string>{exaserve, "gateway", "--join", join_address(), "--http-port", "0", "--rpc-port", "0"},
-        dir_, "gateway-" + std::to_string(n));
+    std::vector<std::string> argv{exaserve, "gateway", "--join", join_address(), "--http-port", "0", "--rpc-port", "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    g.process = std::make_unique<child_process>(argv, dir_, "gateway-" + std::to_string(n));
     const auto out = g.process->wait_for("serving HTTP", 20s);
     auto http = number_after(out, "serving HTTP at http://127.0.0.1:");
     auto rpc = number_after(out, "and RPC on 127.0.0.1:");
@@ -515,4 +515,70 @@ TEST_CASE("kill -9 of a gateway: another keeps serving, and the dead one's reque
   CHECK(after.error.empty());
   CHECK(after.done);
   CHECK(after.events >= 8);
+}
+
+TEST_CASE("mutual TLS: the cluster serves, and a process without a certificate of its CA cannot join", "[process]") {
+  process_cluster c("process-tls");
+  const std::string certs = c.dir() + "/certs", other = c.dir() + "/other";
+  for (const auto& d : {certs, other}) {
+    auto r = run_process({exaserve, "gen-certs", d}, 30s);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+  }
+  auto again = run_process({exaserve, "gen-certs", certs}, 30s);
+  CHECK(again.exit_code != 0);  // never overwrites a CA by accident
+  CHECK_THAT(again.err, Contains("--force"));
+  const auto tls = [&](const std::string& dir, const std::string& role, const std::string& ca) {
+    return std::vector<std::string>{"--tls-cert", dir + "/" + role + ".pem", "--tls-key", dir + "/" + role + ".key",
+                                    "--tls-ca", ca + "/ca.pem"};
+  };
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\n");
+  c.start_controller(tls(certs, "controller", certs));
+  CHECK_THAT(c.controller().out(), Contains("mutual TLS"));
+  c.start_node(1, tls(certs, "node", certs));
+  c.start_gateway(0, tls(certs, "gateway", certs));
+  c.wait_replicas([](const auto& r) { return all_ready(r, 1); }, 30s, "1 ready replica over TLS");
+  auto resp = http_request(c.http_port(), "POST", "/v1/completions",
+                           R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+  CHECK(resp.status == 200);
+
+  struct attempt {
+    const char* what;
+    std::vector<std::string> flags;
+  };
+  const std::vector<attempt> refused = {
+      {"no certificate at all", {}},
+      {"a certificate of another CA", tls(other, "node", other)},
+      {"another CA's certificate, trusting ours", tls(other, "node", certs)},
+  };
+  unsigned id = 10;
+  for (const auto& a : refused) {
+    std::vector<std::string> argv{exaserve, "node", "--join", c.join_address(), "--node-id", std::to_string(id++),
+                                  "--join-timeout-ms", "1500"};
+    argv.insert(argv.end(), a.flags.begin(), a.flags.end());
+    auto r = run_process(argv, 30s);
+    INFO(a.what << "\n" << r.err);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Contains("cannot reach the controller"));
+  }
+  // Only the node with the cluster's certificate ever joined.
+  const std::string log = c.controller().err();
+  CHECK_THAT(log, Contains("event=node_added node=1 "));
+  CHECK_THAT(log, !Contains("event=node_added node=10") && !Contains("event=node_added node=11") &&
+                      !Contains("event=node_added node=12"));
+}
+
+TEST_CASE("plain TCP beyond loopback needs --insecure, and TLS needs all three files", "[process]") {
+  const std::string dir = fresh_test_dir("process-transport");
+  auto plain = run_process({exaserve, "node", "--join", "10.213.250.1:7100", "--node-id", "1"}, 20s);
+  CHECK(plain.exit_code != 0);
+  CHECK_THAT(plain.err, Contains("is not loopback") && Contains("--insecure") && Contains("gen-certs"));
+  auto half = run_process({exaserve, "controller", "--state-dir", dir + "/s", "--tls-cert", dir + "/x.pem"}, 20s);
+  CHECK(half.exit_code != 0);
+  CHECK_THAT(half.err, Contains("--tls-key is missing"));
+  auto unreadable = run_process({exaserve, "gateway", "--join", "127.0.0.1:1", "--tls-cert", dir + "/none.pem",
+                                 "--tls-key", dir + "/none.key", "--tls-ca", dir + "/none-ca.pem"},
+                                20s);
+  CHECK(unreadable.exit_code != 0);
+  CHECK_THAT(unreadable.err, Contains("--tls-cert '" + dir + "/none.pem' cannot be read"));
 }

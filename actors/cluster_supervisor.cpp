@@ -56,10 +56,16 @@ caf::behavior cluster_supervisor(caf::stateful_actor<cluster_supervisor_state>* 
                                       std::chrono::milliseconds(plan.restart_window_ms));
   trap_exits(self);
   sup.on_started = [=](const std::string& name, const caf::actor& handle) {
+    // The registry's put() keeps an existing entry: a restarted child must
+    // erase its dead predecessor's first, or every lookup finds the corpse.
     auto& reg = self->home_system().registry();
-    if (name == "router") reg.put(router_atom::value, caf::actor_cast<caf::strong_actor_ptr>(handle));
-    if (name == "controller") reg.put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(handle));
-    if (name == "health-monitor") reg.put(health_atom::value, caf::actor_cast<caf::strong_actor_ptr>(handle));
+    const auto record = [&](caf::atom_value key) {
+      reg.erase(key);
+      reg.put(key, caf::actor_cast<caf::strong_actor_ptr>(handle));
+    };
+    if (name == "router") record(router_atom::value);
+    if (name == "controller") record(controller_atom::value);
+    if (name == "health-monitor") record(health_atom::value);
   };
   auto* s = &sup;
   sup.add_child({"health-monitor",

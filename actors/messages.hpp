@@ -573,6 +573,13 @@ struct route_request {
 struct cancel_request {
   std::string request_id;
 };
+/// request actor -> a restarted router: I am in flight and was admitted by
+/// your predecessor; sweep my deadline and route my cancels.
+struct adopt_request {
+  std::string request_id;
+  std::string deployment;
+  std::int64_t deadline_ns = 0;
+};
 /// self -> self: run this later (delayed_send), for fault injection delays.
 struct deferred_call {
   std::function<void()> fn;
@@ -590,4 +597,5 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::model_handle)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::release_model)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::route_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::cancel_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::adopt_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deferred_call)

@@ -1,5 +1,7 @@
 #include "actors/request_actor.hpp"
 
+#include <caf/actor_registry.hpp>
+#include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
@@ -8,6 +10,7 @@
 #include <chrono>
 
 #include "actors/cluster_metrics.hpp"
+#include "actors/cluster_supervisor.hpp"
 #include "common/assert.hpp"
 #include "engine/engine.hpp"
 #include "model/llama_model.hpp"
@@ -137,7 +140,7 @@ void on_finish(self_ptr self, const finish_msg& m) {
   out += st.held_text;  // the stream ended: a partial stop sequence is just text
   st.held_text.clear();
   emit(self, std::move(out));
-  self->send(st.ctx.router, replica_outcome{st.replica_id, true});
+  self->send(st.router, replica_outcome{st.replica_id, true});
   finish(self, reason == engine::finish_reason::stop ? api::finish_reason::stop : api::finish_reason::length);
 }
 
@@ -152,7 +155,7 @@ void failover(self_ptr self, const std::string& why) {
   if (st.replica_id) {
     ++st.resumes;
     st.tried.push_back(st.replica_id);
-    self->send(st.ctx.router, replica_outcome{st.replica_id, false});
+    self->send(st.router, replica_outcome{st.replica_id, false});
   }
   if (st.ctx.metrics) cluster_metrics::series(st.ctx.metrics->resumes, st.ctx.request.model)->inc();
   st.replica = nullptr;
@@ -168,8 +171,9 @@ void submit(self_ptr self, const picked_replica& p) {
   const auto& r = st.ctx.request;
   submit_msg m{st.ctx.number, st.prompt, st.generated, r.max_tokens, r.sampling.temperature, r.sampling.top_p,
                r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch};
-  // No timeout: a dead replica is a down message, a slow one the deadline's.
-  self->request(p.handle, caf::infinite, std::move(m))
+  // Accepting (not finishing) a request is quick; a replica that does not
+  // even accept it within submit_timeout_ms is treated as failed for it.
+  self->request(p.handle, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(m))
       .then([](ok_atom) {},
             [=](const caf::error& err) {
               const error e = from_caf(err);
@@ -187,7 +191,12 @@ void try_replica(self_ptr self) {
   ++st.attempts;
   pick_replica pick{st.ctx.request.model, static_cast<std::uint32_t>(st.prompt.size() + st.generated.size()),
                     st.ctx.request.max_tokens - static_cast<std::uint32_t>(st.generated.size()), st.tried};
-  self->request(st.ctx.router, caf::infinite, std::move(pick))
+  if (!st.router) {  // between routers: look again shortly
+    --st.attempts;
+    self->delayed_send(self, std::chrono::milliseconds(st.ctx.retry_backoff_ms), tick_atom::value);
+    return;
+  }
+  self->request(st.router, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(pick))
       .then([=](const picked_replica& p) { submit(self, p); },
             [=](const caf::error& err) {
               const error e = from_caf(err);
@@ -201,6 +210,25 @@ void try_replica(self_ptr self) {
               s.backoff_ms = s.backoff_ms == 0 ? s.ctx.retry_backoff_ms : std::min(s.backoff_ms * 2, 2000u);
               self->delayed_send(self, std::chrono::milliseconds(s.backoff_ms), tick_atom::value);
             });
+}
+
+// Looks up the router that replaced a crashed one (the supervisor restarts
+// it and registers it by name), at most 200 times 10 ms apart.
+void find_router(self_ptr self) {
+  auto& st = self->state;
+  if (st.done || st.router) return;
+  auto r = caf::actor_cast<caf::actor>(self->home_system().registry().get(router_atom::value));
+  if (!r || r == st.ctx.router) {
+    if (++st.router_lookups >= 200)
+      return finish(self, api::finish_reason::error, error{errc::unavailable, "the router was lost and did not come back"});
+    self->delayed_send(self, std::chrono::milliseconds(10), router_atom::value);
+    return;
+  }
+  st.router = r;
+  st.ctx.router = r;
+  self->monitor(r);
+  self->send(r, adopt_request{st.ctx.request.request_id, st.ctx.request.model, st.deadline_ns});
+  spdlog::info("event=request_router_found request={}", st.ctx.request.request_id);
 }
 
 // Validates and tokenizes; an error here is the client's to fix.
@@ -236,8 +264,22 @@ caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, requ
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.start_ns = now_ns(self);
+  st.router = st.ctx.router;
+  st.deadline_ns = st.start_ns + std::int64_t{st.ctx.effective_deadline_ms ? st.ctx.effective_deadline_ms
+                                                                          : st.ctx.deadline_ms} * 1000000;
+  if (st.router) self->monitor(st.router);
   self->set_down_handler([=](const caf::down_msg& dm) {
-    if (dm.source == self->state.replica.address()) failover(self, "replica went down: " + caf::to_string(dm.reason));
+    auto& s = self->state;
+    if (dm.source == s.replica.address()) return failover(self, "replica went down: " + caf::to_string(dm.reason));
+    if (s.router && dm.source == s.router.address()) {
+      // Our router crashed: its deadline sweep and cancel routing went with
+      // it. Find its successor and hand ourselves over.
+      spdlog::warn("event=request_router_lost request={} reason=\"{}\"", s.ctx.request.request_id,
+                   caf::to_string(dm.reason));
+      s.router = nullptr;
+      s.router_lookups = 0;
+      self->send(self, router_atom::value);
+    }
   });
   if (auto ok = prepare(st); !ok) {
     finish(self, api::finish_reason::error, ok.error());
@@ -251,6 +293,7 @@ caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, requ
       [=](const token_msg& m) { on_tokens(self, m); },
       [=](const finish_msg& m) { on_finish(self, m); },
       [=](tick_atom) { try_replica(self); },
+      [=](router_atom) { find_router(self); },
       [=](deadline_atom) {
         const auto& s = self->state;
         finish(self, api::finish_reason::error,

@@ -35,6 +35,7 @@ struct request_context {
   std::uint32_t max_attempts = 4;         // replicas tried before giving up
   std::uint32_t submit_timeout_ms = 10000;
   std::uint32_t retry_backoff_ms = 50;    // first wait when no replica is free; doubles
+  std::uint32_t effective_deadline_ms = 0;  // the request's own, or deadline_ms
   std::shared_ptr<cluster_metrics> metrics;  // may be null
 };
 
@@ -47,6 +48,8 @@ struct request_actor_state {
   model::utf8_stream utf8;
   std::string held_text;  // text that may be the start of a stop sequence
   std::uint32_t sent_index = 0;
+  caf::actor router;  // the current one: a restarted router replaces ctx.router
+  std::uint32_t router_lookups = 0;  // since the router was lost
   caf::actor replica;
   cluster::replica_id replica_id = 0;
   std::vector<cluster::replica_id> tried;
@@ -56,6 +59,7 @@ struct request_actor_state {
   std::uint32_t resumes = 0;  // moves to another replica after one was serving it
   std::string last_failure;  // why the last attempt failed, for the final error
   std::int64_t start_ns = 0, first_token_ns = 0;
+  std::int64_t deadline_ns = 0;  // absolute, for a router that adopts us
   static inline const char* name = "request";
 };
 

@@ -111,6 +111,7 @@ void on_route(self_ptr self, const route_request& m) {
   rc.max_attempts = st.config.max_attempts;
   rc.submit_timeout_ms = st.config.submit_timeout_ms;
   rc.retry_backoff_ms = st.config.retry_backoff_ms;
+  rc.effective_deadline_ms = m.request.deadline_ms ? m.request.deadline_ms : st.config.request_deadline_ms;
   rc.metrics = st.metrics;
   const std::uint32_t deadline_ms = m.request.deadline_ms ? m.request.deadline_ms : st.config.request_deadline_ms;
   auto actor = self->spawn(request_actor, std::move(rc));
@@ -135,7 +136,9 @@ caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
   const auto sender = self->current_sender();
   if (auto rid = st.request_ids.find(caf::actor_cast<caf::actor_addr>(sender)); rid != st.request_ids.end()) {
     auto& entry = st.requests[rid->second];
-    if (auto ok = st.admission->try_dispatch(entry.ticket, id, now_ns(self)); !ok) return to_caf(ok.error());
+    // An adopted request (admitted by a crashed predecessor) has no ticket here.
+    if (entry.ticket.id != 0)
+      if (auto ok = st.admission->try_dispatch(entry.ticket, id, now_ns(self)); !ok) return to_caf(ok.error());
     update_gauges(self, entry.deployment);
   }
   return picked_replica{id, epoch, handle->second};
@@ -187,7 +190,7 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
   if (auto it = st.request_ids.find(dm.source); it != st.request_ids.end()) {
     auto req = st.requests.find(it->second);
     if (req != st.requests.end()) {
-      (void)st.admission->release(req->second.ticket, now_ns(self));
+      if (req->second.ticket.id != 0) (void)st.admission->release(req->second.ticket, now_ns(self));
       const std::string model = req->second.deployment;
       st.requests.erase(req);
       update_gauges(self, model);
@@ -329,6 +332,15 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         self->delayed_send(self, std::chrono::milliseconds(s.config.deadline_sweep_ms), deadline_atom::value);
       },
       [=](const pick_replica& m) { return on_pick(self, m); },
+      [=](const adopt_request& m) {
+        auto& s = self->state;
+        auto actor = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!actor || s.requests.count(m.request_id)) return;
+        self->monitor(actor);
+        s.request_ids[actor.address()] = m.request_id;
+        s.requests[m.request_id] = {actor, cluster::admission_ticket{}, m.deployment, m.deadline_ns, false};
+        spdlog::info("event=router_adopted_request request={}", m.request_id);
+      },
       [=](const cancel_request& m) {
         auto it = self->state.requests.find(m.request_id);
         if (it != self->state.requests.end()) self->send(it->second.actor, m);

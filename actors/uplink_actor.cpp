@@ -36,7 +36,9 @@ void adopt(self_ptr self, const welcome_msg& w) {
   self->monitor(st.health_monitor);
   if (st.config.gateway.router) {
     // The bridge asks whatever controller the registry names.
-    self->home_system().registry().put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(st.controller));
+    auto& reg = self->home_system().registry();
+    reg.erase(controller_atom::value);  // put() keeps an existing entry
+    reg.put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(st.controller));
   }
 }
 

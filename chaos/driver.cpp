@@ -213,6 +213,18 @@ std::int64_t inject(cluster_access& ca, cluster::fault_injector& inj, event_log&
       if (auto n = ca.node(node))
         caf::anon_send<caf::message_priority::high>(n, caf::exit_msg{caf::actor_addr{}, fault_reason("node killed (injected)")});
       break;
+    case fault_kind::kill_router:
+    case fault_kind::kill_controller:
+    case fault_kind::kill_health_monitor: {
+      const caf::atom_value name = f.spec.kind == fault_kind::kill_router
+                                       ? caf::atom_value{actors::router_atom::value}
+                                       : f.spec.kind == fault_kind::kill_controller
+                                             ? caf::atom_value{actors::controller_atom::value}
+                                             : caf::atom_value{actors::health_atom::value};
+      if (auto a = caf::actor_cast<caf::actor>(ca.cluster.system().registry().get(name)))
+        caf::anon_send<caf::message_priority::high>(a, caf::exit_msg{caf::actor_addr{}, fault_reason("killed (injected)")});
+      break;
+    }
     case fault_kind::partition_node: inj.arm(node, cluster::channel_fault::partition, until); break;
     case fault_kind::heartbeat_jitter:
       inj.arm(node, cluster::channel_fault::jitter, until, 1.0, std::int64_t{f.spec.delay_ms} * 1000000);

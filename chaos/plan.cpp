@@ -128,6 +128,9 @@ kind_fields fields_of(fault_kind k) {
     case fault_kind::drop_messages: return {.duration = true, .probability = true};
     case fault_kind::delay_messages: return {.duration = true, .delay = true};
     case fault_kind::duplicate_messages: return {.duration = true, .probability = true};
+    case fault_kind::kill_router:
+    case fault_kind::kill_controller:
+    case fault_kind::kill_health_monitor: return {.node_required = false};
   }
   return {};
 }
@@ -247,6 +250,9 @@ std::string_view to_string(fault_kind k) noexcept {
     case fault_kind::drop_messages: return "drop_messages";
     case fault_kind::delay_messages: return "delay_messages";
     case fault_kind::duplicate_messages: return "duplicate_messages";
+    case fault_kind::kill_router: return "kill_router";
+    case fault_kind::kill_controller: return "kill_controller";
+    case fault_kind::kill_health_monitor: return "kill_health_monitor";
   }
   return "unknown";
 }
@@ -255,7 +261,8 @@ std::optional<fault_kind> fault_kind_from_string(std::string_view s) noexcept {
   constexpr std::array all = {fault_kind::kill_replica,    fault_kind::kill_node,     fault_kind::partition_node,
                               fault_kind::heartbeat_jitter, fault_kind::fail_device,   fault_kind::hang_device,
                               fault_kind::slow_model_load,  fault_kind::drop_messages, fault_kind::delay_messages,
-                              fault_kind::duplicate_messages};
+                              fault_kind::duplicate_messages, fault_kind::kill_router, fault_kind::kill_controller,
+                              fault_kind::kill_health_monitor};
   for (fault_kind k : all)
     if (to_string(k) == s) return k;
   return std::nullopt;

@@ -55,6 +55,9 @@ enum class fault_kind : std::uint8_t {
   drop_messages,
   delay_messages,
   duplicate_messages,
+  kill_router,          // the control-plane actors, inside one process:
+  kill_controller,      // their supervisor restarts them (rest_for_one)
+  kill_health_monitor,
 };
 
 std::string_view to_string(fault_kind k) noexcept;

@@ -167,15 +167,25 @@ void maybe_step(self_ptr self) {
   if (st.step_in_flight || !st.engine || st.engine->idle()) return;
   st.step_in_flight = true;
   st.step_out = true;
-  // No timeout per step (a timer per step would cost more than many steps):
-  // a hung device is found by its node's health checks, which restart it,
-  // and this replica follows its device down.
-  self->request(st.ctx.device, caf::infinite, step_job{st.engine})
-      .then([=](const step_done& done) { on_step_done(self, done); },
-            [=](const caf::error& err) {
-              fail(self, "engine step on node " + std::to_string(self->state.ctx.node) + " device " +
-                             std::to_string(self->state.ctx.spec.device) + " failed: " + caf::to_string(err));
-            });
+  const auto on_error = [=](const caf::error& err) {
+    const bool timed_out = err == caf::sec::request_timeout;
+    fail(self, "engine step on node " + std::to_string(self->state.ctx.node) + " device " +
+                   std::to_string(self->state.ctx.spec.device) +
+                   (timed_out ? " took longer than step_timeout_ms=" + std::to_string(self->state.ctx.step_timeout_ms) +
+                                    " (the device is hung)"
+                              : " failed: " + caf::to_string(err)));
+  };
+  // A step that does not come back in step_timeout_ms means a hung device;
+  // the node's periodic device check would find it too, but much later. The
+  // timer is cancelled when the step returns. 0 (deterministic runs, where
+  // steps take modeled virtual time): no timer, the device check covers it.
+  if (st.ctx.step_timeout_ms == 0) {
+    self->request(st.ctx.device, caf::infinite, step_job{st.engine})
+        .then([=](const step_done& done) { on_step_done(self, done); }, on_error);
+    return;
+  }
+  self->request(st.ctx.device, std::chrono::milliseconds(st.ctx.step_timeout_ms), step_job{st.engine})
+      .then([=](const step_done& done) { on_step_done(self, done); }, on_error);
 }
 
 // Runs `fn` against the engine now, or after the step that is out.

@@ -64,6 +64,7 @@ void finish(self_ptr self, api::finish_reason reason, std::optional<error> err =
   // A monitor outlives its observer in CAF: the replica would keep a
   // reference to this finished actor, and with it the actor's memory.
   if (st.replica) self->demonitor(st.replica);
+  if (st.router) self->demonitor(st.router);  // the same holds for the router
   self->quit();
 }
 
@@ -175,7 +176,12 @@ void submit(self_ptr self, const picked_replica& p) {
   // even accept it within submit_timeout_ms is treated as failed for it.
   self->request(p.handle, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(m))
       .then([](ok_atom) {},
-            [=](const caf::error& err) {
+            [=, handle = p.handle](const caf::error& err) {
+              // A replica we already left (its down message came first, and
+              // the request moved on): its refusal is old news. Failing over
+              // again would leave the replica now serving us and could
+              // submit twice to one replica.
+              if (self->state.replica != handle) return;
               const error e = from_caf(err);
               if (e.code == errc::invalid_argument) return finish(self, api::finish_reason::error, e);
               failover(self, e.message);
@@ -184,7 +190,7 @@ void submit(self_ptr self, const picked_replica& p) {
 
 void try_replica(self_ptr self) {
   auto& st = self->state;
-  if (st.done) return;
+  if (st.done || st.picking) return;
   if (st.attempts >= st.ctx.max_attempts)
     return finish(self, api::finish_reason::error,
                   error{errc::unavailable, "gave up after " + std::to_string(st.attempts) + " replicas failed"});
@@ -196,9 +202,17 @@ void try_replica(self_ptr self) {
     self->delayed_send(self, std::chrono::milliseconds(st.ctx.retry_backoff_ms), tick_atom::value);
     return;
   }
+  // One pick at a time: a backoff tick and a failover must not both pick.
+  st.picking = true;
   self->request(st.router, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(pick))
-      .then([=](const picked_replica& p) { submit(self, p); },
+      .then(
+          [=](const picked_replica& p) {
+            self->state.picking = false;
+            if (!self->state.done) submit(self, p);
+          },
             [=](const caf::error& err) {
+              self->state.picking = false;
+              if (self->state.done) return;
               const error e = from_caf(err);
               if (e.code == errc::not_found) return finish(self, api::finish_reason::error, e);
               // No capacity right now: wait and try again, until the deadline

@@ -54,6 +54,7 @@ struct request_actor_state {
   cluster::replica_id replica_id = 0;
   std::vector<cluster::replica_id> tried;
   std::uint32_t attempts = 0;
+  bool picking = false;  // a pick_replica is out
   std::uint32_t backoff_ms = 0;
   bool done = false;
   std::uint32_t resumes = 0;  // moves to another replica after one was serving it

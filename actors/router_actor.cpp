@@ -125,7 +125,7 @@ void on_route(self_ptr self, const route_request& m) {
 
 caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
   auto& st = self->state;
-  auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens});
+  auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, m.exclude);
   if (!chosen) return to_caf(chosen.error());
   const auto id = (*chosen)->id;
   const auto epoch = (*chosen)->epoch;

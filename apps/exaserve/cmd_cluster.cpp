@@ -238,7 +238,9 @@ int cmd_gateway(int argc, char** argv) {
               door_config.host.c_str(), (*door)->rpc_port(), join->host.c_str(), join->port);
   std::fflush(stdout);
   wait_for_stop(signals);
-  // Requests in flight finish (up to a grace period) before the doors close.
+  // No new requests; those in flight finish (up to a grace period) before
+  // the doors close.
+  (*door)->stop_accepting();
   drain(*(*gateway)->backend(), std::chrono::seconds(10));
   (*door)->stop();
   (*gateway)->stop();

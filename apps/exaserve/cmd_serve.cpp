@@ -88,6 +88,7 @@ int cmd_serve(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   spdlog::info("event=shutdown signal={} detail=\"draining in-flight requests\"", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  (*door)->stop_accepting();  // no new requests while the ones in flight finish
   drain(*(*cluster)->backend(), std::chrono::seconds(10));
   (*door)->stop();
   (*cluster)->stop();

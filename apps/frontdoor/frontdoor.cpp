@@ -57,6 +57,15 @@ class loop_servers final : private kj::TaskSet::ErrorHandler {
     rpc_accept_ = accept_rpc().eagerlyEvaluate(nullptr);
   }
 
+  /// Stops taking connections: the listening sockets close, so new clients
+  /// are refused by the kernel, while open connections carry on.
+  void close_listeners() {
+    http_accept_ = nullptr;
+    rpc_accept_ = nullptr;
+    http_listener_ = nullptr;
+    rpc_listener_ = nullptr;
+  }
+
   std::uint16_t http_port() { return static_cast<std::uint16_t>(http_listener_->getPort()); }
   std::uint16_t rpc_port() { return static_cast<std::uint16_t>(rpc_listener_->getPort()); }
 
@@ -206,6 +215,9 @@ struct frontdoor::impl {
   std::mutex stop_mu;
   // Created on the loop thread, fulfilled by stop() on any other.
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop_signal;
+  // The same, fulfilled by stop_accepting().
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> close_signal;
+  bool closing = false;  // guarded by stop_mu
 
   void run(std::promise<expected<void>>& started);
   void serve(const std::function<void(expected<void>)>& report);
@@ -235,9 +247,18 @@ void frontdoor::impl::serve(const std::function<void(expected<void>)>& report) {
   rpc_port = servers->rpc_port();
   auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
   stop_signal = kj::mv(stop.fulfiller);
-  report({});  // publishes the ports and stop_signal to start()
+  auto close = kj::newPromiseAndCrossThreadFulfiller<void>();
+  close_signal = kj::mv(close.fulfiller);
+  auto closed = close.promise
+                    .then([&servers] {
+                      servers->close_listeners();
+                      spdlog::info("event=frontdoor_not_accepting detail=\"open connections finish\"");
+                    })
+                    .eagerlyEvaluate(nullptr);
+  report({});  // publishes the ports and the signals to start()
   stop.promise.wait(io.waitScope);
   ctx->stopping = true;
+  closed = nullptr;
   servers = nullptr;
   // Let destruction work that KJ and capnp defer run while the loop exists.
   io.waitScope.poll();
@@ -275,6 +296,13 @@ std::uint16_t frontdoor::rpc_port() const { return impl_->rpc_port; }
 
 std::string frontdoor::http_url() const {
   return "http://" + door::host_port(impl_->config.host, impl_->http_port);
+}
+
+void frontdoor::stop_accepting() {
+  std::lock_guard lock(impl_->stop_mu);
+  if (!impl_->thread.joinable() || impl_->closing) return;
+  impl_->closing = true;
+  impl_->close_signal->fulfill();
 }
 
 void frontdoor::stop() {

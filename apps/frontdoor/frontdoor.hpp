@@ -63,6 +63,10 @@ class frontdoor {
   /// "http://host:port", for clients and logs.
   std::string http_url() const;
 
+  /// Closes the listeners only: new connections are refused while the open
+  /// ones (and their streams) finish. For draining before stop(). Idempotent.
+  void stop_accepting();
+
   /// Closes the listeners and every connection, cancels in-flight requests
   /// through backend.cancel(), and joins the thread. Idempotent.
   void stop();

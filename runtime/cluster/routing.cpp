@@ -772,13 +772,26 @@ error replica_table::no_replica_error(std::string_view model, const candidate_po
 }
 
 expected<const routing_candidate*> replica_table::route(std::string_view model, std::string_view version,
-                                                        const request_cost& cost) {
+                                                        const request_cost& cost,
+                                                        const std::vector<replica_id>& exclude) {
   auto target = target_for_route(model, version);
   if (!target) return std::unexpected(target.error());
   candidate_pool* pool = target->pool;
   if (pool == nullptr) return std::unexpected(no_replica_error(model, nullptr));
   if (!pool->indexed()) pool->reindex();
-  const auto chosen = target->model->policy->choose(cost, *pool, rng_);
+  // Excluded replicas are hidden from the policy for this one decision (as
+  // if suspect), then shown again.
+  std::vector<candidate_pool::position> hidden;
+  for (const replica_id id : exclude) {
+    const auto pos = pool->find(id);
+    if (pos && !pool->at(*pos).suspect) {
+      pool->set_suspect(*pos, true);
+      hidden.push_back(*pos);
+    }
+  }
+  auto chosen = target->model->policy->choose(cost, *pool, rng_);
+  for (const auto pos : hidden) pool->set_suspect(pos, false);
+  if (!chosen && !hidden.empty()) chosen = target->model->policy->choose(cost, *pool, rng_);
   if (!chosen) return std::unexpected(no_replica_error(model, pool));
   pool->charge(*chosen, cost);
   return &pool->at(*chosen);

@@ -180,9 +180,12 @@ class replica_table {
   /// Errors: not_found (unknown model or version), invalid_argument (empty
   /// version while several are served), unavailable (no ready replica),
   /// overloaded (every ready replica's queue is full). The pointer stays
-  /// valid until the table is next changed.
+  /// valid until the table is next changed. Replicas in `exclude` (the ones
+  /// a retried request already failed on) are passed over while any other
+  /// can serve; when only they can, one of them is chosen after all, since a
+  /// retry there beats no answer.
   expected<const routing_candidate*> route(std::string_view model, std::string_view version,
-                                           const request_cost& cost);
+                                           const request_cost& cost, const std::vector<replica_id>& exclude = {});
 
   /// The replica's record, or nullptr.
   const routing_candidate* find(replica_id id);

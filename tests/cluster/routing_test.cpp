@@ -516,3 +516,42 @@ TEST_CASE("table choices match brute force under random changes", "[routing]") {
     cross_check("predictive", seed, false);  // every speed known: the fast scan
   }
 }
+
+TEST_CASE("a retry passes over the replicas it already failed on, unless only they are left", "[routing]") {
+  for (const char* policy : {"round_robin", "least_outstanding", "power_of_two", "predictive"}) {
+    INFO(policy);
+    auto table = make_table(policy);
+    for (replica_id id : {1, 2, 3}) REQUIRE(table.upsert(candidate(id, id == 2 ? 0 : 100)).has_value());
+    for (int i = 0; i < 20; ++i) {
+      auto chosen = table.route("m", "", {1, 1}, {2, 3});
+      REQUIRE(chosen.has_value());
+      CHECK((*chosen)->id == 1);
+    }
+    // Everything excluded: a replica is still chosen (better than none)...
+    auto all = table.route("m", "", {1, 1}, {1, 2, 3});
+    REQUIRE(all.has_value());
+    // ...and exclusion leaves no trace: with equal loads and no exclusion,
+    // more than one replica wins.
+    for (replica_id id : {1, 2, 3}) REQUIRE(table.update_load(id, {}).has_value());
+    std::set<replica_id> seen;
+    for (int i = 0; i < 200; ++i) {
+      auto c = table.route("m", "", {1, 1});
+      REQUIRE(c.has_value());
+      seen.insert((*c)->id);
+      // Report replica 1 busier each time, so load-aware policies move on.
+      cluster::load_report busy;
+      busy.outstanding_tokens = (*c)->id == 1 ? 1000 : 0;
+      REQUIRE(table.update_load((*c)->id, busy).has_value());
+    }
+    CHECK(seen.size() >= 2);
+    // A suspect replica stays suspect after an exclusion passed over it.
+    REQUIRE(table.set_suspect(3, true).has_value());
+    (void)table.route("m", "", {1, 1}, {3});
+    for (int i = 0; i < 20; ++i) {
+      auto c = table.route("m", "", {1, 1});
+      REQUIRE(c.has_value());
+      CHECK((*c)->id != 3);
+      REQUIRE(table.update_load((*c)->id, {}).has_value());
+    }
+  }
+}

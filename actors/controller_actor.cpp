@@ -542,6 +542,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
   return {
       [=](const node_join& m) { on_node_join(self, m); },
       [=](reconcile_atom) { end_reconcile(self); },
+      [=](const node_clock_msg& m) { self->state.clock_offsets_ns[m.node] = m.offset_ns; },
       [=](const gateway_join& m) { on_gateway_join(self, m); },
       [=](const replica_event& ev) { on_replica_event(self, ev); },
       [=](const node_health_msg& m) { on_node_health(self, m); },
@@ -618,8 +619,10 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
           const bool up = s.nodes.count(n.id) && s.nodes[n.id];
           const auto h = s.node_health.count(n.id) ? s.node_health[n.id] : cluster::node_health::healthy;
           const auto contact = s.contacts.find(n.id);
+          const auto clock = s.clock_offsets_ns.find(n.id);
           status.nodes.push_back({n.id, n.rack, !up ? "down" : std::string(cluster::to_string(h)),
-                                  contact == s.contacts.end() ? "" : contact->second.address});
+                                  contact == s.contacts.end() ? "" : contact->second.address,
+                                  clock == s.clock_offsets_ns.end() ? 0.0 : clock->second / 1e6});
           for (std::uint32_t d = 0; d < n.devices; ++d) {
             const auto* l = s.placement->ledger({n.id, d});
             status.devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});

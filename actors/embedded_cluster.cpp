@@ -58,6 +58,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.health.suspect_after_missed = o.suspect_after_missed;
   plan.health.observation_window_ms = o.observation_window_ms;
   plan.health.hooks = hooks;
+  plan.health.wall_clock_from_actor_clock = o.deterministic;
   plan.router.max_attempts = o.max_attempts;
   plan.router.hooks = hooks;
   plan.router.request_deadline_ms = o.request_deadline_ms;
@@ -93,6 +94,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.heartbeat_interval_ms = o.heartbeat_interval_ms;
     nc.metrics = metrics;
     nc.hooks = hooks;
+    nc.wall_clock_from_actor_clock = o.deterministic;
     nc.device_check_interval_ms = o.device_check_interval_ms;
     nc.device_check_timeout_ms = o.device_check_timeout_ms;
     nc.replica_step_timeout_ms = o.deterministic ? 0 : o.step_timeout_ms;  // virtual time: see replica_actor

@@ -7,8 +7,10 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
 
 #include "actors/cluster_supervisor.hpp"
+#include "cluster/clock_offset.hpp"
 
 namespace exa::actors {
 namespace {
@@ -38,6 +40,32 @@ void announce(self_ptr self, const cluster::health_change& c) {
   if (auto r = caf::actor_cast<caf::actor>(reg.get(controller_atom::value))) self->send(r, msg);
 }
 
+std::int64_t wall_ns(self_ptr self) {
+  if (self->state.config.wall_clock_from_actor_clock) return clock_ns(self);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A node reported its clock offset: warn once when it is skewed past the
+// threshold (merged logs would read out of order), and keep the controller's
+// status current when it moved by a millisecond or more.
+void on_clock(self_ptr self, const heartbeat& hb) {
+  auto& st = self->state;
+  auto& view = st.clocks[hb.node];
+  const bool skewed = cluster::clock_skewed(hb.clock_offset_ns, st.config.clock_skew_warn_ms);
+  if (skewed != view.skewed) {
+    view.skewed = skewed;
+    spdlog::log(skewed ? spdlog::level::warn : spdlog::level::info,
+                "event=node_clock_{} node={} offset_ms={:.1f} rtt_ms={:.2f} threshold_ms={}",
+                skewed ? "skewed" : "in_step", hb.node, hb.clock_offset_ns / 1e6, hb.clock_rtt_ns / 1e6,
+                st.config.clock_skew_warn_ms);
+  }
+  if (std::llabs(hb.clock_offset_ns - view.reported_ns) < 1000000) return;
+  view.reported_ns = hb.clock_offset_ns;
+  if (auto c = caf::actor_cast<caf::actor>(self->home_system().registry().get(controller_atom::value)))
+    self->send(c, node_clock_msg{hb.node, hb.clock_offset_ns, hb.clock_rtt_ns});
+}
+
 }  // namespace
 
 caf::behavior health_monitor_actor(caf::stateful_actor<health_monitor_state>* self, health_config config) {
@@ -56,7 +84,9 @@ caf::behavior health_monitor_actor(caf::stateful_actor<health_monitor_state>* se
         if (auto change = self->state.detector->heartbeat(hb.node, clock_ns(self))) announce(self, *change);
         // The ack travels the node's channel too: a partition silences both.
         control_send(self, self->state.config.hooks, hb.node, cluster::message_class::heartbeat,
-                     caf::actor_cast<caf::actor>(self->current_sender()), heartbeat_ack{hb.node, hb.sequence});
+                     caf::actor_cast<caf::actor>(self->current_sender()),
+                     heartbeat_ack{hb.node, hb.sequence, hb.wall_ns, wall_ns(self)});
+        if (hb.has_offset) on_clock(self, hb);
       },
       [=](tick_atom) {
         for (const auto& change : self->state.detector->tick(clock_ns(self))) announce(self, change);

@@ -9,6 +9,7 @@
 #include <caf/fwd.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -24,11 +25,18 @@ struct health_config {
   std::uint32_t observation_window_ms = 30000;
   std::vector<cluster::node_id> nodes;  // watched from the start
   chaos_hooks hooks;
+  bool wall_clock_from_actor_clock = false;  // virtual time: see node_config
+  std::uint32_t clock_skew_warn_ms = 250;    // merged logs out of order by more than this: warn
 };
 
 struct health_monitor_state {
   health_config config;
   std::optional<cluster::heartbeat_detector> detector;
+  struct clock_view {
+    std::int64_t reported_ns = 0;  // last offset told to the controller
+    bool skewed = false;
+  };
+  std::map<cluster::node_id, clock_view> clocks;
   static inline const char* name = "health_monitor";
 };
 

@@ -52,6 +52,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<picked_replica>("exa.picked_replica");
   cfg.add_message_type<heartbeat>("exa.heartbeat");
   cfg.add_message_type<heartbeat_ack>("exa.heartbeat_ack");
+  cfg.add_message_type<node_clock_msg>("exa.node_clock");
   cfg.add_message_type<replica_outcome>("exa.replica_outcome");
   cfg.add_message_type<unsuspect_replica>("exa.unsuspect_replica");
   cfg.add_message_type<kill_replica>("exa.kill_replica");

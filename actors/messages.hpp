@@ -51,7 +51,7 @@ typename Inspector::result_type inspect(Inspector& f, device_status& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_status& x) {
-  return f(caf::meta::type_name("exa.node_status"), x.id, x.rack, x.state, x.address);
+  return f(caf::meta::type_name("exa.node_status"), x.id, x.rack, x.state, x.address, x.clock_offset_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {
@@ -332,13 +332,17 @@ typename Inspector::result_type inspect(Inspector& f, inject_fault& x) {
 
 /// health monitor -> node: heard you. A node that hears no ack for its lease
 /// assumes it has been declared failed and fences itself first.
+/// The wall-clock stamps let the node estimate its clock offset (see
+/// runtime/cluster/clock_offset).
 struct heartbeat_ack {
   cluster::node_id node = 0;
   std::uint64_t sequence = 0;
+  std::int64_t heartbeat_wall_ns = 0;  // the heartbeat's own stamp, echoed (t0)
+  std::int64_t monitor_wall_ns = 0;    // the monitor's clock on receipt (t1)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, heartbeat_ack& x) {
-  return f(caf::meta::type_name("exa.heartbeat_ack"), x.node, x.sequence);
+  return f(caf::meta::type_name("exa.heartbeat_ack"), x.node, x.sequence, x.heartbeat_wall_ns, x.monitor_wall_ns);
 }
 
 /// node -> replica: the node lost the control plane; stop serving now.
@@ -367,10 +371,26 @@ typename Inspector::result_type inspect(Inspector& f, unsuspect_replica& x) {
 struct heartbeat {
   cluster::node_id node = 0;
   std::uint64_t sequence = 0;
+  std::int64_t wall_ns = 0;           // the node's wall clock when sent
+  bool has_offset = false;            // the node's estimate so far:
+  std::int64_t clock_offset_ns = 0;   // its clock minus the monitor's
+  std::int64_t clock_rtt_ns = 0;      // and the round trip behind it
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {
-  return f(caf::meta::type_name("exa.heartbeat"), x.node, x.sequence);
+  return f(caf::meta::type_name("exa.heartbeat"), x.node, x.sequence, x.wall_ns, x.has_offset, x.clock_offset_ns,
+           x.clock_rtt_ns);
+}
+
+/// health monitor -> controller: a node's clock offset moved (for status).
+struct node_clock_msg {
+  cluster::node_id node = 0;
+  std::int64_t offset_ns = 0;
+  std::int64_t rtt_ns = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_clock_msg& x) {
+  return f(caf::meta::type_name("exa.node_clock"), x.node, x.offset_ns, x.rtt_ns);
 }
 
 // ------------------------------------------------ deployments and admin

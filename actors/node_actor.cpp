@@ -18,6 +18,13 @@ using self_ptr = caf::stateful_actor<node_state>*;
 
 std::string device_name(std::uint32_t i) { return "device-" + std::to_string(i); }
 
+// The clock heartbeats are stamped with, for offset estimation.
+std::int64_t wall_ns(self_ptr self) {
+  if (self->state.ctx.config.wall_clock_from_actor_clock) return clock_ns(self);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   auto& st = self->state;
   replica_context rc;
@@ -261,9 +268,10 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
               self->send(r.handle, n);
       },
       [=](const control_plane_state& m) { on_control_plane(self, m); },
-      [=](const heartbeat_ack&) {
+      [=](const heartbeat_ack& ack) {
         auto& st = self->state;
         st.last_ack_ns = clock_ns(self);
+        if (ack.heartbeat_wall_ns != 0) st.clock.add(ack.heartbeat_wall_ns, ack.monitor_wall_ns, wall_ns(self));
         if (st.self_fenced) {
           st.self_fenced = false;
           spdlog::info("event=node_unfenced node={}", st.ctx.config.id);
@@ -273,8 +281,14 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
         auto& st = self->state;
         if (st.powered_off) return;  // silent from now on
         check_lease(self);
+        heartbeat hb{st.ctx.config.id, ++st.heartbeat_sequence, wall_ns(self)};
+        if (auto offset = st.clock.node_minus_monitor_ns()) {
+          hb.has_offset = true;
+          hb.clock_offset_ns = *offset;
+          hb.clock_rtt_ns = st.clock.rtt_ns().value_or(0);
+        }
         control_send(self, st.ctx.config.hooks, st.ctx.config.id, cluster::message_class::heartbeat,
-                     st.ctx.health_monitor, heartbeat{st.ctx.config.id, ++st.heartbeat_sequence});
+                     st.ctx.health_monitor, hb);
         self->delayed_send(self, std::chrono::milliseconds(st.ctx.config.heartbeat_interval_ms), tick_atom::value);
       },
       [=](const spawn_replica& m) {

@@ -18,6 +18,7 @@
 #include "actors/device_actor.hpp"
 #include "actors/messages.hpp"
 #include "actors/supervisor.hpp"
+#include "cluster/clock_offset.hpp"
 #include "cluster/restart_intensity.hpp"
 
 namespace exa::actors {
@@ -46,6 +47,9 @@ struct node_config {
   chaos_hooks hooks;
   std::string address;  // host:port this node's process publishes its hub on ("" embedded)
   std::string engine;   // "" = as each replica spec says; "cpu" or "null" overrides it
+  /// Stamp heartbeats with the actor clock instead of the host's wall clock
+  /// (virtual time, where the wall clock would mean nothing).
+  bool wall_clock_from_actor_clock = false;
 };
 
 struct node_context {
@@ -65,6 +69,7 @@ struct node_state {
   };
   std::map<cluster::replica_id, replica_entry> replicas;
   std::uint64_t heartbeat_sequence = 0;
+  cluster::clock_offset_estimator clock;
   std::int64_t last_ack_ns = 0;
   bool self_fenced = false;
   /// The controller's process went away while our lease was good: nobody

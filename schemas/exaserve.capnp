@@ -218,6 +218,10 @@ struct NodeStatus {
   address @3 :Text;
   # HOST:PORT the node's process serves its cluster traffic on; empty in the
   # embedded cluster, where nodes are actors of one process.
+
+  clockOffsetMs @4 :Float64;
+  # The node's wall clock minus the controller's, estimated from heartbeat
+  # round trips (the tightest of the last few); 0 until measured.
 }
 
 struct DeviceStatus {

@@ -75,9 +75,10 @@ std::string render_models(const std::vector<api::model_info>& models) {
 std::string render_status(const api::cluster_status& s) {
   std::vector<std::vector<std::string>> nodes;
   for (const auto& n : s.nodes)
-    nodes.push_back({std::to_string(n.id), std::to_string(n.rack), n.state, n.address.empty() ? "-" : n.address});
+    nodes.push_back({std::to_string(n.id), std::to_string(n.rack), n.state, n.address.empty() ? "-" : n.address,
+                     fmt::format("{:+.1f} ms", n.clock_offset_ms)});
   std::string out;
-  out += fmt::format("NODES ({})\n", s.nodes.size()) + render_table({"NODE", "RACK", "STATE", "ADDRESS"}, nodes);
+  out += fmt::format("NODES ({})\n", s.nodes.size()) + render_table({"NODE", "RACK", "STATE", "ADDRESS", "CLOCK"}, nodes);
   out += fmt::format("\nDEVICES ({})\n", s.devices.size()) + devices_table(s);
   out += fmt::format("\nREPLICAS ({})\n", s.replicas.size()) + replicas_table(s);
   out += fmt::format("\nDEPLOYMENTS ({})\n", s.models.size()) + render_models(s.models);

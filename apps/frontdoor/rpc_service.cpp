@@ -108,6 +108,7 @@ void fill(rpc::ClusterStatus::Builder out, const api::cluster_status& s) {
     nodes[i].setRack(s.nodes[i].rack);
     nodes[i].setState(s.nodes[i].state);
     nodes[i].setAddress(s.nodes[i].address);
+    nodes[i].setClockOffsetMs(s.nodes[i].clock_offset_ms);
   }
   auto devices = out.initDevices(static_cast<unsigned>(s.devices.size()));
   for (unsigned i = 0; i < devices.size(); ++i) {

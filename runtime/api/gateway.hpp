@@ -128,6 +128,7 @@ struct node_status {
   std::uint32_t rack = 0;
   std::string state;  // "healthy", "suspect", "down"
   std::string address;  // host:port the node serves on ("" in the embedded cluster)
+  double clock_offset_ms = 0;  // its wall clock minus the controller's, estimated from heartbeats
 };
 
 struct cluster_status {

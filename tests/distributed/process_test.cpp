@@ -246,6 +246,9 @@ TEST_CASE("controller, nodes and a gateway as processes serve and show the whole
   CHECK_THAT(status, Contains("NODES (2)"));
   CHECK_THAT(status, Contains("ADDRESS"));
   CHECK_THAT(status, Contains("127.0.0.1:"));  // each node's own address
+  // Clock offsets estimated from heartbeat round trips: one host, one clock.
+  CHECK_THAT(status, Contains("CLOCK"));
+  CHECK_THAT(c.controller().err(), !Contains("event=node_clock_skewed"));
   // ClusterStatus.models is filled in (it used to be empty).
   CHECK_THAT(status, Contains("DEPLOYMENTS (1)"));
   CHECK_THAT(status, Contains("2/2"));

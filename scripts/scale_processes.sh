@@ -6,7 +6,7 @@
 # ready, and detection and recovery after kill -9 of KILL node processes at
 # once (a rack). Every process it starts is killed on exit.
 #
-#   scripts/scale_processes.sh [NODES=256] [KILL=16]
+#   scripts/scale_processes.sh [NODES=256] [KILL=16]      (KEEP=1 keeps the logs)
 set -euo pipefail
 nodes=${1:-256}
 kill_n=${2:-16}
@@ -17,6 +17,8 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # The logs stay only when asked for (KEEP=1), for a look at what happened.
+  if [ "${KEEP:-0}" = 1 ]; then echo "scale: logs kept in $dir"; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
 ulimit -n 65536 2>/dev/null || true

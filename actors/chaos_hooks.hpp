@@ -11,7 +11,7 @@
 #include <chrono>
 #include <memory>
 
-#include "chaos/event_log.hpp"
+#include "cluster/event_log.hpp"
 #include "cluster/fault_injector.hpp"
 #include "cluster/types.hpp"
 
@@ -19,7 +19,7 @@ namespace exa::actors {
 
 struct chaos_hooks {
   std::shared_ptr<cluster::fault_injector> injector;
-  std::shared_ptr<chaos::event_log> log;
+  std::shared_ptr<cluster::event_log> log;
   /// Simulation: modeled busy time of all devices, in microseconds.
   std::shared_ptr<std::atomic<std::uint64_t>> device_busy_us;
 };
@@ -46,7 +46,7 @@ void control_send(Self* self, const chaos_hooks& hooks, cluster::node_id node,
 }
 
 /// Appends an event stamped with the actor's clock.
-inline void log_event(caf::scheduled_actor* self, const chaos_hooks& hooks, chaos::event e) {
+inline void log_event(caf::scheduled_actor* self, const chaos_hooks& hooks, cluster::event e) {
   if (!hooks.log) return;
   e.t_ns = clock_ns(self);
   hooks.log->append(std::move(e));

@@ -218,8 +218,8 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
     const replica_event ev{r.id, r.deployment, r.slot, r.epoch, node, r.device,
                            static_cast<std::uint8_t>(replica_state::failed), why, caf::actor{}};
     self->send(st.router, ev);
-    chaos::event e;  // the replica cannot say so itself: its node is gone
-    e.kind = chaos::event_kind::replica_state;
+    cluster::event e;  // the replica cannot say so itself: its node is gone
+    e.kind = cluster::event_kind::replica_state;
     e.replica = r.id;
     e.deployment = r.deployment;
     e.slot = r.slot;
@@ -235,8 +235,8 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
 
 void on_node_down(self_ptr self, cluster::node_id node) {
   self->state.nodes[node] = caf::actor{};
-  chaos::event e;
-  e.kind = chaos::event_kind::fault_detected;
+  cluster::event e;
+  e.kind = cluster::event_kind::fault_detected;
   e.node = node;
   e.detail = "monitor";
   log_event(self, self->state.config.hooks, e);

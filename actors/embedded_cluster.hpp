@@ -24,8 +24,6 @@ class registry;
 }
 namespace exa::cluster {
 class fault_injector;
-}
-namespace exa::chaos {
 class event_log;
 }
 
@@ -65,7 +63,7 @@ struct cluster_options {
   bool model_step_time = false;
   /// Chaos harness hooks (null outside chaos runs).
   std::shared_ptr<cluster::fault_injector> fault_injector;
-  std::shared_ptr<chaos::event_log> event_log;
+  std::shared_ptr<cluster::event_log> event_log;
   std::shared_ptr<std::atomic<std::uint64_t>> device_busy_us;  // simulation: device busy time
 };
 

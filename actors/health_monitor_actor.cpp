@@ -23,13 +23,13 @@ void announce(self_ptr self, const cluster::health_change& c) {
   const auto level = c.to == node_health::healthy ? spdlog::level::info : spdlog::level::warn;
   spdlog::log(level, "event=node_health node={} from={} to={} last_heard_ms_ago={}", c.node, cluster::to_string(c.from),
               cluster::to_string(c.to), (c.at_ns - st.detector->last_heard_ns(c.node)) / 1000000);
-  chaos::event e;
-  e.kind = chaos::event_kind::node_state;
+  cluster::event e;
+  e.kind = cluster::event_kind::node_state;
   e.node = c.node;
   e.detail = std::string(cluster::to_string(c.to));
   log_event(self, st.config.hooks, e);
   if (c.to != node_health::healthy) {
-    e.kind = chaos::event_kind::fault_detected;
+    e.kind = cluster::event_kind::fault_detected;
     e.detail = c.to == node_health::suspect ? "heartbeat_suspect" : "heartbeat_confirmed";
     log_event(self, st.config.hooks, e);
   }

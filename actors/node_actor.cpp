@@ -51,8 +51,8 @@ void report(self_ptr self, const replica_spec& spec, cluster::replica_state stat
                          static_cast<std::uint8_t>(state), reason, handle};
   control_send(self, st.ctx.config.hooks, st.ctx.config.id, cluster::message_class::control, st.ctx.controller, ev);
   control_send(self, st.ctx.config.hooks, st.ctx.config.id, cluster::message_class::control, st.ctx.router, ev);
-  chaos::event e;
-  e.kind = chaos::event_kind::replica_state;
+  cluster::event e;
+  e.kind = cluster::event_kind::replica_state;
   e.replica = spec.id;
   e.deployment = spec.deployment;
   e.slot = spec.slot;
@@ -75,8 +75,8 @@ void check_devices(self_ptr self) {
                 auto& s = self->state;
                 const std::string why = "device check failed: " + caf::to_string(err);
                 spdlog::error("event=device_fault node={} device={} reason=\"{}\"", s.ctx.config.id, i, why);
-                chaos::event e;
-                e.kind = chaos::event_kind::fault_detected;
+                cluster::event e;
+                e.kind = cluster::event_kind::fault_detected;
                 e.node = s.ctx.config.id;
                 e.device = i;
                 e.detail = "device_check";
@@ -102,8 +102,8 @@ void on_replica_exit(self_ptr self, std::map<cluster::replica_id, node_state::re
     st.replicas.erase(it);
     return;
   }
-  chaos::event detected;
-  detected.kind = chaos::event_kind::fault_detected;
+  cluster::event detected;
+  detected.kind = cluster::event_kind::fault_detected;
   detected.node = st.ctx.config.id;
   detected.replica = entry.spec.id;
   detected.detail = "monitor";
@@ -137,8 +137,8 @@ void check_lease(self_ptr self) {
   st.self_fenced = true;
   spdlog::error("event=node_self_fenced node={} replicas={} silent_ms={}", st.ctx.config.id, st.replicas.size(),
                 (clock_ns(self) - st.last_ack_ns) / 1000000);
-  chaos::event e;
-  e.kind = chaos::event_kind::node_state;
+  cluster::event e;
+  e.kind = cluster::event_kind::node_state;
   e.node = st.ctx.config.id;
   e.detail = "self_fenced";
   log_event(self, st.ctx.config.hooks, e);

@@ -47,8 +47,8 @@ bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
                          st.ctx.spec.device, static_cast<std::uint8_t>(to), reason, caf::actor_cast<caf::actor>(self)};
   control_send(self, st.ctx.hooks, st.ctx.node, cluster::message_class::control, st.ctx.controller, ev);
   control_send(self, st.ctx.hooks, st.ctx.node, cluster::message_class::control, st.ctx.router, ev);
-  chaos::event e;
-  e.kind = chaos::event_kind::replica_state;
+  cluster::event e;
+  e.kind = cluster::event_kind::replica_state;
   e.replica = st.ctx.spec.id;
   e.deployment = st.ctx.spec.deployment;
   e.slot = st.ctx.spec.slot;

@@ -272,8 +272,8 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         (void)s.table->set_suspect(o.replica, true);
         spdlog::warn("event=replica_suspect_errors replica={} error_rate={:.2f}", o.replica,
                      s.errors->error_rate(o.replica, now));
-        chaos::event e;
-        e.kind = chaos::event_kind::fault_detected;
+        cluster::event e;
+        e.kind = cluster::event_kind::fault_detected;
         e.replica = o.replica;
         if (auto w = s.where.find(o.replica); w != s.where.end()) e.node = w->second.node;
         e.detail = "error_rate";

@@ -1,11 +1,11 @@
-#include "chaos/event_log.hpp"
+#include "cluster/event_log.hpp"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <iterator>
 
-namespace exa::chaos {
+namespace exa::cluster {
 
 std::string_view to_string(event_kind k) noexcept {
   switch (k) {
@@ -188,4 +188,4 @@ std::string event_log::to_jsonl() const {
   return out;
 }
 
-}  // namespace exa::chaos
+}  // namespace exa::cluster

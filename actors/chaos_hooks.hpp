@@ -28,6 +28,15 @@ inline std::int64_t clock_ns(caf::scheduled_actor* self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
 }
 
+/// The wall clock heartbeats are stamped with for clock-offset estimates:
+/// the host's, or the actor clock in virtual time (where the host's would
+/// mean nothing).
+inline std::int64_t wall_clock_ns(caf::scheduled_actor* self, bool from_actor_clock) {
+  if (from_actor_clock) return clock_ns(self);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 /// Sends `msg` on `node`'s control-plane channel, as the fault injector decides.
 template <class Self, class Msg>
 void control_send(Self* self, const chaos_hooks& hooks, cluster::node_id node,

@@ -25,6 +25,12 @@ void trap_exits(caf::stateful_actor<State>* self) {
 
 }  // namespace
 
+void register_as(caf::actor_system& sys, caf::atom_value key, const caf::actor& handle) {
+  auto& reg = sys.registry();
+  reg.erase(key);
+  reg.put(key, caf::actor_cast<caf::strong_actor_ptr>(handle));
+}
+
 caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self, cluster_plan plan,
                                caf::actor controller, caf::actor router, caf::actor health) {
   // Node losses are routine at scale (a rack is many nodes at once): the
@@ -56,13 +62,7 @@ caf::behavior cluster_supervisor(caf::stateful_actor<cluster_supervisor_state>* 
                                       std::chrono::milliseconds(plan.restart_window_ms));
   trap_exits(self);
   sup.on_started = [=](const std::string& name, const caf::actor& handle) {
-    // The registry's put() keeps an existing entry: a restarted child must
-    // erase its dead predecessor's first, or every lookup finds the corpse.
-    auto& reg = self->home_system().registry();
-    const auto record = [&](caf::atom_value key) {
-      reg.erase(key);
-      reg.put(key, caf::actor_cast<caf::strong_actor_ptr>(handle));
-    };
+    const auto record = [&](caf::atom_value key) { register_as(self->home_system(), key, handle); };
     if (name == "router") record(router_atom::value);
     if (name == "controller") record(controller_atom::value);
     if (name == "health-monitor") record(health_atom::value);

@@ -31,6 +31,11 @@ using router_atom = caf::atom_constant<caf::atom("router")>;
 using controller_atom = caf::atom_constant<caf::atom("controller")>;
 using health_atom = caf::atom_constant<caf::atom("health")>;
 
+/// Registers `handle` under `key`, replacing what was there: the registry's
+/// put() keeps an existing entry, so a restarted actor would otherwise stay
+/// hidden behind its dead predecessor.
+void register_as(caf::actor_system& sys, caf::atom_value key, const caf::actor& handle);
+
 struct cluster_plan {
   health_config health;
   router_config router;

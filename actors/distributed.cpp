@@ -428,9 +428,8 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   std::random_device rd;
   rc.request_number_base = (std::uint64_t{rd()} & 0xFFFFFFu) << 40;
   p->router = p->system.spawn(router_actor, rc, metrics);
-  auto& reg = p->system.registry();
-  reg.put(router_atom::value, caf::actor_cast<caf::strong_actor_ptr>(p->router));
-  reg.put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(w.controller));
+  register_as(p->system, router_atom::value, p->router);
+  register_as(p->system, controller_atom::value, w.controller);
   p->agent = p->system.spawn(gateway_agent, p->router);
   auto uplink = make_uplink(o.join, who, 0);
   uplink.gateway = gateway_join{p->router, p->agent};

@@ -40,12 +40,6 @@ void announce(self_ptr self, const cluster::health_change& c) {
   if (auto r = caf::actor_cast<caf::actor>(reg.get(controller_atom::value))) self->send(r, msg);
 }
 
-std::int64_t wall_ns(self_ptr self) {
-  if (self->state.config.wall_clock_from_actor_clock) return clock_ns(self);
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // A node reported its clock offset: warn once when it is skewed past the
 // threshold (merged logs would read out of order), and keep the controller's
 // status current when it moved by a millisecond or more.
@@ -85,7 +79,8 @@ caf::behavior health_monitor_actor(caf::stateful_actor<health_monitor_state>* se
         // The ack travels the node's channel too: a partition silences both.
         control_send(self, self->state.config.hooks, hb.node, cluster::message_class::heartbeat,
                      caf::actor_cast<caf::actor>(self->current_sender()),
-                     heartbeat_ack{hb.node, hb.sequence, hb.wall_ns, wall_ns(self)});
+                     heartbeat_ack{hb.node, hb.sequence, hb.wall_ns,
+                                   wall_clock_ns(self, self->state.config.wall_clock_from_actor_clock)});
         if (hb.has_offset) on_clock(self, hb);
       },
       [=](tick_atom) {

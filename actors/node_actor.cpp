@@ -18,13 +18,6 @@ using self_ptr = caf::stateful_actor<node_state>*;
 
 std::string device_name(std::uint32_t i) { return "device-" + std::to_string(i); }
 
-// The clock heartbeats are stamped with, for offset estimation.
-std::int64_t wall_ns(self_ptr self) {
-  if (self->state.ctx.config.wall_clock_from_actor_clock) return clock_ns(self);
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   auto& st = self->state;
   replica_context rc;
@@ -271,7 +264,9 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
       [=](const heartbeat_ack& ack) {
         auto& st = self->state;
         st.last_ack_ns = clock_ns(self);
-        if (ack.heartbeat_wall_ns != 0) st.clock.add(ack.heartbeat_wall_ns, ack.monitor_wall_ns, wall_ns(self));
+        if (ack.heartbeat_wall_ns != 0)
+          st.clock.add(ack.heartbeat_wall_ns, ack.monitor_wall_ns,
+                       wall_clock_ns(self, st.ctx.config.wall_clock_from_actor_clock));
         if (st.self_fenced) {
           st.self_fenced = false;
           spdlog::info("event=node_unfenced node={}", st.ctx.config.id);
@@ -281,7 +276,8 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
         auto& st = self->state;
         if (st.powered_off) return;  // silent from now on
         check_lease(self);
-        heartbeat hb{st.ctx.config.id, ++st.heartbeat_sequence, wall_ns(self)};
+        heartbeat hb{st.ctx.config.id, ++st.heartbeat_sequence,
+                     wall_clock_ns(self, st.ctx.config.wall_clock_from_actor_clock)};
         if (auto offset = st.clock.node_minus_monitor_ns()) {
           hb.has_offset = true;
           hb.clock_offset_ns = *offset;

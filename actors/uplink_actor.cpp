@@ -36,9 +36,7 @@ void adopt(self_ptr self, const welcome_msg& w) {
   self->monitor(st.health_monitor);
   if (st.config.gateway.router) {
     // The bridge asks whatever controller the registry names.
-    auto& reg = self->home_system().registry();
-    reg.erase(controller_atom::value);  // put() keeps an existing entry
-    reg.put(controller_atom::value, caf::actor_cast<caf::strong_actor_ptr>(st.controller));
+    register_as(self->home_system(), controller_atom::value, st.controller);
   }
 }
 

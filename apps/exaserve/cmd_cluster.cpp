@@ -25,8 +25,18 @@ const flag_spec tls_key_flag{"tls-key", true, "its private key (PEM)"};
 const flag_spec tls_ca_flag{"tls-ca", true, "the cluster CA (PEM): peers without a certificate it signed are refused"};
 const flag_spec insecure_flag{"insecure", false, "plain TCP beyond loopback: unauthenticated and unencrypted, on purpose"};
 
-actors::tls_options tls_of(const args& a) {
-  return {a.get_or("tls-cert", ""), a.get_or("tls-key", ""), a.get_or("tls-ca", "")};
+// The flags every role takes: trust (TLS, --insecure), the cluster's name, help.
+std::vector<flag_spec> with_common_flags(std::vector<flag_spec> own) {
+  for (const auto& f : {tls_cert_flag, tls_key_flag, tls_ca_flag, insecure_flag, cluster_flag, help_flag})
+    own.push_back(f);
+  return own;
+}
+
+// Fills a role's transport choice from the common flags.
+template <class Options>
+void set_transport(const args& a, Options& o) {
+  o.tls = {a.get_or("tls-cert", ""), a.get_or("tls-key", ""), a.get_or("tls-ca", "")};
+  o.insecure = a.has("insecure");
 }
 
 // Stop signals are blocked before any thread starts, so only sigwait sees them.
@@ -61,7 +71,7 @@ actors::cluster_identity identity(const args& a) {
   return id;
 }
 
-const std::vector<flag_spec> controller_flags = {
+const std::vector<flag_spec> controller_flags = with_common_flags({
     {"listen", true, "HOST:PORT nodes and gateways join at (default 127.0.0.1:7100)"},
     {"state-dir", true, "the controller's journal (required): deployments, epochs and replica ids survive a restart"},
     {"config", true, "same format as `serve`: [cluster] timings and engine, [deployment NAME] sections; "
@@ -70,15 +80,9 @@ const std::vector<flag_spec> controller_flags = {
     {"replicas", true, "replicas of the first deployment (default 2)"},
     {"engine", true, "cpu (default) or null: the engine replicas are placed with"},
     {"wait-nodes", true, "place the configured deployments once this many nodes joined (default 1)"},
-    tls_cert_flag,
-    tls_key_flag,
-    tls_ca_flag,
-    insecure_flag,
-    cluster_flag,
-    help_flag,
-};
+});
 
-const std::vector<flag_spec> node_flags = {
+const std::vector<flag_spec> node_flags = with_common_flags({
     {"join", true, "HOST:PORT of the controller (required)"},
     {"node-id", true, "this node's id, unique in the cluster (required)"},
     {"rack", true, "rack (failure domain) of this node (default 0)"},
@@ -88,28 +92,16 @@ const std::vector<flag_spec> node_flags = {
     {"device-threads", true, "engine worker threads per device (default 1)"},
     {"listen", true, "HOST:PORT gateways reach this node at (default 127.0.0.1:0, any free port)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
-    tls_cert_flag,
-    tls_key_flag,
-    tls_ca_flag,
-    insecure_flag,
-    cluster_flag,
-    help_flag,
-};
+});
 
-const std::vector<flag_spec> gateway_flags = {
+const std::vector<flag_spec> gateway_flags = with_common_flags({
     {"join", true, "HOST:PORT of the controller (required)"},
     {"host", true, "address the front doors bind (default 127.0.0.1)"},
     {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
     {"request-deadline-ms", true, "deadline of a request that names none (default 120000)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
-    tls_cert_flag,
-    tls_key_flag,
-    tls_ca_flag,
-    insecure_flag,
-    cluster_flag,
-    help_flag,
-};
+});
 
 }  // namespace
 
@@ -134,8 +126,7 @@ int cmd_controller(int argc, char** argv) {
   o.listen = *listen;
   o.deploy_after_nodes = static_cast<std::uint32_t>(*wait_nodes);
   o.state_dir = *a->get("state-dir");
-  o.tls = tls_of(*a);
-  o.insecure = a->has("insecure");
+  set_transport(*a, o);
   o.cluster = config->cluster;
   const bool o_tls_enabled = o.tls.enabled();
   if (!o_tls_enabled)
@@ -186,8 +177,7 @@ int cmd_node(int argc, char** argv) {
   o.device_threads = static_cast<std::uint32_t>(*threads);
   o.engine = a->get_or("engine", "");
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
-  o.tls = tls_of(*a);
-  o.insecure = a->has("insecure");
+  set_transport(*a, o);
   auto node = actors::node_process::start(std::move(o));
   if (!node) return fail("node", node.error());
   std::printf("exaserve node %lld joined %s:%u; gateways reach it at %s:%u\n", static_cast<long long>(*id),
@@ -225,8 +215,7 @@ int cmd_gateway(int argc, char** argv) {
   o.join = *join;
   o.request_deadline_ms = static_cast<std::uint32_t>(*deadline);
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
-  o.tls = tls_of(*a);
-  o.insecure = a->has("insecure");
+  set_transport(*a, o);
   auto gateway = actors::gateway_process::start(std::move(o));
   if (!gateway) return fail("gateway", gateway.error());
   auto door = frontdoor::start(door_config, (*gateway)->backend());

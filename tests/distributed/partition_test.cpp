@@ -23,8 +23,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-const std::string exaserve = std::string(EXA_BIN_DIR) + "/exaserve";
-const std::string cli = std::string(EXA_BIN_DIR) + "/exaserve-cli";
+const std::string& exaserve = exaserve_bin;
+const std::string& cli = cli_bin;
 
 int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
 

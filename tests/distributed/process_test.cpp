@@ -27,8 +27,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-const std::string exaserve = std::string(EXA_BIN_DIR) + "/exaserve";
-const std::string cli = std::string(EXA_BIN_DIR) + "/exaserve-cli";
+const std::string& exaserve = exaserve_bin;
+const std::string& cli = cli_bin;
 
 // Fast failure detection, so a confirmed failure takes about a second.
 const std::string fast_timings =
@@ -193,6 +193,14 @@ bool all_ready(const std::vector<replica_row>& rows, std::size_t n) {
   return true;
 }
 
+// Exactly n replicas, every one ready and on `node`.
+bool all_ready_on(const std::vector<replica_row>& rows, std::size_t n, unsigned node) {
+  if (!all_ready(rows, n)) return false;
+  for (const auto& r : rows)
+    if (r.node != node) return false;
+  return true;
+}
+
 struct streamed {
   std::string text;
   std::size_t events = 0;
@@ -346,12 +354,7 @@ TEST_CASE("kill -9 of a node mid-stream: the stream resumes on another node toke
   // The lost node's slot is placed again on the survivor, under a new epoch.
   const unsigned survivor = killed == 1 ? 2 : 1;
   auto rows = c.wait_replicas(
-      [&](const auto& r) {
-        if (!all_ready(r, 2)) return false;
-        for (const auto& x : r)
-          if (x.node != survivor) return false;
-        return true;
-      },
+      [&](const auto& r) { return all_ready_on(r, 2, survivor); },
       30s, "both slots ready on the surviving node");
   unsigned max_epoch = 0;
   for (const auto& r : rows) max_epoch = std::max(max_epoch, r.epoch);
@@ -383,12 +386,7 @@ TEST_CASE("SIGSTOP of a node: suspected, confirmed, migrated, and after SIGCONT 
   CHECK(suspect < confirmed);
   CHECK(confirmed < log.find("event=node_lost node=1"));
   auto moved = c.wait_replicas(
-      [](const auto& r) {
-        if (!all_ready(r, 2)) return false;
-        for (const auto& x : r)
-          if (x.node != 2) return false;
-        return true;
-      },
+      [&](const auto& r) { return all_ready_on(r, 2, 2); },
       20s, "both slots ready on node 2");
   for (const auto& r : moved) CHECK(r.id != frozen_replica);
   // The data plane serves on through it.
@@ -462,12 +460,7 @@ TEST_CASE("kill -9 of the controller: serving goes on, and restarted on its stat
   // The restarted controller runs the cluster: a node loss is handled again.
   c.node(2).signal(SIGKILL);
   c.wait_replicas(
-      [](const auto& r) {
-        if (!all_ready(r, 2)) return false;
-        for (const auto& x : r)
-          if (x.node != 1) return false;
-        return true;
-      },
+      [&](const auto& r) { return all_ready_on(r, 2, 1); },
       30s, "both slots on node 1 after node 2 died");
 }
 

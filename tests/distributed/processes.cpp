@@ -1,5 +1,7 @@
 #include "processes.hpp"
 
+#include "run_process.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -15,17 +17,6 @@
 extern char** environ;
 
 namespace exa::test {
-namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
-
 child_process::child_process(const std::vector<std::string>& argv, const std::string& dir, const std::string& name)
     : name_(name), out_path_(dir + "/" + name + ".out"), err_path_(dir + "/" + name + ".err") {
   posix_spawn_file_actions_t actions;
@@ -48,8 +39,8 @@ child_process::~child_process() {
   }
 }
 
-std::string child_process::out() const { return slurp(out_path_); }
-std::string child_process::err() const { return slurp(err_path_); }
+std::string child_process::out() const { return read_file(out_path_); }
+std::string child_process::err() const { return read_file(err_path_); }
 
 void child_process::signal(int sig) {
   if (reaped_) return;

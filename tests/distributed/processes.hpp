@@ -45,6 +45,10 @@ class child_process {
   int status_ = 0;
 };
 
+/// The binaries under test.
+inline const std::string exaserve_bin = std::string(EXA_BIN_DIR) + "/exaserve";
+inline const std::string cli_bin = std::string(EXA_BIN_DIR) + "/exaserve-cli";
+
 /// A fresh, empty directory under the build's test-tmp for one test.
 std::string fresh_test_dir(const std::string& name);
 

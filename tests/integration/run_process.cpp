@@ -17,14 +17,12 @@ extern char** environ;
 
 namespace exa::test {
 
-namespace {
-std::string slurp(const std::string& path) {
+std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
-}  // namespace
 
 process_result run_process(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
   char out_path[] = "/tmp/exa-it-out-XXXXXX";
@@ -72,8 +70,8 @@ process_result run_process(const std::vector<std::string>& argv, std::chrono::mi
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.signaled = WIFSIGNALED(status);
   r.signal = r.signaled ? WTERMSIG(status) : 0;
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
+  r.out = read_file(out_path);
+  r.err = read_file(err_path);
   ::unlink(out_path);
   ::unlink(err_path);
   return r;

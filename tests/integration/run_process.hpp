@@ -19,4 +19,7 @@ struct process_result {
 
 process_result run_process(const std::vector<std::string>& argv, std::chrono::milliseconds timeout);
 
+/// A whole file's bytes ("" when it cannot be read).
+std::string read_file(const std::string& path);
+
 }  // namespace exa::test

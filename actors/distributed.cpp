@@ -372,6 +372,7 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   nc.metrics = cluster_metrics::create();
   nc.address = o.listen.host + ":" + std::to_string(p->port);
   nc.engine = o.engine;
+  nc.hooks.log = o.event_log;
   cluster_plan plan;
   plan.nodes.push_back(nc);
   plan.metrics = nc.metrics;
@@ -423,6 +424,7 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   rc.admission.queued_global_max = o.queued_global_max;
   rc.request_deadline_ms = o.request_deadline_ms;
   rc.max_attempts = o.max_attempts;
+  rc.hooks.log = o.event_log;
   // 24 random bits per gateway above a 40-bit counter: gateways that share
   // replicas do not reuse each other's request numbers.
   std::random_device rd;

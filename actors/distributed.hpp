@@ -98,6 +98,7 @@ struct node_options {
   std::string engine;  // "" = the controller's; "cpu" or "null" overrides
   std::uint32_t device_threads = 1;
   std::uint32_t join_timeout_ms = 60000;  // keeps trying to reach the controller this long
+  std::shared_ptr<cluster::event_log> event_log;  // --event-log: replica states, clock offsets
 };
 
 class node_process {
@@ -127,6 +128,7 @@ struct gateway_options {
   std::uint32_t queued_global_max = 4096;
   std::uint32_t max_attempts = 4;
   std::string default_routing = "least_outstanding";
+  std::shared_ptr<cluster::event_log> event_log;  // --event-log: what the router detects
 };
 
 class gateway_process {

@@ -30,6 +30,7 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   rc.router = st.ctx.router;
   rc.step_timeout_ms = st.ctx.config.replica_step_timeout_ms;
   rc.hooks = st.ctx.config.hooks;
+  rc.lease_until = st.lease_until;
   auto handle = self->spawn(replica_actor, std::move(rc));
   self->link_to(handle);
   return handle;
@@ -139,8 +140,22 @@ void check_lease(self_ptr self) {
     if (r.handle) self->send(r.handle, self_fence_atom::value);
 }
 
+// Tells the replicas until when they may serve (see node_state::lease_until).
+void publish_lease(self_ptr self) {
+  auto& st = self->state;
+  const auto lease_ns = std::int64_t{st.ctx.config.lease_ms} * 1000000;
+  const bool unbounded = lease_ns == 0 || st.lease_held;
+  st.lease_until->store(unbounded ? std::numeric_limits<std::int64_t>::max() : st.last_ack_ns + lease_ns);
+}
+
 // The controller's process is gone or back (our uplink says which).
+void on_control_plane_change(self_ptr self, const control_plane_state& m);
 void on_control_plane(self_ptr self, const control_plane_state& m) {
+  on_control_plane_change(self, m);
+  publish_lease(self);
+}
+
+void on_control_plane_change(self_ptr self, const control_plane_state& m) {
   auto& st = self->state;
   const auto lease_ns = std::int64_t{st.ctx.config.lease_ms} * 1000000;
   if (!m.reachable && !m.hold_allowed) {
@@ -202,11 +217,27 @@ void start_children(self_ptr self) {
                      restart_policy::permanent});
 }
 
+// Writes the clock offset to the event log when it moved by a millisecond or
+// more: merged logs of several hosts are ordered by corrected times.
+void log_clock_offset(self_ptr self) {
+  auto& st = self->state;
+  const auto offset = st.clock.node_minus_monitor_ns();
+  if (!offset || (st.logged_offset_ns && std::llabs(*offset - *st.logged_offset_ns) < 1000000)) return;
+  st.logged_offset_ns = offset;
+  cluster::event e;
+  e.kind = cluster::event_kind::clock_offset;
+  e.node = st.ctx.config.id;
+  e.value_ms = static_cast<double>(*offset) / 1e6;
+  e.value2_ms = static_cast<double>(st.clock.rtt_ns().value_or(0)) / 1e6;
+  log_event(self, st.ctx.config.hooks, e);
+}
+
 }  // namespace
 
 caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx) {
   self->state.ctx = std::move(ctx);
   self->state.last_ack_ns = clock_ns(self);
+  publish_lease(self);
   start_children(self);
   self->set_exit_handler([=](const caf::exit_msg& msg) {
     auto& st = self->state;
@@ -267,6 +298,8 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
         if (ack.heartbeat_wall_ns != 0)
           st.clock.add(ack.heartbeat_wall_ns, ack.monitor_wall_ns,
                        wall_clock_ns(self, st.ctx.config.wall_clock_from_actor_clock));
+        log_clock_offset(self);
+        publish_lease(self);
         if (st.self_fenced) {
           st.self_fenced = false;
           spdlog::info("event=node_unfenced node={}", st.ctx.config.id);

@@ -8,7 +8,9 @@
 
 #include <caf/fwd.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <limits>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -70,12 +72,19 @@ struct node_state {
   std::map<cluster::replica_id, replica_entry> replicas;
   std::uint64_t heartbeat_sequence = 0;
   cluster::clock_offset_estimator clock;
+  std::optional<std::int64_t> logged_offset_ns;  // the clock offset last written to the event log
   std::int64_t last_ack_ns = 0;
   bool self_fenced = false;
   /// The controller's process went away while our lease was good: nobody
   /// can give our slots away until a controller returns, and a returning
   /// one reconciles with what we report, so the lease is held meanwhile.
   bool lease_held = false;
+  /// Until when (actor clock, ns) this node's replicas may serve: the last
+  /// ack plus the lease, or forever while the lease is held or there is
+  /// none. Replicas check it before every submit and step, so a node that
+  /// wakes from a freeze serves nothing before its own lease check runs.
+  std::shared_ptr<std::atomic<std::int64_t>> lease_until =
+      std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::max());
   bool powered_off = false;  // chaos: the host lost power; this actor only stands in for its silence
   std::uint64_t replica_restarts = 0;
   static inline const char* name = "node";

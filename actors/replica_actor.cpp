@@ -162,9 +162,22 @@ void on_step_done(self_ptr self, const step_done& done) {
   maybe_step(self);
 }
 
+// Whether the node's lease lapsed (a freeze or a cut outlasted it): then
+// the slot may already be someone else's, so this replica stops now, before
+// it serves anything, rather than when the node's own check comes round.
+bool lease_lapsed(self_ptr self) {
+  auto& st = self->state;
+  if (!st.ctx.lease_until || clock_ns(self) < st.ctx.lease_until->load()) return false;
+  move_to(self, replica_state::failed,
+          "self-fenced: node " + std::to_string(st.ctx.node) + "'s lease lapsed (no heartbeat ack in time)");
+  self->quit();
+  return true;
+}
+
 void maybe_step(self_ptr self) {
   auto& st = self->state;
   if (st.step_in_flight || !st.engine || st.engine->idle()) return;
+  if (lease_lapsed(self)) return;
   st.step_in_flight = true;
   st.step_out = true;
   const auto on_error = [=](const caf::error& err) {
@@ -305,6 +318,8 @@ void start(self_ptr self) {
 
 caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   auto& st = self->state;
+  if (lease_lapsed(self))
+    return to_caf({errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " stopped: its node's lease lapsed"});
   if (!cluster::accepts_requests(st.state))
     return to_caf({errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " is " +
                                           std::string(cluster::to_string(st.state)) + " and takes no new requests"});

@@ -9,6 +9,7 @@
 
 #include <caf/fwd.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -33,6 +34,8 @@ struct replica_context {
   std::uint32_t step_timeout_ms = 60000;      // a step taking longer means a hung device
   std::uint32_t load_report_interval_ms = 5;  // at most one load report per interval
   chaos_hooks hooks;
+  /// The node's lease (node_state::lease_until); null: no lease.
+  std::shared_ptr<const std::atomic<std::int64_t>> lease_until;
 };
 
 struct replica_actor_state {

@@ -20,7 +20,9 @@
 #include "actors/embedded_cluster.hpp"
 #include "actors/messages.hpp"
 #include "chaos/driver_detail.hpp"
+#include "chaos/attribution.hpp"
 #include "chaos/invariants.hpp"
+#include "chaos/workload_client.hpp"
 #include "chaos/sse_client.hpp"
 #include "cluster/fault_injector.hpp"
 #include "common/splitmix64.hpp"
@@ -35,7 +37,7 @@ namespace exa::chaos {
 namespace {
 
 using json = nlohmann::json;
-constexpr const char* deployment_name = "chaos";
+constexpr const char* deployment_name = workload_deployment;
 
 actors::cluster_options options_for(const run_config& rc, std::shared_ptr<cluster::fault_injector> inj,
                                     std::shared_ptr<event_log> log) {
@@ -68,49 +70,6 @@ actors::cluster_options options_for(const run_config& rc, std::shared_ptr<cluste
   return o;
 }
 
-// The failure-free greedy output of every greedy request, computed on the
-// engine directly (or the zero-cost engine's rule).
-expected<std::map<std::string, std::vector<std::int32_t>>> expected_outputs(
-    const run_config& rc, const std::vector<scheduled_request>& requests) {
-  auto m = model::llama_model::load(rc.model_file);
-  if (!m) return std::unexpected(m.error());
-  const auto& tok = (*m)->tokenizer();
-  std::map<std::pair<std::uint32_t, std::uint32_t>, std::vector<std::int32_t>> cache;
-  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes((*m)->config(), 16),
-                                           ((*m)->config().context_length + 15) / 16);
-  if (!pool) return std::unexpected(pool.error());
-  engine::thread_pool threads(1);
-  std::map<std::string, std::vector<std::int32_t>> out;
-  for (const auto& r : requests) {
-    if (r.temperature != 0) continue;
-    auto key = std::make_pair(r.prompt, r.max_tokens);
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      auto prompt = tok.encode(workload_prompt(rc.plan.workload, r.prompt), true);
-      if (!prompt) return std::unexpected(prompt.error());
-      std::vector<std::int32_t> tokens;
-      if (rc.plan.cluster.engine == "null") {
-        std::vector<std::int32_t> seq = *prompt;
-        for (std::uint32_t i = 0; i < r.max_tokens; ++i) {
-          tokens.push_back(engine::null_engine::next_token(seq, (*m)->config().vocab_size));
-          seq.push_back(tokens.back());
-        }
-      } else {
-        engine::cpu_engine eng(*m, **pool, threads);
-        engine::generation_request g;
-        g.prompt = *prompt;
-        g.max_tokens = r.max_tokens;
-        if (auto ok = eng.submit(g); !ok) return std::unexpected(ok.error());
-        while (!eng.idle())
-          for (const auto& t : eng.step().tokens) tokens.push_back(t.token);
-      }
-      it = cache.emplace(key, std::move(tokens)).first;
-    }
-    out[r.id] = it->second;
-  }
-  return out;
-}
-
 api::generate_request to_api(const run_config& rc, const scheduled_request& r) {
   api::generate_request g;
   g.request_id = r.id;
@@ -121,17 +80,6 @@ api::generate_request to_api(const run_config& rc, const scheduled_request& r) {
   g.sampling.seed = r.seed & 0x7fffffffffffffffull;  // the API takes 63-bit seeds
   g.ignore_eos = true;
   return g;
-}
-
-void log_accepted(event_log& log, std::int64_t t, const scheduled_request& r) {
-  event e;
-  e.t_ns = t;
-  e.kind = event_kind::request_accepted;
-  e.request_id = r.id;
-  e.deployment = deployment_name;
-  e.detail = r.temperature == 0 ? "greedy" : "sampled";
-  e.count = r.max_tokens;
-  log.append(std::move(e));
 }
 
 // Logs one request's stream as its client sees it.
@@ -236,6 +184,9 @@ std::int64_t inject(cluster_access& ca, cluster::fault_injector& inj, event_log&
     case fault_kind::duplicate_messages:
       inj.arm(node, cluster::channel_fault::duplicate, until, f.spec.probability);
       break;
+    default:  // process faults: check_plan_mode keeps them out of one-process runs
+      e.detail += ":needs_processes";
+      break;
     case fault_kind::fail_device:
     case fault_kind::hang_device:
     case fault_kind::slow_model_load: {
@@ -263,141 +214,9 @@ namespace {
 using detail::cluster_access;
 using detail::inject;
 
-bool matches(const event& fault, const event& det) {
-  const std::string kind = fault.detail;
-  if (kind.rfind("kill_replica", 0) == 0) return det.detail == "monitor" && det.replica == fault.replica;
-  if (kind == "kill_node") return det.detail == "monitor" && det.node == fault.node && det.replica == 0;
-  if (kind == "kill_rack")  // a silent rack, followed on its first node
-    return det.node == fault.node && (det.detail == "heartbeat_suspect" || det.detail == "heartbeat_confirmed");
-  if (kind == "hang_device") return det.node == fault.node && (det.detail == "device_check" || det.detail == "monitor");
-  if (kind == "fail_device") return det.node == fault.node && (det.detail == "monitor" || det.detail == "device_check");
-  if (kind == "slow_model_load") return false;
-  // Channel faults: partitions, jitter, drop, delay, duplicate.
-  return det.node == fault.node && (det.detail == "heartbeat_suspect" || det.detail == "heartbeat_confirmed");
-}
-
-bool disrupts(const event& fault, const event& e) {
-  if (e.kind != event_kind::replica_state) return false;
-  if (e.detail != "failed" && e.detail != "creating" && e.detail != "stopped") return false;
-  if (fault.detail.rfind("kill_replica", 0) == 0) return e.replica == fault.replica;
-  if (fault.detail == "kill_rack" && fault.count > 0)
-    return e.node >= fault.node && (e.node - fault.node) % static_cast<std::int64_t>(fault.count) == 0;
-  return e.node == fault.node;
-}
-
-// Faults that end replicas directly. The others (partitions, jitter, dropped
-// or delayed messages, slow loads) disrupt only through the control plane's
-// decisions, seconds later, so a later one of them must not take over a
-// disruption that an earlier fault set in motion.
-bool ends_replicas(const event& fault) {
-  const std::string& k = fault.detail;
-  return k.rfind("kill_", 0) == 0 || k == "fail_device" || k == "hang_device";
-}
-
-bool later_fault_explains(const std::vector<event>& log, const event& fault, const event& e) {
-  for (const auto& g : log) {
-    if (g.t_ns > e.t_ns) break;  // log is sorted by time
-    if (g.kind != event_kind::fault_injected || !ends_replicas(g) || !disrupts(g, e)) continue;
-    if (g.t_ns > fault.t_ns || (g.t_ns == fault.t_ns && g.fault_id > fault.fault_id)) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
-std::vector<event> attribute_faults(std::vector<event> log, std::uint32_t desired_replicas) {
-  std::stable_sort(log.begin(), log.end(), [](const event& a, const event& b) { return a.t_ns < b.t_ns; });
-  std::vector<event> added;
-  for (const auto& f : log) {
-    if (f.kind != event_kind::fault_injected) continue;
-    std::int64_t detected = -1, disrupted = -1;
-    for (const auto& e : log) {
-      if (e.t_ns < f.t_ns) continue;
-      if (detected < 0 && e.kind == event_kind::fault_detected && e.fault_id == 0 && matches(f, e)) {
-        detected = e.t_ns;
-        event d = e;
-        d.fault_id = f.fault_id;
-        added.push_back(d);
-      }
-      // A disruption belongs to the latest fault that explains it: a replica
-      // failing after a later fault hit the same node is the later fault's.
-      if (disrupted < 0 && disrupts(f, e) && !later_fault_explains(log, f, e)) disrupted = e.t_ns;
-    }
-    if (disrupted < 0) continue;  // nothing was lost: nothing to recover
-    // The first moment after the disruption with every replica serving again.
-    // Counted by slot: a slot serves when its newest epoch's replica does. A
-    // replica that vanished with a lost node never reports its end, and
-    // counting replicas would count it alongside its replacement.
-    struct slot_state {
-      std::uint64_t epoch = 0;
-      std::uint64_t replica = 0;
-      bool up = false;
-    };
-    std::map<std::pair<std::string, std::int64_t>, slot_state> live;
-    for (const auto& e : log) {
-      if (e.kind != event_kind::replica_state) continue;
-      // Events without a slot (none in practice) count by replica id.
-      std::pair<std::string, std::int64_t> key{e.deployment, e.slot};
-      if (e.slot < 0) key = {std::string(), -1 - static_cast<std::int64_t>(e.replica)};
-      auto& sl = live[key];
-      if (e.epoch >= sl.epoch) sl = {e.epoch, e.replica, e.detail == "ready" || e.detail == "serving"};
-      if (e.t_ns < disrupted) continue;
-      std::uint32_t n = 0;
-      for (const auto& [k, v] : live) n += v.up;
-      if (n >= desired_replicas) {
-        event r;
-        r.t_ns = e.t_ns;
-        r.kind = event_kind::fault_recovered;
-        r.fault_id = f.fault_id;
-        added.push_back(r);
-        break;
-      }
-    }
-  }
-  log.insert(log.end(), added.begin(), added.end());
-  std::stable_sort(log.begin(), log.end(), [](const event& a, const event& b) { return a.t_ns < b.t_ns; });
-  return log;
-}
-
 namespace {
-
-struct timeline {
-  std::vector<scheduled_fault> faults;
-  std::vector<scheduled_request> requests;
-  std::int64_t settle_ns = 0;      // after the last fault ends: time to recover
-  std::int64_t last_fault_end_ns = 0;
-};
-
-timeline make_timeline(const run_config& rc, std::uint64_t seed) {
-  timeline t;
-  t.faults = schedule(rc.plan, seed);
-  t.requests = schedule_workload(rc.plan, seed);
-  const auto& c = rc.plan.cluster;
-  t.settle_ns = (std::int64_t{c.heartbeat_interval_ms} * c.suspect_after_missed + c.observation_window_ms + 2000) *
-                1000000;
-  for (const auto& f : t.faults)
-    t.last_fault_end_ns = std::max(t.last_fault_end_ns, static_cast<std::int64_t>((f.at_s + f.spec.duration_s) * 1e9));
-  return t;
-}
-
-// Timed faults still active: (when it ends, fault id).
-using pending_clears = std::vector<std::pair<std::int64_t, std::uint64_t>>;
-
-// Logs fault_cleared for every timed fault that has ended by `now_ns`.
-void log_cleared(event_log& log, pending_clears& clears, std::int64_t now_ns) {
-  for (auto it = clears.begin(); it != clears.end();) {
-    if (it->first > now_ns) {
-      ++it;
-      continue;
-    }
-    event e;
-    e.t_ns = now_ns;
-    e.kind = event_kind::fault_cleared;
-    e.fault_id = it->second;
-    log.append(std::move(e));
-    it = clears.erase(it);
-  }
-}
 
 std::uint32_t ready_replicas(cluster_access& ca) {
   std::uint32_t n = 0;
@@ -450,68 +269,6 @@ void run_virtual(const run_config& rc, actors::embedded_cluster& cluster, cluste
   }
 }
 
-// One HTTP streaming request, logged as its client sees it.
-void http_request(std::uint16_t port, const run_config& rc, const scheduled_request& r, const std::shared_ptr<event_log>& log,
-                  const std::function<std::int64_t()>& now) {
-  const json body = {{"model", deployment_name},      {"prompt", workload_prompt(rc.plan.workload, r.prompt)},
-                     {"max_tokens", r.max_tokens},     {"temperature", r.temperature},
-                     {"seed", r.seed & 0x7fffffffffffffffull}, {"stream", true},
-                     {"ignore_eos", true},             {"return_token_ids", true}};
-  const std::int64_t start = now();
-  log_accepted(*log, start, r);
-  std::int64_t first = -1;
-  std::uint64_t tokens = 0;
-  std::string error_code;
-  bool saw_done = false;
-  auto result = post_sse(
-      port, "/v1/completions", body.dump(),
-      [&](std::string_view data) {
-        if (data == "[DONE]") {
-          saw_done = true;
-          return;
-        }
-        const auto j = json::parse(data, nullptr, false);
-        if (j.is_discarded()) return;
-        if (j.contains("error")) {
-          error_code = j["error"].value("code", "error");
-          return;
-        }
-        const auto& choice = j["choices"][0];
-        if (!choice.contains("token_ids") || choice["token_ids"].empty()) return;
-        event e;
-        e.t_ns = now();
-        if (first < 0) first = e.t_ns;
-        e.kind = event_kind::request_tokens;
-        e.request_id = r.id;
-        e.index = choice.value("token_index", 0u);
-        e.tokens = choice["token_ids"].get<std::vector<std::int32_t>>();
-        tokens += e.tokens.size();
-        log->append(std::move(e));
-      },
-      std::chrono::milliseconds(rc.plan.cluster.request_deadline_ms + 10000));
-  event f;
-  f.t_ns = now();
-  f.kind = event_kind::request_finished;
-  f.request_id = r.id;
-  if (!result) {
-    f.outcome = "error";
-    f.detail = "client: " + result.error().message;
-  } else if (result->status != 200) {
-    f.outcome = "error";
-    const auto j = json::parse(result->body, nullptr, false);
-    f.detail = j.is_discarded() ? "http " + std::to_string(result->status) : j["error"].value("code", "error");
-  } else if (!error_code.empty() || !saw_done) {
-    f.outcome = "error";
-    f.detail = error_code.empty() ? "stream ended early" : error_code;
-  } else {
-    f.outcome = "completed";
-  }
-  f.count = tokens;
-  f.value_ms = first < 0 ? -1.0 : (first - start) / 1e6;
-  f.value2_ms = (f.t_ns - start) / 1e6;
-  log->append(std::move(f));
-}
-
 // Real time: the cluster on real threads behind the HTTP front door.
 expected<void> run_real_time(const run_config& rc, actors::embedded_cluster& cluster, cluster::fault_injector& inj,
                              const std::shared_ptr<event_log>& log, const timeline& tl, std::uint64_t seed) {
@@ -540,7 +297,7 @@ expected<void> run_real_time(const run_config& rc, actors::embedded_cluster& clu
     }
     while (next_request < tl.requests.size() && tl.requests[next_request].at_s * 1e9 <= t) {
       const auto r = tl.requests[next_request++];
-      clients.emplace_back([&, r] { http_request(port, rc, r, log, now); });
+      clients.emplace_back([&, r] { http_request(port, rc.plan, r, *log, now); });
     }
     log_cleared(*log, clears, ca.now_ns());
     if (t - last_progress >= 5'000'000'000) {  // progress on long runs
@@ -564,9 +321,10 @@ expected<void> run_real_time(const run_config& rc, actors::embedded_cluster& clu
 }  // namespace
 
 expected<run_outcome> run_plan(const run_config& rc) {
+  if (auto ok = check_plan_mode(rc.plan, false); !ok) return std::unexpected(ok.error());
   const std::uint64_t seed = rc.seed.value_or(rc.plan.seed);
-  const timeline tl = make_timeline(rc, seed);
-  auto expected_tokens = expected_outputs(rc, tl.requests);
+  const timeline tl = make_timeline(rc.plan, seed);
+  auto expected_tokens = expected_outputs(rc.model_file, rc.plan, tl.requests);
   if (!expected_tokens) return std::unexpected(expected_tokens.error());
   auto inj = std::make_shared<cluster::fault_injector>(seed);
   auto log = std::make_shared<event_log>();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "chaos/attribution.hpp"
 #include "chaos/event_log.hpp"
 #include "chaos/plan.hpp"
 #include "chaos/report.hpp"
@@ -37,11 +38,5 @@ struct run_outcome {
 };
 
 expected<run_outcome> run_plan(const run_config& config);
-
-/// Adds fault_detected / fault_recovered events (with fault ids) derived from
-/// the raw log: the first detection matching each fault's target after it
-/// was injected, and the first moment after the disruption it caused when
-/// every deployment again has `desired` ready replicas. Exposed for tests.
-std::vector<event> attribute_faults(std::vector<event> log, std::uint32_t desired_replicas);
 
 }  // namespace exa::chaos

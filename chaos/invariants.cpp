@@ -185,17 +185,24 @@ class replica_checker {
     if (e.kind == event_kind::replica_state) return on_state(i, e);
     if (e.kind == event_kind::node_state && e.detail == "down") return kill_node(e.node);
     if (e.kind != event_kind::fault_injected) return;
-    if (e.detail == "kill_node") return kill_node(e.node);
+    // A killed node process, like a killed node actor, ends its replicas
+    // without a word; a frozen one's cannot serve until it wakes and says so.
+    if (e.detail == "kill_node" || e.detail == "kill_process" || e.detail == "stop_process") return kill_node(e.node);
     if (e.detail == "kill_replica") {
       auto it = replicas_.find(e.replica);
       if (it != replicas_.end()) set_dead(it->first, it->second);
     }
   }
 
-  void finish(const invariant_inputs& inputs, std::int64_t end_ns) {
+  std::map<std::string, std::uint32_t> up_by_deployment() const {
     std::map<std::string, std::uint32_t> up;
     for (const auto& [id, r] : replicas_)
       if (r.up()) ++up[r.deployment];
+    return up;
+  }
+
+  void finish(const invariant_inputs& inputs, std::int64_t end_ns) {
+    auto up = up_by_deployment();
     for (const auto& [deployment, desired] : inputs.desired_replicas) {
       const std::uint32_t have = up[deployment];
       if (have < desired)
@@ -253,6 +260,13 @@ class replica_checker {
 };
 
 }  // namespace
+
+std::map<std::string, std::uint32_t> replicas_up(const std::vector<event>& log) {
+  violation_sink sink;
+  replica_checker replicas(sink);
+  for (std::size_t i = 0; i < log.size(); ++i) replicas.on_event(i, log[i]);
+  return replicas.up_by_deployment();
+}
 
 std::vector<violation> check_invariants(const std::vector<event>& log, const invariant_inputs& inputs) {
   violation_sink sink;

@@ -49,8 +49,15 @@ inline constexpr std::size_t max_violations_per_invariant = 50;
 ///  - event times never go backwards.
 /// A replica stops being ready or serving when a replica_state event says
 /// so, and also when it is killed without a chance to say so: a
-/// fault_injected "kill_replica" naming it, or a "kill_node" fault or a
-/// node_state "down" for the node it last reported from.
+/// fault_injected "kill_replica" naming it, or a "kill_node", "kill_process"
+/// or "stop_process" fault or a node_state "down" for the node it last
+/// reported from (a frozen process's replicas cannot serve; if one says it
+/// is ready or serving after it wakes, that counts).
 std::vector<violation> check_invariants(const std::vector<event>& log, const invariant_inputs& inputs);
+
+/// Replicas (bound to a slot) ready or serving at the end of the log, per
+/// deployment, by the same rules: how a driver sees a cluster come up or
+/// recover from its processes' logs.
+std::map<std::string, std::uint32_t> replicas_up(const std::vector<event>& log);
 
 }  // namespace exa::chaos

@@ -27,6 +27,7 @@ using json_detail::valid_name;
 
 constexpr std::uint32_t max_nodes = 1024;
 constexpr std::uint32_t max_devices_per_node = 64;
+constexpr std::uint32_t max_gateways = 16;
 constexpr std::uint32_t max_replicas = max_nodes * max_devices_per_node;
 constexpr std::uint32_t max_heartbeat_interval_ms = 600'000;
 constexpr std::uint32_t max_window_ms = 3'600'000;
@@ -53,8 +54,9 @@ constexpr std::string_view tag_alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijk
 void parse_cluster(const object_reader& r, cluster_spec& c) {
   r.known_keys({"nodes", "devices_per_node", "racks", "replicas", "engine", "heartbeat_interval_ms",
                 "suspect_after_missed", "observation_window_ms", "device_check_interval_ms",
-                "request_deadline_ms", "migration_parallelism"});
+                "request_deadline_ms", "migration_parallelism", "gateways"});
   r.u32("nodes", 1, max_nodes, c.nodes);
+  r.u32("gateways", 1, max_gateways, c.gateways);
   r.u32("devices_per_node", 1, max_devices_per_node, c.devices_per_node);
   r.u32("racks", 1, max_nodes, c.racks);
   if (!r.errors().failed() && c.racks > c.nodes)
@@ -108,29 +110,40 @@ void parse_workload(const object_reader& r, workload_spec& w) {
 }
 
 // Which optional fields each fault kind uses; node is always accepted.
+enum class use : std::uint8_t { no, required, optional };
+
 struct kind_fields {
   bool node_required = true;
   bool device = false;
-  bool duration = false;
-  bool delay = false;
-  bool probability = false;
+  use duration = use::no;
+  use delay = use::no;
+  use probability = use::no;
+  bool gateway = false;
 };
 
 kind_fields fields_of(fault_kind k) {
   switch (k) {
     case fault_kind::kill_replica: return {.node_required = false};
     case fault_kind::kill_node: return {};
-    case fault_kind::partition_node: return {.duration = true};
-    case fault_kind::heartbeat_jitter: return {.duration = true, .delay = true};
+    case fault_kind::partition_node: return {.duration = use::required};
+    case fault_kind::heartbeat_jitter: return {.duration = use::required, .delay = use::required};
     case fault_kind::fail_device: return {.device = true};
-    case fault_kind::hang_device: return {.device = true, .duration = true};
-    case fault_kind::slow_model_load: return {.duration = true, .delay = true};
-    case fault_kind::drop_messages: return {.duration = true, .probability = true};
-    case fault_kind::delay_messages: return {.duration = true, .delay = true};
-    case fault_kind::duplicate_messages: return {.duration = true, .probability = true};
+    case fault_kind::hang_device: return {.device = true, .duration = use::required};
+    case fault_kind::slow_model_load: return {.duration = use::required, .delay = use::required};
+    case fault_kind::drop_messages: return {.duration = use::required, .probability = use::required};
+    case fault_kind::delay_messages: return {.duration = use::required, .delay = use::required};
+    case fault_kind::duplicate_messages: return {.duration = use::required, .probability = use::required};
     case fault_kind::kill_router:
     case fault_kind::kill_controller:
     case fault_kind::kill_health_monitor: return {.node_required = false};
+    case fault_kind::kill_process: return {};
+    case fault_kind::stop_process: return {.duration = use::optional};
+    case fault_kind::cont_process: return {};
+    case fault_kind::partition_host: return {.duration = use::required};
+    case fault_kind::netem:
+      return {.duration = use::required, .delay = use::optional, .probability = use::optional};
+    case fault_kind::restart_controller: return {.node_required = false};
+    case fault_kind::kill_gateway: return {.node_required = false, .gateway = true};
   }
   return {};
 }
@@ -160,6 +173,17 @@ void parse_fault_timing(const object_reader& r, const workload_spec& w, fault_sp
 
 void parse_fault_target(const object_reader& r, const cluster_spec& c, const kind_fields& k, fault_spec& f) {
   const std::string kind(to_string(f.kind));
+  if (k.gateway) {
+    r.forbid("node", "does not apply to " + kind + " (it takes \"gateway\")");
+    r.require("gateway", "required for " + kind);
+    std::uint32_t g = 0;
+    r.u32("gateway", 0, std::numeric_limits<std::uint32_t>::max(), g);
+    if (!r.errors().failed() && g >= c.gateways)
+      return r.errors().fail(r.field("gateway"), fmt::format("{} is not a gateway of a cluster with {}", g, c.gateways));
+    f.gateway = g;
+  } else {
+    r.forbid("gateway", "only applies to kill_gateway");
+  }
   if (k.node_required) r.require("node", "required for " + kind);
   std::uint32_t node = 0;
   r.u32("node", 0, std::numeric_limits<std::uint32_t>::max(), node);
@@ -179,26 +203,24 @@ void parse_fault_target(const object_reader& r, const cluster_spec& c, const kin
   f.device = device;
 }
 
+// Whether `key` may, must or must not be given for this kind.
+bool field_wanted(const object_reader& r, use u, const char* key, const std::string& kind) {
+  if (u == use::no) {
+    r.forbid(key, "does not apply to " + kind);
+    return false;
+  }
+  if (u == use::required) r.require(key, "required for " + kind);
+  return r.has(key);
+}
+
 void parse_fault_params(const object_reader& r, const kind_fields& k, fault_spec& f) {
   const std::string kind(to_string(f.kind));
-  if (k.duration) {
-    r.require("duration_s", "required for " + kind);
-    r.number("duration_s", 0, true, max_fault_duration_s, f.duration_s);
-  } else {
-    r.forbid("duration_s", "does not apply to " + kind);
-  }
-  if (k.delay) {
-    r.require("delay_ms", "required for " + kind);
-    r.u32("delay_ms", 1, max_delay_ms, f.delay_ms);
-  } else {
-    r.forbid("delay_ms", "does not apply to " + kind);
-  }
-  if (k.probability) {
-    r.require("probability", "required for " + kind);
-    r.number("probability", 0, true, 1, f.probability);
-  } else {
-    r.forbid("probability", "does not apply to " + kind);
-  }
+  if (field_wanted(r, k.duration, "duration_s", kind)) r.number("duration_s", 0, true, max_fault_duration_s, f.duration_s);
+  if (field_wanted(r, k.delay, "delay_ms", kind)) r.u32("delay_ms", 1, max_delay_ms, f.delay_ms);
+  if (field_wanted(r, k.probability, "probability", kind)) r.number("probability", 0, true, 1, f.probability);
+  else if (k.probability == use::optional) f.probability = 0;
+  if (!r.errors().failed() && f.kind == fault_kind::netem && f.delay_ms == 0 && f.probability == 0)
+    r.errors().fail(r.field("kind"), "netem needs delay_ms, probability (the loss) or both");
 }
 
 }  // namespace
@@ -206,7 +228,7 @@ void parse_fault_params(const object_reader& r, const kind_fields& k, fault_spec
 void json_detail::parse_fault(const object_reader& r, const cluster_spec& c, const workload_spec& w,
                               fault_spec& f) {
   r.known_keys({"kind", "at_s", "rate_per_min", "from_s", "to_s", "node", "device", "duration_s", "delay_ms",
-                "probability"});
+                "probability", "gateway"});
   r.require("kind");
   std::string kind;
   r.string("kind", 32, kind);
@@ -253,6 +275,13 @@ std::string_view to_string(fault_kind k) noexcept {
     case fault_kind::kill_router: return "kill_router";
     case fault_kind::kill_controller: return "kill_controller";
     case fault_kind::kill_health_monitor: return "kill_health_monitor";
+    case fault_kind::kill_process: return "kill_process";
+    case fault_kind::stop_process: return "stop_process";
+    case fault_kind::cont_process: return "cont_process";
+    case fault_kind::partition_host: return "partition_host";
+    case fault_kind::netem: return "netem";
+    case fault_kind::restart_controller: return "restart_controller";
+    case fault_kind::kill_gateway: return "kill_gateway";
   }
   return "unknown";
 }
@@ -262,7 +291,9 @@ std::optional<fault_kind> fault_kind_from_string(std::string_view s) noexcept {
                               fault_kind::heartbeat_jitter, fault_kind::fail_device,   fault_kind::hang_device,
                               fault_kind::slow_model_load,  fault_kind::drop_messages, fault_kind::delay_messages,
                               fault_kind::duplicate_messages, fault_kind::kill_router, fault_kind::kill_controller,
-                              fault_kind::kill_health_monitor};
+                              fault_kind::kill_health_monitor, fault_kind::kill_process, fault_kind::stop_process,
+                              fault_kind::cont_process,    fault_kind::partition_host, fault_kind::netem,
+                              fault_kind::restart_controller, fault_kind::kill_gateway};
   for (fault_kind k : all)
     if (to_string(k) == s) return k;
   return std::nullopt;
@@ -313,6 +344,38 @@ expected<std::string> json_detail::read_text_file(const std::string& path, std::
   if (in.bad()) return make_error(errc::io_error, fmt::format("cannot read {} file {}", what, path));
   text.resize(static_cast<std::size_t>(in.gcount()));
   return text;
+}
+
+bool is_process_fault(fault_kind k) noexcept {
+  switch (k) {
+    case fault_kind::kill_process:
+    case fault_kind::stop_process:
+    case fault_kind::cont_process:
+    case fault_kind::partition_host:
+    case fault_kind::netem:
+    case fault_kind::restart_controller:
+    case fault_kind::kill_gateway: return true;
+    default: return false;
+  }
+}
+
+expected<void> check_plan_mode(const plan& p, bool processes) {
+  for (std::size_t i = 0; i < p.faults.size(); ++i) {
+    const auto k = p.faults[i].kind;
+    if (processes && !is_process_fault(k) && k != fault_kind::kill_controller)
+      return make_error(errc::invalid_argument,
+                        fmt::format("faults[{}]: {} acts on actors inside one process; a --processes plan uses "
+                                    "kill_process, stop_process, cont_process, partition_host, netem, "
+                                    "kill_controller, restart_controller and kill_gateway",
+                                    i, to_string(k)));
+    if (!processes && is_process_fault(k))
+      return make_error(errc::invalid_argument,
+                        fmt::format("faults[{}]: {} acts on real processes: run the plan with --processes", i,
+                                    to_string(k)));
+  }
+  if (!processes && p.cluster.gateways != 1)
+    return make_error(errc::invalid_argument, "cluster.gateways: more than one gateway needs --processes");
+  return {};
 }
 
 expected<plan> load_plan(const std::string& path) {

@@ -27,6 +27,9 @@
 //     { "at_s": 5, "kind": "duplicate_messages", "node": 1, "probability": 0.3, "duration_s": 20 },
 //     { "kind": "kill_replica", "rate_per_min": 6, "from_s": 0, "to_s": 60 }   // random times from the seed
 //   ]
+//   // --processes plans (chaos/plans/process-*.json) use process faults instead:
+//   //   kill_process / stop_process [duration_s] / cont_process / partition_host / netem (node),
+//   //   kill_controller, restart_controller, kill_gateway (gateway); "cluster" may set "gateways".
 // }
 //
 // Message faults act on the control-plane channel of a node (its heartbeats,
@@ -58,6 +61,14 @@ enum class fault_kind : std::uint8_t {
   kill_router,          // the control-plane actors, inside one process:
   kill_controller,      // their supervisor restarts them (rest_for_one)
   kill_health_monitor,
+  // Process mode (`exaserve chaos PLAN --processes`): real processes.
+  kill_process,         // SIGKILL the node process `node`
+  stop_process,         // SIGSTOP it (SIGCONT after duration_s when given)
+  cont_process,         // SIGCONT it
+  partition_host,       // cut the node's network namespace off for duration_s
+  netem,                // delay_ms and/or loss (probability) on the node's link for duration_s
+  restart_controller,   // start the controller again on its state directory and port
+  kill_gateway,         // SIGKILL gateway `gateway`
 };
 
 std::string_view to_string(fault_kind k) noexcept;
@@ -75,6 +86,7 @@ struct cluster_spec {
   std::uint32_t device_check_interval_ms = 30000;
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t migration_parallelism = 4;
+  std::uint32_t gateways = 1;  // --processes: gateway processes the workload is spread over
 };
 
 enum class workload_kind : std::uint8_t { steady, ramp, chaos };
@@ -106,6 +118,7 @@ struct fault_spec {
   double duration_s = 0;
   std::uint32_t delay_ms = 0;
   double probability = 1.0;
+  std::optional<std::uint32_t> gateway;  // kill_gateway
 };
 
 struct plan {
@@ -130,6 +143,16 @@ inline constexpr double max_workload_requests = 1000000;
 /// Parses and validates a plan. Errors (invalid_argument) name the field:
 /// "faults[2].node: 7 is not a node of a 4-node cluster".
 expected<plan> parse_plan(const std::string& json_text);
+/// Whether a fault kind acts on real processes only (kill_process ...
+/// kill_gateway); kill_controller acts on either.
+bool is_process_fault(fault_kind k) noexcept;
+
+/// Whether a plan's faults suit the way it is run: inside one process
+/// (actors killed, control-plane channels disturbed) or as real processes
+/// (`--processes`: processes killed and frozen, hosts cut off). kill_controller
+/// suits both (its actor, or its process). The error names the fault.
+expected<void> check_plan_mode(const plan& p, bool processes);
+
 /// Reads and parses a plan file; io_error names the path, and parse errors are
 /// prefixed with it.
 expected<plan> load_plan(const std::string& path);

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "actors/distributed.hpp"
+#include "cluster/event_log.hpp"
 #include "args.hpp"
 #include "cli_util.hpp"
 #include "commands.hpp"
@@ -24,10 +25,13 @@ const flag_spec tls_cert_flag{"tls-cert", true, "this process's certificate (PEM
 const flag_spec tls_key_flag{"tls-key", true, "its private key (PEM)"};
 const flag_spec tls_ca_flag{"tls-ca", true, "the cluster CA (PEM): peers without a certificate it signed are refused"};
 const flag_spec insecure_flag{"insecure", false, "plain TCP beyond loopback: unauthenticated and unencrypted, on purpose"};
+const flag_spec event_log_flag{"event-log", true,
+                               "append this process's events (replica and node states, clock offsets) to FILE as "
+                               "JSON lines stamped with the wall clock; `exaserve events merge` orders several"};
 
 // The flags every role takes: trust (TLS, --insecure), the cluster's name, help.
 std::vector<flag_spec> with_common_flags(std::vector<flag_spec> own) {
-  for (const auto& f : {tls_cert_flag, tls_key_flag, tls_ca_flag, insecure_flag, cluster_flag, help_flag})
+  for (const auto& f : {tls_cert_flag, tls_key_flag, tls_ca_flag, insecure_flag, cluster_flag, event_log_flag, help_flag})
     own.push_back(f);
   return own;
 }
@@ -62,6 +66,15 @@ expected<actors::host_port> address_flag(const args& a, const std::string& name,
   auto hp = actors::parse_host_port(v.value_or(fallback));
   if (!hp) return make_error(errc::invalid_argument, "--" + name + ": " + hp.error().message);
   return hp;
+}
+
+// --event-log FILE: the process's event log, written as events happen.
+expected<std::shared_ptr<cluster::event_log>> event_log_flag_value(const args& a) {
+  auto path = a.get("event-log");
+  if (!path) return std::shared_ptr<cluster::event_log>{};
+  auto log = cluster::event_log::to_file(*path);
+  if (!log) return make_error(errc::invalid_argument, "--event-log: " + log.error().message);
+  return log;
 }
 
 actors::cluster_identity identity(const args& a) {
@@ -120,6 +133,8 @@ int cmd_controller(int argc, char** argv) {
   if (!a->has("state-dir")) return fail("controller", {errc::invalid_argument, "--state-dir DIR is required"});
   auto wait_nodes = a->get_int("wait-nodes", 1, 1, 1 << 20);
   if (!wait_nodes) return fail("controller", wait_nodes.error());
+  auto events = event_log_flag_value(*a);
+  if (!events) return fail("controller", events.error());
   auto signals = block_stop_signals();
   actors::controller_options o;
   o.identity = identity(*a);
@@ -128,6 +143,7 @@ int cmd_controller(int argc, char** argv) {
   o.state_dir = *a->get("state-dir");
   set_transport(*a, o);
   o.cluster = config->cluster;
+  o.cluster.event_log = *events;
   const bool o_tls_enabled = o.tls.enabled();
   if (!o_tls_enabled)
     spdlog::warn("event=cluster_transport_plain detail=\"no --tls-cert/--tls-key/--tls-ca: cluster traffic is neither "
@@ -165,6 +181,8 @@ int cmd_node(int argc, char** argv) {
   auto join_timeout = a->get_int("join-timeout-ms", 60000, 100, 86400000);
   for (const auto* v : {&id, &rack, &devices, &memory, &threads, &join_timeout})
     if (!*v) return fail("node", v->error());
+  auto events = event_log_flag_value(*a);
+  if (!events) return fail("node", events.error());
   auto signals = block_stop_signals();
   actors::node_options o;
   o.identity = identity(*a);
@@ -177,6 +195,7 @@ int cmd_node(int argc, char** argv) {
   o.device_threads = static_cast<std::uint32_t>(*threads);
   o.engine = a->get_or("engine", "");
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
+  o.event_log = *events;
   set_transport(*a, o);
   auto node = actors::node_process::start(std::move(o));
   if (!node) return fail("node", node.error());
@@ -207,6 +226,8 @@ int cmd_gateway(int argc, char** argv) {
   auto join_timeout = a->get_int("join-timeout-ms", 60000, 100, 86400000);
   for (const auto* v : {&http, &rpc, &deadline, &join_timeout})
     if (!*v) return fail("gateway", v->error());
+  auto events = event_log_flag_value(*a);
+  if (!events) return fail("gateway", events.error());
   door_config.http_port = static_cast<std::uint16_t>(*http);
   door_config.rpc_port = static_cast<std::uint16_t>(*rpc);
   auto signals = block_stop_signals();
@@ -215,6 +236,7 @@ int cmd_gateway(int argc, char** argv) {
   o.join = *join;
   o.request_deadline_ms = static_cast<std::uint32_t>(*deadline);
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
+  o.event_log = *events;
   set_transport(*a, o);
   auto gateway = actors::gateway_process::start(std::move(o));
   if (!gateway) return fail("gateway", gateway.error());

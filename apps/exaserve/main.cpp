@@ -23,8 +23,9 @@ commands:
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   bench-engine   measure prefill and decode throughput of the CPU engine
   plan           print the memory ledger: how many replicas of a model fit a GPU and a node
-  chaos          run a fault plan against the embedded cluster under load and check invariants
+  chaos          run a fault plan under load (one process, or --processes) and check invariants
   sim            rehearse a cluster (up to 256 nodes, 3072 replicas) in virtual time
+  events         merge the event logs of a cluster's processes by clock-corrected time
 
 Run `exaserve <command> --help` for the flags of a command.
 Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off); results to stdout.
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
   if (cmd == "plan") return exa::app::cmd_plan(argc, argv);
   if (cmd == "chaos") return exa::app::cmd_chaos(argc, argv);
   if (cmd == "sim") return exa::app::cmd_sim(argc, argv);
+  if (cmd == "events") return exa::app::cmd_events(argc, argv);
   if (cmd == "controller") return exa::app::cmd_controller(argc, argv);
   if (cmd == "node") return exa::app::cmd_node(argc, argv);
   if (cmd == "gateway") return exa::app::cmd_gateway(argc, argv);

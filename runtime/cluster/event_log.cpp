@@ -2,7 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 
 namespace exa::cluster {
@@ -18,6 +24,7 @@ std::string_view to_string(event_kind k) noexcept {
     case event_kind::fault_detected: return "fault_detected";
     case event_kind::fault_recovered: return "fault_recovered";
     case event_kind::fault_cleared: return "fault_cleared";
+    case event_kind::clock_offset: return "clock_offset";
   }
   return "unknown";
 }
@@ -57,6 +64,7 @@ unsigned documented_fields(event_kind k) noexcept {
     case event_kind::fault_detected: return f_fault_id | f_detail;
     case event_kind::fault_recovered: return f_fault_id;
     case event_kind::fault_cleared: return f_fault_id;
+    case event_kind::clock_offset: return f_node | f_value_ms | f_value2_ms;
   }
   return 0;
 }
@@ -157,9 +165,37 @@ std::string to_json_line(const event& e) {
   return out;
 }
 
+event_log::~event_log() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+expected<std::shared_ptr<event_log>> event_log::to_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return make_error(errc::io_error, "cannot open event log " + path + ": " + std::strerror(errno));
+  auto log = std::make_shared<event_log>();
+  log->fd_ = fd;
+  return log;
+}
+
 void event_log::append(event e) {
+  if (fd_ < 0) {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(e));
+    return;
+  }
+  e.t_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+               .count();
+  std::string line = to_json_line(e);
+  line.push_back('\n');
   std::lock_guard lock(mutex_);
-  events_.push_back(std::move(e));
+  // One write per line (O_APPEND): lines from the threads of one process
+  // never interleave. A full disk loses the line, never the process.
+  for (std::size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
 }
 
 std::vector<event> event_log::events() const {

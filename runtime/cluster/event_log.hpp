@@ -6,10 +6,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "common/error.hpp"
 
 namespace exa::cluster {
 
@@ -28,6 +31,9 @@ enum class event_kind : std::uint8_t {
                       // "device_check", "step_timeout")
   fault_recovered,    // fault_id: the cluster serves its desired replicas again
   fault_cleared,      // fault_id: a timed fault (partition, hang, jitter) ended
+  clock_offset,       // node, value_ms = this process's clock minus the controller's (ms),
+                      // value2_ms = the round trip the estimate came from: merged logs
+                      // of several hosts are ordered by times corrected with it
 };
 
 std::string_view to_string(event_kind k) noexcept;
@@ -57,6 +63,19 @@ std::string to_json_line(const event& e);
 
 class event_log {
  public:
+  event_log() = default;
+  ~event_log();
+  event_log(const event_log&) = delete;
+  event_log& operator=(const event_log&) = delete;
+
+  /// A log for one process of a multi-process run: every event is written
+  /// to `path` (created or appended to, one JSON line each) as it is
+  /// appended, so a process killed with SIGKILL loses none of what it
+  /// logged, and is stamped with this host's wall clock (ns since the Unix
+  /// epoch) so logs of several processes can be merged. Nothing is kept in
+  /// memory. Errors: io_error naming the path.
+  static expected<std::shared_ptr<event_log>> to_file(const std::string& path);
+
   void append(event e);
   /// A copy of everything so far, in append order.
   std::vector<event> events() const;
@@ -70,6 +89,7 @@ class event_log {
  private:
   mutable std::mutex mutex_;
   std::vector<event> events_;
+  int fd_ = -1;  // to_file: the file every event goes to
 };
 
 }  // namespace exa::cluster

@@ -95,7 +95,8 @@ TEST_CASE("a random fault's window defaults to the whole workload", "[chaos]") {
 }
 
 TEST_CASE("fault kinds round-trip through their names", "[chaos]") {
-  for (auto k : {fault_kind::kill_replica, fault_kind::partition_node, fault_kind::duplicate_messages})
+  for (auto k : {fault_kind::kill_replica, fault_kind::partition_node, fault_kind::duplicate_messages,
+                 fault_kind::kill_process, fault_kind::netem, fault_kind::kill_gateway, fault_kind::restart_controller})
     CHECK(fault_kind_from_string(to_string(k)) == k);
   CHECK_FALSE(fault_kind_from_string("kill_everything").has_value());
 }
@@ -299,10 +300,15 @@ TEST_CASE("every example plan parses and is named after its file", "[chaos]") {
     CHECK_FALSE(p->description.empty());
     CHECK_FALSE(schedule(*p).empty());
     CHECK_FALSE(schedule_workload(*p).empty());
+    // process-* plans run with --processes, the others inside one process.
+    const bool processes = p->name.rfind("process-", 0) == 0;
+    const auto mode = check_plan_mode(*p, processes);
+    if (!mode) FAIL(mode.error().message);
+    CHECK_FALSE(check_plan_mode(*p, !processes).has_value());
     names.insert(p->name);
   }
   for (const char* expected : {"replica-kill", "node-kill", "partition", "jitter", "crash-loop", "device-faults",
-                               "all-replicas-lost", "soak", "ci", "default-timings"})
+                               "all-replicas-lost", "soak", "ci", "default-timings", "process-ci", "process-partition"})
     CHECK(names.count(expected) == 1);
 }
 
@@ -462,4 +468,64 @@ TEST_CASE("workload prompts are deterministic, sized, printable and distinct", "
   std::set<std::string> seen;
   for (std::uint32_t i = 0; i < 64; ++i) seen.insert(workload_prompt(one, i));
   CHECK(seen.size() == 64);
+}
+
+// ---------------------------------------------------------------------------
+// Process-mode plans.
+
+TEST_CASE("process faults are validated by name", "[chaos]") {
+  auto fault = [](const char* text) {
+    json j = plan_with_faults(json::array({json::parse(text)}));
+    j["cluster"]["gateways"] = 2;
+    return j;
+  };
+  for (const char* kind : {"kill_process", "stop_process", "cont_process", "partition_host"}) {
+    json j = fault(R"({"at_s":1})");
+    j["faults"][0]["kind"] = kind;
+    require_field_error(j, "faults[0].node", "required");
+  }
+  require_field_error(fault(R"({"at_s":1,"kind":"partition_host","node":0})"), "faults[0].duration_s", "required");
+  require_field_error(fault(R"({"at_s":1,"kind":"kill_process","node":0,"duration_s":2})"), "faults[0].duration_s",
+                      "does not apply");
+  require_field_error(fault(R"({"at_s":1,"kind":"netem","node":0,"duration_s":2})"), "faults[0].kind",
+                      "netem needs delay_ms, probability");
+  require_field_error(fault(R"({"at_s":1,"kind":"kill_gateway"})"), "faults[0].gateway", "required");
+  require_field_error(fault(R"({"at_s":1,"kind":"kill_gateway","gateway":2})"), "faults[0].gateway",
+                      "2 is not a gateway of a cluster with 2");
+  require_field_error(fault(R"({"at_s":1,"kind":"kill_gateway","node":0,"gateway":0})"), "faults[0].node",
+                      "does not apply");
+  require_field_error(fault(R"({"at_s":1,"kind":"kill_process","node":0,"gateway":0})"), "faults[0].gateway",
+                      "only applies to kill_gateway");
+  // stop_process may name how long; netem takes either parameter.
+  const auto stop = parse_plan(fault(R"({"at_s":1,"kind":"stop_process","node":1,"duration_s":3})").dump());
+  REQUIRE(stop);
+  CHECK(stop->faults[0].duration_s == 3);
+  const auto delay = parse_plan(fault(R"({"at_s":1,"kind":"netem","node":1,"duration_s":3,"delay_ms":50})").dump());
+  REQUIRE(delay);
+  CHECK(delay->faults[0].delay_ms == 50);
+  CHECK(delay->faults[0].probability == 0);  // no loss unless asked
+  const auto gw = parse_plan(fault(R"({"at_s":1,"kind":"kill_gateway","gateway":1})").dump());
+  REQUIRE(gw);
+  CHECK(gw->faults[0].gateway == 1u);
+  CHECK(gw->cluster.gateways == 2);
+}
+
+TEST_CASE("a plan's faults must suit how it runs", "[chaos]") {
+  const auto in_process = parse_plan(plan_with_faults(json::parse(R"([{"at_s":1,"kind":"kill_replica"}])")).dump());
+  REQUIRE(in_process);
+  CHECK(check_plan_mode(*in_process, false).has_value());
+  const auto e = check_plan_mode(*in_process, true);
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.error().message.find("faults[0]: kill_replica acts on actors inside one process") == 0);
+  const auto procs = parse_plan(plan_with_faults(json::parse(R"([{"at_s":1,"kind":"kill_process","node":1}])")).dump());
+  REQUIRE(procs);
+  CHECK(check_plan_mode(*procs, true).has_value());
+  const auto f = check_plan_mode(*procs, false);
+  REQUIRE_FALSE(f.has_value());
+  CHECK(f.error().message == "faults[0]: kill_process acts on real processes: run the plan with --processes");
+  // kill_controller suits both.
+  const auto both = parse_plan(plan_with_faults(json::parse(R"([{"at_s":1,"kind":"kill_controller"}])")).dump());
+  REQUIRE(both);
+  CHECK(check_plan_mode(*both, true).has_value());
+  CHECK(check_plan_mode(*both, false).has_value());
 }

@@ -473,6 +473,7 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   auto& s = self->state;
   spdlog::info("event=gateway_joined gateways={}", s.gateway_agents.size() + 1);
   for (const auto& [name, dep] : s.deployments) self->send(m.router, announce(name, dep));
+  for (const auto& req : s.awaiting_nodes) self->send(m.router, deployment_starting{req.name});
   for (const auto& [slot, epoch] : s.slot_epochs) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
   for (const auto& [id, r] : s.replicas)
     if (r.handle)
@@ -517,6 +518,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
     std::lock_guard lock(st.config.desired->mutex);
     desired = st.config.desired->deployments;
   }
+  for (const auto& [name, req] : desired) self->send(st.router, deployment_starting{name});
   for (const auto& [name, req] : desired)
     if (st.placement->nodes().empty()) {
       // The distributed controller starts before any node joined: deploy

@@ -296,7 +296,6 @@ expected<std::unique_ptr<controller_process>> controller_process::start(controll
   plan->controller.reconcile_window_ms = cluster::reconcile_window_ms(
       cluster::node_lease_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms),
       c.heartbeat_interval_ms, uplink_request_timeout_ms, uplink_retry_max_ms);
-  plan->router.desired = nullptr;
   p->root = p->system.spawn(cluster_supervisor, std::move(*plan));
   welcome_msg timings;
   timings.heartbeat_interval_ms = c.heartbeat_interval_ms;

@@ -75,7 +75,6 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.hooks = hooks;
   c.migration_parallelism = o.migration_parallelism;
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
-  plan.router.desired = c.desired;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;
     c.nodes.push_back({n, rack, o.devices_per_node, memory_bytes});

@@ -411,6 +411,17 @@ typename Inspector::result_type inspect(Inspector& f, deployment_announce& x) {
 }
 
 /// controller -> routers: a deployment is gone.
+/// controller -> router: a deployment is wanted but not placed yet (no node
+/// joined, or the controller is rebuilding it): requests for it wait for its
+/// announce instead of being refused as unknown.
+struct deployment_starting {
+  std::string name;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deployment_starting& x) {
+  return f(caf::meta::type_name("exa.deployment_starting"), x.name);
+}
+
 struct deployment_removed {
   std::string name;
 };

@@ -51,12 +51,7 @@ void refuse(const route_request& m, error e, std::uint32_t retry_after_ms = 0) {
   m.sink->on_done(r);
 }
 
-bool is_starting(self_ptr self, const std::string& model) {
-  auto& desired = self->state.config.desired;
-  if (!desired) return false;
-  std::lock_guard lock(desired->mutex);
-  return desired->deployments.count(model) != 0;
-}
+bool is_starting(self_ptr self, const std::string& model) { return self->state.starting.count(model) != 0; }
 
 // The gateway opens the deployment's file itself (no pointer crosses from
 // the controller). A simulated model (preset reference) has no tokenizer.
@@ -236,13 +231,18 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         entry.info = d;
         if (auto ok = s.table->set_policy(d.name, d.routing); !ok)
           spdlog::warn("event=routing_policy_refused deployment={} error=\"{}\"", d.name, to_string(ok.error()));
+        s.starting.erase(d.name);
         auto waiting = std::move(s.waiting_for_start[d.name]);
         s.waiting_for_start.erase(d.name);
         for (const auto& m : waiting) on_route(self, m);
       },
+      [=](const deployment_starting& d) {
+        if (!self->state.deployments.count(d.name)) self->state.starting.insert(d.name);
+      },
       [=](const deployment_removed& d) {
         auto& s = self->state;
         s.deployments.erase(d.name);
+        s.starting.erase(d.name);
         for (const auto& m : s.waiting_for_start[d.name])
           refuse(m, {errc::unavailable, "deployment '" + d.name + "' could not start"});
         s.waiting_for_start.erase(d.name);

@@ -35,9 +35,6 @@ struct router_config {
   std::uint32_t submit_timeout_ms = 10000;
   std::uint32_t retry_backoff_ms = 50;
   std::uint32_t deadline_sweep_ms = 100;  // how often expired requests are told
-  /// The deployments the controller is bringing up: a request for one of
-  /// them waits for it (bounded) instead of being told it does not exist.
-  std::shared_ptr<struct desired_state> desired;
   cluster::error_rate_config error_rate;  // request-level replica health
   chaos_hooks hooks;
 };
@@ -77,6 +74,10 @@ struct router_state {
   std::map<std::string, request_entry> requests;  // by client request id
   std::map<caf::actor_addr, std::string> request_ids;
   std::map<std::string, std::vector<route_request>> waiting_for_start;  // by deployment
+  /// Deployments the controller is bringing up (deployment_starting, until
+  /// their announce): a request for one waits for it, bounded, instead of
+  /// being told it does not exist.
+  std::set<std::string> starting;
   std::uint64_t next_request_number = 1;
   std::shared_ptr<cluster_metrics> metrics;
   static inline const char* name = "router";

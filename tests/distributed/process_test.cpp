@@ -578,3 +578,24 @@ TEST_CASE("plain TCP beyond loopback needs --insecure, and TLS needs all three f
   CHECK(unreadable.exit_code != 0);
   CHECK_THAT(unreadable.err, Contains("--tls-cert '" + dir + "/none.pem' cannot be read"));
 }
+
+TEST_CASE("a request sent before any node joined waits for its deployment instead of a refusal", "[process]") {
+  process_cluster c("process-starting");
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\n");
+  c.start_controller({"--wait-nodes", "1"});
+  c.start_gateway();  // the deployment is configured but placed nowhere yet
+  http_response early;
+  std::thread client([&] {
+    early = http_request(c.http_port(), "POST", "/v1/completions",
+                         R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+  });
+  std::this_thread::sleep_for(300ms);  // the request is at the gateway, waiting
+  c.start_node(1);
+  client.join();
+  INFO(early.body);
+  CHECK(early.status == 200);
+  CHECK_THAT(early.body, Contains("\"completion_tokens\":4"));
+  // A model nobody configured is still refused at once.
+  auto unknown = http_request(c.http_port(), "POST", "/v1/completions", R"({"model": "nope", "prompt": "Hi"})");
+  CHECK(unknown.status == 404);
+}

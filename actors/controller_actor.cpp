@@ -57,9 +57,9 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   spec.engine = st.config.engine;
   // Durable before any node hears of it: a restarted controller must never
   // meet an epoch or a replica id it does not know.
-  if (st.slot_epochs[p.slot] < epoch) persist(self, cluster::journal_record::slot_epoch(p.slot.deployment, p.slot.index, epoch));
+  if (st.slots->raise_epoch(p.slot, epoch))
+    persist(self, cluster::journal_record::slot_epoch(p.slot.deployment, p.slot.index, epoch));
   persist(self, cluster::journal_record::replica_taken(p.replica));
-  st.slot_epochs[p.slot] = epoch;
   auto& rec = st.replicas[p.replica];
   rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, spec};
   spdlog::info("event=replica_placed replica={} deployment={} slot={} epoch={} node={} device={} bytes={}", p.replica,
@@ -100,7 +100,7 @@ std::size_t place_missing(self_ptr self, const std::string& name, std::string* w
     if (why) *why = plan.error().message;
     return dep.spec.replicas;
   }
-  for (const auto& p : plan->placed) start_slot(self, p, st.slot_epochs[p.slot] + 1);
+  for (const auto& p : plan->placed) start_slot(self, p, st.slots->epoch(p.slot) + 1);
   for (const auto& u : plan->unplaced) spdlog::warn("event=replica_unplaced deployment={} slot={} reason=\"{}\"", name, u.slot.index, u.reason);
   if (why && !plan->unplaced.empty()) *why = plan->unplaced.front().reason;
   return plan->unplaced.size();
@@ -109,30 +109,20 @@ std::size_t place_missing(self_ptr self, const std::string& name, std::string* w
 // Places queued slots, at most `migration_parallelism` warming at a time.
 void pump_migrations(self_ptr self) {
   auto& st = self->state;
-  while (st.migrating.size() < std::max(1u, st.config.migration_parallelism) && !st.pending_migrations.empty()) {
-    auto m = std::move(st.pending_migrations.front());
-    st.pending_migrations.pop_front();
-    auto it = st.deployments.find(m.deployment);
-    if (it == st.deployments.end() || m.slot >= it->second.spec.replicas) continue;  // scaled away meanwhile
-    if (st.slot_epochs[{m.deployment, m.slot}] != m.epoch) continue;                // superseded
-    auto excluded = m.excluded;
-    excluded.insert(excluded.end(), st.cordoned.begin(), st.cordoned.end());
-    // Nor onto a node that is down right now (a rack lost at once: its other
-    // nodes are not cordoned until the monitor confirms them).
-    for (const auto& [id, handle] : st.nodes)
-      if (!handle) excluded.push_back(id);
-    auto placed = cluster::place_one(*st.placement, it->second.spec, m.slot, excluded);
-    if (!placed) {
-      // No room now (nodes down or cordoned): keep it queued; a node coming
-      // back or memory being released pumps again.
-      spdlog::warn("event=replica_waiting_for_capacity deployment={} slot={} reason=\"{}\"", m.deployment, m.slot,
-                   placed.error().message);
-      st.pending_migrations.push_front(std::move(m));
-      break;
-    }
-    start_slot(self, *placed, m.epoch);
-    st.migrating.insert(placed->replica);
-  }
+  std::set<cluster::node_id> down;
+  for (const auto& [id, handle] : st.nodes)
+    if (!handle) down.insert(id);
+  const auto spec_of = [&](const std::string& name) -> const cluster::deployment_spec* {
+    auto it = st.deployments.find(name);
+    return it == st.deployments.end() ? nullptr : &it->second.spec;
+  };
+  auto r = st.slots->pump(*st.placement, spec_of, down);
+  for (const auto& started : r.started) start_slot(self, started.placed, started.epoch);
+  // No room now (nodes down or cordoned): it stays queued; a node coming
+  // back or memory being released pumps again.
+  if (r.waiting)
+    spdlog::warn("event=replica_waiting_for_capacity deployment={} slot={} reason=\"{}\"", r.waiting->first.deployment,
+                 r.waiting->first.index, r.waiting->second);
 }
 
 // A slot lost its replica: fence it (a new epoch, so the router and any
@@ -144,26 +134,20 @@ void replace_slot(self_ptr self, const std::string& deployment, std::uint32_t sl
   auto it = st.deployments.find(deployment);
   if (it == st.deployments.end() || slot >= it->second.spec.replicas) return;
   const cluster::slot_ref ref{deployment, slot};
-  auto& budget = st.slot_failures
-                     .try_emplace(ref, st.config.slot_max_replacements,
-                                  std::chrono::milliseconds(st.config.slot_replacement_window_ms))
-                     .first->second;
   const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch());
-  if (!budget.allow(now)) {
+  const auto r = st.slots->replace(ref, excluded, now);
+  if (!r.fenced) {
     // Quarantined for a while, not forever: capacity the slot needs may come
     // back (a node rejoins), and a transient cause may pass.
     spdlog::error("event=slot_given_up deployment={} slot={} replacements={} retry_in_ms={} "
                   "reason=\"keeps failing wherever it is placed\"",
-                  deployment, slot, budget.max_restarts(), st.config.slot_retry_after_ms);
+                  deployment, slot, st.config.slot_max_replacements, st.config.slot_retry_after_ms);
     self->delayed_send(self, std::chrono::milliseconds(st.config.slot_retry_after_ms), retry_slot{deployment, slot});
     return;
   }
-  const cluster::epoch_t epoch = st.slot_epochs[ref] + 1;
-  persist(self, cluster::journal_record::slot_epoch(deployment, slot, epoch));
-  st.slot_epochs[ref] = epoch;
-  self->send(st.router, fence_slot{deployment, slot, epoch});
-  spdlog::info("event=slot_fenced deployment={} slot={} epoch={}", deployment, slot, epoch);
-  st.pending_migrations.push_back({deployment, slot, epoch, excluded});
+  persist(self, cluster::journal_record::slot_epoch(deployment, slot, r.epoch));
+  self->send(st.router, fence_slot{deployment, slot, r.epoch});
+  spdlog::info("event=slot_fenced deployment={} slot={} epoch={}", deployment, slot, r.epoch);
   pump_migrations(self);
 }
 
@@ -191,14 +175,14 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   it->second.state = state;
   it->second.reason = ev.reason;
   if (ev.handle) it->second.handle = ev.handle;
-  if (cluster::accepts_requests(state) && st.migrating.erase(ev.id)) pump_migrations(self);
+  if (cluster::accepts_requests(state) && st.slots->settled(ev.id)) pump_migrations(self);
   if (state == replica_state::stopped) {
-    st.migrating.erase(ev.id);
+    st.slots->settled(ev.id);
     forget_replica(self, ev.id);
     pump_migrations(self);
   } else if (state == replica_state::failed) {
     const auto rec = it->second;
-    st.migrating.erase(ev.id);
+    st.slots->settled(ev.id);
     forget_replica(self, ev.id);
     // A crash loop on one node: try the others first.
     replace_slot(self, rec.deployment, rec.slot, {rec.node});
@@ -227,7 +211,7 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
     e.node = node;
     e.detail = "failed";
     log_event(self, st.config.hooks, e);
-    st.migrating.erase(r.id);
+    st.slots->settled(r.id);
     forget_replica(self, r.id);
     replace_slot(self, r.deployment, r.slot, {node});
   }
@@ -252,12 +236,12 @@ void on_node_health(self_ptr self, const node_health_msg& m) {
   const auto before = st.node_health[m.node];
   st.node_health[m.node] = health;
   if (health == cluster::node_health::confirmed) {
-    st.cordoned.insert(m.node);
+    st.slots->cordon(m.node);
     migrate_node(self, m.node, "heartbeats confirmed lost");
   } else if (health == cluster::node_health::healthy && before == cluster::node_health::confirmed) {
-    st.cordoned.erase(m.node);
+    st.slots->uncordon(m.node);
     fence_notice notice;
-    for (const auto& [slot, epoch] : st.slot_epochs) notice.slots.push_back({slot.deployment, slot.index, epoch});
+    for (const auto& [slot, epoch] : st.slots->epochs()) notice.slots.push_back({slot.deployment, slot.index, epoch});
     const auto node = st.nodes.find(m.node);
     if (node != st.nodes.end())
       control_send(self, st.config.hooks, m.node, cluster::message_class::control, node->second, notice);
@@ -370,7 +354,7 @@ void reconcile_replica(self_ptr self, const node_join& m, const running_replica&
   if (dep == st.deployments.end() || r.spec.slot >= dep->second.spec.replicas)
     return stop_reported(self, m.handle, r, "its deployment no longer wants the slot");
   const cluster::slot_ref ref{r.spec.deployment, r.spec.slot};
-  if (r.spec.epoch < st.slot_epochs[ref]) return stop_reported(self, m.handle, r, "its epoch is stale");
+  if (st.slots->stale(ref, r.spec.epoch)) return stop_reported(self, m.handle, r, "its epoch is stale");
   for (const auto& [id, rec] : st.replicas)
     if (rec.deployment == ref.deployment && rec.slot == ref.index)
       return stop_reported(self, m.handle, r, "another replica fills its slot");
@@ -378,9 +362,9 @@ void reconcile_replica(self_ptr self, const node_join& m, const running_replica&
   if (!per_device) return stop_reported(self, m.handle, r, "its memory cannot be estimated");
   cluster::placed_slot p{ref, "", r.spec.id, m.node, {r.spec.device}, *per_device};
   if (auto ok = st.placement->commit(p); !ok) return stop_reported(self, m.handle, r, "its device has no room in the ledger");
-  if (r.spec.epoch > st.slot_epochs[ref]) persist(self, cluster::journal_record::slot_epoch(ref.deployment, ref.index, r.spec.epoch));
+  if (st.slots->raise_epoch(ref, r.spec.epoch))
+    persist(self, cluster::journal_record::slot_epoch(ref.deployment, ref.index, r.spec.epoch));
   persist(self, cluster::journal_record::replica_taken(r.spec.id));
-  st.slot_epochs[ref] = r.spec.epoch;
   auto& rec = st.replicas[r.spec.id];
   rec = {r.spec.id, ref.deployment, ref.index, r.spec.epoch, m.node, r.spec.device, cluster::replica_state::ready,
          "adopted", true, r.spec, r.handle};
@@ -412,7 +396,7 @@ void recover(self_ptr self) {
   auto& st = self->state;
   const auto& durable = st.config.journal->state();
   st.placement->reserve_replica_ids(durable.next_replica_id);
-  for (const auto& [slot, epoch] : durable.epochs) st.slot_epochs[slot] = epoch;
+  for (const auto& [slot, epoch] : durable.epochs) st.slots->raise_epoch(slot, epoch);
   for (const auto& [name, req] : durable.deployments) {
     auto dep = make_deployment(self, req);
     if (!dep) {
@@ -455,7 +439,7 @@ void on_node_join(self_ptr self, const node_join& m) {
     }
   for (const auto& agent : s.gateway_agents) self->send(agent, node_announce{m.node, m.address, m.hub});
   // A restarted node can take slots again (unless it is cordoned).
-  for (auto& p : s.pending_migrations) std::erase(p.excluded, m.node);
+  s.slots->node_rejoined(m.node);
   if (s.reconciling) return;  // placing waits for the window to end
   // Deployments of the config that waited for nodes may go now.
   std::size_t joined = 0;
@@ -474,7 +458,7 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   spdlog::info("event=gateway_joined gateways={}", s.gateway_agents.size() + 1);
   for (const auto& [name, dep] : s.deployments) self->send(m.router, announce(name, dep));
   for (const auto& req : s.awaiting_nodes) self->send(m.router, deployment_starting{req.name});
-  for (const auto& [slot, epoch] : s.slot_epochs) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
+  for (const auto& [slot, epoch] : s.slots->epochs()) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
   for (const auto& [id, r] : s.replicas)
     if (r.handle)
       self->send(m.router, replica_event{r.id, r.deployment, r.slot, r.epoch, r.node, r.device,
@@ -507,6 +491,9 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
     return {};
   }
   st.placement.emplace(std::move(*placement));
+  st.slots.emplace(cluster::slot_scheduler_config{
+      st.config.migration_parallelism, st.config.slot_max_replacements,
+      std::chrono::milliseconds(st.config.slot_replacement_window_ms)});
   // A controller with a journal that holds anything resumes from it; the
   // config's deployments only seed a fresh state directory.
   if (st.config.journal && !st.config.journal->empty()) {
@@ -553,9 +540,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         // Only if nothing fills the slot by now.
         for (const auto& [id, r] : s.replicas)
           if (r.deployment == m.deployment && r.slot == m.slot) return;
-        for (const auto& p : s.pending_migrations)
-          if (p.deployment == m.deployment && p.slot == m.slot) return;
-        s.slot_failures.erase({m.deployment, m.slot});
+        if (!s.slots->retry({m.deployment, m.slot})) return;  // queued already
         replace_slot(self, m.deployment, m.slot, {});
       },
       [=](const device_fault& f) {

@@ -24,6 +24,7 @@
 #include "cluster/placement.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
+#include "cluster/slot_scheduler.hpp"
 #include "actors/chaos_hooks.hpp"
 
 namespace exa::cluster {
@@ -113,22 +114,9 @@ struct controller_state {
     caf::actor handle;  // the replica actor, once it reported (for gateways joining later)
   };
   std::map<cluster::replica_id, replica_record> replicas;
-  std::map<cluster::slot_ref, cluster::epoch_t> slot_epochs;
-  /// Replacements per slot: a slot that keeps failing wherever it goes is
-  /// given up (reported, not placed again) instead of ping-ponging forever.
-  std::map<cluster::slot_ref, cluster::restart_intensity> slot_failures;
-  /// Slots waiting to be placed again, and replacements still warming: a
-  /// lost node's replicas move a few at a time, so they do not all load
-  /// their model at once.
-  struct migration {
-    std::string deployment;
-    std::uint32_t slot = 0;
-    cluster::epoch_t epoch = 0;
-    std::vector<cluster::node_id> excluded;
-  };
-  std::deque<migration> pending_migrations;
-  std::set<cluster::replica_id> migrating;
-  std::set<cluster::node_id> cordoned;  // confirmed failed: nothing is placed there
+  /// Epochs, replacement budgets, the migration queue and cordons: the
+  /// slot state machine (runtime/cluster/slot_scheduler), set up at start.
+  std::optional<cluster::slot_scheduler> slots;
   std::map<cluster::node_id, cluster::node_health> node_health;
   static inline const char* name = "controller";
 };

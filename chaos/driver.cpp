@@ -29,7 +29,6 @@
 #include "engine/cpu_engine.hpp"
 #include "engine/null_engine.hpp"
 #include "engine/thread_pool.hpp"
-#include "frontdoor.hpp"
 #include "gpu/cpu_memory_pool.hpp"
 #include "model/llama_model.hpp"
 
@@ -272,10 +271,8 @@ void run_virtual(const run_config& rc, actors::embedded_cluster& cluster, cluste
 // Real time: the cluster on real threads behind the HTTP front door.
 expected<void> run_real_time(const run_config& rc, actors::embedded_cluster& cluster, cluster::fault_injector& inj,
                              const std::shared_ptr<event_log>& log, const timeline& tl, std::uint64_t seed) {
-  frontdoor_config fc;
-  fc.http_port = 0;
-  fc.rpc_port = 0;
-  auto door = frontdoor::start(fc, cluster.backend());
+  if (!rc.serve_http) return make_error(errc::invalid_argument, "a real-time chaos run needs an HTTP front door");
+  auto door = rc.serve_http(cluster.backend());
   if (!door) return std::unexpected(door.error());
   cluster_access ca{cluster, false};
   const auto now = [&ca] { return ca.now_ns(); };

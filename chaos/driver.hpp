@@ -12,6 +12,8 @@
 // attributed to faults, the invariants are checked and a report is built.
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,15 +22,27 @@
 #include "chaos/event_log.hpp"
 #include "chaos/plan.hpp"
 #include "chaos/report.hpp"
+#include "api/gateway.hpp"
 #include "common/error.hpp"
 
 namespace exa::chaos {
+
+/// An HTTP front door the real-time driver sends its workload through,
+/// started by the caller (the chaos library does not link the front door).
+class http_door {
+ public:
+  virtual ~http_door() = default;
+  virtual std::uint16_t http_port() const = 0;
+  virtual void stop() = 0;
+};
+using http_door_factory = std::function<expected<std::unique_ptr<http_door>>(std::shared_ptr<api::gateway_backend>)>;
 
 struct run_config {
   chaos::plan plan;
   std::optional<std::uint64_t> seed;  // overrides the plan's
   std::string model_file;             // the model every deployment serves
   bool real_time = false;
+  http_door_factory serve_http;       // real time: required
   double drain_s = 30;                // after the workload: time to finish what is in flight
 };
 

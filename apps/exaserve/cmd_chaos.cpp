@@ -13,6 +13,7 @@
 
 #include "args.hpp"
 #include "chaos/driver.hpp"
+#include "chaos_http_door.hpp"
 #include "chaos/process_driver.hpp"
 #include "cli_util.hpp"
 #include "commands.hpp"
@@ -123,6 +124,7 @@ int cmd_chaos(int argc, char** argv) {
   rc.plan = std::move(*plan);
   if (a->has("seed")) rc.seed = static_cast<std::uint64_t>(*seed);
   rc.real_time = !a->has("virtual");
+  rc.serve_http = chaos_http_door();
   rc.model_file = model;
   spdlog::info("event=chaos_start plan={} seed={} mode={} duration_s={} faults={}", rc.plan.name,
                rc.seed.value_or(rc.plan.seed), rc.real_time ? "real_time" : "virtual", rc.plan.workload.duration_s,

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "chaos/driver.hpp"
+#include "chaos_http_door.hpp"
 #include "model/model_gen.hpp"
 
 using namespace exa;
@@ -33,6 +34,7 @@ chaos::run_config config(const std::string& plan_file, std::optional<std::uint64
   rc.seed = seed;
   rc.model_file = model_path();
   rc.real_time = real_time;
+  rc.serve_http = exa::chaos_http_door();
   return rc;
 }
 

@@ -12,6 +12,7 @@
 #include "cluster/model_ref.hpp"
 #include "cluster/model_shape.hpp"
 #include "cluster/routing.hpp"
+#include "model/file_digest.hpp"
 #include "model/llama_model.hpp"
 
 namespace exa::actors {
@@ -55,6 +56,7 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   spec.device = p.devices.front();
   spec.kv_tokens = static_cast<std::uint32_t>(dep.spec.replica.kv_tokens);
   spec.engine = st.config.engine;
+  spec.model_sha256 = dep.model_sha256;
   // Durable before any node hears of it: a restarted controller must never
   // meet an epoch or a replica id it does not know.
   if (st.slots->raise_epoch(p.slot, epoch))
@@ -262,7 +264,10 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   const std::string file = req.model_file.empty() ? st.config.default_model_file : req.model_file;
   auto ref = cluster::parse_model_ref(file);
   if (!ref) return std::unexpected(ref.error());
+  if (!req.model_sha256.empty() && !model::is_sha256_hex(req.model_sha256))
+    return make_error(errc::invalid_argument, "sha256 must be 64 hex digits, got '" + req.model_sha256 + "'");
   controller_state::deployment dep;
+  dep.model_sha256 = model::normalize_sha256(req.model_sha256);
   dep.model_file = file;
   if (ref->is_preset()) {  // simulation: a published shape, no weights
     dep.spec.model = *ref->preset;

@@ -97,6 +97,7 @@ struct controller_state {
   struct deployment {
     cluster::deployment_spec spec;
     std::string model_file;
+    std::string model_sha256;  // "" = not pinned
     std::string routing;
   };
   std::map<std::string, deployment> deployments;

@@ -372,6 +372,7 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   nc.address = o.listen.host + ":" + std::to_string(p->port);
   nc.engine = o.engine;
   nc.hooks.log = o.event_log;
+  nc.model_dir = o.model_dir;
   cluster_plan plan;
   plan.nodes.push_back(nc);
   plan.metrics = nc.metrics;

@@ -99,6 +99,7 @@ struct node_options {
   std::uint32_t device_threads = 1;
   std::uint32_t join_timeout_ms = 60000;  // keeps trying to reach the controller this long
   std::shared_ptr<cluster::event_log> event_log;  // --event-log: replica states, clock offsets
+  std::string model_dir;  // --model-dir: models missing at their deployed path, by sha256 or name
 };
 
 class node_process {

@@ -60,7 +60,7 @@ typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
   return f(caf::meta::type_name("exa.deploy_request"), x.name, x.model_file, x.replicas, x.kv_tokens, x.routing,
-           x.max_replicas_per_node);
+           x.max_replicas_per_node, x.model_sha256);
 }
 
 }  // namespace exa::api
@@ -116,12 +116,13 @@ struct replica_spec {
   std::uint32_t device = 0;
   std::uint32_t kv_tokens = 0;  // KV capacity granted by the ledger
   std::string engine = "cpu";   // "cpu" or "null"
+  std::string model_sha256;     // "" = not pinned (api::deploy_request::model_sha256)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_spec& x) {
   return f(caf::meta::type_name("exa.replica_spec"), x.id, x.deployment, x.slot, x.epoch, x.model_file,
-           x.device, x.kv_tokens, x.engine);
+           x.device, x.kv_tokens, x.engine, x.model_sha256);
 }
 
 /// controller -> node: start a replica.
@@ -587,6 +588,7 @@ struct step_done {
 /// replica -> model cache: the loaded model (pinned until release_model).
 struct acquire_model {
   std::string path;
+  std::string sha256;  // "" = any content at the path
 };
 struct model_handle {
   std::shared_ptr<const model::llama_model> model;  // null when loading failed
@@ -594,6 +596,7 @@ struct model_handle {
 };
 struct release_model {
   std::string path;
+  std::string sha256;
 };
 /// gateway bridge -> router: a client request and where its stream goes.
 struct route_request {

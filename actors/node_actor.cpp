@@ -210,9 +210,10 @@ void start_children(self_ptr self) {
   }
   const auto node = cfg.id;
   const auto capacity = cfg.model_cache_capacity;
+  const auto model_dir = cfg.model_dir;
   st.sup->add_child({"model-cache",
-                     [node, capacity](caf::scheduled_actor* parent) {
-                       return parent->spawn(model_cache_actor, node, capacity);
+                     [node, capacity, model_dir](caf::scheduled_actor* parent) {
+                       return parent->spawn(model_cache_actor, node, capacity, model_dir);
                      },
                      restart_policy::permanent});
 }

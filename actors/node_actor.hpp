@@ -34,6 +34,7 @@ struct node_config {
   device_config device;         // template: node and index are filled in
   bool detached_devices = true; // own threads in production; inline under the test scheduler
   std::uint32_t model_cache_capacity = 4;
+  std::string model_dir;  // where models missing at their path are looked for (by sha256, then name)
   std::uint32_t heartbeat_interval_ms = 2000;
   std::uint32_t replica_max_restarts = 3;      // per slot, within the window
   std::uint32_t replica_restart_window_ms = 60000;

@@ -307,7 +307,7 @@ void start(self_ptr self) {
   auto& st = self->state;
   if (st.ctx.spec.engine == "sim") return start_simulated(self);
   move_to(self, replica_state::loading);
-  self->request(st.ctx.model_cache, caf::infinite, acquire_model{st.ctx.spec.model_file})
+  self->request(st.ctx.model_cache, caf::infinite, acquire_model{st.ctx.spec.model_file, st.ctx.spec.model_sha256})
       .then([=](const model_handle& h) {
         if (!h.model) return fail(self, "model load failed: " + h.error.message);
         self->state.model = h.model;
@@ -375,7 +375,7 @@ void on_cancel(self_ptr self, std::uint64_t request) {
 
 replica_actor_state::~replica_actor_state() {
   // Unpin the model in the node's cache, however the replica ended.
-  if (model && ctx.model_cache) caf::anon_send(ctx.model_cache, release_model{ctx.spec.model_file});
+  if (model && ctx.model_cache) caf::anon_send(ctx.model_cache, release_model{ctx.spec.model_file, ctx.spec.model_sha256});
 }
 
 caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx) {

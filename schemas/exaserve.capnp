@@ -314,6 +314,10 @@ struct DeployRequest {
 
   routing @4 :Text;
   # Routing policy name; empty means the default.
+
+  modelSha256 @5 :Text;
+  # SHA-256 (hex) the model file must have; empty means not pinned. Nodes
+  # check it before loading and find the file by it in their model directory.
 }
 
 interface Admin {

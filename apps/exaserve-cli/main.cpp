@@ -30,7 +30,7 @@ commands:
   generate [--model M] [--max-tokens N] [--temperature T] [--seed S] PROMPT
               stream a completion to stdout (model: the first deployment if not given;
               max tokens: 64)
-  deploy --name N [--model-file F] [--replicas R] [--kv-tokens K] [--routing P]
+  deploy --name N [--model-file F] [--replicas R] [--kv-tokens K] [--routing P] [--sha256 HEX]
   undeploy NAME
   scale NAME REPLICAS
 
@@ -173,6 +173,7 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
   if (!kv) return usage_fail("deploy", kv.error());
   api::deploy_request req{args.get("name"), args.get("model-file"), static_cast<std::uint32_t>(*replicas),
                           static_cast<std::uint32_t>(*kv), args.get("routing")};
+  req.model_sha256 = args.get("sha256");
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -224,7 +225,7 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"status", {}},
     {"models", {}},
     {"generate", {"model", "max-tokens", "temperature", "seed"}},
-    {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing"}},
+    {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256"}},
     {"undeploy", {}},
     {"scale", {}},
 };

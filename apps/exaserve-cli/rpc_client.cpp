@@ -198,6 +198,7 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setReplicas(request.replicas);
         d.setKvTokens(request.kv_tokens);
         d.setRouting(request.routing);
+        d.setModelSha256(request.model_sha256);
         return req.send().then([](auto) { return true; });
       },
       true);

@@ -105,6 +105,8 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"device-threads", true, "engine worker threads per device (default 1)"},
     {"listen", true, "HOST:PORT gateways reach this node at (default 127.0.0.1:0, any free port)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
+    {"model-dir", true, "a model missing at its deployed path is looked for here, as <sha256>.gguf "
+                        "(deployments that pin one) or by its file name"},
 });
 
 const std::vector<flag_spec> gateway_flags = with_common_flags({
@@ -196,6 +198,7 @@ int cmd_node(int argc, char** argv) {
   o.engine = a->get_or("engine", "");
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   o.event_log = *events;
+  o.model_dir = a->get_or("model-dir", "");
   set_transport(*a, o);
   auto node = actors::node_process::start(std::move(o));
   if (!node) return fail("node", node.error());

@@ -286,6 +286,7 @@ class admin_impl final : public rpc::Admin::Server {
   kj::Promise<void> deploy(DeployContext context) override {
     auto r = context.getParams().getRequest();
     api::deploy_request req{r.getName(), r.getModelFile(), r.getReplicas(), r.getKvTokens(), r.getRouting()};
+    req.model_sha256 = r.getModelSha256();
     if (req.name.empty()) return to_rpc_exception(error{errc::invalid_argument, "deployment name must be given"});
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->deploy(std::move(req), std::move(cb.callback));

@@ -145,6 +145,10 @@ struct deploy_request {
   std::uint32_t kv_tokens = 0;  // per replica; 0 = default
   std::string routing;          // policy name; "" = default
   std::uint32_t max_replicas_per_node = 0;  // anti-affinity; 0 = spread evenly
+  /// SHA-256 (hex) the model file must have; "" = not pinned. Nodes check it
+  /// before loading, find the file in their --model-dir by it when the path
+  /// is missing, and share one load among deployments of the same content.
+  std::string model_sha256;
   bool operator==(const deploy_request&) const = default;
 };
 

@@ -27,7 +27,8 @@ error io_failure(const std::string& what, const std::string& path) {
 
 json to_json(const api::deploy_request& d) {
   return {{"name", d.name},       {"model_file", d.model_file}, {"replicas", d.replicas},
-          {"kv_tokens", d.kv_tokens}, {"routing", d.routing},   {"max_replicas_per_node", d.max_replicas_per_node}};
+          {"kv_tokens", d.kv_tokens}, {"routing", d.routing},   {"max_replicas_per_node", d.max_replicas_per_node},
+          {"model_sha256", d.model_sha256}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -38,6 +39,7 @@ api::deploy_request deploy_from(const json& j) {
   d.kv_tokens = j.at("kv_tokens").get<std::uint32_t>();
   d.routing = j.at("routing").get<std::string>();
   d.max_replicas_per_node = j.at("max_replicas_per_node").get<std::uint32_t>();
+  d.model_sha256 = j.value("model_sha256", std::string());  // journals written before it have none
   return d;
 }
 

@@ -1,0 +1,110 @@
+// The node's model cache by content: a pinned sha256 is checked before a
+// model is used, a file missing at its path is found in the model directory,
+// deployments of the same bytes share one load, and a deployment whose file
+// has other bytes never gets a ready replica.
+
+#include <catch2/catch.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <filesystem>
+
+#include "actors/messages.hpp"
+#include "actors/model_cache_actor.hpp"
+#include "cluster_fixture.hpp"
+#include "model/file_digest.hpp"
+
+using namespace exa;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct cache_system {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  explicit cache_system() {
+    actors::register_message_types(cfg);
+    sys = std::make_unique<caf::actor_system>(cfg);
+  }
+};
+
+// Asks the cache for a model (bounded wait: the reply comes from a real thread).
+actors::model_handle acquire(caf::actor_system& sys, const caf::actor& cache, const std::string& path,
+                             const std::string& sha) {
+  caf::scoped_actor self{sys};
+  actors::model_handle out;
+  self->request(cache, std::chrono::seconds(20), actors::acquire_model{path, sha})
+      .receive([&](const actors::model_handle& h) { out = h; },
+               [&](const caf::error& e) { FAIL("no answer from the model cache: " << sys.render(e)); });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the model cache checks a pinned sha256 and finds files in its model directory", "[actors][models]") {
+  const std::string& model = test::tiny_model_path();
+  const auto sha = model::sha256_file(model);
+  REQUIRE(sha);
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/model-dir";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(model, dir + "/" + *sha + ".gguf", std::filesystem::copy_options::overwrite_existing);
+  cache_system cs;
+  auto cache = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{7}, 4u, dir);
+
+  const auto at_path = acquire(*cs.sys, cache, model, *sha);
+  REQUIRE(at_path.model);
+  // Missing where the deployment says: found by its digest in the model dir.
+  // The same bytes are one entry, so it is the very same loaded model.
+  const auto by_digest = acquire(*cs.sys, cache, "/elsewhere/tiny.gguf", *sha);
+  REQUIRE(by_digest.model);
+  CHECK(by_digest.model == at_path.model);
+
+  const std::string other(64, '0');
+  const auto wrong = acquire(*cs.sys, cache, model, other);
+  CHECK_FALSE(wrong.model);
+  CHECK(wrong.error.to_error().code == errc::corrupt_data);
+  CHECK(wrong.error.to_error().message ==
+        "model file " + model + " on node 7 has sha256 " + *sha + ", the deployment wants " + other);
+
+  const auto nowhere = acquire(*cs.sys, cache, "/elsewhere/absent.gguf", other);
+  CHECK_FALSE(nowhere.model);
+  CHECK(nowhere.error.to_error().code == errc::not_found);
+  CHECK(nowhere.error.to_error().message.find("node 7: model file not found (tried /elsewhere/absent.gguf, " + dir) ==
+        0);
+  caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a deployment pinned to other bytes gets no ready replica, the right digest serves", "[actors][models]") {
+  auto o = test::cluster_fixture::defaults(1);
+  const auto sha = model::sha256_file(test::tiny_model_path());
+  REQUIRE(sha);
+  o.deployments[0].model_sha256 = *sha;
+  api::deploy_request bad;
+  bad.name = "pinned-wrong";
+  bad.replicas = 1;
+  bad.model_sha256 = std::string(64, 'f');
+  o.deployments.push_back(bad);
+  test::cluster_fixture f(o);
+  f.advance(2000ms);
+  std::size_t good_ready = 0, bad_ready = 0;
+  for (const auto& r : f.status().replicas) {
+    const bool up = r.state == "ready" || r.state == "serving";
+    if (r.deployment == "tiny") good_ready += up;
+    if (r.deployment == "pinned-wrong") bad_ready += up;
+  }
+  CHECK(good_ready == 1);
+  CHECK(bad_ready == 0);
+  api::generate_request g;
+  g.model = "tiny";
+  g.prompt_text = "Hello";
+  g.max_tokens = 4;
+  auto sink = f.generate(g);
+  f.run();
+  REQUIRE(sink->result);
+  CHECK_FALSE(sink->result->err);
+}

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "actors/messages.hpp"
+#include "cluster/lifecycle.hpp"
 
 namespace exa::actors {
 
@@ -19,7 +20,16 @@ caf::behavior hub_actor(caf::stateful_actor<hub_state>* self) {
   });
   self->set_default_handler([=](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
     const caf::message msg = x.copy_content_to_message();
-    for (const auto& s : self->state.subscribers) self->send(s, msg);
+    auto& st = self->state;
+    if (msg.match_elements<replica_load>()) {
+      const auto& l = msg.get_as<replica_load>(0);
+      st.last_loads[l.id] = l;
+      if (st.last_loads.size() > st.last_loads_max) st.last_loads.erase(st.last_loads.begin());
+    } else if (msg.match_elements<replica_event>()) {
+      const auto& ev = msg.get_as<replica_event>(0);
+      if (cluster::is_terminal(static_cast<cluster::replica_state>(ev.state))) st.last_loads.erase(ev.id);
+    }
+    for (const auto& s : st.subscribers) self->send(s, msg);
     return caf::message{};
   });
   return {
@@ -33,6 +43,7 @@ caf::behavior hub_actor(caf::stateful_actor<hub_state>* self) {
         }
         st.subscribers.push_back(m.subscriber);
         self->monitor(m.subscriber);
+        for (const auto& [id, load] : st.last_loads) self->send(m.subscriber, load);
         spdlog::info("event=hub_subscribed subscribers={}", st.subscribers.size());
       },
       [=](loads_atom) { return std::vector<replica_load>{}; },

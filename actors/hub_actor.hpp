@@ -9,6 +9,9 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/messages.hpp"
+
+#include <map>
 #include <vector>
 
 namespace exa::actors {
@@ -16,6 +19,11 @@ namespace exa::actors {
 struct hub_state {
   std::vector<caf::actor> subscribers;
   std::size_t subscribers_max = 1024;  // a bound: gateways are few
+  /// The last load report of each replica behind this hub, replayed to a
+  /// new subscriber: a gateway joining a quiet cluster knows every
+  /// replica's KV capacity at once, not after its next step.
+  std::map<cluster::replica_id, replica_load> last_loads;
+  std::size_t last_loads_max = 4096;  // a bound: oldest replica ids go first
   static inline const char* name = "hub";
 };
 

@@ -188,6 +188,10 @@ void submit(self_ptr self, const picked_replica& p) {
             });
 }
 
+// Picks that may wait for a replica that already failed this request to
+// come back (see try_replica), per request.
+constexpr std::uint32_t max_repicks = 8;
+
 void try_replica(self_ptr self) {
   auto& st = self->state;
   if (st.done || st.picking) return;
@@ -207,8 +211,23 @@ void try_replica(self_ptr self) {
   self->request(st.router, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(pick))
       .then(
           [=](const picked_replica& p) {
-            self->state.picking = false;
-            if (!self->state.done) submit(self, p);
+            auto& s = self->state;
+            s.picking = false;
+            if (s.done) return;
+            // Only replicas that already failed this request are left. The
+            // router may not know yet that one is gone (its events are on the
+            // way, or it is restarting): submitting at once would fail at
+            // once and burn the whole budget in a millisecond. Wait a growing
+            // backoff and pick again, a few times, without spending an
+            // attempt; then try it anyway.
+            if (std::find(s.tried.begin(), s.tried.end(), p.id) != s.tried.end() && s.repicks < max_repicks) {
+              ++s.repicks;
+              --s.attempts;
+              s.backoff_ms = s.backoff_ms == 0 ? s.ctx.retry_backoff_ms : std::min(s.backoff_ms * 2, 2000u);
+              self->delayed_send(self, std::chrono::milliseconds(s.backoff_ms), tick_atom::value);
+              return;
+            }
+            submit(self, p);
           },
             [=](const caf::error& err) {
               self->state.picking = false;

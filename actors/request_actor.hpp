@@ -56,6 +56,7 @@ struct request_actor_state {
   std::uint32_t attempts = 0;
   bool picking = false;  // a pick_replica is out
   std::uint32_t backoff_ms = 0;
+  std::uint32_t repicks = 0;  // waits for an already-failed replica to come back
   bool done = false;
   std::uint32_t resumes = 0;  // moves to another replica after one was serving it
   std::string last_failure;  // why the last attempt failed, for the final error

@@ -51,7 +51,7 @@ std::string slow_model(const std::string& dir) {
 
 struct replica_row {
   std::string id, deployment, state;
-  unsigned slot = 0, epoch = 0, node = 0, running = 0, queued = 0, kv_used = 0;
+  unsigned slot = 0, epoch = 0, node = 0, running = 0, queued = 0, kv_used = 0, kv_capacity = 0;
 };
 
 // The REPLICAS table of `exaserve-cli status`.
@@ -75,6 +75,7 @@ std::vector<replica_row> parse_replicas(const std::string& status) {
     row >> r.id >> r.deployment >> r.slot >> r.epoch >> r.state >> node_dev >> r.running >> r.queued >> kv;
     r.node = static_cast<unsigned>(std::stoul(node_dev.substr(0, node_dev.find('/'))));
     r.kv_used = static_cast<unsigned>(std::stoul(kv.substr(0, kv.find('/'))));
+    if (kv.find('/') != std::string::npos) r.kv_capacity = static_cast<unsigned>(std::stoul(kv.substr(kv.find('/') + 1)));
     out.push_back(r);
   }
   return out;
@@ -598,4 +599,23 @@ TEST_CASE("a request sent before any node joined waits for its deployment instea
   // A model nobody configured is still refused at once.
   auto unknown = http_request(c.http_port(), "POST", "/v1/completions", R"({"model": "nope", "prompt": "Hi"})");
   CHECK(unknown.status == 404);
+}
+
+TEST_CASE("a gateway joining a quiet cluster knows every replica's KV capacity at once", "[process]") {
+  process_cluster c("process-late-gateway");
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\n");
+  c.start_controller({"--wait-nodes", "1"});
+  c.start_node(1);
+  c.start_gateway(0);
+  c.wait_replicas([](const auto& r) { return all_ready(r, 1); }, 30s, "1 ready replica");
+  auto resp = http_request(c.http_port(), "POST", "/v1/completions",
+                           R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+  REQUIRE(resp.status == 200);
+  c.wait_replicas([](const auto& r) { return r.size() == 1 && r[0].kv_capacity > 0; }, 10s, "KV capacity at gateway 0");
+  // The cluster is idle from here: nothing steps, so nothing reports a load.
+  c.start_gateway(1);
+  c.use_gateway(1);
+  auto rows = c.wait_replicas([](const auto& r) { return r.size() == 1 && r[0].kv_capacity > 0; }, 5s,
+                              "KV capacity at the late gateway without a request");
+  CHECK(rows[0].kv_used == 0);
 }

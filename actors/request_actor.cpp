@@ -152,7 +152,10 @@ void failover(self_ptr self, const std::string& why) {
   spdlog::info("event=request_resume request={} from_replica={} generated={} reason=\"{}\"", st.ctx.request.request_id,
                st.replica_id, st.generated.size(), why);
   st.last_failure = why;
-  if (st.replica) self->demonitor(st.replica);
+  if (st.replica) {
+    self->demonitor(st.replica);
+    if (st.failed_actors.size() < 64) st.failed_actors.push_back(st.replica.address());
+  }
   if (st.replica_id) {
     ++st.resumes;
     st.tried.push_back(st.replica_id);
@@ -188,8 +191,8 @@ void submit(self_ptr self, const picked_replica& p) {
             });
 }
 
-// Picks that may wait for a replica that already failed this request to
-// come back (see try_replica), per request.
+// Picks that may wait for the router to learn that an actor which failed
+// this request is gone (see try_replica), per request.
 constexpr std::uint32_t max_repicks = 8;
 
 void try_replica(self_ptr self) {
@@ -214,13 +217,16 @@ void try_replica(self_ptr self) {
             auto& s = self->state;
             s.picking = false;
             if (s.done) return;
-            // Only replicas that already failed this request are left. The
-            // router may not know yet that one is gone (its events are on the
-            // way, or it is restarting): submitting at once would fail at
-            // once and burn the whole budget in a millisecond. Wait a growing
+            // The router handed back the very actor that just failed this
+            // request: it has not heard yet that the actor is gone (its
+            // events are on the way). Submitting at once would fail at once
+            // and burn the whole budget in a millisecond. Wait a growing
             // backoff and pick again, a few times, without spending an
-            // attempt; then try it anyway.
-            if (std::find(s.tried.begin(), s.tried.end(), p.id) != s.tried.end() && s.repicks < max_repicks) {
+            // attempt; then try it anyway. (A replica restarted in place
+            // keeps its id but is a new actor: that one is used at once.)
+            const bool failed_actor = std::find(s.failed_actors.begin(), s.failed_actors.end(), p.handle.address()) !=
+                                      s.failed_actors.end();
+            if (failed_actor && s.repicks < max_repicks) {
               ++s.repicks;
               --s.attempts;
               s.backoff_ms = s.backoff_ms == 0 ? s.ctx.retry_backoff_ms : std::min(s.backoff_ms * 2, 2000u);

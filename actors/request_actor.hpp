@@ -8,6 +8,7 @@
 // state, so the client sees one continuous stream. Its deadline and a bounded
 // retry budget make sure it always ends with a result or a clear error.
 
+#include <caf/actor_addr.hpp>
 #include <caf/fwd.hpp>
 
 #include <cstdint>
@@ -56,7 +57,8 @@ struct request_actor_state {
   std::uint32_t attempts = 0;
   bool picking = false;  // a pick_replica is out
   std::uint32_t backoff_ms = 0;
-  std::uint32_t repicks = 0;  // waits for an already-failed replica to come back
+  std::uint32_t repicks = 0;  // waits for the router to learn a failed actor is gone
+  std::vector<caf::actor_addr> failed_actors;  // replica actors that failed this request (bounded)
   bool done = false;
   std::uint32_t resumes = 0;  // moves to another replica after one was serving it
   std::string last_failure;  // why the last attempt failed, for the final error

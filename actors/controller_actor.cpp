@@ -453,7 +453,11 @@ void on_node_join(self_ptr self, const node_join& m) {
   auto waiting = std::move(s.awaiting_nodes);
   s.awaiting_nodes.clear();
   for (const auto& req : waiting)
-    if (auto r = on_deploy(self, req); r.flag == caf::rt_error) s.awaiting_nodes.push_back(req);
+    if (auto r = on_deploy(self, req); r.flag == caf::rt_error) {
+      // on_deploy told the router it is gone; it is still wanted.
+      s.awaiting_nodes.push_back(req);
+      self->send(s.router, deployment_starting{req.name});
+    }
   pump_migrations(self);
 }
 

@@ -24,10 +24,19 @@ caf::behavior hub_actor(caf::stateful_actor<hub_state>* self) {
     if (msg.match_elements<replica_load>()) {
       const auto& l = msg.get_as<replica_load>(0);
       st.last_loads[l.id] = l;
-      if (st.last_loads.size() > st.last_loads_max) st.last_loads.erase(st.last_loads.begin());
+      if (st.last_loads.size() > st.last_max) st.last_loads.erase(st.last_loads.begin());
     } else if (msg.match_elements<replica_event>()) {
       const auto& ev = msg.get_as<replica_event>(0);
-      if (cluster::is_terminal(static_cast<cluster::replica_state>(ev.state))) st.last_loads.erase(ev.id);
+      if (cluster::is_terminal(static_cast<cluster::replica_state>(ev.state))) {
+        st.last_loads.erase(ev.id);
+        st.last_events.erase(ev.id);
+      } else {
+        auto& kept = st.last_events[ev.id];
+        const caf::actor handle = ev.handle ? ev.handle : kept.handle;  // later events may omit it
+        kept = ev;
+        kept.handle = handle;
+        if (st.last_events.size() > st.last_max) st.last_events.erase(st.last_events.begin());
+      }
     }
     for (const auto& s : st.subscribers) self->send(s, msg);
     return caf::message{};
@@ -43,6 +52,7 @@ caf::behavior hub_actor(caf::stateful_actor<hub_state>* self) {
         }
         st.subscribers.push_back(m.subscriber);
         self->monitor(m.subscriber);
+        for (const auto& [id, ev] : st.last_events) self->send(m.subscriber, ev);
         for (const auto& [id, load] : st.last_loads) self->send(m.subscriber, load);
         spdlog::info("event=hub_subscribed subscribers={}", st.subscribers.size());
       },

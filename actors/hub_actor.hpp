@@ -19,11 +19,14 @@ namespace exa::actors {
 struct hub_state {
   std::vector<caf::actor> subscribers;
   std::size_t subscribers_max = 1024;  // a bound: gateways are few
-  /// The last load report of each replica behind this hub, replayed to a
-  /// new subscriber: a gateway joining a quiet cluster knows every
-  /// replica's KV capacity at once, not after its next step.
+  /// The last lifecycle event and load report of each live replica behind
+  /// this hub, replayed to a new subscriber. A gateway that subscribes
+  /// after a replica became ready still learns of it (else it would never
+  /// route there), and one joining a quiet cluster knows every replica's KV
+  /// capacity at once, not after its next step.
+  std::map<cluster::replica_id, replica_event> last_events;
   std::map<cluster::replica_id, replica_load> last_loads;
-  std::size_t last_loads_max = 4096;  // a bound: oldest replica ids go first
+  std::size_t last_max = 4096;  // a bound on each: oldest replica ids go first
   static inline const char* name = "hub";
 };
 

@@ -95,11 +95,15 @@ void report_load(self_ptr self, bool force) {
 }
 
 void maybe_step(self_ptr self);
+bool lease_lapsed(self_ptr self);
 
 void on_step_done(self_ptr self, const step_done& done) {
   auto& st = self->state;
   st.step_in_flight = false;
   st.step_out = false;
+  // A step that was out while the node froze past its lease: its tokens
+  // are not sent (the slot may be someone else's by now).
+  if (lease_lapsed(self)) return;
   const engine::step_result& r = *done.result;
   // Speeds for the predictive router: exponentially weighted, per kind of step.
   if (done.seconds > 0) {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -67,7 +68,8 @@ std::optional<int> child_process::wait_exit(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!reaped_) {
     const pid_t r = ::waitpid(pid_, &status_, WNOHANG);
-    if (r == pid_ || r < 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r == pid_ || (r < 0 && errno == ECHILD)) {  // exited (or reaped elsewhere)
       reaped_ = true;
       break;
     }

@@ -68,16 +68,34 @@ class host_link {
 
   // Cut off: both ends of the link down (every packet dropped silently, as
   // a pulled cable; no reset reaches either side).
-  bool cut() { return sh("ip link set " + host_if_ + " down") && in_ns("ip link set " + ns_if_ + " down"); }
-  bool heal() { return sh("ip link set " + host_if_ + " up") && in_ns("ip link set " + ns_if_ + " up"); }
+  // Overlapping partitions of one node nest: the link comes back when the
+  // last of them ends.
+  bool cut() {
+    if (cuts_ > 0) return ++cuts_, true;
+    if (sh("ip link set " + host_if_ + " down") && in_ns("ip link set " + ns_if_ + " down")) return ++cuts_, true;
+    link_up();  // never leave one end down when the fault is reported as not applied
+    return false;
+  }
+  bool heal() {
+    if (cuts_ > 1) return --cuts_, true;
+    cuts_ = 0;
+    return link_up();
+  }
   // Delay and/or loss on both ends of the link (tc netem).
   bool netem(std::uint32_t delay_ms, double loss) {
     std::string args = "netem";
     if (delay_ms > 0) args += fmt::format(" delay {}ms", delay_ms);
     if (loss > 0) args += fmt::format(" loss {:.2f}%", loss * 100);
-    return sh("tc qdisc add dev " + host_if_ + " root " + args) && in_ns("tc qdisc add dev " + ns_if_ + " root " + args);
+    if (sh("tc qdisc replace dev " + host_if_ + " root " + args) &&
+        in_ns("tc qdisc replace dev " + ns_if_ + " root " + args))
+      return true;
+    netem_off();  // never leave one end shaped when the fault is reported as not applied
+    return false;
   }
-  bool netem_off() { return sh("tc qdisc del dev " + host_if_ + " root") && in_ns("tc qdisc del dev " + ns_if_ + " root"); }
+  bool netem_off() {
+    const bool host = sh("tc qdisc del dev " + host_if_ + " root");
+    return in_ns("tc qdisc del dev " + ns_if_ + " root") && host;
+  }
   // Whether this kernel has the netem qdisc (probed on this link).
   bool netem_works() {
     if (!sh("tc qdisc add dev " + host_if_ + " root netem delay 1ms")) return false;
@@ -88,6 +106,8 @@ class host_link {
  private:
   host_link() = default;
   bool in_ns(const std::string& cmd) { return sh("ip netns exec " + ns_ + " " + cmd); }
+  bool link_up() { return sh("ip link set " + host_if_ + " up") && in_ns("ip link set " + ns_if_ + " up"); }
+  int cuts_ = 0;
   std::string ns_, host_if_, ns_if_, host_ip_, ns_ip_;
   bool made_ = false;
 };
@@ -102,6 +122,10 @@ class process_cluster {
 
   expected<void> start() {
     const auto& c = cfg_.plan.cluster;
+    // A work directory used before: its logs and journal would mix with this run's.
+    std::error_code ec;
+    fs::remove_all(dir("events"), ec);
+    fs::remove_all(dir("state"), ec);
     fs::create_directories(dir("events"));
     if (auto ok = write_config(); !ok) return ok;
     if (namespaces_) {

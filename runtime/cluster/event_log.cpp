@@ -188,14 +188,19 @@ void event_log::append(event e) {
   std::string line = to_json_line(e);
   line.push_back('\n');
   std::lock_guard lock(mutex_);
+  // A line cut short before (a full disk) is ended first, so this one
+  // starts on its own line and readers lose only the cut one.
+  if (torn_) line.insert(line.begin(), '\n');
   // One write per line (O_APPEND): lines from the threads of one process
   // never interleave. A full disk loses the line, never the process.
-  for (std::size_t done = 0; done < line.size();) {
+  std::size_t done = 0;
+  while (done < line.size()) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += static_cast<std::size_t>(n);
   }
+  torn_ = done > 0 && done < line.size();
 }
 
 std::vector<event> event_log::events() const {

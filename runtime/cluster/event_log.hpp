@@ -90,6 +90,7 @@ class event_log {
   mutable std::mutex mutex_;
   std::vector<event> events_;
   int fd_ = -1;  // to_file: the file every event goes to
+  bool torn_ = false;  // the last write stopped mid-line
 };
 
 }  // namespace exa::cluster

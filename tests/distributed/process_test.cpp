@@ -586,13 +586,19 @@ TEST_CASE("a request sent before any node joined waits for its deployment instea
   c.start_controller({"--wait-nodes", "1"});
   c.start_gateway();  // the deployment is configured but placed nowhere yet
   http_response early;
+  std::string client_error;
   std::thread client([&] {
-    early = http_request(c.http_port(), "POST", "/v1/completions",
-                         R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+    try {  // a failure must reach the test, not terminate the process
+      early = http_request(c.http_port(), "POST", "/v1/completions",
+                           R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+    } catch (const std::exception& e) {
+      client_error = e.what();
+    }
   });
   std::this_thread::sleep_for(300ms);  // the request is at the gateway, waiting
   c.start_node(1);
   client.join();
+  REQUIRE(client_error.empty());
   INFO(early.body);
   CHECK(early.status == 200);
   CHECK_THAT(early.body, Contains("\"completion_tokens\":4"));

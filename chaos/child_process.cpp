@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,8 +11,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-extern char** environ;
 
 namespace exa::chaos {
 
@@ -23,18 +21,25 @@ expected<std::unique_ptr<child_process>> child_process::start(const std::vector<
   c->name_ = name;
   c->out_path_ = dir + "/" + name + ".out";
   c->err_path_ = dir + "/" + name + ".err";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, c->out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, c->err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const int rc = posix_spawn(&c->pid_, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0)
-    return make_error(errc::io_error, "cannot start " + argv[0] + " for " + name + ": " + std::strerror(rc));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return make_error(errc::io_error, "cannot start " + argv[0] + " for " + name + ": " + std::strerror(errno));
+  if (pid == 0) {
+    // The child: only async-signal-safe calls until exec. It dies with its
+    // parent, so a driver or test killed outright leaves no process behind.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent is already gone
+    const int in = ::open("/dev/null", O_RDONLY);
+    const int out = ::open(c->out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(c->err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (in < 0 || out < 0 || err < 0 || ::dup2(in, 0) < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(127);
+    ::execv(args[0], args.data());
+    ::_exit(127);  // exec failed: the exit status says so
+  }
+  c->pid_ = pid;
   return c;
 }
 

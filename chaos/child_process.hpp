@@ -2,7 +2,9 @@
 // A child process of a multi-process chaos run (or test): stdin from
 // /dev/null, stdout and stderr to files, signalled and reaped by its pid.
 // The handle kills (SIGKILL) and reaps a child still running when it goes
-// away, however its owner ends.
+// away; and the child gets SIGKILL from the kernel when the thread that
+// started it dies (PR_SET_PDEATHSIG), so even an owner killed outright or
+// aborted leaves no process behind.
 
 #include <sys/types.h>
 
@@ -19,7 +21,9 @@ namespace exa::chaos {
 class child_process {
  public:
   /// Starts argv[0] (an absolute path); output goes to DIR/NAME.out and
-  /// DIR/NAME.err. Errors: io_error naming the program.
+  /// DIR/NAME.err. Errors: io_error naming the program (a program that
+  /// cannot be executed exits with status 127). Start children from a
+  /// thread that outlives them: they die with it.
   static expected<std::unique_ptr<child_process>> start(const std::vector<std::string>& argv, const std::string& dir,
                                                         const std::string& name);
   ~child_process();

@@ -439,7 +439,10 @@ expected<process_run_outcome> run_processes(const process_run_config& cfg) {
   const std::uint32_t desired = cfg.plan.cluster.replicas;
   // Ready: every replica up, as the nodes' own logs say.
   const auto ready_by = std::chrono::steady_clock::now() + milliseconds(static_cast<std::int64_t>(cfg.start_timeout_s * 1000));
+  const auto stop_now = [&] { return cfg.interrupted && cfg.interrupted->load(); };
+  const auto interrupted = [] { return make_error(errc::cancelled, "interrupted: every process stopped, namespaces removed"); };
   while (up_now(pc, *log) < desired) {
+    if (stop_now()) return interrupted();
     if (std::chrono::steady_clock::now() > ready_by)
       return make_error(errc::deadline_exceeded, fmt::format("the cluster did not bring up {} replicas in {:.0f} s "
                                                              "(process output in {})",
@@ -463,6 +466,7 @@ expected<process_run_outcome> run_processes(const process_run_config& cfg) {
   std::int64_t last_progress = 0;
   const std::int64_t duration = static_cast<std::int64_t>(cfg.plan.workload.duration_s * 1e9);
   while (next_fault < tl.faults.size() || next_request < tl.requests.size() || !clears.empty() || !inj.undo.empty()) {
+    if (stop_now()) break;
     const std::int64_t t = elapsed_ns();
     inj.undo_due(t0_wall + t);
     while (next_fault < tl.faults.size() && tl.faults[next_fault].at_s * 1e9 <= t)
@@ -493,11 +497,15 @@ expected<process_run_outcome> run_processes(const process_run_config& cfg) {
     }
     std::this_thread::sleep_for(milliseconds(2));
   }
-  for (auto& c : clients) c.join();
+  for (auto& c : clients) c.join();  // each bounded by the request deadline
+  if (stop_now()) {
+    for (auto& u : inj.undo) u.second();
+    return interrupted();
+  }
   // The settle time to show recovery, bounded by the drain limit.
   const auto settle_until = std::max(duration, tl.last_fault_end_ns) + tl.settle_ns;
   const auto drain_until = std::max(duration, tl.last_fault_end_ns) + static_cast<std::int64_t>(cfg.drain_s * 1e9);
-  while (elapsed_ns() < drain_until && (elapsed_ns() < settle_until || up_now(pc, *log) < desired))
+  while (!stop_now() && elapsed_ns() < drain_until && (elapsed_ns() < settle_until || up_now(pc, *log) < desired))
     std::this_thread::sleep_for(milliseconds(100));
   const std::int64_t end_ns = wall_ns();  // the run ends here; shutting down is not part of it
   pc.stop_all();

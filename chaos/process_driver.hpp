@@ -8,6 +8,7 @@
 // by clock-corrected time with the driver's own (what the clients saw), and
 // the invariants are checked across all of them.
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,6 +36,9 @@ struct process_run_config {
   process_network network = process_network::automatic;
   double drain_s = 30;                // after the workload: time to finish and recover
   double start_timeout_s = 60;        // each process's start, and the cluster's readiness
+  /// Set (from a signal handler, say) to end the run early: the processes
+  /// are stopped, the namespaces removed, and the run returns `cancelled`.
+  const std::atomic<bool>* interrupted = nullptr;
 };
 
 struct process_run_outcome {

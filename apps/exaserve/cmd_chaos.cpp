@@ -5,7 +5,10 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cstdlib>
 #include <filesystem>
@@ -52,6 +55,9 @@ expected<void> write_outputs(const args& a, const chaos::run_report& report, con
   return {};
 }
 
+std::atomic<bool> interrupted{false};
+extern "C" void on_interrupt(int) { interrupted.store(true); }
+
 int run_with_processes(const args& a, chaos::plan plan, const expected<std::int64_t>& seed, const std::string& model) {
   if (a.has("virtual")) return fail("chaos", {errc::invalid_argument, "--virtual and --processes exclude each other"});
   chaos::process_run_config pc;
@@ -80,6 +86,13 @@ int run_with_processes(const args& a, chaos::plan plan, const expected<std::int6
   }
   spdlog::info("event=chaos_start plan={} seed={} mode=processes duration_s={} faults={} dir={}", pc.plan.name,
                pc.seed.value_or(pc.plan.seed), pc.plan.workload.duration_s, pc.plan.faults.size(), pc.work_dir);
+  // SIGINT/SIGTERM end the run cleanly: processes stopped, namespaces removed.
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  pc.interrupted = &interrupted;
   auto out = chaos::run_processes(pc);
   if (!out) return fail("chaos", out.error());
   if (auto ok = write_outputs(a, out->report, out->log); !ok) return fail("chaos", ok.error());

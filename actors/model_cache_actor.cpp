@@ -7,6 +7,7 @@
 #include "actors/chaos_hooks.hpp"
 #include "model/llama_model.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 namespace exa::actors {
@@ -31,18 +32,27 @@ std::string cache_key(const std::string& path, const std::string& sha256) {
 // Finds, checks and loads a model; the error names the file and the node.
 expected<std::shared_ptr<const model::llama_model>> load(model_cache_state& st, cluster::node_id node,
                                                           const std::string& path, const std::string& sha256) {
-  auto file = model::locate_model(path, sha256, st.model_dir, [](const std::string& p) {
+  std::vector<std::string> rejected;  // found, but with other bytes
+  const auto usable = [&](const std::string& p) {
     std::error_code ec;
-    return std::filesystem::is_regular_file(p, ec);
-  });
-  if (!file) return make_error(file.error().code, "node " + std::to_string(node) + ": " + file.error().message);
-  if (!sha256.empty()) {
+    return std::find(rejected.begin(), rejected.end(), p) == rejected.end() && std::filesystem::is_regular_file(p, ec);
+  };
+  std::string mismatch;
+  expected<std::string> file = model::locate_model(path, sha256, st.model_dir, usable);
+  // A file with other bytes at one place: the model directory may still
+  // hold the right one, so look on (at most once per candidate).
+  while (file && !sha256.empty()) {
     auto digest = st.digests->sha256(*file);
     if (!digest) return std::unexpected(digest.error());
-    if (*digest != sha256)
-      return make_error(errc::corrupt_data, "model file " + *file + " on node " + std::to_string(node) +
-                                                " has sha256 " + *digest + ", the deployment wants " + sha256);
+    if (*digest == sha256) break;
+    if (mismatch.empty())
+      mismatch = "model file " + *file + " on node " + std::to_string(node) + " has sha256 " + *digest +
+                 ", the deployment wants " + sha256;
+    rejected.push_back(*file);
+    file = model::locate_model(path, sha256, st.model_dir, usable);
   }
+  if (!file && !mismatch.empty()) return make_error(errc::corrupt_data, mismatch);
+  if (!file) return make_error(file.error().code, "node " + std::to_string(node) + ": " + file.error().message);
   auto m = model::llama_model::load(*file);
   if (!m) return std::unexpected(m.error());
   spdlog::info("event=model_loaded node={} path={} sha256={} layers={} dim={} vocab={}", node, *file,

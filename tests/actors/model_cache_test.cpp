@@ -13,11 +13,13 @@
 #include <caf/scoped_actor.hpp>
 
 #include <filesystem>
+#include <fstream>
 
 #include "actors/messages.hpp"
 #include "actors/model_cache_actor.hpp"
 #include "cluster_fixture.hpp"
 #include "model/file_digest.hpp"
+#include "model/llama_model.hpp"
 
 using namespace exa;
 using namespace std::chrono_literals;
@@ -70,6 +72,16 @@ TEST_CASE("the model cache checks a pinned sha256 and finds files in its model d
   CHECK(wrong.error.to_error().code == errc::corrupt_data);
   CHECK(wrong.error.to_error().message ==
         "model file " + model + " on node 7 has sha256 " + *sha + ", the deployment wants " + other);
+
+  // Other bytes at the deployed path, the right ones in the model dir: the
+  // node uses the model dir's.
+  const std::string stale = dir + "/stale-copy.gguf";
+  { std::ofstream(stale, std::ios::binary) << "not the model"; }
+  auto fresh = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{8}, 4u, dir);  // nothing loaded yet
+  const auto from_dir = acquire(*cs.sys, fresh, stale, *sha);
+  REQUIRE(from_dir.model);
+  CHECK(from_dir.model->config().vocab_size == at_path.model->config().vocab_size);
+  caf::anon_send_exit(fresh, caf::exit_reason::user_shutdown);
 
   const auto nowhere = acquire(*cs.sys, cache, "/elsewhere/absent.gguf", other);
   CHECK_FALSE(nowhere.model);

@@ -17,6 +17,7 @@
 #include "chaos/attribution.hpp"
 #include "chaos/child_process.hpp"
 #include "chaos/event_merge.hpp"
+#include "chaos/host_link.hpp"
 #include "chaos/invariants.hpp"
 #include "chaos/workload_client.hpp"
 
@@ -30,87 +31,6 @@ std::int64_t wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-// Runs an iproute2/tc command quietly; true on success.
-bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
-
-// One node's network namespace, joined to the root namespace by a veth
-// pair: host side host_ip, namespace side ns_ip. Removed, links and all,
-// when the handle goes away.
-class host_link {
- public:
-  static std::unique_ptr<host_link> create(unsigned tag, std::uint32_t node) {
-    std::unique_ptr<host_link> h(new host_link());
-    h->ns_ = fmt::format("exa-chaos-{}-{}", tag, node);
-    h->host_if_ = fmt::format("ec{}h{}", tag, node);
-    h->ns_if_ = fmt::format("ec{}n{}", tag, node);
-    const unsigned net = 200 + tag % 50;  // 10.200-249.<node>.0/30 for this run
-    h->host_ip_ = fmt::format("10.{}.{}.1", net, node);
-    h->ns_ip_ = fmt::format("10.{}.{}.2", net, node);
-    sh("ip netns del " + h->ns_);
-    const bool ok = sh("ip netns add " + h->ns_) && sh("ip link add " + h->host_if_ + " type veth peer name " + h->ns_if_) &&
-                    sh("ip link set " + h->ns_if_ + " netns " + h->ns_) &&
-                    sh("ip addr add " + h->host_ip_ + "/30 dev " + h->host_if_) && sh("ip link set " + h->host_if_ + " up") &&
-                    h->in_ns("ip addr add " + h->ns_ip_ + "/30 dev " + h->ns_if_) && h->in_ns("ip link set " + h->ns_if_ + " up") &&
-                    h->in_ns("ip link set lo up");
-    h->made_ = true;
-    if (!ok) return nullptr;
-    return h;
-  }
-  ~host_link() {
-    if (!made_) return;
-    sh("ip link del " + host_if_);
-    sh("ip netns del " + ns_);
-  }
-  const std::string& ns() const { return ns_; }
-  const std::string& host_ip() const { return host_ip_; }
-  const std::string& ns_ip() const { return ns_ip_; }
-
-  // Cut off: both ends of the link down (every packet dropped silently, as
-  // a pulled cable; no reset reaches either side).
-  // Overlapping partitions of one node nest: the link comes back when the
-  // last of them ends.
-  bool cut() {
-    if (cuts_ > 0) return ++cuts_, true;
-    if (sh("ip link set " + host_if_ + " down") && in_ns("ip link set " + ns_if_ + " down")) return ++cuts_, true;
-    link_up();  // never leave one end down when the fault is reported as not applied
-    return false;
-  }
-  bool heal() {
-    if (cuts_ > 1) return --cuts_, true;
-    cuts_ = 0;
-    return link_up();
-  }
-  // Delay and/or loss on both ends of the link (tc netem).
-  bool netem(std::uint32_t delay_ms, double loss) {
-    std::string args = "netem";
-    if (delay_ms > 0) args += fmt::format(" delay {}ms", delay_ms);
-    if (loss > 0) args += fmt::format(" loss {:.2f}%", loss * 100);
-    if (sh("tc qdisc replace dev " + host_if_ + " root " + args) &&
-        in_ns("tc qdisc replace dev " + ns_if_ + " root " + args))
-      return true;
-    netem_off();  // never leave one end shaped when the fault is reported as not applied
-    return false;
-  }
-  bool netem_off() {
-    const bool host = sh("tc qdisc del dev " + host_if_ + " root");
-    return in_ns("tc qdisc del dev " + ns_if_ + " root") && host;
-  }
-  // Whether this kernel has the netem qdisc (probed on this link).
-  bool netem_works() {
-    if (!sh("tc qdisc add dev " + host_if_ + " root netem delay 1ms")) return false;
-    sh("tc qdisc del dev " + host_if_ + " root");
-    return true;
-  }
-
- private:
-  host_link() = default;
-  bool in_ns(const std::string& cmd) { return sh("ip netns exec " + ns_ + " " + cmd); }
-  bool link_up() { return sh("ip link set " + host_if_ + " up") && in_ns("ip link set " + ns_if_ + " up"); }
-  int cuts_ = 0;
-  std::string ns_, host_if_, ns_if_, host_ip_, ns_ip_;
-  bool made_ = false;
-};
 
 // The cluster's processes and their links.
 class process_cluster {
@@ -406,13 +326,7 @@ struct injector {
 
 }  // namespace
 
-bool network_namespaces_available() {
-  if (::geteuid() != 0) return false;
-  const std::string probe = fmt::format("exa-probe-{}", ::getpid());
-  const bool ok = sh("ip netns add " + probe);
-  sh("ip netns del " + probe);
-  return ok;
-}
+bool network_namespaces_available() { return host_link::available(); }
 
 expected<process_run_outcome> run_processes(const process_run_config& cfg) {
   if (auto ok = check_plan_mode(cfg.plan, true); !ok) return std::unexpected(ok.error());

@@ -1,6 +1,6 @@
 // A real partition: a node process in a network namespace of its own, joined
-// to the rest over a veth pair, then cut off (tc netem 100 % loss both ways,
-// or both ends of the link down where the kernel has no netem). Its lease
+// to the rest over a veth pair, then cut off (both ends of the link down:
+// every packet dropped silently, no reset). Its lease
 // must stop its replica before the controller confirms the node failed and
 // gives the slot away. Needs root and `ip netns`: without them the test
 // exits with 77, which ctest reports as skipped.
@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chaos/host_link.hpp"
 #include "processes.hpp"
 #include "run_process.hpp"
 
@@ -25,50 +26,6 @@ namespace {
 
 const std::string& exaserve = exaserve_bin;
 const std::string& cli = cli_bin;
-
-int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
-
-// A namespace with a veth pair to the root namespace: host side HOST_IP,
-// namespace side NS_IP. Removed (with its links) on destruction.
-struct test_host {
-  std::string ns, host_if, ns_if;
-  std::string host_ip, ns_ip;
-  bool up = false;
-
-  explicit test_host(unsigned tag) {
-    ns = "exa-part-" + std::to_string(tag);
-    host_if = "exph" + std::to_string(tag);
-    ns_if = "expn" + std::to_string(tag);
-    host_ip = "10.213." + std::to_string(tag % 250) + ".1";
-    ns_ip = "10.213." + std::to_string(tag % 250) + ".2";
-    sh("ip netns del " + ns);
-    up = sh("ip netns add " + ns) == 0 && sh("ip link add " + host_if + " type veth peer name " + ns_if) == 0 &&
-         sh("ip link set " + ns_if + " netns " + ns) == 0 && sh("ip addr add " + host_ip + "/30 dev " + host_if) == 0 &&
-         sh("ip link set " + host_if + " up") == 0 &&
-         sh("ip netns exec " + ns + " ip addr add " + ns_ip + "/30 dev " + ns_if) == 0 &&
-         sh("ip netns exec " + ns + " ip link set " + ns_if + " up") == 0 &&
-         sh("ip netns exec " + ns + " ip link set lo up") == 0;
-  }
-  ~test_host() {
-    sh("ip link del " + host_if);
-    sh("ip netns del " + ns);
-  }
-  bool netem = false;
-  // 100 % loss both ways with netem where the kernel has it; else both ends
-  // of the link go down, which drops every packet as silently (no reset).
-  bool cut() {
-    netem = sh("tc qdisc add dev " + host_if + " root netem loss 100%") == 0;
-    if (netem) return sh("ip netns exec " + ns + " tc qdisc add dev " + ns_if + " root netem loss 100%") == 0;
-    std::fprintf(stderr, "note: no netem qdisc in this kernel; partitioning by taking the veth link down\n");
-    return sh("ip link set " + host_if + " down") == 0 && sh("ip netns exec " + ns + " ip link set " + ns_if + " down") == 0;
-  }
-  bool heal() {
-    if (netem)
-      return sh("tc qdisc del dev " + host_if + " root") == 0 &&
-             sh("ip netns exec " + ns + " tc qdisc del dev " + ns_if + " root") == 0;
-    return sh("ip link set " + host_if + " up") == 0 && sh("ip netns exec " + ns + " ip link set " + ns_if + " up") == 0;
-  }
-};
 
 // Milliseconds since midnight of a log line's "HH:MM:SS.mmm" stamp, for
 // the first line containing `needle`; -1 if absent.
@@ -86,9 +43,9 @@ long long stamp_ms(const std::string& log, const std::string& needle) {
 }  // namespace
 
 TEST_CASE("a partitioned node fences itself before the controller gives its slot away", "[process][partition]") {
-  const unsigned tag = static_cast<unsigned>(::getpid() % 200);
-  auto host = std::make_unique<test_host>(tag);
-  if (::geteuid() != 0 || !host->up) {
+  // The namespace, veth pair and cut are the chaos harness's own (chaos/host_link).
+  auto host = ::geteuid() == 0 ? exa::chaos::host_link::create(static_cast<unsigned>(::getpid() % 10000), 2) : nullptr;
+  if (!host) {
     std::fprintf(stderr, "SKIPPED: needs root and ip netns (network namespaces and veth)\n");
     host.reset();
     std::_Exit(77);
@@ -105,8 +62,8 @@ TEST_CASE("a partitioned node fences itself before the controller gives its slot
   child_process local({exaserve, "node", "--join", "127.0.0.1:" + p, "--node-id", "1"}, dir, "node-1");
   local.wait_for("joined", 20s);
   // Node 2 lives behind the veth pair, and is reached at its own address.
-  child_process remote({"/usr/sbin/ip", "netns", "exec", host->ns, exaserve, "node", "--join", host->host_ip + ":" + p,
-                        "--node-id", "2", "--listen", host->ns_ip + ":0", "--insecure"},
+  child_process remote({"/usr/sbin/ip", "netns", "exec", host->ns(), exaserve, "node", "--join", host->host_ip() + ":" + p,
+                        "--node-id", "2", "--listen", host->ns_ip() + ":0", "--insecure"},
                        dir, "node-2");
   remote.wait_for("joined", 20s);
   child_process gateway({exaserve, "gateway", "--join", "127.0.0.1:" + p, "--http-port", "0", "--rpc-port", "0"}, dir,
@@ -118,12 +75,12 @@ TEST_CASE("a partitioned node fences itself before the controller gives its slot
   std::string s;
   while (std::chrono::steady_clock::now() < deadline) {
     s = status().out;
-    if (s.find("2/2") != std::string::npos && s.find(host->ns_ip) != std::string::npos) break;
+    if (s.find("2/2") != std::string::npos && s.find(host->ns_ip()) != std::string::npos) break;
     std::this_thread::sleep_for(100ms);
   }
   INFO(s);
   REQUIRE(s.find("2/2") != std::string::npos);
-  CHECK_THAT(s, Contains(host->ns_ip));  // node 2's own address, shown in status
+  CHECK_THAT(s, Contains(host->ns_ip()));  // node 2's own address, shown in status
 
   REQUIRE(host->cut());
   const auto clog = controller.wait_for("event=node_lost node=2", 20s, true);

@@ -94,7 +94,11 @@ int run_with_processes(const args& a, chaos::plan plan, const expected<std::int6
   ::sigaction(SIGTERM, &sa, nullptr);
   pc.interrupted = &interrupted;
   auto out = chaos::run_processes(pc);
-  if (!out) return fail("chaos", out.error());
+  if (!out) {
+    // Keep what the processes wrote (it says why), and say where it is.
+    std::fprintf(stderr, "exaserve chaos: process output and event logs kept in %s\n", pc.work_dir.c_str());
+    return fail("chaos", out.error());
+  }
   if (auto ok = write_outputs(a, out->report, out->log); !ok) return fail("chaos", ok.error());
   std::printf("network: %s\n", out->namespaces ? "a network namespace per node" : "loopback");
   for (const auto& s : out->skipped) std::printf("skipped: %s\n", s.c_str());

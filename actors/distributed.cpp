@@ -1,4 +1,5 @@
 #include "actors/distributed.hpp"
+#include "actors/tls_error_queue.hpp"
 
 #include <caf/actor_registry.hpp>
 #include <caf/actor_system.hpp>
@@ -66,6 +67,12 @@ class net_config : public caf::actor_system_config {
       // the CA (SSL_VERIFY_PEER | FAIL_IF_NO_PEER_CERT): a process holding
       // no certificate of this cluster's CA cannot join or send a message.
       load<caf::openssl::manager>();
+      // One dying peer must not close every other connection (see
+      // tls_error_queue.hpp); a build where the guard is not in front of
+      // libssl says so once.
+      if (!tls_error_queue_guarded())
+        spdlog::warn("event=tls_error_queue_unguarded detail=\"one TLS peer's abrupt death may close other "
+                     "connections of this process\"");
       openssl_certificate = tls.cert;
       openssl_key = tls.key;
       openssl_cafile = tls.ca;

@@ -11,7 +11,6 @@
 
 #include "actors/cluster_metrics.hpp"
 #include "actors/cluster_supervisor.hpp"
-#include "common/assert.hpp"
 #include "engine/engine.hpp"
 #include "model/llama_model.hpp"
 
@@ -105,26 +104,71 @@ void emit(self_ptr self, std::string text) {
   st.ctx.sink->on_chunk(chunk);
 }
 
+// Fired reorder_timeout_ms after a gap opened in the current replica's stream.
+using reorder_atom = caf::atom_constant<caf::atom("reorder")>;
+
+void failover(self_ptr self, const std::string& why);
+void on_finish(self_ptr self, const finish_msg& m);
+
+// Waits reorder_timeout_ms for the gap at the sequencer's current position.
+void arm_gap_timer(self_ptr self) {
+  auto& st = self->state;
+  if (st.gap_timer) return;
+  st.gap_timer = true;
+  self->delayed_send(self, std::chrono::milliseconds(st.ctx.reorder_timeout_ms), reorder_atom::value, st.stream,
+                     st.sequencer.next());
+}
+
+// Leaves a replica whose stream cannot be put back in order: it is told to
+// stop, and the request resumes elsewhere from the tokens it has in order.
+void abandon_stream(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  spdlog::warn("event=request_stream_gap request={} replica={} have={} held={} reason=\"{}\"", st.ctx.request.request_id,
+               st.replica_id, st.generated.size(), st.sequencer.held(), why);
+  if (st.replica) self->send(st.replica, cancel_msg{st.ctx.number});
+  failover(self, why);
+}
+
+void on_reorder_timeout(self_ptr self, std::uint32_t stream, std::uint32_t at) {
+  auto& st = self->state;
+  if (stream != st.stream) return;  // a replica we left
+  st.gap_timer = false;
+  if (st.done || (!st.sequencer.gap() && !st.held_finish)) return;
+  if (st.sequencer.next() != at) return arm_gap_timer(self);  // it moved on; a later gap gets its own wait
+  abandon_stream(self, "tokens from index " + std::to_string(at) + " of replica " + std::to_string(st.replica_id) +
+                           " did not arrive within " + std::to_string(st.ctx.reorder_timeout_ms) +
+                           " ms while later ones did");
+}
+
 void on_tokens(self_ptr self, const token_msg& m) {
   auto& st = self->state;
   if (st.done || self->current_sender() != st.replica.address()) return;  // a replica we left
-  // Drop what we already have (a resumed replica re-sending is harmless);
-  // a gap would be a bug in the replica.
-  std::size_t skip = 0;
-  if (m.first_index < st.generated.size()) skip = st.generated.size() - m.first_index;
-  EXA_ASSERT_MSG(m.first_index <= st.generated.size(), "token stream gap");
-  if (skip >= m.tokens.size()) return;
-  if (!st.first_token_ns) st.first_token_ns = now_ns(self);
-  const model::tokenizer* tok = st.ctx.model ? &st.ctx.model->tokenizer() : nullptr;
-  for (std::size_t i = skip; i < m.tokens.size(); ++i) {
-    st.generated.push_back(m.tokens[i]);
-    st.unsent_tokens.push_back(m.tokens[i]);
-    if (tok) st.held_text += st.utf8.push(tok->decode_token(m.tokens[i]));  // simulated models have no text
+  // In order, whatever route each chunk took; a resumed replica's re-sent
+  // tokens are dropped.
+  auto in_order = st.sequencer.offer(m.first_index, m.tokens);
+  if (in_order.overflow)
+    return abandon_stream(self, "replica " + std::to_string(st.replica_id) + " sent " +
+                                    std::to_string(st.sequencer.held()) + " chunks past a gap at token " +
+                                    std::to_string(st.sequencer.next()));
+  if (st.sequencer.gap()) arm_gap_timer(self);
+  if (!in_order.ready.empty()) {
+    if (!st.first_token_ns) st.first_token_ns = now_ns(self);
+    const model::tokenizer* tok = st.ctx.model ? &st.ctx.model->tokenizer() : nullptr;
+    for (const auto t : in_order.ready) {
+      st.generated.push_back(t);
+      st.unsent_tokens.push_back(t);
+      if (tok) st.held_text += st.utf8.push(tok->decode_token(t));  // simulated models have no text
+    }
+    std::string out;
+    const bool stopped = release_text(st, out);
+    emit(self, std::move(out));
+    if (stopped) return finish(self, api::finish_reason::stop);
   }
-  std::string out;
-  const bool stopped = release_text(st, out);
-  emit(self, std::move(out));
-  if (stopped) finish(self, api::finish_reason::stop);
+  if (st.held_finish && st.sequencer.complete(st.held_finish->generated)) {
+    const finish_msg f = *st.held_finish;
+    st.held_finish.reset();
+    on_finish(self, f);
+  }
 }
 
 void on_finish(self_ptr self, const finish_msg& m) {
@@ -134,6 +178,11 @@ void on_finish(self_ptr self, const finish_msg& m) {
   if (reason == engine::finish_reason::cancelled) {  // the replica dropped us: go elsewhere
     st.tried.push_back(st.replica_id);
     return try_replica(self);
+  }
+  if (!st.sequencer.complete(m.generated)) {  // it overtook its last tokens: wait for them
+    st.held_finish = m;
+    arm_gap_timer(self);
+    return;
   }
   st.held_text += st.utf8.flush();
   std::string out;
@@ -171,6 +220,10 @@ void submit(self_ptr self, const picked_replica& p) {
   auto& st = self->state;
   st.replica = p.handle;
   st.replica_id = p.id;
+  ++st.stream;
+  st.gap_timer = false;
+  st.sequencer.restart(static_cast<std::uint32_t>(st.generated.size()));
+  st.held_finish.reset();
   self->monitor(p.handle);
   const auto& r = st.ctx.request;
   submit_msg m{st.ctx.number, st.prompt, st.generated, r.max_tokens, r.sampling.temperature, r.sampling.top_p,
@@ -332,6 +385,7 @@ caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, requ
       [=](const token_msg& m) { on_tokens(self, m); },
       [=](const finish_msg& m) { on_finish(self, m); },
       [=](tick_atom) { try_replica(self); },
+      [=](reorder_atom, std::uint32_t stream, std::uint32_t at) { on_reorder_timeout(self, stream, at); },
       [=](router_atom) { find_router(self); },
       [=](deadline_atom) {
         const auto& s = self->state;

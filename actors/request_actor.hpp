@@ -13,10 +13,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "cluster/token_sequencer.hpp"
 #include "api/gateway.hpp"
 #include "model/utf8.hpp"
 
@@ -36,6 +38,10 @@ struct request_context {
   std::uint32_t max_attempts = 4;         // replicas tried before giving up
   std::uint32_t submit_timeout_ms = 10000;
   std::uint32_t retry_backoff_ms = 50;    // first wait when no replica is free; doubles
+  /// How long tokens that overtook earlier ones (the replica's route to this
+  /// process changed mid-stream) wait for the gap to fill before the
+  /// request gives up on that replica and resumes elsewhere.
+  std::uint32_t reorder_timeout_ms = 2000;
   std::uint32_t effective_deadline_ms = 0;  // the request's own, or deadline_ms
   std::shared_ptr<cluster_metrics> metrics;  // may be null
 };
@@ -46,6 +52,10 @@ struct request_actor_state {
   std::vector<std::int32_t> stop_tokens;
   std::vector<std::int32_t> generated;
   std::vector<std::int32_t> unsent_tokens;  // generated, not yet in a chunk
+  cluster::token_sequencer sequencer;        // the current replica's stream, in order
+  std::optional<finish_msg> held_finish;     // a finish that overtook its last tokens
+  std::uint32_t stream = 0;                  // counts submits: which replica a gap timer is for
+  bool gap_timer = false;                    // a reorder timeout is pending
   model::utf8_stream utf8;
   std::string held_text;  // text that may be the start of a stop sequence
   std::uint32_t sent_index = 0;

@@ -1,0 +1,166 @@
+// A request actor puts a replica's tokens back in order: chunks and the
+// finish can overtake each other when the replica's route to the gateway
+// changes mid-stream (through the controller, then direct). A gap that never
+// fills makes it leave that replica and resume elsewhere, token-exact.
+// Virtual time; the replica and the router are scripted.
+
+#include <catch2/catch.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "actors/request_actor.hpp"
+#include "cluster_fixture.hpp"
+#include "engine/engine.hpp"
+
+using namespace exa;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct replica_log {
+  std::vector<actors::submit_msg> submits;
+  std::vector<std::uint64_t> cancels;
+};
+
+// Accepts every submit and records it; its tokens are sent by the test.
+caf::behavior scripted_replica(caf::event_based_actor*, std::shared_ptr<replica_log> log) {
+  return {
+      [=](const actors::submit_msg& m) -> actors::ok_atom {
+        log->submits.push_back(m);
+        return actors::ok_atom::value;
+      },
+      [=](const actors::cancel_msg& m) { log->cancels.push_back(m.request); },
+  };
+}
+
+// Hands out the replicas in turn.
+caf::behavior scripted_router(caf::event_based_actor*, std::vector<caf::actor> replicas,
+                              std::shared_ptr<std::vector<actors::replica_outcome>> outcomes) {
+  auto next = std::make_shared<std::size_t>(0);
+  return {
+      [=](const actors::pick_replica&) -> actors::picked_replica {
+        const std::size_t i = std::min(*next, replicas.size() - 1);
+        ++*next;
+        return {static_cast<cluster::replica_id>(i + 1), 1, replicas[i]};
+      },
+      [=](const actors::replica_outcome& o) { outcomes->push_back(o); },
+      [=](const actors::adopt_request&) {},
+  };
+}
+
+class config : public caf::actor_system_config {
+ public:
+  config() {
+    set("scheduler.policy", caf::atom("testing"));
+    set("logger.verbosity", caf::atom("quiet"));
+    actors::register_message_types(*this);
+  }
+};
+
+struct fixture {
+  config cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  std::shared_ptr<replica_log> log_a = std::make_shared<replica_log>(), log_b = std::make_shared<replica_log>();
+  caf::actor a = sys.spawn(scripted_replica, log_a), b = sys.spawn(scripted_replica, log_b);
+  std::shared_ptr<std::vector<actors::replica_outcome>> outcomes =
+      std::make_shared<std::vector<actors::replica_outcome>>();
+  caf::actor router = sys.spawn(scripted_router, std::vector<caf::actor>{a, b}, outcomes);
+  std::shared_ptr<test::recording_sink> sink = std::make_shared<test::recording_sink>();
+  caf::actor request;
+
+  explicit fixture(std::uint32_t max_tokens) {
+    actors::request_context ctx;
+    ctx.number = 7;
+    ctx.request.request_id = "req-7";
+    ctx.request.model = "m";
+    ctx.request.prompt_ids = std::vector<std::int32_t>{1, 2, 3};
+    ctx.request.max_tokens = max_tokens;
+    ctx.request.ignore_eos = true;
+    ctx.sink = sink;
+    ctx.vocab_size = 100;
+    ctx.context_length = 256;
+    ctx.router = router;
+    ctx.reorder_timeout_ms = 500;
+    request = sys.spawn(actors::request_actor, std::move(ctx));
+    run();
+  }
+  ~fixture() {
+    for (const auto& x : {a, b, router, request}) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+    run();
+  }
+  void run() {
+    for (int guard = 0; sched.run() > 0; ++guard) REQUIRE(guard < 10000);
+  }
+  void tokens(const caf::actor& from, std::uint32_t first, std::vector<std::int32_t> ids) {
+    caf::send_as(from, request, actors::token_msg{7, std::move(ids), first});
+    run();
+  }
+  void finished(const caf::actor& from, std::uint32_t generated) {
+    caf::send_as(from, request, actors::finish_msg{7, static_cast<std::uint8_t>(engine::finish_reason::length), generated});
+    run();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tokens that overtook earlier ones reach the client in order", "[actors][request]") {
+  fixture f(5);
+  REQUIRE(f.log_a->submits.size() == 1);
+  f.tokens(f.a, 0, {10, 11});
+  f.tokens(f.a, 3, {13, 14});  // came the direct way; 2 is still on its way through the controller
+  CHECK(f.sink->tokens() == std::vector<std::int32_t>{10, 11});
+  f.tokens(f.a, 2, {12});
+  CHECK(f.sink->tokens() == std::vector<std::int32_t>{10, 11, 12, 13, 14});
+  f.finished(f.a, 5);
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->reason == api::finish_reason::length);
+  CHECK(f.sink->result->usage.completion_tokens == 5);
+  CHECK(f.log_b->submits.empty());
+  for (std::size_t i = 1; i < f.sink->chunks.size(); ++i)  // chunk indices are contiguous
+    CHECK(f.sink->chunks[i].first_index == f.sink->chunks[i - 1].first_index + f.sink->chunks[i - 1].tokens.size());
+}
+
+TEST_CASE("a finish that overtook its last tokens waits for them", "[actors][request]") {
+  fixture f(4);
+  f.tokens(f.a, 0, {10, 11});
+  f.finished(f.a, 4);
+  CHECK_FALSE(f.sink->result);  // two tokens are still on their way
+  f.tokens(f.a, 2, {12, 13});
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->reason == api::finish_reason::length);
+  CHECK(f.sink->tokens() == std::vector<std::int32_t>{10, 11, 12, 13});
+}
+
+TEST_CASE("a gap that never fills: the replica is left and the stream resumes elsewhere token-exact",
+          "[actors][request]") {
+  fixture f(4);
+  f.tokens(f.a, 0, {10});
+  f.tokens(f.a, 2, {12, 13});  // token 1 was lost on the way
+  f.sched.advance_time(400ms);
+  f.run();
+  CHECK(f.log_b->submits.empty());  // still within reorder_timeout_ms
+  f.sched.advance_time(200ms);
+  f.run();
+  CHECK(f.log_a->cancels == std::vector<std::uint64_t>{7});
+  REQUIRE(f.log_b->submits.size() == 1);
+  CHECK(f.log_b->submits[0].resume == std::vector<std::int32_t>{10});  // only what arrived in order
+  REQUIRE_FALSE(f.outcomes->empty());
+  CHECK_FALSE(f.outcomes->front().ok);
+  f.tokens(f.a, 1, {11});  // the old replica's late token is not taken
+  f.tokens(f.b, 1, {21, 22, 23});
+  f.finished(f.b, 4);
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->reason == api::finish_reason::length);
+  CHECK(f.sink->tokens() == std::vector<std::int32_t>{10, 21, 22, 23});
+  CHECK(f.sink->result->resumes == 1);
+}

@@ -12,6 +12,7 @@
 #include <functional>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "chaos/attribution.hpp"
@@ -106,6 +107,26 @@ class process_cluster {
   }
 
   std::vector<std::string> event_logs() const { return logs_; }
+
+  // Processes that are gone though the driver did not end them (`killed`:
+  // the pids its faults killed): each a crash, with its last words.
+  std::vector<std::string> exited_on_their_own(const std::set<pid_t>& killed) {
+    std::vector<child_process*> all{controller_.get()};
+    for (auto& n : nodes_) all.push_back(n.get());
+    for (auto& g : gateways_) all.push_back(g.get());
+    std::vector<std::string> out;
+    for (child_process* p : all) {
+      if (!p || killed.count(p->pid()) || p->running()) continue;
+      const auto status = p->wait_exit(milliseconds(0));
+      std::string err = p->err();
+      while (!err.empty() && err.back() == '\n') err.pop_back();
+      const auto nl = err.rfind('\n');
+      out.push_back(fmt::format("{} (pid {}) exited with status {} while no fault ended it; its last line: {}",
+                                p->name(), p->pid(), status.value_or(-1),
+                                nl == std::string::npos ? err : err.substr(nl + 1)));
+    }
+    return out;
+  }
 
   // Every process stops: SIGTERM (SIGCONT first, for frozen ones), a grace
   // period, then SIGKILL; all reaped.
@@ -237,9 +258,19 @@ struct injector {
   pending_clears& clears;
   // Timed faults to undo: (when, what to do).
   std::vector<std::pair<std::int64_t, std::function<void()>>> undo;
+  std::set<pid_t> killed;  // processes its faults ended
+
+  void kill(child_process* p) {
+    if (!p) return;
+    killed.insert(p->pid());
+    p->signal(SIGKILL);
+  }
 
   void inject(const scheduled_fault& f, std::int64_t now) {
     event e;
+    // Stamped before it is done: a kill's consequences (the controller
+    // losing the node within a millisecond) must not come before their cause.
+    e.t_ns = wall_ns();
     e.kind = event_kind::fault_injected;
     e.fault_id = f.id;
     e.detail = std::string(to_string(f.spec.kind));
@@ -250,7 +281,7 @@ struct injector {
     std::string skip;
     switch (f.spec.kind) {
       case fault_kind::kill_process:
-        if (auto* p = pc.node(n)) p->signal(SIGKILL);
+        kill(pc.node(n));
         break;
       case fault_kind::stop_process:
         if (auto* p = pc.node(n)) {
@@ -286,10 +317,13 @@ struct injector {
         }
         break;
       case fault_kind::kill_controller:
-        if (auto* c = pc.controller()) c->signal(SIGKILL);
+        kill(pc.controller());
         break;
       case fault_kind::restart_controller: {
-        if (auto* c = pc.controller(); c && c->running()) c->stop(milliseconds(5000));
+        if (auto* c = pc.controller(); c && c->running()) {
+          killed.insert(c->pid());
+          c->stop(milliseconds(5000));
+        }
         if (auto ok = pc.start_controller(); !ok) {
           spdlog::error("event=chaos_restart_failed error=\"{}\"", ok.error().message);
           e.detail += ":failed";
@@ -297,7 +331,7 @@ struct injector {
         break;
       }
       case fault_kind::kill_gateway:
-        if (auto* g = pc.gateway(f.spec.gateway.value_or(0))) g->signal(SIGKILL);
+        kill(pc.gateway(f.spec.gateway.value_or(0)));
         break;
       default: skip = "not a process fault"; break;  // check_plan_mode keeps these out
     }
@@ -306,7 +340,6 @@ struct injector {
       skipped.push_back(fmt::format("fault {} {} at {:.1f} s: {}", f.id, to_string(f.spec.kind), f.at_s, skip));
       timed = false;
     }
-    e.t_ns = wall_ns();
     spdlog::warn("event=chaos_inject fault={} kind=\"{}\" node={} at_s={:.3f}", f.id, e.detail, e.node, f.at_s);
     log.append(e);
     if (timed) clears.emplace_back(until, f.id);
@@ -422,6 +455,7 @@ expected<process_run_outcome> run_processes(const process_run_config& cfg) {
   while (!stop_now() && elapsed_ns() < drain_until && (elapsed_ns() < settle_until || up_now(pc, *log) < desired))
     std::this_thread::sleep_for(milliseconds(100));
   const std::int64_t end_ns = wall_ns();  // the run ends here; shutting down is not part of it
+  const auto crashed = pc.exited_on_their_own(inj.killed);
   pc.stop_all();
 
   std::size_t torn = 0;
@@ -433,6 +467,7 @@ expected<process_run_outcome> run_processes(const process_run_config& cfg) {
   inputs.expected_tokens = std::move(*expected_tokens);
   inputs.desired_replicas[workload_deployment] = desired;
   auto violations = check_invariants(out.log, inputs);
+  for (const auto& c : crashed) violations.push_back({"process_exited", c});
   out.report = make_report(cfg.plan.name, seed, out.log, std::move(violations));
   out.report.resumed = -1;  // HTTP clients cannot see a move
   out.report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();

@@ -35,6 +35,7 @@ struct request_times {
   std::optional<std::int64_t> accepted_ns;
   bool finished = false;
   std::string outcome;
+  std::string detail;  // why it errored
   double ttft_ms = -1;
   bool resumed = false;
 };
@@ -68,6 +69,7 @@ void note_request(const event& e, std::map<std::string, request_times>& requests
     if (r.finished) return;
     r.finished = true;
     r.outcome = e.outcome;
+    r.detail = e.detail;
     r.ttft_ms = e.value_ms;
     r.resumed = e.index > 0;
   }
@@ -90,7 +92,10 @@ void count_requests(const std::map<std::string, request_times>& requests,
     if (!q.finished) ++r.lost;
     if (q.outcome == "completed") ++r.completed;
     if (q.outcome == "completed" && q.resumed) ++r.resumed;
-    if (q.outcome == "error" || q.outcome == "cancelled") ++r.errored;
+    if (q.outcome == "error" || q.outcome == "cancelled") {
+      ++r.errored;
+      ++r.error_reasons[q.detail.empty() ? q.outcome : q.detail];
+    }
     if (ttft) (in_any_window(*q.accepted_ns, faults) ? during_fault : clear).push_back(q.ttft_ms);
   }
   r.ttft_p50_ms = percentile(all, 50);
@@ -207,6 +212,7 @@ std::string to_json(const run_report& r) {
               {"ttft_p99_clear_ms", round3(r.ttft_p99_clear_ms)},
               {"wall_s", round3(r.wall_s)},
               {"ok", r.ok()},
+              {"error_reasons", r.error_reasons},
               {"faults", std::move(faults)},
               {"violations", std::move(violations)}};
   // Replace rather than throw on invalid UTF-8 in a detail: a report must
@@ -230,6 +236,16 @@ std::string to_table(const run_report& r) {
     fmt::format_to(line, "  {:>5}  {:<20} {:>12.3f} {:>12} {:>12} {:>10} {:>14}\n", f.id, f.kind, f.injected_s,
                    ms_cell(f.detect_ms), ms_cell(f.recover_ms), f.in_flight, ms_cell(f.stall_max_ms));
   if (r.faults.empty()) out += "  (no faults injected)\n";
+  if (!r.error_reasons.empty()) {
+    // The commonest first: a run where everything failed says why at once.
+    std::vector<std::pair<std::uint64_t, std::string>> by_count;
+    for (const auto& [why, n] : r.error_reasons) by_count.emplace_back(n, why);
+    std::stable_sort(by_count.begin(), by_count.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    out += "  errors by reason:\n";
+    for (std::size_t i = 0; i < by_count.size() && i < 5; ++i)
+      fmt::format_to(line, "  {:>8}  {}\n", by_count[i].first, by_count[i].second);
+    if (by_count.size() > 5) fmt::format_to(line, "  {:>8}  more reasons in the JSON report\n", by_count.size() - 5);
+  }
   if (r.violations.empty()) {
     out += "all invariants held\n";
     return out;

@@ -3,6 +3,7 @@
 // time to detect and to recover per fault, as JSON and as a readable table.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct run_report {
   std::uint64_t requests = 0;   // accepted
   std::uint64_t completed = 0;
   std::uint64_t errored = 0;    // finished with an error or cancellation
+  std::map<std::string, std::uint64_t> error_reasons;  // errored requests by their error (code or detail)
   std::uint64_t lost = 0;       // accepted, never finished: must be 0
   /// Requests that moved to another replica mid-way and went on; -1 where the
   /// client cannot tell (real-time runs over HTTP).
@@ -53,7 +55,7 @@ run_report make_report(const std::string& plan_name, std::uint64_t seed, const s
                        std::vector<violation> violations);
 
 /// One JSON object: plan, seed, requests, completed, errored, lost, resumed, the six
-/// ttft_* fields, wall_s, ok, faults [{id, kind, injected_s, detect_ms,
+/// ttft_* fields, wall_s, ok, error_reasons {reason: count}, faults [{id, kind, injected_s, detect_ms,
 /// recover_ms}] and violations [{invariant, detail}]; times rounded to 3
 /// decimals so equal reports print equal bytes.
 std::string to_json(const run_report& r);

@@ -96,6 +96,7 @@ TEST_CASE("the report counts requests and times faults from the log", "[chaos]")
   CHECK(r.requests == 6);
   CHECK(r.completed == 4);
   CHECK(r.errored == 1);
+  CHECK(r.error_reasons == std::map<std::string, std::uint64_t>{{"unavailable", 1}});
   CHECK(r.lost == 1);
   CHECK_FALSE(r.ok());
   CHECK(r.wall_s == Approx(6.0));
@@ -152,7 +153,7 @@ TEST_CASE("the JSON report has the documented keys and values", "[chaos]") {
   const json j = json::parse(to_json(r));
   for (const char* key : {"plan", "seed", "requests", "completed", "errored", "lost", "ttft_p50_ms", "ttft_p99_ms",
                           "ttft_p50_fault_ms", "ttft_p99_fault_ms", "ttft_p50_clear_ms", "ttft_p99_clear_ms",
-                          "wall_s", "ok", "faults", "violations"}) {
+                          "wall_s", "ok", "error_reasons", "faults", "violations"}) {
     INFO(key);
     CHECK(j.contains(key));
   }
@@ -161,6 +162,7 @@ TEST_CASE("the JSON report has the documented keys and values", "[chaos]") {
   CHECK(j["lost"] == 1);
   CHECK(j["ok"] == false);
   CHECK(j["ttft_p99_fault_ms"] == 200.0);
+  CHECK(j["error_reasons"]["unavailable"] == 1);
   REQUIRE(j["faults"].size() == 3);
   for (const char* key : {"id", "kind", "injected_s", "detect_ms", "recover_ms"}) CHECK(j["faults"][0].contains(key));
   CHECK(j["faults"][0]["detect_ms"] == 200.0);
@@ -181,6 +183,7 @@ TEST_CASE("the table lists every fault and the verdict", "[chaos]") {
   CHECK(t.find("kill_node") != std::string::npos);
   CHECK(t.find("request b: indices 3..4") != std::string::npos);
   CHECK(t.find("all invariants held") == std::string::npos);
+  CHECK(t.find("errors by reason:\n         1  unavailable\n") != std::string::npos);
 
   std::vector<event> clean = hand_made_log();
   clean.push_back(finished(8000, "e", "completed", 15));

@@ -219,13 +219,24 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
   }
 }
 
-void on_node_down(self_ptr self, cluster::node_id node) {
-  self->state.nodes[node] = caf::actor{};
+void on_node_down(self_ptr self, cluster::node_id node, const caf::error& reason) {
+  auto& st = self->state;
+  st.nodes[node] = caf::actor{};
   cluster::event e;
   e.kind = cluster::event_kind::fault_detected;
   e.node = node;
   e.detail = "monitor";
-  log_event(self, self->state.config.hooks, e);
+  log_event(self, st.config.hooks, e);
+  if (!st.config.migrate_on_link_loss && reason == caf::exit_reason::remote_link_unreachable) {
+    // Suspected, not lost: giving its slots away now would put a second
+    // replica in each while this one may still serve.
+    std::size_t replicas = 0;
+    for (const auto& [id, r] : st.replicas) replicas += r.node == node;
+    spdlog::warn("event=node_link_lost node={} replicas={} detail=\"suspected: it may still serve under its lease; "
+                 "its slots move if its heartbeats are confirmed lost\"",
+                 node, replicas);
+    return;
+  }
   migrate_node(self, node, "node actor down");
 }
 
@@ -535,7 +546,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       return;
     }
     for (auto& [id, handle] : self->state.nodes)
-      if (handle && handle.address() == dm.source) return on_node_down(self, id);
+      if (handle && handle.address() == dm.source) return on_node_down(self, id, dm.reason);
   });
   return {
       [=](const node_join& m) { on_node_join(self, m); },

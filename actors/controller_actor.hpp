@@ -67,6 +67,13 @@ struct controller_config {
   /// After a restart from the journal: how long nodes have to rejoin and
   /// report their replicas before missing slots are placed anew.
   std::uint32_t reconcile_window_ms = 10000;
+  /// Whether a node actor that goes down with its connection
+  /// (remote_link_unreachable) counts as lost at once. Inside one process a
+  /// down node actor is dead: true. Across processes a dropped connection
+  /// says nothing of the node (a TLS error, a reset, a restart of the
+  /// link): it is only suspected, it keeps serving under its lease and
+  /// reconnects, and its slots move when its heartbeats are confirmed lost.
+  bool migrate_on_link_loss = true;
 };
 
 /// controller -> controller: try a given-up slot again.

@@ -289,6 +289,7 @@ expected<std::unique_ptr<controller_process>> controller_process::start(controll
   plan->health.nodes.clear();
   plan->router_is_hub = true;
   plan->controller.deploy_after_nodes = std::max(1u, o.deploy_after_nodes);
+  plan->controller.migrate_on_link_loss = false;  // a dropped connection is a suspicion here
   if (o.state_dir.empty()) return make_error(errc::invalid_argument, "the controller needs a state directory");
   cluster::journal_recovery recovery;
   auto journal = cluster::journal::open(o.state_dir, &recovery);

@@ -350,7 +350,10 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
       },
       [=](const stop_replica& m) {
         auto it = self->state.replicas.find(m.id);
-        if (it != self->state.replicas.end() && it->second.handle) self->send(it->second.handle, m);
+        const bool here = it != self->state.replicas.end() && it->second.handle;
+        spdlog::info("event=replica_stop_requested node={} replica={} drain={} running={}", self->state.ctx.config.id,
+                     m.id, m.drain, here);
+        if (here) self->send(it->second.handle, m);
       },
   };
 }

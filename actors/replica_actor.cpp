@@ -33,7 +33,11 @@ std::int64_t now_ns(self_ptr self) {
 bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
   auto& st = self->state;
   if (st.state == to) return true;
-  if (!cluster::transition(st.state, to)) return false;
+  if (auto ok = cluster::transition(st.state, to); !ok) {
+    spdlog::warn("event=replica_transition_refused replica={} deployment={} slot={} error=\"{}\"", st.ctx.spec.id,
+                 st.ctx.spec.deployment, st.ctx.spec.slot, ok.error().message);
+    return false;
+  }
   // ready <-> serving flips with every request: debug, the rest is info.
   const bool routine = (st.state == replica_state::ready && to == replica_state::serving) ||
                        (st.state == replica_state::serving && to == replica_state::ready);
@@ -418,7 +422,14 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
       },
       [=](const stop_replica& m) {
         if (!m.drain) {
-          move_to(self, replica_state::stopped, "stopped without draining");
+          // Said in the lifecycle's own steps (ready -> stopped is not one):
+          // a stop nobody hears of looks like a replica still serving.
+          if (cluster::accepts_requests(self->state.state)) {
+            move_to(self, replica_state::draining, "stop without draining");
+            move_to(self, replica_state::stopped, "stopped without draining");
+          } else {
+            move_to(self, replica_state::failed, "stopped before it was ready");
+          }
           self->quit();
           return;
         }

@@ -162,6 +162,27 @@ TEST_CASE("a killed node's replicas are placed elsewhere at once", "[actors][fai
   check_one_serving_per_slot(log->events());
 }
 
+TEST_CASE("a replica stopped without draining says so: ready to draining to stopped", "[actors][failure]") {
+  // What a controller sends a node for a replica it will not adopt. ready ->
+  // stopped is no lifecycle step: the stop used to happen unannounced, and
+  // the replica looked as if it still served.
+  auto log = std::make_shared<chaos::event_log>();
+  test::cluster_fixture f(tight(2, 2, nullptr, log));
+  f.advance(200ms);
+  const auto before = by_slot(f.status());
+  const auto& victim = before.at(0);
+  REQUIRE(victim.state == "ready");
+  caf::anon_send(f.node(victim.node), actors::stop_replica{std::stoull(victim.id), false});
+  f.run();
+  std::vector<std::string> states;
+  for (const auto& e : log->events())
+    if (e.kind == chaos::event_kind::replica_state && e.replica == std::stoull(victim.id)) states.push_back(e.detail);
+  REQUIRE(states.size() >= 2);
+  CHECK(states[states.size() - 2] == "draining");
+  CHECK(states.back() == "stopped");
+  check_one_serving_per_slot(log->events());
+}
+
 TEST_CASE("a hung device is found by its health check and its replica serves again", "[actors][failure]") {
   auto log = std::make_shared<chaos::event_log>();
   test::cluster_fixture f(tight(2, 1, nullptr, log));

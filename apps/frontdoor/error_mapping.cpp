@@ -63,4 +63,20 @@ kj::Exception to_rpc_exception(const error& e) {
   return kj::Exception(rpc_exception_type(e.code), __FILE__, __LINE__, kj::heapString(description.c_str()));
 }
 
+std::string_view client_framing_error(std::string_view description) noexcept {
+  // KJ 0.9's own messages (kj/compat/http.c++) for what a client sent.
+  static constexpr std::string_view phrases[] = {
+      "invalid Content-Length header value",
+      "invalid HTTP chunk size",
+      "unknown transfer encoding",
+      "request body cannot have Transfer-Encoding other than chunked",
+      "invalid header name",
+      "invalid header value",
+      "request headers too large",
+  };
+  for (const auto p : phrases)
+    if (description.find(p) != std::string_view::npos) return p;
+  return {};
+}
+
 }  // namespace exa::door

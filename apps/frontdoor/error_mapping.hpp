@@ -30,6 +30,12 @@ inline constexpr unsigned retry_after_s = 1;
 /// (405, 408, 413 ...) included; "Error" for any other.
 std::string_view http_reason(unsigned status) noexcept;
 
+/// The phrase of KJ's HTTP layer in `description` that says the client's
+/// framing is malformed (a bad Content-Length, chunk size or transfer
+/// encoding, an invalid header), or empty when it says no such thing: such
+/// an exception is the client's 400, not the server's 500.
+std::string_view client_framing_error(std::string_view description) noexcept;
+
 /// overloaded -> OVERLOADED (retry later), unsupported -> UNIMPLEMENTED,
 /// everything else -> FAILED; the description is "<code>: <message>".
 kj::Exception::Type rpc_exception_type(errc code) noexcept;

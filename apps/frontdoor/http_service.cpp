@@ -64,9 +64,21 @@ struct body_reader {
   std::string data;
   bool too_large = false;
   bool timed_out = false;
+  std::string malformed;  // why the body's framing could not be read (a bad chunk size)
   std::array<char, 16384> buffer{};
 
   kj::Promise<void> read() {
+    return read_some().catch_([this](kj::Exception&& e) -> kj::Promise<void> {
+      // The client's bytes, not the server, are at fault: a 400, not a 500.
+      // A client that went away has no one to answer.
+      if (e.getType() == kj::Exception::Type::DISCONNECTED) return kj::mv(e);
+      malformed = e.getDescription().cStr();
+      return kj::READY_NOW;
+    });
+  }
+
+ private:
+  kj::Promise<void> read_some() {
     return in.tryRead(buffer.data(), 1, buffer.size()).then([this](size_t n) -> kj::Promise<void> {
       if (n == 0) return kj::READY_NOW;
       if (data.size() + n > max_bytes) {
@@ -74,7 +86,7 @@ struct body_reader {
         return kj::READY_NOW;
       }
       data.append(buffer.data(), n);
-      return read();
+      return read_some();
     });
   }
 };
@@ -217,6 +229,13 @@ kj::Promise<void> http_service::handle_generate(exchange& ex, bool chat, kj::May
                         error{errc::deadline_exceeded, fmt::format("request body not received within {} ms", timeout_ms)},
                         {}, 408);
     if (r.too_large) return send_error(ex, response, too_large, {}, 413);
+    if (!r.malformed.empty()) {
+      spdlog::info("event=http_malformed_body path={} detail=\"{}\"", ex.path, r.malformed);
+      return send_error(ex, response,
+                        error{errc::invalid_argument, "the request body could not be read: its HTTP framing is "
+                                                      "malformed (for example a bad chunk size)"},
+                        {}, 400);
+    }
     auto kind = chat ? api_kind::chat : api_kind::completion;
     auto req = parse_openai_request(kind, r.data, ctx_->config.limits);
     if (!req) return send_error(ex, response, req.error().err, req.error().param);
@@ -382,7 +401,11 @@ kj::Promise<void> http_error_handler::send(kj::HttpService::Response& response, 
 kj::Promise<void> http_error_handler::handleClientProtocolError(kj::HttpHeaders::ProtocolError error,
                                                                 kj::HttpService::Response& response) {
   spdlog::info("event=http_protocol_error status={} description=\"{}\"", error.statusCode, error.description.cStr());
-  return send(response, error.statusCode, exa::error{errc::invalid_argument, error.description.cStr()});
+  // KJ answers a request line it cannot parse as a method with 501 (Not
+  // Implemented); whatever the client sent, it is the client's error.
+  const unsigned status = error.statusCode >= 400 && error.statusCode < 500 ? error.statusCode : 400;
+  return send(response, status,
+              exa::error{errc::invalid_argument, std::string("malformed HTTP request: ") + error.description.cStr()});
 }
 
 kj::Promise<void> http_error_handler::handleApplicationError(kj::Exception exception,
@@ -390,10 +413,18 @@ kj::Promise<void> http_error_handler::handleApplicationError(kj::Exception excep
   // A client that went away is not a server error, and there is no one to
   // answer; the request's own log line records it.
   if (exception.getType() == kj::Exception::Type::DISCONNECTED) return kj::READY_NOW;
-  spdlog::error("event=http_handler_exception description=\"{}\"", exception.getDescription().cStr());
   KJ_IF_MAYBE(r, response) {
+    const std::string_view description = exception.getDescription().cStr();
+    if (const auto phrase = client_framing_error(description); !phrase.empty()) {
+      spdlog::info("event=http_protocol_error status=400 description=\"{}\"", description);
+      return send(*r, 400, exa::error{errc::invalid_argument, "malformed HTTP request: " + std::string(phrase)});
+    }
+    spdlog::error("event=http_handler_exception description=\"{}\"", description);
     return send(*r, 500, exa::error{errc::internal, "the server failed to handle the request"});
   }
+  // Answered already: what failed is the connection after it (KJ skipping
+  // the rest of a body whose framing was malformed), and it is closed.
+  spdlog::info("event=http_connection_closed reason=\"{}\"", exception.getDescription().cStr());
   return kj::READY_NOW;
 }
 

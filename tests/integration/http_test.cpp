@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "error_mapping.hpp"
 #include "http_client.hpp"
 #include "test_server.hpp"
 
@@ -376,6 +377,56 @@ TEST_CASE("method and path and body-size errors", "[http]") {
   }
   require_still_serving(s.http_port());
   CHECK(s.backend->requests().empty());
+}
+
+TEST_CASE("malformed HTTP is answered with a 4xx naming the problem, never a 5xx", "[http]") {
+  frontdoor_config config = test_config();
+  config.body_timeout_ms = 1000;  // a chunk that never comes ends in a 408
+  test_server s(config);
+  struct bad {
+    const char* what;
+    std::string bytes;
+    unsigned status = 400;
+  };
+  const std::string body = json{{"model", "fake"}, {"prompt", "ab"}}.dump();
+  const std::vector<bad> requests = {
+      {"a garbage request line", "GARBAGE\r\n\r\n"},
+      {"an unknown method", "FROB /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"},
+      {"no HTTP version", "GET /healthz\r\nHost: x\r\n\r\n"},
+      {"a header line without a colon", "GET /healthz HTTP/1.1\r\nHost x\r\n\r\n"},
+      {"a chunk size that is not hex",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n" + body + "\r\n0\r\n\r\n"},
+      {"a chunk size out of range",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\nab\r\n",
+       408},  // KJ waits for the chunk; the body timeout ends it
+      {"an unknown transfer encoding",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n" + body},
+      {"a Content-Length that is not a number",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n" + body},
+  };
+  for (const auto& b : requests) {
+    INFO(b.what);
+    http_connection c(s.http_port());
+    c.send(b.bytes);
+    const auto r = c.read_response();
+    CHECK(r.status == b.status);
+    const auto j = json::parse(r.body, nullptr, false);
+    REQUIRE_FALSE(j.is_discarded());
+    if (b.status == 400) CHECK(j["error"]["type"] == "invalid_request_error");
+    CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+  }
+  require_still_serving(s.http_port());
+  CHECK(s.backend->requests().empty());  // none of them reached the backend
+}
+
+TEST_CASE("KJ's messages about a client's framing are told apart from server failures", "[http]") {
+  using exa::door::client_framing_error;
+  CHECK(client_framing_error("invalid Content-Length header value; *cl = ten") == "invalid Content-Length header value");
+  CHECK(client_framing_error("kj/compat/http.c++:1017: failed: invalid HTTP chunk size; text = zz") ==
+        "invalid HTTP chunk size");
+  CHECK(client_framing_error("unknown transfer encoding") == "unknown transfer encoding");
+  CHECK(client_framing_error("null pointer dereference").empty());
+  CHECK(client_framing_error("").empty());
 }
 
 TEST_CASE("keep-alive and pipelined requests on one connection are answered in order", "[http]") {

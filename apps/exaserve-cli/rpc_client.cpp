@@ -19,7 +19,7 @@ namespace {
 constexpr auto call_timeout = 30 * kj::SECONDS;
 
 std::optional<errc> errc_from_name(std::string_view name) {
-  for (int i = 0; i <= static_cast<int>(errc::internal); ++i)
+  for (int i = 0; i <= static_cast<int>(errc::permission_denied); ++i)
     if (to_string(static_cast<errc>(i)) == name) return static_cast<errc>(i);
   return std::nullopt;
 }

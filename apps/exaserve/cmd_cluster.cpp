@@ -116,6 +116,8 @@ const std::vector<flag_spec> gateway_flags = with_common_flags({
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
     {"request-deadline-ms", true, "deadline of a request that names none (default 120000)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
+    keys_file_flag(),
+    no_auth_flag(),
 });
 
 }  // namespace
@@ -233,7 +235,11 @@ int cmd_gateway(int argc, char** argv) {
   if (!events) return fail("gateway", events.error());
   door_config.http_port = static_cast<std::uint16_t>(*http);
   door_config.rpc_port = static_cast<std::uint16_t>(*rpc);
+  auto keys = keys_from_flags(*a);
+  if (!keys) return fail("gateway", keys.error());
+  door_config.keys = *keys;
   auto signals = block_stop_signals();
+  block_reload_signal(signals);  // SIGHUP re-reads the keys file
   actors::gateway_options o;
   o.identity = identity(*a);
   o.join = *join;
@@ -251,7 +257,8 @@ int cmd_gateway(int argc, char** argv) {
   std::printf("exaserve gateway serving HTTP at %s and RPC on %s:%u (controller %s:%u)\n", (*door)->http_url().c_str(),
               door_config.host.c_str(), (*door)->rpc_port(), join->host.c_str(), join->port);
   std::fflush(stdout);
-  wait_for_stop(signals);
+  const int sig = wait_for_stop_signal(signals, door_config.keys.get());
+  spdlog::info("event=shutdown signal={}", sig == SIGINT ? "SIGINT" : "SIGTERM");
   // No new requests; those in flight finish (up to a grace period) before
   // the doors close.
   (*door)->stop_accepting();

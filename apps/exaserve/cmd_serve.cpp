@@ -33,6 +33,8 @@ const std::vector<flag_spec> flags = {
     {"host", true, "address to bind (default 127.0.0.1)"},
     {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
+    keys_file_flag(),
+    no_auth_flag(),
     {"help", false, "show this help"},
 };
 
@@ -65,13 +67,16 @@ int cmd_serve(int argc, char** argv) {
   }
   auto config = load_serve_config(*a);
   if (!config) return fail("serve", config.error());
+  auto keys = keys_from_flags(*a);
+  if (!keys) return fail("serve", keys.error());
+  config->server.keys = *keys;
 
   // Block the stop signals before any thread starts, so only sigwait sees them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  block_reload_signal(stop_signals);  // SIGHUP re-reads the keys file
 
   auto cluster = actors::embedded_cluster::start(config->cluster);
   if (!cluster) return fail("serve", cluster.error());
@@ -85,8 +90,7 @@ int cmd_serve(int argc, char** argv) {
     spdlog::warn("event=not_ready_yet detail=\"no ready replica after 120 s; serving anyway (see /readyz)\"");
   print_banner(**door, *config);
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  const int sig = wait_for_stop_signal(stop_signals, config->server.keys.get());
   spdlog::info("event=shutdown signal={} detail=\"draining in-flight requests\"", sig == SIGINT ? "SIGINT" : "SIGTERM");
   (*door)->stop_accepting();  // no new requests while the ones in flight finish
   drain(*(*cluster)->backend(), std::chrono::seconds(10));

@@ -19,6 +19,7 @@ commands:
   node           run one node of a distributed cluster: devices and replicas
   gateway        run the HTTP and RPC front doors of a distributed cluster
   gen-certs      write a cluster CA and certificates for controller, node and gateway
+  keys           add, revoke and list API keys in a keys file (add prints the key once)
   generate       generate text or token ids from a GGUF model
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   bench-engine   measure prefill and decode throughput of the CPU engine
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   if (cmd == "node") return exa::app::cmd_node(argc, argv);
   if (cmd == "gateway") return exa::app::cmd_gateway(argc, argv);
   if (cmd == "gen-certs") return exa::app::cmd_gen_certs(argc, argv);
+  if (cmd == "keys") return exa::app::cmd_keys(argc, argv);
   std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

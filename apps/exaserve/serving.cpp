@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -30,6 +31,59 @@ expected<serve_config> load_serve_config(const args& a) {
     config.cluster.default_model_file = *def;
   }
   return config;
+}
+
+flag_spec keys_file_flag() {
+  return {"keys-file", true,
+          "API keys (exaserve keys add): /v1 calls need 'Authorization: Bearer KEY'; re-read on SIGHUP"};
+}
+flag_spec no_auth_flag() {
+  return {"no-auth", false, "serve /v1 to anyone who reaches the port (local use; the default without --keys-file)"};
+}
+
+expected<std::shared_ptr<auth::key_store>> keys_from_flags(const args& a) {
+  const auto path = a.get("keys-file");
+  if (path && a.has("no-auth"))
+    return make_error(errc::invalid_argument, "--keys-file and --no-auth contradict each other: give one");
+  if (!path) {
+    spdlog::warn("event=auth_disabled detail=\"{}\"",
+                 a.has("no-auth") ? "--no-auth: /v1 and admin calls are open to anyone who reaches the ports"
+                                  : "no --keys-file: /v1 and admin calls are open to anyone who reaches the ports");
+    return std::shared_ptr<auth::key_store>{};
+  }
+  auto store = auth::key_store::open(*path);
+  if (!store) return make_error(store.error().code, "--keys-file: " + store.error().message);
+  const auto keys = (*store)->current();
+  std::set<std::string> tenants;
+  for (const auto& e : keys->entries()) tenants.insert(e.tenant);
+  spdlog::info("event=auth_enabled keys_file={} keys={} tenants={}", *path, keys->entries().size(), tenants.size());
+  if (keys->empty())
+    spdlog::warn("event=auth_no_keys keys_file={} detail=\"every /v1 call is refused until a key is added and the "
+                 "process gets SIGHUP\"",
+                 *path);
+  return store;
+}
+
+void block_reload_signal(sigset_t& s) {
+  sigaddset(&s, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &s, nullptr);
+}
+
+int wait_for_stop_signal(sigset_t& s, auth::key_store* keys) {
+  for (;;) {
+    int sig = 0;
+    sigwait(&s, &sig);
+    if (sig != SIGHUP) return sig;
+    if (!keys) {
+      spdlog::info("event=sighup detail=\"no keys file to re-read\"");
+      continue;
+    }
+    if (auto n = keys->reload())
+      spdlog::info("event=keys_reloaded keys_file={} keys={}", keys->path(), *n);
+    else
+      spdlog::error("event=keys_reload_failed keys_file={} error=\"{}\" detail=\"the previous keys stay in force\"",
+                    keys->path(), n.error().message);
+  }
 }
 
 bool wait_ready(api::gateway_backend& backend, std::chrono::seconds limit) {

@@ -9,12 +9,15 @@
 #include <optional>
 #include <utility>
 
+#include <csignal>
+
 #include "api/gateway.hpp"
+#include "args.hpp"
+#include "auth/api_keys.hpp"
 #include "serve_config.hpp"
 
 namespace exa::app {
 
-class args;
 
 // Asks the backend something and waits for the callback (off the loop).
 template <class T, class Call>
@@ -34,6 +37,24 @@ std::optional<T> ask(Call call, std::chrono::milliseconds timeout) {
 /// The default config, then --config FILE, then the flags; fills in the
 /// default model where a deployment names no file.
 expected<serve_config> load_serve_config(const args& a);
+
+/// --keys-file and --no-auth, for the commands that run front doors
+/// (functions: flag tables of other files are built during static
+/// initialization, in no fixed order).
+flag_spec keys_file_flag();
+flag_spec no_auth_flag();
+
+/// The front door's keys from --keys-file (null with --no-auth or neither:
+/// open). Says in the log which it is. Errors: both flags, or a keys file
+/// that cannot be read or parsed.
+expected<std::shared_ptr<auth::key_store>> keys_from_flags(const args& a);
+
+/// Adds SIGHUP to a set of blocked stop signals (block before any thread
+/// starts); wait_for_stop then reloads the keys on SIGHUP and waits on.
+void block_reload_signal(sigset_t& s);
+/// Waits for SIGINT or SIGTERM and returns it; a SIGHUP in between re-reads
+/// `keys` (if any): a broken file keeps the old keys, and says why.
+int wait_for_stop_signal(sigset_t& s, auth::key_store* keys);
 
 /// Polls readiness until it holds or `limit` passes.
 bool wait_ready(api::gateway_backend& backend, std::chrono::seconds limit);

@@ -23,6 +23,10 @@ http_error_class classify_http(errc code) noexcept {
       return {504, "Gateway Timeout", "timeout_error"};
     case errc::cancelled:
       return {499, "Client Closed Request", "cancelled_error"};
+    case errc::unauthenticated:
+      return {401, "Unauthorized", "invalid_request_error"};
+    case errc::permission_denied:
+      return {403, "Forbidden", "permission_error"};
     case errc::corrupt_data:
     case errc::io_error:
     case errc::internal:
@@ -35,6 +39,8 @@ std::string_view http_reason(unsigned status) noexcept {
   switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";

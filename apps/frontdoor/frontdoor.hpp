@@ -14,6 +14,7 @@
 #include <string>
 
 #include "api/gateway.hpp"
+#include "auth/api_keys.hpp"
 #include "common/error.hpp"
 
 namespace exa {
@@ -41,6 +42,10 @@ struct frontdoor_config {
   /// do not answer within this time fail with deadline_exceeded.
   std::uint32_t backend_call_timeout_ms = 30000;
   api::request_limits limits;
+  /// API keys the /v1 endpoints require (Authorization: Bearer KEY); null:
+  /// open, anyone who reaches the port may call them. Health, readiness and
+  /// metrics stay open either way.
+  std::shared_ptr<auth::key_store> keys;
 };
 
 /// Owns the front-door thread. Thread-safe to stop from any thread but the

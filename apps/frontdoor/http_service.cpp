@@ -1,5 +1,7 @@
 #include "http_service.hpp"
 
+#include <cctype>
+
 #include <kj/debug.h>
 
 #include <fmt/format.h>
@@ -161,30 +163,53 @@ struct http_service::exchange {
     // Probes (load balancers, Prometheus) would drown the log at info.
     const bool probe = code == 200 && (path == "/healthz" || path == "/readyz" || path == "/metrics");
     spdlog::log(probe ? spdlog::level::debug : spdlog::level::info,
-                "event=http_request method={} path={} status={} ms={:.2f} request_id={}", method, path, code, ms,
-                request_id.empty() ? "-" : request_id);
+                "event=http_request method={} path={} status={} ms={:.2f} request_id={} tenant={}", method, path, code,
+                ms, request_id.empty() ? "-" : request_id, tenant.empty() ? "-" : tenant);
   }
 
   std::shared_ptr<door_context> ctx;
   std::string method;
   std::string path;
   std::string request_id;
+  std::string tenant;  // of the API key, when keys are checked
   unsigned status = 0;
   steady::time_point start;
 };
 
 // Headers need nothing beyond KJ's own checks: Content-Length reaches us as
 // the body's length.
-kj::Promise<void> http_service::request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders&,
+kj::Promise<void> http_service::request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
                                         kj::AsyncInputStream& body, Response& response) {
   const std::string_view full(url.cStr(), url.size());
   auto ex = kj::heap<exchange>(ctx_, kj::str(method).cStr(), std::string(full.substr(0, full.find('?'))));
   auto& ref = *ex;
-  return route(ref, method, body, response).attach(kj::mv(ex));
+  return route(ref, method, headers, body, response).attach(kj::mv(ex));
 }
 
-kj::Promise<void> http_service::route(exchange& ex, kj::HttpMethod method, kj::AsyncInputStream& body,
-                                      Response& response) {
+std::optional<error> http_service::check_key(exchange& ex, const kj::HttpHeaders& headers) {
+  const auto& store = ctx_->config.keys;
+  if (!store) return std::nullopt;
+  std::string_view value;
+  KJ_IF_MAYBE(v, headers.get(ids_.authorization)) { value = std::string_view(v->cStr(), v->size()); }
+  if (value.empty())
+    return error{errc::unauthenticated, "no API key: send it as 'Authorization: Bearer <key>' (exaserve keys add makes one)"};
+  constexpr std::string_view scheme = "bearer ";
+  const bool bearer = value.size() > scheme.size() &&
+                      std::equal(scheme.begin(), scheme.end(), value.begin(),
+                                 [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+  if (!bearer) return error{errc::unauthenticated, "the Authorization header must be 'Bearer <key>'"};
+  std::string_view key = value.substr(scheme.size());
+  while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+  while (!key.empty() && key.back() == ' ') key.remove_suffix(1);
+  const auto keys = store->current();
+  const auth::key_entry* e = keys->find(key);
+  if (!e) return error{errc::unauthenticated, "the API key is not valid: it was revoked or never issued"};
+  ex.tenant = e->tenant;  // never the key: logs and metrics see the tenant only
+  return std::nullopt;
+}
+
+kj::Promise<void> http_service::route(exchange& ex, kj::HttpMethod method, const kj::HttpHeaders& headers,
+                                      kj::AsyncInputStream& body, Response& response) {
   auto r = match_route(ex.path);
   if (r.id == route_id::unknown)
     return send_error(ex, response, error{errc::not_found, fmt::format("no such endpoint: {} {}", ex.method, ex.path)});
@@ -197,6 +222,10 @@ kj::Promise<void> http_service::route(exchange& ex, kj::HttpMethod method, kj::A
     error e{errc::unsupported, fmt::format("method {} is not allowed on {}; use {}", ex.method, ex.path, allow)};
     return send_body(ex, response, 405, "application/json", render_error(e), kj::mv(extra));
   }
+  const bool v1 = r.id == route_id::completions || r.id == route_id::chat || r.id == route_id::models ||
+                  r.id == route_id::model;
+  if (v1)
+    if (auto denied = check_key(ex, headers)) return send_error(ex, response, *denied);
   switch (r.id) {
     case route_id::completions:
     case route_id::chat:
@@ -380,6 +409,7 @@ kj::Promise<void> http_service::send_error(exchange& ex, Response& response, con
     const unsigned seconds = retry_after_ms ? (retry_after_ms + 999) / 1000 : retry_after_s;
     headers.set(ids_.retry_after, kj::str(seconds));
   }
+  if (e.code == errc::unauthenticated) headers.set(ids_.www_authenticate, "Bearer");
   spdlog::debug("event=http_error path={} status={} code={} message=\"{}\"", ex.path, status, to_string(e.code),
                 e.message);
   return send_body(ex, response, status, "application/json", render_error(e, param), kj::mv(headers));

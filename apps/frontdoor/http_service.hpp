@@ -7,6 +7,7 @@
 #include <kj/compat/http.h>
 
 #include <memory>
+#include <optional>
 
 #include "door_context.hpp"
 #include "openai.hpp"
@@ -21,11 +22,15 @@ struct http_header_ids {
       : retry_after(builder.add("Retry-After")),
         allow(builder.add("Allow")),
         request_id(builder.add("X-Request-Id")),
-        cache_control(builder.add("Cache-Control")) {}
+        cache_control(builder.add("Cache-Control")),
+        authorization(builder.add("Authorization")),
+        www_authenticate(builder.add("WWW-Authenticate")) {}
   kj::HttpHeaderId retry_after;
   kj::HttpHeaderId allow;
   kj::HttpHeaderId request_id;
   kj::HttpHeaderId cache_control;
+  kj::HttpHeaderId authorization;
+  kj::HttpHeaderId www_authenticate;
 };
 
 class http_service final : public kj::HttpService {
@@ -40,7 +45,11 @@ class http_service final : public kj::HttpService {
  private:
   struct exchange;
 
-  kj::Promise<void> route(exchange& ex, kj::HttpMethod method, kj::AsyncInputStream& body, Response& response);
+  kj::Promise<void> route(exchange& ex, kj::HttpMethod method, const kj::HttpHeaders& headers,
+                          kj::AsyncInputStream& body, Response& response);
+  /// With keys configured: the error for a missing or unknown key (the
+  /// exchange learns the key's tenant otherwise).
+  std::optional<error> check_key(exchange& ex, const kj::HttpHeaders& headers);
   kj::Promise<void> handle_generate(exchange& ex, bool chat, kj::Maybe<uint64_t> content_length,
                                     kj::AsyncInputStream& body, Response& response);
   kj::Promise<void> complete(exchange& ex, kj::Own<generate_call> call, response_meta meta,

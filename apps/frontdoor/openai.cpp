@@ -343,7 +343,8 @@ json error_json(const error& e, std::string_view param) {
            {{"message", e.message},
             {"type", cls.openai_type},
             {"param", param.empty() ? json(nullptr) : json(param)},
-            {"code", to_string(e.code)}}}};
+            // What OpenAI's own API answers, and clients look for.
+            {"code", e.code == errc::unauthenticated ? std::string_view("invalid_api_key") : to_string(e.code)}}}};
 }
 }  // namespace
 

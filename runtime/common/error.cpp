@@ -16,6 +16,8 @@ std::string_view to_string(errc code) noexcept {
     case errc::deadline_exceeded: return "deadline_exceeded";
     case errc::io_error: return "io_error";
     case errc::internal: return "internal";
+    case errc::unauthenticated: return "unauthenticated";
+    case errc::permission_denied: return "permission_denied";
   }
   return "unknown";
 }

@@ -35,6 +35,10 @@ enum class errc {
   io_error,
   /// A bug in ExaServe; report it.
   internal,
+  /// No valid credentials came with the call (a missing or unknown API key).
+  unauthenticated,
+  /// Valid credentials that do not allow this call (an admin call without an admin key).
+  permission_denied,
 };
 
 /// Stable lower-case name of a code, used in logs and error objects.

@@ -638,3 +638,38 @@ TEST_CASE("a gateway joining a quiet cluster knows every replica's KV capacity a
                               "KV capacity at the late gateway without a request");
   CHECK(rows[0].kv_used == 0);
 }
+
+TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on SIGHUP", "[process][auth]") {
+  process_cluster c("process-keys");
+  const std::string keys = c.dir() + "/keys";
+  const auto add = run_process({exaserve, "keys", "add", "--file", keys, "--tenant", "acme"}, 20s);
+  REQUIRE(add.exit_code == 0);
+  const std::string key = add.out.substr(0, add.out.find('\n'));
+  REQUIRE(key.rfind("exa-", 0) == 0);
+  CHECK_THAT(exa::chaos::read_text(keys), !Contains(key));  // the file holds its hash only
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\n");
+  c.start_controller();
+  c.start_node(1);
+  // Both modes at once is a contradiction, refused with its reason.
+  auto both = run_process({exaserve, "gateway", "--join", c.join_address(), "--keys-file", keys, "--no-auth"}, 20s);
+  CHECK(both.exit_code != 0);
+  CHECK_THAT(both.err, Contains("contradict"));
+  c.start_gateway(0, {"--keys-file", keys});
+  c.wait_replicas([](const auto& r) { return all_ready(r, 1); }, 30s, "1 ready replica");
+  CHECK_THAT(c.gateway().err(), Contains("event=auth_enabled") && Contains("keys=1"));
+  const std::string body = R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})";
+  const std::string auth = "Authorization: Bearer " + key + "\r\n";
+  CHECK(http_request(c.http_port(), "POST", "/v1/completions", body).status == 401);
+  CHECK(http_request(c.http_port(), "POST", "/v1/completions", body, auth).status == 200);
+
+  const auto list = run_process({exaserve, "keys", "list", "--file", keys}, 20s);
+  REQUIRE(list.exit_code == 0);
+  CHECK_THAT(list.out, Contains("acme") && !Contains(key));
+  const std::string id = list.out.substr(list.out.find('\n') + 1, 12);
+  REQUIRE(run_process({exaserve, "keys", "revoke", id, "--file", keys}, 20s).exit_code == 0);
+  c.gateway().signal(SIGHUP);
+  c.gateway().wait_for("event=keys_reloaded", 10s, true);
+  CHECK(http_request(c.http_port(), "POST", "/v1/completions", body, auth).status == 401);
+  // The key itself is in no log line.
+  CHECK_THAT(c.gateway().err() + c.gateway().out(), !Contains(key));
+}

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -585,4 +586,63 @@ TEST_CASE("a request KJ cannot parse gets a JSON error and the connection is clo
   CHECK(parse(r)["error"]["type"] == "invalid_request_error");
   CHECK(c.wait_closed());
   require_still_serving(s.http_port());
+}
+
+TEST_CASE("with a keys file the /v1 endpoints need a valid Bearer key, and a reload revokes", "[http][auth]") {
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/http-auth";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/keys";
+  exa::auth::key_set keys;
+  const std::string acme = *keys.add("acme", false, 1), beta = *keys.add("beta", false, 2);
+  REQUIRE(exa::auth::save_keys(path, keys));
+  frontdoor_config config = test_config();
+  auto store = exa::auth::key_store::open(path);
+  REQUIRE(store);
+  config.keys = *store;
+  test_server s(config);
+  const std::string body = json{{"model", "fake"}, {"prompt", "ab"}}.dump();
+  const auto call = [&](std::string_view extra) {
+    return http_request(s.http_port(), "POST", "/v1/completions", body, extra);
+  };
+
+  struct refused {
+    const char* what;
+    std::string header;
+    const char* says;
+  };
+  for (const auto& r : std::vector<refused>{
+           {"no key", "", "no API key"},
+           {"another scheme", "Authorization: Basic " + acme + "\r\n", "must be 'Bearer <key>'"},
+           {"an unknown key", "Authorization: Bearer exa-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n", "not valid"},
+           {"a key cut short", "Authorization: Bearer " + acme.substr(0, acme.size() - 1) + "\r\n", "not valid"},
+       }) {
+    INFO(r.what);
+    auto resp = call(r.header);
+    CHECK(resp.status == 401);
+    CHECK(resp.header("www-authenticate") == "Bearer");
+    const auto j = parse(resp);
+    CHECK(j["error"]["type"] == "invalid_request_error");
+    CHECK(j["error"]["code"] == "invalid_api_key");
+    CHECK_THAT(j["error"]["message"].get<std::string>(), Catch::Matchers::Contains(r.says));
+  }
+  CHECK(s.backend->requests().empty());  // nothing refused reached the backend
+  CHECK(http_request(s.http_port(), "GET", "/v1/models").status == 401);
+
+  auto ok = call("Authorization: Bearer " + acme + "\r\n");
+  CHECK(ok.status == 200);
+  CHECK(parse(ok)["choices"][0]["text"] == "ba");
+  CHECK(call("authorization: bearer  " + beta + " \r\n").status == 200);  // scheme case and spaces as RFC 7235 allows
+  CHECK(http_request(s.http_port(), "GET", "/v1/models", {}, "Authorization: Bearer " + beta + "\r\n").status == 200);
+  // Probes stay open.
+  CHECK(http_request(s.http_port(), "GET", "/healthz").status == 200);
+  CHECK(http_request(s.http_port(), "GET", "/metrics").status == 200);
+
+  // Revoked in the file: refused once the store re-reads it (SIGHUP does this).
+  REQUIRE(keys.revoke(keys.find(acme)->id));
+  REQUIRE(exa::auth::save_keys(path, keys));
+  CHECK(call("Authorization: Bearer " + acme + "\r\n").status == 200);  // not re-read yet
+  REQUIRE((*store)->reload());
+  CHECK(call("Authorization: Bearer " + acme + "\r\n").status == 401);
+  CHECK(call("Authorization: Bearer " + beta + "\r\n").status == 200);
 }

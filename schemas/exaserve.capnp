@@ -343,10 +343,12 @@ interface Admin {
 interface Service {
   # The bootstrap capability of an ExaServe server.
 
-  gateway @0 () -> (gateway :Gateway);
+  gateway @0 (apiKey :Text) -> (gateway :Gateway);
   # Generation. Each call returns a fresh Gateway whose cancel() sees only the
-  # requests made through it.
+  # requests made through it. A server started with a keys file wants a valid
+  # API key (else: "unauthenticated: ..."); one without ignores it.
 
-  admin @1 () -> (admin :Admin);
-  # Cluster management.
+  admin @1 (apiKey :Text) -> (admin :Admin);
+  # Cluster management. With a keys file, the key must be an admin key (else
+  # "unauthenticated: ..." or "permission_denied: ...").
 }

@@ -20,9 +20,12 @@ namespace {
 
 using namespace exa;
 
-constexpr const char* usage = R"(usage: exaserve-cli [--connect HOST:PORT] <command> [args]
+constexpr const char* usage = R"(usage: exaserve-cli [--connect HOST:PORT] [--api-key KEY] <command> [args]
 
 Talks to an ExaServe server over Cap'n Proto RPC (default 127.0.0.1:7000).
+A server started with --keys-file wants an API key (--api-key, or the
+environment variable EXASERVE_API_KEY); status, models, deploy, undeploy and
+scale want an admin key.
 
 commands:
   status      nodes, devices, replicas (lifecycle state, load, KV use), deployments
@@ -245,6 +248,8 @@ int main(int argc, char** argv) {
   setup_logging();
   int i = 1;
   std::string connect = "127.0.0.1:7000";
+  const char* env_key = std::getenv("EXASERVE_API_KEY");
+  std::string api_key = env_key ? env_key : "";
   for (; i < argc && std::string_view(argv[i]).starts_with("-"); ++i) {
     const std::string_view a = argv[i];
     if (a == "--help" || a == "-h") return std::fputs(usage, stdout), 0;
@@ -252,6 +257,10 @@ int main(int argc, char** argv) {
       connect = argv[++i];
     } else if (a.starts_with("--connect=")) {
       connect = std::string(a.substr(10));
+    } else if (a == "--api-key" && i + 1 < argc) {
+      api_key = argv[++i];
+    } else if (a.starts_with("--api-key=")) {
+      api_key = std::string(a.substr(10));
     } else {
       std::fprintf(stderr, "exaserve-cli: unknown option '%s'\n\n%s", argv[i], usage);
       return 2;
@@ -268,7 +277,7 @@ int main(int argc, char** argv) {
   if (!args) return usage_fail(cmd.c_str(), args.error());
   auto where = parse_endpoint(connect);
   if (!where) return usage_fail(cmd.c_str(), where.error());
-  auto client = cli::rpc_client::connect(where->host, where->port);
+  auto client = cli::rpc_client::connect(where->host, where->port, api_key);
   if (!client) return fail(cmd.c_str(), client.error());
   return dispatch(cmd, **client, *args);
 }

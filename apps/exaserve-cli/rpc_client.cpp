@@ -107,6 +107,7 @@ class sink_impl final : public rpc::TokenSink::Server {
 
 struct rpc_client::impl {
   impl() : io(kj::setupAsyncIo()) {}
+  std::string api_key;  // sent with each capability request; empty when none
 
   /// Runs `make` (which builds a promise) to completion on this thread's loop,
   /// converting KJ exceptions (remote ones included) into error values.
@@ -140,8 +141,26 @@ struct rpc_client::impl {
 rpc_client::rpc_client(std::unique_ptr<impl> impl) : impl_(std::move(impl)) {}
 rpc_client::~rpc_client() = default;
 
-expected<std::unique_ptr<rpc_client>> rpc_client::connect(const std::string& host, std::uint16_t port) {
+namespace {
+
+// The capabilities, asked for with the API key (servers without keys ignore it).
+rpc::Admin::Client admin_of(rpc_client::impl& s) {
+  auto r = s.service.adminRequest();
+  r.setApiKey(s.api_key);
+  return r.send().getAdmin();
+}
+rpc::Gateway::Client gateway_of(rpc_client::impl& s) {
+  auto r = s.service.gatewayRequest();
+  r.setApiKey(s.api_key);
+  return r.send().getGateway();
+}
+
+}  // namespace
+
+expected<std::unique_ptr<rpc_client>> rpc_client::connect(const std::string& host, std::uint16_t port,
+                                                         std::string api_key) {
   auto self = std::make_unique<impl>();
+  self->api_key = std::move(api_key);
   self->where = fmt::format("{}:{}", host, port);
   auto& s = *self;
   auto stream = s.run<kj::Own<kj::AsyncIoStream>>(
@@ -167,7 +186,7 @@ expected<api::cluster_status> rpc_client::status() {
   auto& s = *impl_;
   return s.run<api::cluster_status>(
       [&] {
-        auto admin = s.service.adminRequest().send().getAdmin();
+        auto admin = admin_of(s);
         return admin.statusRequest().send().then([](auto r) { return to_api(r.getStatus()); });
       },
       true);
@@ -177,7 +196,7 @@ expected<std::vector<api::model_info>> rpc_client::models() {
   auto& s = *impl_;
   return s.run<std::vector<api::model_info>>(
       [&] {
-        auto admin = s.service.adminRequest().send().getAdmin();
+        auto admin = admin_of(s);
         return admin.modelsRequest().send().then([](auto r) {
           std::vector<api::model_info> out;
           for (auto m : r.getModels()) out.push_back(to_api(m));
@@ -191,7 +210,7 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
   auto& s = *impl_;
   auto r = s.run<bool>(
       [&] {
-        auto req = s.service.adminRequest().send().getAdmin().deployRequest();
+        auto req = admin_of(s).deployRequest();
         auto d = req.initRequest();
         d.setName(request.name);
         d.setModelFile(request.model_file);
@@ -210,7 +229,7 @@ expected<void> rpc_client::undeploy(const std::string& name) {
   auto& s = *impl_;
   auto r = s.run<bool>(
       [&] {
-        auto req = s.service.adminRequest().send().getAdmin().undeployRequest();
+        auto req = admin_of(s).undeployRequest();
         req.setName(name);
         return req.send().then([](auto) { return true; });
       },
@@ -223,7 +242,7 @@ expected<void> rpc_client::scale(const std::string& name, std::uint32_t replicas
   auto& s = *impl_;
   auto r = s.run<bool>(
       [&] {
-        auto req = s.service.adminRequest().send().getAdmin().scaleRequest();
+        auto req = admin_of(s).scaleRequest();
         req.setName(name);
         req.setReplicas(replicas);
         return req.send().then([](auto) { return true; });
@@ -238,7 +257,7 @@ expected<api::generate_result> rpc_client::generate(const api::generate_request&
   auto& s = *impl_;
   return s.run<api::generate_result>(
       [&] {
-        auto req = s.service.gatewayRequest().send().getGateway().generateRequest();
+        auto req = gateway_of(s).generateRequest();
         auto g = req.initRequest();
         g.setModel(request.model);
         if (request.prompt_ids) {

@@ -17,8 +17,10 @@ namespace exa::cli {
 class rpc_client {
  public:
   /// Connects to host:port. A refused connection says so, and suggests
-  /// starting the server.
-  static expected<std::unique_ptr<rpc_client>> connect(const std::string& host, std::uint16_t port);
+  /// starting the server. `api_key` goes with every call (servers started
+  /// with a keys file want one; admin calls want an admin key).
+  static expected<std::unique_ptr<rpc_client>> connect(const std::string& host, std::uint16_t port,
+                                                       std::string api_key = {});
   ~rpc_client();
   rpc_client(const rpc_client&) = delete;
   rpc_client& operator=(const rpc_client&) = delete;

@@ -1,5 +1,7 @@
 #include "rpc_service.hpp"
 
+#include <optional>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -332,14 +334,32 @@ class service_impl final : public rpc::Service::Server {
 
  protected:
   kj::Promise<void> gateway(GatewayContext context) override {
+    if (auto denied = check(context.getParams().getApiKey(), false)) return to_rpc_exception(*denied);
     // A fresh Gateway per call: cancel() then only reaches its own requests.
     context.getResults().setGateway(kj::heap<gateway_impl>(ctx_));
     return kj::READY_NOW;
   }
 
   kj::Promise<void> admin(AdminContext context) override {
+    if (auto denied = check(context.getParams().getApiKey(), true)) return to_rpc_exception(*denied);
     context.getResults().setAdmin(kj::heap<admin_impl>(ctx_));
     return kj::READY_NOW;
+  }
+
+  // With a keys file: the key must be known, and an admin key for admin.
+  std::optional<error> check(capnp::Text::Reader key, bool admin) const {
+    const auto& store = ctx_->config.keys;
+    if (!store) return std::nullopt;
+    if (key.size() == 0)
+      return error{errc::unauthenticated, "no API key: this server checks keys (exaserve-cli --api-key KEY)"};
+    const auto keys = store->current();
+    const auth::key_entry* e = keys->find(std::string_view(key.cStr(), key.size()));
+    if (!e) return error{errc::unauthenticated, "the API key is not valid: it was revoked or never issued"};
+    if (admin && !e->admin)
+      return error{errc::permission_denied,
+                   "key " + e->id + " of tenant " + e->tenant + " is not an admin key (exaserve keys add --admin)"};
+    spdlog::info("event=rpc_authenticated role={} key={} tenant={}", admin ? "admin" : "gateway", e->id, e->tenant);
+    return std::nullopt;
   }
 
  private:

@@ -144,8 +144,12 @@ class process_cluster {
   /// Points the helpers (status, cli_run) at gateway `n`.
   void use_gateway(unsigned n) { current_ = n; }
 
+  /// The key exaserve-cli sends (gateways started with --keys-file want an admin key).
+  void use_api_key(std::string key) { api_key_ = std::move(key); }
+
   process_result cli_run(std::vector<std::string> args) {
     std::vector<std::string> argv{cli, "--connect", "127.0.0.1:" + std::to_string(gateways_.at(current_).rpc_port)};
+    if (!api_key_.empty()) argv.insert(argv.end(), {"--api-key", api_key_});
     argv.insert(argv.end(), args.begin(), args.end());
     return run_process(argv, 20s);
   }
@@ -184,6 +188,7 @@ class process_cluster {
   };
   std::map<unsigned, gateway_entry> gateways_;
   unsigned current_ = 0;
+  std::string api_key_;
   unsigned controller_port_ = 0;
 };
 
@@ -647,6 +652,9 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   const std::string key = add.out.substr(0, add.out.find('\n'));
   REQUIRE(key.rfind("exa-", 0) == 0);
   CHECK_THAT(exa::chaos::read_text(keys), !Contains(key));  // the file holds its hash only
+  const auto admin = run_process({exaserve, "keys", "add", "--file", keys, "--tenant", "ops", "--admin"}, 20s);
+  REQUIRE(admin.exit_code == 0);
+  const std::string admin_key = admin.out.substr(0, admin.out.find('\n'));
   c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\n");
   c.start_controller();
   c.start_node(1);
@@ -655,8 +663,17 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   CHECK(both.exit_code != 0);
   CHECK_THAT(both.err, Contains("contradict"));
   c.start_gateway(0, {"--keys-file", keys});
+  // The admin RPC wants an admin key: none, or a tenant's, is refused.
+  auto open = c.cli_run({"status"});
+  CHECK(open.exit_code != 0);
+  CHECK_THAT(open.err, Contains("unauthenticated") && Contains("--api-key"));
+  c.use_api_key(key);
+  auto user = c.cli_run({"status"});
+  CHECK(user.exit_code != 0);
+  CHECK_THAT(user.err, Contains("permission_denied") && Contains("not an admin key"));
+  c.use_api_key(admin_key);
   c.wait_replicas([](const auto& r) { return all_ready(r, 1); }, 30s, "1 ready replica");
-  CHECK_THAT(c.gateway().err(), Contains("event=auth_enabled") && Contains("keys=1"));
+  CHECK_THAT(c.gateway().err(), Contains("event=auth_enabled") && Contains("keys=2"));
   const std::string body = R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})";
   const std::string auth = "Authorization: Bearer " + key + "\r\n";
   CHECK(http_request(c.http_port(), "POST", "/v1/completions", body).status == 401);
@@ -665,11 +682,13 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   const auto list = run_process({exaserve, "keys", "list", "--file", keys}, 20s);
   REQUIRE(list.exit_code == 0);
   CHECK_THAT(list.out, Contains("acme") && !Contains(key));
-  const std::string id = list.out.substr(list.out.find('\n') + 1, 12);
+  const auto row = list.out.find("acme");
+  REQUIRE(row != std::string::npos);
+  const std::string id = list.out.substr(list.out.rfind('\n', row) + 1, 12);
   REQUIRE(run_process({exaserve, "keys", "revoke", id, "--file", keys}, 20s).exit_code == 0);
   c.gateway().signal(SIGHUP);
   c.gateway().wait_for("event=keys_reloaded", 10s, true);
   CHECK(http_request(c.http_port(), "POST", "/v1/completions", body, auth).status == 401);
   // The key itself is in no log line.
-  CHECK_THAT(c.gateway().err() + c.gateway().out(), !Contains(key));
+  CHECK_THAT(c.gateway().err() + c.gateway().out(), !Contains(key) && !Contains(admin_key));
 }

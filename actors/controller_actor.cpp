@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "actors/cluster_metrics.hpp"
+#include "auth/api_keys.hpp"
 #include "cluster/journal.hpp"
 #include "cluster/model_ref.hpp"
 #include "cluster/model_shape.hpp"
@@ -74,7 +75,7 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
 }
 
 deployment_announce announce(const std::string& name, const controller_state::deployment& dep) {
-  return {name, dep.model_file, dep.spec.model.vocab_size, dep.spec.model.context_length, dep.routing};
+  return {name, dep.model_file, dep.spec.model.vocab_size, dep.spec.model.context_length, dep.routing, dep.tenant};
 }
 
 void remember(self_ptr self, const api::deploy_request& req) {
@@ -277,8 +278,11 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   if (!ref) return std::unexpected(ref.error());
   if (!req.model_sha256.empty() && !model::is_sha256_hex(req.model_sha256))
     return make_error(errc::invalid_argument, "sha256 must be 64 hex digits, got '" + req.model_sha256 + "'");
+  if (!req.tenant.empty())
+    if (auto ok = auth::check_tenant(req.tenant); !ok) return std::unexpected(ok.error());
   controller_state::deployment dep;
   dep.model_sha256 = model::normalize_sha256(req.model_sha256);
+  dep.tenant = req.tenant;
   dep.model_file = file;
   if (ref->is_preset()) {  // simulation: a published shape, no weights
     dep.spec.model = *ref->preset;
@@ -338,7 +342,7 @@ void stop_slots(self_ptr self, const std::string& name, std::uint32_t from_slot)
 std::vector<api::model_info> list_models(self_ptr self) {
   std::vector<api::model_info> out;
   for (const auto& [name, dep] : self->state.deployments) {
-    api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length};
+    api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length, dep.tenant};
     for (const auto& [id, r] : self->state.replicas)
       if (r.deployment == name && cluster::accepts_requests(r.state)) ++mi.replicas_ready;
     out.push_back(std::move(mi));

@@ -106,6 +106,7 @@ struct controller_state {
     std::string model_file;
     std::string model_sha256;  // "" = not pinned
     std::string routing;
+    std::string tenant;  // "" = shared
   };
   std::map<std::string, deployment> deployments;
   struct replica_record {

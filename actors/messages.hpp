@@ -37,7 +37,7 @@ namespace exa::api {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("exa.model_info"), x.name, x.model_file, x.replicas_ready, x.replicas_desired,
-           x.context_length);
+           x.context_length, x.tenant);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_status& x) {
@@ -60,7 +60,7 @@ typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
   return f(caf::meta::type_name("exa.deploy_request"), x.name, x.model_file, x.replicas, x.kv_tokens, x.routing,
-           x.max_replicas_per_node, x.model_sha256);
+           x.max_replicas_per_node, x.model_sha256, x.tenant);
 }
 
 }  // namespace exa::api
@@ -404,11 +404,12 @@ struct deployment_announce {
   std::uint32_t vocab_size = 0;
   std::uint32_t context_length = 0;
   std::string routing;  // policy name
+  std::string tenant;   // "": shared (api::deploy_request::tenant)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deployment_announce& x) {
   return f(caf::meta::type_name("exa.deployment_announce"), x.name, x.model_file, x.vocab_size, x.context_length,
-           x.routing);
+           x.routing, x.tenant);
 }
 
 /// controller -> routers: a deployment is gone.

@@ -68,10 +68,19 @@ std::shared_ptr<const model::llama_model> open_tokenizer(const deployment_announ
   return *model;
 }
 
+// Whether a caller scoped to `tenant` ("" = any) may see a deployment of
+// `owner` ("" = shared by all).
+bool visible(const std::string& tenant, const std::string& owner) {
+  return tenant.empty() || owner.empty() || owner == tenant;
+}
+
 void on_route(self_ptr self, const route_request& m) {
   auto& st = self->state;
-  const auto dep = st.deployments.find(m.request.model);
-  if (dep == st.deployments.end() && is_starting(self, m.request.model)) {
+  auto dep = st.deployments.find(m.request.model);
+  // Another tenant's deployment is answered exactly like one that does not exist.
+  if (dep != st.deployments.end() && !visible(m.request.tenant, dep->second.info.tenant)) dep = st.deployments.end();
+  const bool hidden = dep == st.deployments.end() && st.deployments.count(m.request.model) > 0;
+  if (dep == st.deployments.end() && !hidden && is_starting(self, m.request.model)) {
     auto& waiting = st.waiting_for_start[m.request.model];
     if (waiting.size() >= st.config.admission.queued_per_model_max)
       return refuse(m, {errc::overloaded, "model '" + m.request.model + "' is starting and its queue is full"});
@@ -82,7 +91,8 @@ void on_route(self_ptr self, const route_request& m) {
   }
   if (dep == st.deployments.end()) {
     std::string known;
-    for (const auto& [name, d] : st.deployments) known += (known.empty() ? "" : ", ") + name;
+    for (const auto& [name, d] : st.deployments)
+      if (visible(m.request.tenant, d.info.tenant)) known += (known.empty() ? "" : ", ") + name;
     count_refusal(self, m.request.model);
     return refuse(m, {errc::not_found, "unknown model '" + m.request.model + "'" +
                                            (known.empty() ? std::string(" (nothing is deployed)") : " (serving: " + known + ")")});

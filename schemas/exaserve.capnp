@@ -201,6 +201,9 @@ struct ModelInfo {
 
   contextLength @4 :UInt32;
   # Longest sequence (prompt + generated tokens) in tokens.
+
+  tenant @5 :Text;
+  # The tenant that owns it; empty means shared by every tenant.
 }
 
 struct NodeStatus {
@@ -318,6 +321,10 @@ struct DeployRequest {
   modelSha256 @5 :Text;
   # SHA-256 (hex) the model file must have; empty means not pinned. Nodes
   # check it before loading and find the file by it in their model directory.
+
+  tenant @6 :Text;
+  # The tenant that owns it: only that tenant's API keys (and admin keys)
+  # see and reach it. Empty means shared by every tenant.
 }
 
 interface Admin {

@@ -34,6 +34,7 @@ commands:
               stream a completion to stdout (model: the first deployment if not given;
               max tokens: 64)
   deploy --name N [--model-file F] [--replicas R] [--kv-tokens K] [--routing P] [--sha256 HEX]
+         [--tenant T]    (only T's API keys, and admin keys, see it; default: shared)
   undeploy NAME
   scale NAME REPLICAS
 
@@ -177,6 +178,7 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
   api::deploy_request req{args.get("name"), args.get("model-file"), static_cast<std::uint32_t>(*replicas),
                           static_cast<std::uint32_t>(*kv), args.get("routing")};
   req.model_sha256 = args.get("sha256");
+  req.tenant = args.get("tenant");
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -228,7 +230,7 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"status", {}},
     {"models", {}},
     {"generate", {"model", "max-tokens", "temperature", "seed"}},
-    {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256"}},
+    {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant"}},
     {"undeploy", {}},
     {"scale", {}},
 };

@@ -43,7 +43,8 @@ error from_exception(const kj::Exception& e, const std::string& where) {
 }
 
 api::model_info to_api(rpc::ModelInfo::Reader m) {
-  return {m.getName(), m.getModelFile(), m.getReplicasReady(), m.getReplicasDesired(), m.getContextLength()};
+  return {m.getName(), m.getModelFile(), m.getReplicasReady(), m.getReplicasDesired(), m.getContextLength(),
+          m.getTenant()};
 }
 
 api::cluster_status to_api(rpc::ClusterStatus::Reader s) {
@@ -218,6 +219,7 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setKvTokens(request.kv_tokens);
         d.setRouting(request.routing);
         d.setModelSha256(request.model_sha256);
+        d.setTenant(request.tenant);
         return req.send().then([](auto) { return true; });
       },
       true);

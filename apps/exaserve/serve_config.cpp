@@ -84,7 +84,8 @@ std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
           {"replicas", uint_setter(d.replicas, 1, 4096)},
           {"kv_tokens", uint_setter(d.kv_tokens, 16, 1u << 24)},
           {"routing", string_setter(d.routing)},
-          {"sha256", string_setter(d.model_sha256)}};
+          {"sha256", string_setter(d.model_sha256)},
+          {"tenant", string_setter(d.tenant)}};
 }
 
 }  // namespace

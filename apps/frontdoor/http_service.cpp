@@ -57,6 +57,12 @@ std::optional<error> failure_of(const api::generate_result& r) {
   return std::nullopt;
 }
 
+/// Whether a deployment owned by `owner` ("" = shared) exists for a caller
+/// scoped to `tenant` ("" = every tenant: no keys, or an admin key).
+bool visible_to(const std::string& tenant, const std::string& owner) {
+  return tenant.empty() || owner.empty() || owner == tenant;
+}
+
 /// Reads a request body, stopping as soon as it exceeds `max_bytes` (the
 /// rest is never buffered).
 struct body_reader {
@@ -164,14 +170,15 @@ struct http_service::exchange {
     const bool probe = code == 200 && (path == "/healthz" || path == "/readyz" || path == "/metrics");
     spdlog::log(probe ? spdlog::level::debug : spdlog::level::info,
                 "event=http_request method={} path={} status={} ms={:.2f} request_id={} tenant={}", method, path, code,
-                ms, request_id.empty() ? "-" : request_id, tenant.empty() ? "-" : tenant);
+                ms, request_id.empty() ? "-" : request_id, tenant_label.empty() ? "-" : tenant_label);
   }
 
   std::shared_ptr<door_context> ctx;
   std::string method;
   std::string path;
   std::string request_id;
-  std::string tenant;  // of the API key, when keys are checked
+  std::string tenant;  // of the API key, when keys are checked and it is not an admin key
+  std::string tenant_label;  // the key's tenant, admin or not, for the log line
   unsigned status = 0;
   steady::time_point start;
 };
@@ -204,7 +211,10 @@ std::optional<error> http_service::check_key(exchange& ex, const kj::HttpHeaders
   const auto keys = store->current();
   const auth::key_entry* e = keys->find(key);
   if (!e) return error{errc::unauthenticated, "the API key is not valid: it was revoked or never issued"};
-  ex.tenant = e->tenant;  // never the key: logs and metrics see the tenant only
+  // Never the key: logs and metrics see the tenant only. An admin key sees
+  // every tenant's deployments, so it is scoped to none.
+  ex.tenant = e->admin ? std::string() : e->tenant;
+  ex.tenant_label = e->tenant;
   return std::nullopt;
 }
 
@@ -269,6 +279,7 @@ kj::Promise<void> http_service::handle_generate(exchange& ex, bool chat, kj::May
     auto req = parse_openai_request(kind, r.data, ctx_->config.limits);
     if (!req) return send_error(ex, response, req.error().err, req.error().param);
     if (auto bad = validate_generate(req->gen, ctx_->config.limits)) return send_error(ex, response, *bad);
+    req->gen.tenant = ex.tenant;  // the backend answers another tenant's deployment as unknown
     response_meta meta{kind, {}, req->gen.model, unix_now_s(), req->return_token_ids};
     auto call = generate_call::start(ctx_, std::move(req->gen));
     ex.request_id = call->id();
@@ -348,6 +359,8 @@ kj::Promise<void> http_service::handle_models(exchange& ex, std::string one, Res
   return with_deadline(ctx_->timer, ctx_->config.backend_call_timeout_ms, kj::mv(listed), "models")
       .then([this, &ex, &response, one = std::move(one)](expected<std::vector<api::model_info>> models) {
         if (!models) return send_error(ex, response, models.error());
+        // Another tenant's deployments are not listed: to this caller they do not exist.
+        std::erase_if(*models, [&](const api::model_info& m) { return !visible_to(ex.tenant, m.tenant); });
         const auto created = unix_now_s();
         if (one.empty()) return send_json(ex, response, 200, render_model_list(*models, created));
         for (const auto& m : *models)

@@ -87,6 +87,7 @@ void fill(rpc::ModelInfo::Builder out, const api::model_info& m) {
   out.setReplicasReady(m.replicas_ready);
   out.setReplicasDesired(m.replicas_desired);
   out.setContextLength(m.context_length);
+  out.setTenant(m.tenant);
 }
 
 void fill(rpc::ReplicaStatus::Builder out, const api::replica_status& r) {
@@ -202,7 +203,8 @@ struct rpc_stream {
 
 class gateway_impl final : public rpc::Gateway::Server {
  public:
-  explicit gateway_impl(std::shared_ptr<door_context> ctx) : ctx_(std::move(ctx)) {}
+  /// `tenant`: the scope of the key it was asked for with ("" = every tenant).
+  gateway_impl(std::shared_ptr<door_context> ctx, std::string tenant) : ctx_(std::move(ctx)), tenant_(std::move(tenant)) {}
 
  protected:
   kj::Promise<void> generate(GenerateContext context) override {
@@ -219,6 +221,7 @@ class gateway_impl final : public rpc::Gateway::Server {
       return to_rpc_exception(error{errc::overloaded, fmt::format("more than {} generate calls in flight",
                                                                   rpc_generate_in_flight_max)});
     auto gen = from_rpc(request);
+    gen.tenant = tenant_;
     if (auto bad = validate_generate(gen, ctx_->config.limits)) {
       api::generate_result refused;
       refused.reason = api::finish_reason::error;
@@ -252,6 +255,7 @@ class gateway_impl final : public rpc::Gateway::Server {
   }
 
  private:
+  std::string tenant_;
   std::shared_ptr<door_context> ctx_;
   std::shared_ptr<tag_map> tags_ = std::make_shared<tag_map>();
 };
@@ -289,6 +293,7 @@ class admin_impl final : public rpc::Admin::Server {
     auto r = context.getParams().getRequest();
     api::deploy_request req{r.getName(), r.getModelFile(), r.getReplicas(), r.getKvTokens(), r.getRouting()};
     req.model_sha256 = r.getModelSha256();
+    req.tenant = r.getTenant();
     if (req.name.empty()) return to_rpc_exception(error{errc::invalid_argument, "deployment name must be given"});
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->deploy(std::move(req), std::move(cb.callback));
@@ -334,32 +339,35 @@ class service_impl final : public rpc::Service::Server {
 
  protected:
   kj::Promise<void> gateway(GatewayContext context) override {
-    if (auto denied = check(context.getParams().getApiKey(), false)) return to_rpc_exception(*denied);
+    auto scope = check(context.getParams().getApiKey(), false);
+    if (!scope) return to_rpc_exception(scope.error());
     // A fresh Gateway per call: cancel() then only reaches its own requests.
-    context.getResults().setGateway(kj::heap<gateway_impl>(ctx_));
+    context.getResults().setGateway(kj::heap<gateway_impl>(ctx_, std::move(*scope)));
     return kj::READY_NOW;
   }
 
   kj::Promise<void> admin(AdminContext context) override {
-    if (auto denied = check(context.getParams().getApiKey(), true)) return to_rpc_exception(*denied);
+    if (auto scope = check(context.getParams().getApiKey(), true); !scope) return to_rpc_exception(scope.error());
     context.getResults().setAdmin(kj::heap<admin_impl>(ctx_));
     return kj::READY_NOW;
   }
 
   // With a keys file: the key must be known, and an admin key for admin.
-  std::optional<error> check(capnp::Text::Reader key, bool admin) const {
+  // The tenant the caller is scoped to ("" = every tenant: no keys, or an
+  // admin key).
+  expected<std::string> check(capnp::Text::Reader key, bool admin) const {
     const auto& store = ctx_->config.keys;
-    if (!store) return std::nullopt;
+    if (!store) return std::string();
     if (key.size() == 0)
-      return error{errc::unauthenticated, "no API key: this server checks keys (exaserve-cli --api-key KEY)"};
+      return make_error(errc::unauthenticated, "no API key: this server checks keys (exaserve-cli --api-key KEY)");
     const auto keys = store->current();
     const auth::key_entry* e = keys->find(std::string_view(key.cStr(), key.size()));
-    if (!e) return error{errc::unauthenticated, "the API key is not valid: it was revoked or never issued"};
+    if (!e) return make_error(errc::unauthenticated, "the API key is not valid: it was revoked or never issued");
     if (admin && !e->admin)
-      return error{errc::permission_denied,
-                   "key " + e->id + " of tenant " + e->tenant + " is not an admin key (exaserve keys add --admin)"};
+      return make_error(errc::permission_denied,
+                        "key " + e->id + " of tenant " + e->tenant + " is not an admin key (exaserve keys add --admin)");
     spdlog::info("event=rpc_authenticated role={} key={} tenant={}", admin ? "admin" : "gateway", e->id, e->tenant);
-    return std::nullopt;
+    return e->admin ? std::string() : e->tenant;
   }
 
  private:

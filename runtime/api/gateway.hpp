@@ -51,6 +51,10 @@ struct generate_request {
   std::vector<std::string> stop;  // stop sequences (text); generation ends before them
   bool ignore_eos = false;
   std::uint32_t deadline_ms = 0;  // 0: the backend's default
+  /// The caller's tenant (its API key's), checked against the deployment's:
+  /// a deployment of another tenant answers not_found, as if it did not
+  /// exist. "": no check (no keys, or an admin key).
+  std::string tenant;
 };
 
 /// Tokens produced since the last chunk, with their text. Text is valid UTF-8:
@@ -99,6 +103,7 @@ struct model_info {
   std::uint32_t replicas_ready = 0;
   std::uint32_t replicas_desired = 0;
   std::uint32_t context_length = 0;
+  std::string tenant;  // who owns it; "": shared by every tenant
 };
 
 struct replica_status {
@@ -149,6 +154,9 @@ struct deploy_request {
   /// before loading, find the file in their --model-dir by it when the path
   /// is missing, and share one load among deployments of the same content.
   std::string model_sha256;
+  /// The tenant that owns it: only that tenant's keys (and admin keys) see
+  /// and reach it. "": shared by every tenant.
+  std::string tenant;
   bool operator==(const deploy_request&) const = default;
 };
 

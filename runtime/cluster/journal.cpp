@@ -28,7 +28,7 @@ error io_failure(const std::string& what, const std::string& path) {
 json to_json(const api::deploy_request& d) {
   return {{"name", d.name},       {"model_file", d.model_file}, {"replicas", d.replicas},
           {"kv_tokens", d.kv_tokens}, {"routing", d.routing},   {"max_replicas_per_node", d.max_replicas_per_node},
-          {"model_sha256", d.model_sha256}};
+          {"model_sha256", d.model_sha256}, {"tenant", d.tenant}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -40,6 +40,7 @@ api::deploy_request deploy_from(const json& j) {
   d.routing = j.at("routing").get<std::string>();
   d.max_replicas_per_node = j.at("max_replicas_per_node").get<std::uint32_t>();
   d.model_sha256 = j.value("model_sha256", std::string());  // journals written before it have none
+  d.tenant = j.value("tenant", std::string());              // the same
   return d;
 }
 

@@ -116,3 +116,34 @@ TEST_CASE("admission control refuses beyond the queue bound with overloaded", "[
   REQUIRE(later->result.has_value());
   CHECK_FALSE(later->result->err.has_value());
 }
+
+TEST_CASE("a tenant's deployment does not exist for another tenant's requests", "[actors][routing][tenant]") {
+  auto o = test::cluster_fixture::defaults(1);
+  o.deployments[0].tenant = "acme";
+  api::deploy_request shared;
+  shared.name = "shared";
+  o.deployments.push_back(shared);
+  test::cluster_fixture f(o);
+  f.run();
+  REQUIRE(f.ready());
+  const auto as = [&](std::string id, std::string model, std::string tenant) {
+    auto r = request(std::move(id));
+    r.model = std::move(model);
+    r.tenant = std::move(tenant);
+    auto sink = f.generate(r);
+    f.run();
+    REQUIRE(sink->result.has_value());
+    return *sink->result;
+  };
+  CHECK_FALSE(as("own", "tiny", "acme").err.has_value());
+  CHECK_FALSE(as("unscoped", "tiny", "").err.has_value());  // no keys, or an admin key
+  CHECK_FALSE(as("shared", "shared", "beta").err.has_value());
+  const auto other = as("other", "tiny", "beta");
+  REQUIRE(other.err.has_value());
+  CHECK(other.err->code == errc::not_found);
+  // Worded as for a model that does not exist, and the list names only what beta may use.
+  const auto unknown = as("unknown", "nonexistent", "beta");
+  REQUIRE(unknown.err.has_value());
+  CHECK(other.err->message == "unknown model 'tiny' (serving: shared)");
+  CHECK(unknown.err->message == "unknown model 'nonexistent' (serving: shared)");
+}

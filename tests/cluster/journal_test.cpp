@@ -170,3 +170,21 @@ TEST_CASE("a snapshot replaces the log and keeps every record", "[journal]") {
   REQUIRE_FALSE(broken.has_value());
   CHECK_THAT(broken.error().message, Contains("snapshot.json is not a valid snapshot"));
 }
+
+TEST_CASE("a deployment's tenant survives the journal", "[journal]") {
+  api::deploy_request d;
+  d.name = "owned";
+  d.model_file = "/m.gguf";
+  d.tenant = "acme";
+  const auto dir = fresh_dir("tenant");
+  {
+    auto j = cluster::journal::open(dir);
+    REQUIRE(j);
+    REQUIRE(j->append(cluster::journal_record::deploy(d)));
+  }
+  auto again = cluster::journal::open(dir);
+  REQUIRE(again);
+  REQUIRE(again->state().deployments.count("owned"));
+  CHECK(again->state().deployments.at("owned").tenant == "acme");
+  CHECK(again->state().deployments.at("owned") == d);
+}

@@ -655,7 +655,11 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   const auto admin = run_process({exaserve, "keys", "add", "--file", keys, "--tenant", "ops", "--admin"}, 20s);
   REQUIRE(admin.exit_code == 0);
   const std::string admin_key = admin.out.substr(0, admin.out.find('\n'));
-  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\n");
+  const auto other = run_process({exaserve, "keys", "add", "--file", keys, "--tenant", "beta"}, 20s);
+  REQUIRE(other.exit_code == 0);
+  const std::string beta_key = other.out.substr(0, other.out.find('\n'));
+  // tiny is acme's: for beta it does not exist.
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 1\ntenant = acme\n");
   c.start_controller();
   c.start_node(1);
   // Both modes at once is a contradiction, refused with its reason.
@@ -673,11 +677,22 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   CHECK_THAT(user.err, Contains("permission_denied") && Contains("not an admin key"));
   c.use_api_key(admin_key);
   c.wait_replicas([](const auto& r) { return all_ready(r, 1); }, 30s, "1 ready replica");
-  CHECK_THAT(c.gateway().err(), Contains("event=auth_enabled") && Contains("keys=2"));
+  CHECK_THAT(c.gateway().err(), Contains("event=auth_enabled") && Contains("keys=3"));
   const std::string body = R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})";
   const std::string auth = "Authorization: Bearer " + key + "\r\n";
   CHECK(http_request(c.http_port(), "POST", "/v1/completions", body).status == 401);
   CHECK(http_request(c.http_port(), "POST", "/v1/completions", body, auth).status == 200);
+  const std::string beta = "Authorization: Bearer " + beta_key + "\r\n";
+  auto hidden = http_request(c.http_port(), "POST", "/v1/completions", body, beta);
+  CHECK(hidden.status == 404);
+  CHECK_THAT(hidden.body, Contains("unknown model 'tiny'") && !Contains("serving: tiny"));
+  CHECK_THAT(http_request(c.http_port(), "GET", "/v1/models", {}, beta).body, !Contains("\"tiny\""));
+  CHECK(http_request(c.http_port(), "GET", "/v1/models/tiny", {}, beta).status == 404);
+  CHECK_THAT(http_request(c.http_port(), "GET", "/v1/models", {}, auth).body, Contains("\"tiny\""));
+  CHECK_THAT(http_request(c.http_port(), "GET", "/v1/models", {}, "Authorization: Bearer " + admin_key + "\r\n").body,
+             Contains("\"tiny\""));
+  // The owner is kept in the controller's journal, so a restart keeps it.
+  CHECK_THAT(exa::chaos::read_text(c.dir() + "/state/journal.log"), Contains("\"tenant\":\"acme\""));
 
   const auto list = run_process({exaserve, "keys", "list", "--file", keys}, 20s);
   REQUIRE(list.exit_code == 0);
@@ -690,5 +705,5 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   c.gateway().wait_for("event=keys_reloaded", 10s, true);
   CHECK(http_request(c.http_port(), "POST", "/v1/completions", body, auth).status == 401);
   // The key itself is in no log line.
-  CHECK_THAT(c.gateway().err() + c.gateway().out(), !Contains(key) && !Contains(admin_key));
+  CHECK_THAT(c.gateway().err() + c.gateway().out(), !Contains(key) && !Contains(admin_key) && !Contains(beta_key));
 }

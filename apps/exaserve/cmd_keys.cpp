@@ -19,13 +19,19 @@ const std::vector<flag_spec> flags = {
     {"file", true, "the keys file (created by the first `add`)"},
     {"tenant", true, "add: the tenant the key belongs to"},
     {"admin", false, "add: the key may also administer the cluster (deploy, scale, undeploy)"},
+    {"requests-per-s", true, "limit: requests per second (token bucket; 0 = unlimited)"},
+    {"tokens-per-min", true, "limit: prompt + generated tokens per minute (0 = unlimited)"},
+    {"max-concurrent", true, "limit: requests in flight (0 = unlimited)"},
+    {"max-tokens", true, "limit: max_tokens of one request (0 = unlimited)"},
     {"help", false, "show this help"},
 };
 
 const char* usage =
     "usage: exaserve keys add --file FILE --tenant T [--admin]   print a new key once; the file keeps its hash\n"
     "       exaserve keys revoke ID --file FILE                   remove the key with this id (or id prefix)\n"
-    "       exaserve keys list --file FILE                        ids, tenants, roles and dates; never a key\n";
+    "       exaserve keys list --file FILE                        ids, tenants, roles and dates; never a key\n"
+    "       exaserve keys limit --file FILE --tenant T [--requests-per-s X] [--tokens-per-min X]\n"
+    "                           [--max-concurrent N] [--max-tokens N]   set a tenant's limits (0 = unlimited)\n";
 
 }  // namespace
 
@@ -59,7 +65,30 @@ int cmd_keys(int argc, char** argv) {
   }
   auto keys = auth::load_keys(*file);
   if (!keys) return fail(("keys " + sub).c_str(), keys.error());
+  if (sub == "limit") {
+    const auto tenant = a->get("tenant");
+    if (!tenant) return fail("keys limit", {errc::invalid_argument, "--tenant T is required"});
+    auth::tenant_limits l = keys->limits_for(*tenant);
+    auto rps = a->get_double("requests-per-s", l.requests_per_s, 0, 1e9);
+    auto tpm = a->get_double("tokens-per-min", l.tokens_per_min, 0, 1e12);
+    auto conc = a->get_int("max-concurrent", l.max_concurrent, 0, 1000000000);
+    auto maxt = a->get_int("max-tokens", l.max_tokens, 0, 1000000000);
+    if (!rps) return fail("keys limit", rps.error());
+    if (!tpm) return fail("keys limit", tpm.error());
+    if (!conc) return fail("keys limit", conc.error());
+    if (!maxt) return fail("keys limit", maxt.error());
+    l = {*rps, *tpm, static_cast<std::uint32_t>(*conc), static_cast<std::uint32_t>(*maxt)};
+    if (auto ok = keys->set_limits(*tenant, l); !ok) return fail("keys limit", ok.error());
+    if (auto ok = auth::save_keys(*file, *keys); !ok) return fail("keys limit", ok.error());
+    std::printf("tenant %s: requests_per_s=%g tokens_per_min=%g max_concurrent=%u max_tokens=%u; running gateways "
+                "apply it on SIGHUP\n",
+                tenant->c_str(), l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens);
+    return 0;
+  }
   if (sub == "list") {
+    for (const auto& [t, l] : keys->limits())
+      std::printf("limits of %s: requests_per_s=%g tokens_per_min=%g max_concurrent=%u max_tokens=%u\n", t.c_str(),
+                  l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens);
     std::printf("%-12s  %-24s  %-5s  %s\n", "ID", "TENANT", "ROLE", "CREATED");
     for (const auto& e : keys->entries()) {
       char when[32] = "-";

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
 #include "common/assert.hpp"
 
 namespace exa::door {
@@ -39,6 +41,9 @@ std::string door_counters::render() const {
   out += "# HELP exaserve_frontdoor_backend_cancels_total Backend requests cancelled by the front door: client gone or fallen behind, or shutdown.\n";
   out += "# TYPE exaserve_frontdoor_backend_cancels_total counter\n";
   out += fmt::format("exaserve_frontdoor_backend_cancels_total {}\n", backend_cancels);
+  out += "# HELP exaserve_frontdoor_tenant_refusals_total Requests refused by their tenant's limits (keys file).\n";
+  out += "# TYPE exaserve_frontdoor_tenant_refusals_total counter\n";
+  out += fmt::format("exaserve_frontdoor_tenant_refusals_total {}\n", tenant_refusals);
   return out;
 }
 
@@ -60,7 +65,15 @@ kj::Own<generate_call> generate_call::start(std::shared_ptr<door_context> ctx, a
   return call;
 }
 
+void generate_call::end(std::uint64_t tokens) {
+  if (!on_end_) return;
+  auto fn = std::move(on_end_);
+  on_end_ = nullptr;
+  fn(tokens);
+}
+
 generate_call::~generate_call() {
+  end(tokens_seen_);
   // Close first: a backend that answers cancel() synchronously (on this very
   // thread) then finds the channel closed instead of re-entering us.
   channel_->close();
@@ -80,8 +93,38 @@ kj::Promise<request_channel::batch> generate_call::next() {
   return channel_->when_ready().then([this]() {
     auto b = channel_->take();
     if (b.backend_finished) backend_finished_ = true;
+    for (const auto& ch : b.chunks) tokens_seen_ += ch.tokens.size();
+    if (b.done) {
+      const std::uint64_t used = std::uint64_t{b.done->usage.prompt_tokens} + b.done->usage.completion_tokens;
+      end(used > 0 ? used : tokens_seen_);
+    }
     return b;
   });
+}
+
+namespace {
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+std::expected<kj::Own<generate_call>, auth::limit_refusal> start_limited(std::shared_ptr<door_context> ctx,
+                                                                         api::generate_request request,
+                                                                         const std::string& tenant) {
+  if (!ctx->config.keys || tenant.empty()) return generate_call::start(std::move(ctx), std::move(request));
+  const auth::tenant_limits limits = ctx->config.keys->current()->limits_for(tenant);
+  if (limits == auth::tenant_limits{}) return generate_call::start(std::move(ctx), std::move(request));
+  auto admitted = ctx->limiter.admit(tenant, limits, steady_ns(), request.max_tokens);
+  if (!admitted) {
+    ++ctx->counters.tenant_refusals;
+    spdlog::info("event=tenant_limited tenant={} limit={} retry_after_ms={}", tenant, admitted.error().limit,
+                 admitted.error().retry_after_ms);
+    return std::unexpected(admitted.error());
+  }
+  auto call = generate_call::start(ctx, std::move(request));
+  call->on_end([ctx, a = *admitted](std::uint64_t tokens) { ctx->limiter.finish(a, tokens, steady_ns()); });
+  return call;
 }
 
 }  // namespace exa::door

@@ -9,12 +9,14 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
 
 #include "api/gateway.hpp"
 #include "cross_thread.hpp"
+#include "auth/tenant_limits.hpp"
 #include "frontdoor.hpp"
 
 namespace exa::door {
@@ -41,6 +43,7 @@ struct door_counters {
   std::int64_t rpc_generate_in_flight = 0;
   std::uint64_t connections_refused = 0;  // over max_connections
   std::uint64_t backend_cancels = 0;
+  std::uint64_t tenant_refusals = 0;  // requests a tenant's limits refused
 
   /// Prometheus text of the counters above.
   std::string render() const;
@@ -56,6 +59,7 @@ struct door_context {
   request_ids ids;
   door_counters counters;
   bool stopping = false;  // set before teardown, so cancels are logged as such
+  auth::tenant_limiter limiter;  // per-tenant limits (keys file), front-door thread only
 };
 
 /// One generate request in flight, owned by the HTTP or RPC handler that
@@ -73,6 +77,10 @@ class generate_call {
   ~generate_call();
 
   const std::string& id() const noexcept { return id_; }
+  /// Called once when the request ends (finished, failed, or dropped), with
+  /// the tokens it used: the result's prompt + completion, or the tokens
+  /// streamed so far when it never finished.
+  void on_end(std::function<void(std::uint64_t tokens)> fn) { on_end_ = std::move(fn); }
   /// The next events; resolves as soon as at least one is pending. Must not
   /// be called again after a batch with `done`. A batch whose done is not
   /// `backend_finished` means the client fell behind (see request_channel).
@@ -89,9 +97,20 @@ class generate_call {
   std::shared_ptr<request_channel> channel_;
   bool backend_finished_ = false;
   bool cancel_sent_ = false;
+  std::uint64_t tokens_seen_ = 0;
+  std::function<void(std::uint64_t)> on_end_;
+  void end(std::uint64_t tokens);
   kj::ForkedPromise<void> overflow_;
   kj::Promise<void> overflow_watch_;  // last: destroyed first, it points at this
 };
+
+/// Starts a generate call under the limits of `tenant` (its API key's; ""
+/// or no keys file: none). A refusal names the limit -- overloaded with a
+/// retry time, or invalid_argument for max_tokens -- and the request never
+/// reaches the backend; an admitted one is settled when the call ends.
+std::expected<kj::Own<generate_call>, auth::limit_refusal> start_limited(std::shared_ptr<door_context> ctx,
+                                                                         api::generate_request request,
+                                                                         const std::string& tenant);
 
 /// Resolves to the promise's value, or to a deadline_exceeded error naming
 /// `what` after `timeout_ms`, or to an internal error if the backend dropped

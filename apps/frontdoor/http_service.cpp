@@ -281,7 +281,13 @@ kj::Promise<void> http_service::handle_generate(exchange& ex, bool chat, kj::May
     if (auto bad = validate_generate(req->gen, ctx_->config.limits)) return send_error(ex, response, *bad);
     req->gen.tenant = ex.tenant;  // the backend answers another tenant's deployment as unknown
     response_meta meta{kind, {}, req->gen.model, unix_now_s(), req->return_token_ids};
-    auto call = generate_call::start(ctx_, std::move(req->gen));
+    auto started = start_limited(ctx_, std::move(req->gen), ex.tenant_label);
+    if (!started) {
+      const auto& why = started.error();
+      return send_error(ex, response, error{why.code, why.message}, why.code == errc::invalid_argument ? "max_tokens" : "",
+                        0, why.retry_after_ms);
+    }
+    auto call = kj::mv(*started);
     ex.request_id = call->id();
     meta.id = response_id(kind, call->id());
     auto work = req->stream ? stream(ex, kj::mv(call), std::move(meta), req->include_usage, response)

@@ -204,7 +204,9 @@ struct rpc_stream {
 class gateway_impl final : public rpc::Gateway::Server {
  public:
   /// `tenant`: the scope of the key it was asked for with ("" = every tenant).
-  gateway_impl(std::shared_ptr<door_context> ctx, std::string tenant) : ctx_(std::move(ctx)), tenant_(std::move(tenant)) {}
+  /// `label`: the key's tenant, admin or not, whose limits apply.
+  gateway_impl(std::shared_ptr<door_context> ctx, std::string tenant, std::string label)
+      : ctx_(std::move(ctx)), tenant_(std::move(tenant)), label_(std::move(label)) {}
 
  protected:
   kj::Promise<void> generate(GenerateContext context) override {
@@ -229,7 +231,15 @@ class gateway_impl final : public rpc::Gateway::Server {
       fill(context.getResults().initResult(), refused, "");
       return kj::READY_NOW;
     }
-    auto call = generate_call::start(ctx_, std::move(gen));
+    auto admitted = start_limited(ctx_, std::move(gen), label_);
+    if (!admitted) {
+      api::generate_result refused;
+      refused.reason = api::finish_reason::error;
+      refused.err = error{admitted.error().code, admitted.error().message};
+      fill(context.getResults().initResult(), refused, "");
+      return kj::READY_NOW;
+    }
+    auto call = kj::mv(*admitted);
     const auto started = std::chrono::steady_clock::now();
     auto state = kj::heap<rpc_stream>(ctx_, kj::mv(call), params.getSink(), tags_, std::move(tag));
     auto& s = *state;
@@ -256,6 +266,7 @@ class gateway_impl final : public rpc::Gateway::Server {
 
  private:
   std::string tenant_;
+  std::string label_;
   std::shared_ptr<door_context> ctx_;
   std::shared_ptr<tag_map> tags_ = std::make_shared<tag_map>();
 };
@@ -342,7 +353,7 @@ class service_impl final : public rpc::Service::Server {
     auto scope = check(context.getParams().getApiKey(), false);
     if (!scope) return to_rpc_exception(scope.error());
     // A fresh Gateway per call: cancel() then only reaches its own requests.
-    context.getResults().setGateway(kj::heap<gateway_impl>(ctx_, std::move(*scope)));
+    context.getResults().setGateway(kj::heap<gateway_impl>(ctx_, scope->first, scope->second));
     return kj::READY_NOW;
   }
 
@@ -355,9 +366,10 @@ class service_impl final : public rpc::Service::Server {
   // With a keys file: the key must be known, and an admin key for admin.
   // The tenant the caller is scoped to ("" = every tenant: no keys, or an
   // admin key).
-  expected<std::string> check(capnp::Text::Reader key, bool admin) const {
+  // Returns (scope, the key's tenant for its limits).
+  expected<std::pair<std::string, std::string>> check(capnp::Text::Reader key, bool admin) const {
     const auto& store = ctx_->config.keys;
-    if (!store) return std::string();
+    if (!store) return std::pair<std::string, std::string>{};
     if (key.size() == 0)
       return make_error(errc::unauthenticated, "no API key: this server checks keys (exaserve-cli --api-key KEY)");
     const auto keys = store->current();
@@ -367,7 +379,7 @@ class service_impl final : public rpc::Service::Server {
       return make_error(errc::permission_denied,
                         "key " + e->id + " of tenant " + e->tenant + " is not an admin key (exaserve keys add --admin)");
     spdlog::info("event=rpc_authenticated role={} key={} tenant={}", admin ? "admin" : "gateway", e->id, e->tenant);
-    return e->admin ? std::string() : e->tenant;
+    return std::pair<std::string, std::string>{e->admin ? std::string() : e->tenant, e->tenant};
   }
 
  private:

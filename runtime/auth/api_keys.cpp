@@ -6,7 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -87,8 +91,29 @@ expected<key_set> key_set::parse(std::string_view text) {
     const auto bad = [&](const std::string& why) {
       return make_error(errc::invalid_argument, "line " + std::to_string(n) + ": " + why);
     };
+    if (w[0] == "tenant") {
+      if (w.size() < 2) return bad("expected 'tenant <name> [requests_per_s=X] [tokens_per_min=X] [max_concurrent=N] [max_tokens=N]'");
+      if (auto ok = check_tenant(w[1]); !ok) return bad(ok.error().message);
+      if (out.limits_.count(w[1])) return bad("tenant " + w[1] + "'s limits appear twice");
+      tenant_limits l;
+      for (std::size_t i = 2; i < w.size(); ++i) {
+        const auto eq = w[i].find('=');
+        const std::string name = w[i].substr(0, eq), value = eq == std::string::npos ? "" : w[i].substr(eq + 1);
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !(v >= 0) || v > 1e12)
+          return bad(name + "= must be a number >= 0, not '" + value + "'");
+        if (name == "requests_per_s") l.requests_per_s = v;
+        else if (name == "tokens_per_min") l.tokens_per_min = v;
+        else if (name == "max_concurrent" && v == std::floor(v) && v <= 1e9) l.max_concurrent = static_cast<std::uint32_t>(v);
+        else if (name == "max_tokens" && v == std::floor(v) && v <= 1e9) l.max_tokens = static_cast<std::uint32_t>(v);
+        else return bad("unknown or non-integer limit '" + w[i] + "' (requests_per_s, tokens_per_min, max_concurrent, max_tokens)");
+      }
+      out.limits_[w[1]] = l;
+      continue;
+    }
     if (w[0] != "key" || w.size() != 6)
-      return bad("expected 'key <id> sha256=<hex> tenant=<name> admin=<0|1> created=<unix s>'");
+      return bad("expected 'key <id> sha256=<hex> tenant=<name> admin=<0|1> created=<unix s>' or 'tenant <name> <limits>'");
     key_entry e;
     e.id = w[1];
     std::string admin, created;
@@ -118,7 +143,24 @@ std::string key_set::serialize() const {
   for (const auto& e : entries_)
     out += "key " + e.id + " sha256=" + e.sha256_hex + " tenant=" + e.tenant + " admin=" + (e.admin ? "1" : "0") +
            " created=" + std::to_string(e.created_unix_s) + "\n";
+  for (const auto& [t, l] : limits_)
+    out += fmt::format("tenant {} requests_per_s={} tokens_per_min={} max_concurrent={} max_tokens={}\n", t,
+                       l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens);
   return out;
+}
+
+tenant_limits key_set::limits_for(const std::string& tenant) const {
+  auto it = limits_.find(tenant);
+  return it == limits_.end() ? tenant_limits{} : it->second;
+}
+
+expected<void> key_set::set_limits(const std::string& tenant, const tenant_limits& limits) {
+  if (auto ok = check_tenant(tenant); !ok) return ok;
+  if (limits == tenant_limits{})
+    limits_.erase(tenant);
+  else
+    limits_[tenant] = limits;
+  return {};
 }
 
 const key_entry* key_set::find(std::string_view presented_key) const {

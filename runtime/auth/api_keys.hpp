@@ -7,14 +7,19 @@
 // lets no one in. One line per key:
 //   key <id> sha256=<64 hex> tenant=<name> admin=<0|1> created=<unix s>
 // where <id> (the hash's first 12 hex digits) names the key in `keys list`
-// and `keys revoke` without revealing it. '#' starts a comment.
+// and `keys revoke` without revealing it. A tenant's limits (any subset,
+// 0 = unlimited) are a line of their own:
+//   tenant <name> requests_per_s=<x> tokens_per_min=<x> max_concurrent=<n> max_tokens=<n>
+// '#' starts a comment.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "auth/tenant_limits.hpp"
 #include "common/error.hpp"
 
 namespace exa::auth {
@@ -52,8 +57,14 @@ class key_set {
   const std::vector<key_entry>& entries() const noexcept { return entries_; }
   bool empty() const noexcept { return entries_.empty(); }
 
+  /// A tenant's limits (all 0, unlimited, when none are set).
+  tenant_limits limits_for(const std::string& tenant) const;
+  expected<void> set_limits(const std::string& tenant, const tenant_limits& limits);
+  const std::map<std::string, tenant_limits>& limits() const noexcept { return limits_; }
+
  private:
   std::vector<key_entry> entries_;
+  std::map<std::string, tenant_limits> limits_;
 };
 
 /// Reads and parses a keys file (errors name the file). A missing file is an

@@ -646,3 +646,57 @@ TEST_CASE("with a keys file the /v1 endpoints need a valid Bearer key, and a rel
   CHECK(call("Authorization: Bearer " + acme + "\r\n").status == 401);
   CHECK(call("Authorization: Bearer " + beta + "\r\n").status == 200);
 }
+
+TEST_CASE("a tenant over its limits gets a 429 naming the limit, with Retry-After", "[http][auth]") {
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/http-limits";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/keys";
+  exa::auth::key_set keys;
+  const std::string acme = *keys.add("acme", false, 1), beta = *keys.add("beta", false, 2);
+  REQUIRE(keys.set_limits("acme", {1, 0, 0, 8}));  // 1 request a second, 8 tokens a request
+  REQUIRE(keys.set_limits("beta", {0, 0, 1, 0}));  // one request in flight
+  REQUIRE(exa::auth::save_keys(path, keys));
+  frontdoor_config config = test_config();
+  config.keys = *exa::auth::key_store::open(path);
+  test_server s(config);
+  const auto as = [&](const std::string& key, const json& body) {
+    return http_request(s.http_port(), "POST", "/v1/completions", body.dump(), "Authorization: Bearer " + key + "\r\n");
+  };
+  const json small{{"model", "fake"}, {"prompt", "ab"}, {"max_tokens", 4}};
+
+  CHECK(as(acme, small).status == 200);
+  auto over = as(acme, small);  // the same second
+  CHECK(over.status == 429);
+  CHECK(over.header("retry-after") == "1");
+  CHECK_THAT(parse(over)["error"]["message"].get<std::string>(), Catch::Matchers::Contains("1 requests per second"));
+  auto big = as(acme, json{{"model", "fake"}, {"prompt", "ab"}, {"max_tokens", 16}});
+  CHECK(big.status == 400);
+  CHECK(parse(big)["error"]["param"] == "max_tokens");
+  CHECK_THAT(parse(big)["error"]["message"].get<std::string>(), Catch::Matchers::Contains("limit of 8 tokens"));
+
+  // beta: one stream holds its only slot until it ends.
+  s.backend->set_behavior("hang", {.hang_after = 1});
+  {
+    http_connection c(s.http_port());
+    c.send_request("POST", "/v1/completions", json{{"model", "hang"}, {"prompt", "abcdef"}, {"stream", true}}.dump(),
+                   "Authorization: Bearer " + beta + "\r\n");
+    (void)c.read_until("\"text\"");
+    auto second = as(beta, small);
+    CHECK(second.status == 429);
+    CHECK_THAT(parse(second)["error"]["message"].get<std::string>(), Catch::Matchers::Contains("max_concurrent"));
+    CHECK_THAT(http_request(s.http_port(), "GET", "/metrics").body,
+               Catch::Matchers::Contains("exaserve_frontdoor_tenant_refusals_total 3"));
+    c.close();
+  }
+  const auto ids = s.backend->requests();
+  REQUIRE_FALSE(ids.empty());
+  CHECK(s.backend->wait_for_cancel(ids.back().request_id, 20s));
+  // The slot is free again once the stream is gone.
+  bool admitted = false;
+  for (int i = 0; i < 100 && !admitted; ++i) {
+    admitted = as(beta, small).status == 200;
+    if (!admitted) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(admitted);
+}

@@ -15,6 +15,7 @@ packages=(
   catch2                # Catch2 v2: tests
   libbenchmark-dev      # Google Benchmark: bench/
   iproute2              # ip netns, veth and tc netem: partitions in the multi-process tests
+  curl                  # HTTPS client of the front-door TLS tests
 )
 
 missing=()

@@ -20,7 +20,8 @@ namespace {
 
 using namespace exa;
 
-constexpr const char* usage = R"(usage: exaserve-cli [--connect HOST:PORT] [--api-key KEY] <command> [args]
+constexpr const char* usage = R"(usage: exaserve-cli [--connect HOST:PORT] [--api-key KEY]
+                   [--tls-ca CA.pem [--tls-cert C --tls-key K] [--tls-server-name NAME]] <command> [args]
 
 Talks to an ExaServe server over Cap'n Proto RPC (default 127.0.0.1:7000).
 A server started with --keys-file wants an API key (--api-key, or the
@@ -252,6 +253,7 @@ int main(int argc, char** argv) {
   std::string connect = "127.0.0.1:7000";
   const char* env_key = std::getenv("EXASERVE_API_KEY");
   std::string api_key = env_key ? env_key : "";
+  cli::rpc_client::tls_files tls;
   for (; i < argc && std::string_view(argv[i]).starts_with("-"); ++i) {
     const std::string_view a = argv[i];
     if (a == "--help" || a == "-h") return std::fputs(usage, stdout), 0;
@@ -259,6 +261,8 @@ int main(int argc, char** argv) {
       connect = argv[++i];
     } else if (a.starts_with("--connect=")) {
       connect = std::string(a.substr(10));
+    } else if ((a == "--tls-ca" || a == "--tls-cert" || a == "--tls-key" || a == "--tls-server-name") && i + 1 < argc) {
+      (a == "--tls-ca" ? tls.ca : a == "--tls-cert" ? tls.cert : a == "--tls-key" ? tls.key : tls.server_name) = argv[++i];
     } else if (a == "--api-key" && i + 1 < argc) {
       api_key = argv[++i];
     } else if (a.starts_with("--api-key=")) {
@@ -279,7 +283,11 @@ int main(int argc, char** argv) {
   if (!args) return usage_fail(cmd.c_str(), args.error());
   auto where = parse_endpoint(connect);
   if (!where) return usage_fail(cmd.c_str(), where.error());
-  auto client = cli::rpc_client::connect(where->host, where->port, api_key);
+  if (tls.cert.empty() != tls.key.empty())
+    return usage_fail(cmd.c_str(), {"--tls-cert and --tls-key go together"});
+  if (!tls.cert.empty() && tls.ca.empty())
+    return usage_fail(cmd.c_str(), {"a client certificate needs --tls-ca, the CA of the server's certificate"});
+  auto client = cli::rpc_client::connect(where->host, where->port, api_key, tls);
   if (!client) return fail(cmd.c_str(), client.error());
   return dispatch(cmd, **client, *args);
 }

@@ -1,6 +1,11 @@
 #include "rpc_client.hpp"
 
+#include <sstream>
+
+#include <fstream>
+
 #include <capnp/rpc-twoparty.h>
+#include <kj/compat/tls.h>
 #include <fmt/format.h>
 #include <kj/async-io.h>
 #include <kj/debug.h>
@@ -134,6 +139,10 @@ struct rpc_client::impl {
 
   kj::AsyncIoContext io;
   std::string where;
+  // TLS (declared before the stream: the stream refers to them).
+  kj::Own<kj::TlsKeypair> keypair;
+  kj::Array<kj::TlsCertificate> trusted;
+  kj::Own<kj::TlsContext> tls;
   kj::Own<kj::AsyncIoStream> stream;
   kj::Own<capnp::TwoPartyClient> client;
   rpc::Service::Client service = nullptr;
@@ -158,16 +167,63 @@ rpc::Gateway::Client gateway_of(rpc_client::impl& s) {
 
 }  // namespace
 
+namespace {
+expected<std::string> read_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) return make_error(errc::invalid_argument, fmt::format("{} '{}' cannot be read", what, path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
 expected<std::unique_ptr<rpc_client>> rpc_client::connect(const std::string& host, std::uint16_t port,
-                                                         std::string api_key) {
+                                                         std::string api_key, const tls_files& tls) {
   auto self = std::make_unique<impl>();
   self->api_key = std::move(api_key);
+  if (!tls.ca.empty()) {
+    auto ca = read_file(tls.ca, "--tls-ca");
+    if (!ca) return std::unexpected(ca.error());
+    std::optional<std::string> cert, key;
+    if (!tls.cert.empty()) {
+      auto c = read_file(tls.cert, "--tls-cert");
+      auto k = read_file(tls.key, "--tls-key");
+      if (!c) return std::unexpected(c.error());
+      if (!k) return std::unexpected(k.error());
+      cert = *c;
+      key = *k;
+    }
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
+                  kj::TlsContext::Options o;
+                  self->trusted = kj::heapArray<kj::TlsCertificate>({kj::TlsCertificate(kj::StringPtr(ca->c_str()))});
+                  o.trustedCertificates = self->trusted;
+                  o.useSystemTrustStore = false;
+                  if (cert) {
+                    self->keypair = kj::heap<kj::TlsKeypair>(kj::TlsKeypair{
+                        kj::TlsPrivateKey(kj::StringPtr(key->c_str())), kj::TlsCertificate(kj::StringPtr(cert->c_str()))});
+                    o.defaultKeypair = *self->keypair;
+                  }
+                  self->tls = kj::heap<kj::TlsContext>(kj::mv(o));
+                })) {
+      return make_error(errc::invalid_argument, fmt::format("TLS files: {}", e->getDescription().cStr()));
+    }
+  }
   self->where = fmt::format("{}:{}", host, port);
   auto& s = *self;
+  // KJ checks the certificate against a host name, never an IP address: a
+  // loopback address is checked as "localhost" (gen-certs puts both in its
+  // certificates), any other address needs --tls-server-name.
+  const bool loopback = host.rfind("127.", 0) == 0 || host == "::1";
+  const std::string name = !tls.server_name.empty() ? tls.server_name : loopback ? "localhost" : host;
   auto stream = s.run<kj::Own<kj::AsyncIoStream>>(
       [&] {
-        return s.io.provider->getNetwork().parseAddress(host.c_str(), port).then(
-            [](kj::Own<kj::NetworkAddress> address) { return address->connect().attach(kj::mv(address)); });
+        return s.io.provider->getNetwork()
+            .parseAddress(host.c_str(), port)
+            .then([](kj::Own<kj::NetworkAddress> address) { return address->connect().attach(kj::mv(address)); })
+            .then([&s, name](kj::Own<kj::AsyncIoStream> raw) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+              if (!s.tls) return kj::mv(raw);
+              return s.tls->wrapClient(kj::mv(raw), name);  // checks the certificate names `name`
+            });
       },
       true);
   if (!stream) {

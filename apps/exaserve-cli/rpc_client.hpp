@@ -19,8 +19,14 @@ class rpc_client {
   /// Connects to host:port. A refused connection says so, and suggests
   /// starting the server. `api_key` goes with every call (servers started
   /// with a keys file want one; admin calls want an admin key).
+  /// With `tls.ca`: TLS, checking the server's certificate against that CA
+  /// and the host name; `tls.cert`/`tls.key` present a client certificate.
+  struct tls_files {
+    std::string ca, cert, key;
+    std::string server_name;  // the name the certificate must carry ("": the host; "localhost" for loopback)
+  };
   static expected<std::unique_ptr<rpc_client>> connect(const std::string& host, std::uint16_t port,
-                                                       std::string api_key = {});
+                                                       std::string api_key = {}, const tls_files& tls = {});
   ~rpc_client();
   rpc_client(const rpc_client&) = delete;
   rpc_client& operator=(const rpc_client&) = delete;

@@ -118,6 +118,9 @@ const std::vector<flag_spec> gateway_flags = with_common_flags({
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     keys_file_flag(),
     no_auth_flag(),
+    door_tls_flags()[0],
+    door_tls_flags()[1],
+    door_tls_flags()[2],
 });
 
 }  // namespace
@@ -238,6 +241,7 @@ int cmd_gateway(int argc, char** argv) {
   auto keys = keys_from_flags(*a);
   if (!keys) return fail("gateway", keys.error());
   door_config.keys = *keys;
+  if (auto ok = door_tls_from_flags(*a, door_config); !ok) return fail("gateway", ok.error());
   auto signals = block_stop_signals();
   block_reload_signal(signals);  // SIGHUP re-reads the keys file
   actors::gateway_options o;

@@ -9,6 +9,7 @@
 #include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <arpa/inet.h>
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -34,6 +35,8 @@ using x509_ptr = std::unique_ptr<X509, x509_free>;
 
 const std::vector<flag_spec> flags = {
     {"cluster", true, "cluster name put in the certificates' organization (default exaserve)"},
+    {"hosts", true, "extra names and IP addresses the certificates are valid for, comma-separated "
+                    "(localhost and 127.0.0.1 always are): what HTTPS clients check"},
     {"force", false, "overwrite files that exist"},
     {"help", false, "show this help"},
 };
@@ -52,7 +55,7 @@ bool add_ext(X509* cert, X509* issuer, int nid, const char* value) {
 // A certificate for `cn` with `key`, signed by (issuer, issuer_key), or
 // self-signed as a CA when issuer is null.
 expected<x509_ptr> make_cert(const std::string& cn, const std::string& org, EVP_PKEY* key, X509* issuer,
-                             EVP_PKEY* issuer_key) {
+                             EVP_PKEY* issuer_key, const std::string& alt_names = {}) {
   x509_ptr cert(X509_new());
   unsigned char serial[16];
   if (!cert || RAND_bytes(serial, sizeof serial) != 1) return make_error(errc::internal, "OpenSSL: out of memory or entropy");
@@ -73,7 +76,8 @@ expected<x509_ptr> make_cert(const std::string& cn, const std::string& org, EVP_
   if (!add_ext(cert.get(), signer, NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE") ||
       !add_ext(cert.get(), signer, NID_key_usage, ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature") ||
       !add_ext(cert.get(), signer, NID_subject_key_identifier, "hash") ||
-      (!ca && !add_ext(cert.get(), signer, NID_ext_key_usage, "serverAuth,clientAuth")))
+      (!ca && !add_ext(cert.get(), signer, NID_ext_key_usage, "serverAuth,clientAuth")) ||
+      (!ca && !alt_names.empty() && !add_ext(cert.get(), signer, NID_subject_alt_name, alt_names.c_str())))
     return make_error(errc::internal, "OpenSSL: cannot add certificate extensions");
   if (X509_sign(cert.get(), issuer_key ? issuer_key : key, EVP_sha256()) == 0)
     return make_error(errc::internal, "OpenSSL: cannot sign the certificate for " + cn);
@@ -107,6 +111,22 @@ int cmd_gen_certs(int argc, char** argv) {
     return fail("gen-certs", {errc::invalid_argument, "give one directory: exaserve gen-certs DIR"});
   const std::string dir = a->positional().front();
   const std::string org = a->get_or("cluster", "exaserve");
+  // Subject alternative names: what a TLS client (curl, an OpenAI SDK)
+  // checks the server's certificate against.
+  std::string alt = "DNS:localhost,IP:127.0.0.1";
+  for (std::size_t at = 0; auto h = a->get("hosts"); ) {
+    const std::string list = *h;
+    while (at <= list.size()) {
+      const auto comma = std::min(list.find(',', at), list.size());
+      const std::string one = list.substr(at, comma - at);
+      at = comma + 1;
+      if (one.empty()) continue;
+      unsigned char buf[16];
+      const bool ip = ::inet_pton(AF_INET, one.c_str(), buf) == 1 || ::inet_pton(AF_INET6, one.c_str(), buf) == 1;
+      alt += (ip ? ",IP:" : ",DNS:") + one;
+    }
+    break;
+  }
   const std::vector<std::string> roles = {"controller", "node", "gateway"};
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -125,7 +145,7 @@ int cmd_gen_certs(int argc, char** argv) {
   for (const auto& role : roles) {
     pkey_ptr key(EVP_EC_gen("P-256"));
     if (!key) return fail("gen-certs", {errc::internal, "OpenSSL: cannot generate a key"});
-    auto cert = make_cert(org + " " + role, org, key.get(), ca->get(), ca_key.get());
+    auto cert = make_cert(org + " " + role, org, key.get(), ca->get(), ca_key.get(), alt);
     if (!cert) return fail("gen-certs", cert.error());
     if (auto ok = write_pem(dir + "/" + role + ".pem", cert->get(), nullptr); !ok) return fail("gen-certs", ok.error());
     if (auto ok = write_pem(dir + "/" + role + ".key", nullptr, key.get()); !ok) return fail("gen-certs", ok.error());

@@ -22,7 +22,8 @@
 namespace exa::app {
 namespace {
 
-const std::vector<flag_spec> flags = {
+const std::vector<flag_spec> flags = [] {
+  std::vector<flag_spec> f = {
     {"config", true, "config file ([cluster], [server], [deployment NAME] sections)"},
     {"model", true, "GGUF file of the first deployment (default: the generated tiny model)"},
     {"replicas", true, "replicas of the first deployment (default 2)"},
@@ -36,7 +37,10 @@ const std::vector<flag_spec> flags = {
     keys_file_flag(),
     no_auth_flag(),
     {"help", false, "show this help"},
-};
+  };
+  for (auto& t : door_tls_flags()) f.push_back(t);
+  return f;
+}();
 
 void print_banner(const frontdoor& door, const serve_config& config) {
   const std::string model = config.cluster.deployments.empty() ? "tiny" : config.cluster.deployments.front().name;
@@ -70,6 +74,7 @@ int cmd_serve(int argc, char** argv) {
   auto keys = keys_from_flags(*a);
   if (!keys) return fail("serve", keys.error());
   config->server.keys = *keys;
+  if (auto ok = door_tls_from_flags(*a, config->server); !ok) return fail("serve", ok.error());
 
   // Block the stop signals before any thread starts, so only sigwait sees them.
   sigset_t stop_signals;

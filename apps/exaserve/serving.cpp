@@ -41,6 +41,24 @@ flag_spec no_auth_flag() {
   return {"no-auth", false, "serve /v1 to anyone who reaches the port (local use; the default without --keys-file)"};
 }
 
+std::vector<flag_spec> door_tls_flags() {
+  return {{"door-tls-cert", true, "HTTPS and RPC over TLS: the front doors' certificate (PEM)"},
+          {"door-tls-key", true, "its private key (PEM)"},
+          {"door-tls-client-ca", true, "with TLS: clients must present a certificate this CA (PEM) signed"}};
+}
+
+expected<void> door_tls_from_flags(const args& a, frontdoor_config& door) {
+  const auto cert = a.get("door-tls-cert"), key = a.get("door-tls-key"), ca = a.get("door-tls-client-ca");
+  if (cert.has_value() != key.has_value())
+    return make_error(errc::invalid_argument, "--door-tls-cert and --door-tls-key go together: give both");
+  if (ca && !cert)
+    return make_error(errc::invalid_argument, "--door-tls-client-ca needs --door-tls-cert and --door-tls-key");
+  door.tls_cert = cert.value_or("");
+  door.tls_key = key.value_or("");
+  door.tls_client_ca = ca.value_or("");
+  return {};
+}
+
 expected<std::shared_ptr<auth::key_store>> keys_from_flags(const args& a) {
   const auto path = a.get("keys-file");
   if (path && a.has("no-auth"))

@@ -43,6 +43,13 @@ expected<serve_config> load_serve_config(const args& a);
 /// initialization, in no fixed order).
 flag_spec keys_file_flag();
 flag_spec no_auth_flag();
+/// --door-tls-cert/--door-tls-key/--door-tls-client-ca: HTTPS and RPC over
+/// TLS at the front doors ("door": a gateway's --tls-* already mean the
+/// cluster's own mutual TLS).
+std::vector<flag_spec> door_tls_flags();
+/// Fills the front door's TLS files from those flags; both or neither of
+/// cert and key, and a client CA only with them.
+expected<void> door_tls_from_flags(const args& a, frontdoor_config& door);
 
 /// The front door's keys from --keys-file (null with --no-auth or neither:
 /// open). Says in the log which it is. Errors: both flags, or a keys file

@@ -44,6 +44,9 @@ std::string door_counters::render() const {
   out += "# HELP exaserve_frontdoor_tenant_refusals_total Requests refused by their tenant's limits (keys file).\n";
   out += "# TYPE exaserve_frontdoor_tenant_refusals_total counter\n";
   out += fmt::format("exaserve_frontdoor_tenant_refusals_total {}\n", tenant_refusals);
+  out += "# HELP exaserve_frontdoor_tls_handshake_failures_total Connections closed because their TLS handshake failed.\n";
+  out += "# TYPE exaserve_frontdoor_tls_handshake_failures_total counter\n";
+  out += fmt::format("exaserve_frontdoor_tls_handshake_failures_total {}\n", tls_handshake_failures);
   return out;
 }
 

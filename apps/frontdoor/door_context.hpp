@@ -44,6 +44,7 @@ struct door_counters {
   std::uint64_t connections_refused = 0;  // over max_connections
   std::uint64_t backend_cancels = 0;
   std::uint64_t tenant_refusals = 0;  // requests a tenant's limits refused
+  std::uint64_t tls_handshake_failures = 0;
 
   /// Prometheus text of the counters above.
   std::string render() const;

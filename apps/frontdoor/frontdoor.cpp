@@ -4,10 +4,14 @@
 #include <fmt/format.h>
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
+#include <kj/compat/tls.h>
 #include <kj/debug.h>
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -42,8 +46,9 @@ constexpr auto refusal_linger = 1 * kj::SECONDS;
 class loop_servers final : private kj::TaskSet::ErrorHandler {
  public:
   loop_servers(std::shared_ptr<door_context> ctx, kj::Own<kj::ConnectionReceiver> http_listener,
-               kj::Own<kj::ConnectionReceiver> rpc_listener)
+               kj::Own<kj::ConnectionReceiver> rpc_listener, kj::Own<kj::TlsContext> tls)
       : ctx_(std::move(ctx)),
+        tls_(kj::mv(tls)),
         table_builder_(),
         ids_(table_builder_),
         table_(table_builder_.build()),
@@ -86,20 +91,29 @@ class loop_servers final : private kj::TaskSet::ErrorHandler {
     return settings;
   }
 
+  // With TLS: the handshake first, per connection, bounded by the header
+  // timeout; one that fails (plain HTTP on the TLS port, a wrong CA, a client
+  // without the required certificate) closes that connection only.
+  template <class Serve>
+  void handshake_then(kj::Own<kj::AsyncIoStream> raw, const char* protocol, Serve serve) {
+    if (!tls_) return serve(kj::mv(raw));
+    auto shake = tls_->wrapServer(kj::mv(raw))
+                     .exclusiveJoin(ctx_->timer.afterDelay(ctx_->config.header_timeout_ms * kj::MILLISECONDS)
+                                        .then([]() -> kj::Own<kj::AsyncIoStream> {
+                                          KJ_FAIL_REQUIRE("TLS handshake timed out");
+                                        }));
+    connections_.add(shake.then([serve](kj::Own<kj::AsyncIoStream> s) mutable { serve(kj::mv(s)); },
+                                [this, protocol](kj::Exception&& e) {
+                                  ++ctx_->counters.tls_handshake_failures;
+                                  spdlog::info("event=tls_handshake_failed protocol={} description=\"{}\"", protocol,
+                                               e.getDescription().cStr());
+                                }));
+  }
+
   kj::Promise<void> accept_http() {
     return http_listener_->accept().then(
-        [this](kj::Own<kj::AsyncIoStream> stream) {
-          auto& counters = ctx_->counters;
-          if (counters.http_connections >= static_cast<std::int64_t>(ctx_->config.max_connections)) {
-            ++counters.connections_refused;
-            spdlog::warn("event=connection_refused protocol=http open={} max={}", counters.http_connections,
-                         ctx_->config.max_connections);
-            connections_.add(refuse_http(kj::mv(stream)));
-          } else {
-            ++counters.http_connections;
-            auto served = http_server_.listenHttp(kj::heap<watched_stream>(kj::mv(stream)));
-            connections_.add(served.attach(kj::defer([this] { --ctx_->counters.http_connections; })));
-          }
+        [this](kj::Own<kj::AsyncIoStream> raw) {
+          handshake_then(kj::mv(raw), "http", [this](kj::Own<kj::AsyncIoStream> stream) { serve_http(kj::mv(stream)); });
           return accept_http();
         },
         [this](kj::Exception&& e) {
@@ -108,26 +122,44 @@ class loop_servers final : private kj::TaskSet::ErrorHandler {
         });
   }
 
+  void serve_http(kj::Own<kj::AsyncIoStream> stream) {
+    auto& counters = ctx_->counters;
+    if (counters.http_connections >= static_cast<std::int64_t>(ctx_->config.max_connections)) {
+      ++counters.connections_refused;
+      spdlog::warn("event=connection_refused protocol=http open={} max={}", counters.http_connections,
+                   ctx_->config.max_connections);
+      connections_.add(refuse_http(kj::mv(stream)));
+    } else {
+      ++counters.http_connections;
+      auto served = http_server_.listenHttp(kj::heap<watched_stream>(kj::mv(stream)));
+      connections_.add(served.attach(kj::defer([this] { --ctx_->counters.http_connections; })));
+    }
+  }
+
   kj::Promise<void> accept_rpc() {
     return rpc_listener_->accept().then(
-        [this](kj::Own<kj::AsyncIoStream> stream) {
-          auto& counters = ctx_->counters;
-          if (counters.rpc_connections >= static_cast<std::int64_t>(ctx_->config.max_connections)) {
-            // Dropping the stream closes it; an RPC client sees a disconnect.
-            ++counters.connections_refused;
-            spdlog::warn("event=connection_refused protocol=rpc open={} max={}", counters.rpc_connections,
-                         ctx_->config.max_connections);
-          } else {
-            ++counters.rpc_connections;
-            auto served = rpc_server_.accept(*stream);  // resolves when the client disconnects
-            connections_.add(served.attach(kj::mv(stream), kj::defer([this] { --ctx_->counters.rpc_connections; })));
-          }
+        [this](kj::Own<kj::AsyncIoStream> raw) {
+          handshake_then(kj::mv(raw), "rpc", [this](kj::Own<kj::AsyncIoStream> stream) { serve_rpc(kj::mv(stream)); });
           return accept_rpc();
         },
         [this](kj::Exception&& e) {
           spdlog::error("event=accept_failed protocol=rpc description=\"{}\"", e.getDescription().cStr());
           return ctx_->timer.afterDelay(accept_retry_delay).then([this] { return accept_rpc(); });
         });
+  }
+
+  void serve_rpc(kj::Own<kj::AsyncIoStream> stream) {
+    auto& counters = ctx_->counters;
+    if (counters.rpc_connections >= static_cast<std::int64_t>(ctx_->config.max_connections)) {
+      // Dropping the stream closes it; an RPC client sees a disconnect.
+      ++counters.connections_refused;
+      spdlog::warn("event=connection_refused protocol=rpc open={} max={}", counters.rpc_connections,
+                   ctx_->config.max_connections);
+    } else {
+      ++counters.rpc_connections;
+      auto served = rpc_server_.accept(*stream);  // resolves when the client disconnects
+      connections_.add(served.attach(kj::mv(stream), kj::defer([this] { --ctx_->counters.rpc_connections; })));
+    }
   }
 
   /// A raw 429: the connection never reaches HttpServer, so nothing else
@@ -170,6 +202,7 @@ class loop_servers final : private kj::TaskSet::ErrorHandler {
   }
 
   std::shared_ptr<door_context> ctx_;
+  kj::Own<kj::TlsContext> tls_;  // null: plain TCP
   kj::HttpHeaderTable::Builder table_builder_;
   http_header_ids ids_;
   kj::Own<kj::HttpHeaderTable> table_;
@@ -201,6 +234,59 @@ expected<kj::Own<kj::ConnectionReceiver>> listen_on(kj::AsyncIoContext& io, cons
                                                      e->getDescription().cStr()));
   }
   return receiver;
+}
+
+// The TLS context of the doors and what it points at (KJ keeps references).
+struct door_tls {
+  kj::Own<kj::TlsKeypair> keypair;
+  kj::Array<kj::TlsCertificate> client_cas;
+  kj::Own<kj::TlsContext> context;  // null: plain TCP
+};
+
+expected<std::string> read_pem(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  if (!in) return make_error(errc::invalid_argument, fmt::format("{} '{}' cannot be read", flag, path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+expected<door_tls> make_tls(const frontdoor_config& c) {
+  door_tls out;
+  if (!c.tls()) return out;
+  if (c.tls_key.empty()) return make_error(errc::invalid_argument, "a TLS certificate needs its key as well");
+  auto cert = read_pem(c.tls_cert, "the TLS certificate");
+  auto key = read_pem(c.tls_key, "the TLS key");
+  if (!cert) return std::unexpected(cert.error());
+  if (!key) return std::unexpected(key.error());
+  std::optional<std::string> ca;
+  if (!c.tls_client_ca.empty()) {
+    auto text = read_pem(c.tls_client_ca, "the client CA");
+    if (!text) return std::unexpected(text.error());
+    ca = *text;
+  }
+  // KJ throws on a malformed PEM; that becomes an error naming the file.
+  std::string where;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
+                where = c.tls_cert + " / " + c.tls_key;
+                out.keypair = kj::heap<kj::TlsKeypair>(
+                    kj::TlsKeypair{kj::TlsPrivateKey(kj::StringPtr(key->c_str())), kj::TlsCertificate(kj::StringPtr(cert->c_str()))});
+                kj::TlsContext::Options o;
+                o.defaultKeypair = *out.keypair;
+                if (ca) {
+                  where = c.tls_client_ca;
+                  out.client_cas = kj::heapArray<kj::TlsCertificate>({kj::TlsCertificate(kj::StringPtr(ca->c_str()))});
+                  o.trustedCertificates = out.client_cas;
+                  o.useSystemTrustStore = false;
+                  o.verifyClients = true;
+                }
+                out.context = kj::heap<kj::TlsContext>(kj::mv(o));
+              })) {
+    return make_error(errc::invalid_argument, fmt::format("TLS files {}: {}", where, e->getDescription().cStr()));
+  }
+  spdlog::info("event=frontdoor_tls cert={} client_certificates={}", c.tls_cert,
+               c.tls_client_ca.empty() ? "not required" : "required, signed by " + c.tls_client_ca);
+  return out;
 }
 
 }  // namespace
@@ -242,7 +328,9 @@ void frontdoor::impl::serve(const std::function<void(expected<void>)>& report) {
   auto rpc = door::listen_on(io, config.host, config.rpc_port, "RPC");
   if (!rpc) return report(std::unexpected(rpc.error()));
   auto ctx = std::make_shared<door::door_context>(config, backend, io.provider->getTimer());
-  auto servers = kj::heap<door::loop_servers>(ctx, kj::mv(*http), kj::mv(*rpc));
+  auto tls = door::make_tls(config);
+  if (!tls) return report(std::unexpected(tls.error()));
+  auto servers = kj::heap<door::loop_servers>(ctx, kj::mv(*http), kj::mv(*rpc), kj::mv(tls->context));
   http_port = servers->http_port();
   rpc_port = servers->rpc_port();
   auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
@@ -295,7 +383,7 @@ std::uint16_t frontdoor::http_port() const { return impl_->http_port; }
 std::uint16_t frontdoor::rpc_port() const { return impl_->rpc_port; }
 
 std::string frontdoor::http_url() const {
-  return "http://" + door::host_port(impl_->config.host, impl_->http_port);
+  return (impl_->config.tls() ? "https://" : "http://") + door::host_port(impl_->config.host, impl_->http_port);
 }
 
 void frontdoor::stop_accepting() {

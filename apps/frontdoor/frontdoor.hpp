@@ -46,6 +46,10 @@ struct frontdoor_config {
   /// open, anyone who reaches the port may call them. Health, readiness and
   /// metrics stay open either way.
   std::shared_ptr<auth::key_store> keys;
+  /// HTTPS and RPC over TLS (PEM files; both or neither). With a client CA,
+  /// clients must also present a certificate it signed.
+  std::string tls_cert, tls_key, tls_client_ca;
+  bool tls() const noexcept { return !tls_cert.empty(); }
 };
 
 /// Owns the front-door thread. Thread-safe to stop from any thread but the

@@ -707,3 +707,73 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   // The key itself is in no log line.
   CHECK_THAT(c.gateway().err() + c.gateway().out(), !Contains(key) && !Contains(admin_key) && !Contains(beta_key));
 }
+
+TEST_CASE("HTTPS at the front door: the right CA passes, a wrong one and plain HTTP are refused, client certificates",
+          "[process][tls]") {
+  const std::string dir = fresh_test_dir("process-door-tls");
+  const std::string certs = dir + "/certs", other = dir + "/other";
+  for (const auto& d : {certs, other}) REQUIRE(run_process({exaserve, "gen-certs", d}, 30s).exit_code == 0);
+  const auto serve = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> argv{exaserve, "serve", "--http-port", "0", "--rpc-port", "0", "--no-auth",
+                                  "--door-tls-cert", certs + "/gateway.pem", "--door-tls-key", certs + "/gateway.key"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<child_process>(argv, dir, name);
+  };
+  const auto curl = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{"/usr/bin/curl", "-sS", "--max-time", "10"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, 20s);
+  };
+  auto s = serve("serve", {});
+  const auto banner = s->wait_for("Ctrl-C", 120s);
+  const auto port = number_after(banner, "https://127.0.0.1:");
+  REQUIRE(port);
+  const std::string base = "https://127.0.0.1:" + std::to_string(*port);
+
+  auto ok = curl({"--cacert", certs + "/ca.pem", base + "/healthz"});
+  INFO(ok.err);
+  CHECK(ok.exit_code == 0);
+  CHECK(ok.out == "ok\n");
+  auto done = curl({"--cacert", certs + "/ca.pem", base + "/v1/completions", "-H", "Content-Type: application/json",
+                    "-d", R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})"});
+  CHECK(done.exit_code == 0);
+  CHECK_THAT(done.out, Contains("\"choices\""));
+  auto wrong = curl({"--cacert", other + "/ca.pem", base + "/healthz"});
+  // curl: 60, the certificate cannot be verified; or 35, the handshake
+  // failed (both CAs are named alike, so it checks a signature that fails).
+  CHECK((wrong.exit_code == 60 || wrong.exit_code == 35));
+  auto plain = curl({"http://127.0.0.1:" + std::to_string(*port) + "/healthz"});
+  CHECK(plain.exit_code != 0);
+  CHECK(curl({"--cacert", certs + "/ca.pem", base + "/healthz"}).out == "ok\n");  // still serving
+  CHECK_THAT(s->err(), Contains("event=tls_handshake_failed"));
+  // The RPC door speaks TLS too.
+  const auto rpc = number_after(banner, "Cap'n Proto RPC:          127.0.0.1:");
+  REQUIRE(rpc);
+  const std::string at = "127.0.0.1:" + std::to_string(*rpc);
+  auto models = run_process({cli, "--connect", at, "--tls-ca", certs + "/ca.pem", "models"}, 20s);
+  INFO(models.err);
+  CHECK(models.exit_code == 0);
+  CHECK_THAT(models.out, Contains("tiny"));
+  CHECK(run_process({cli, "--connect", at, "--tls-ca", other + "/ca.pem", "models"}, 20s).exit_code != 0);
+  s->signal(SIGTERM);
+  CHECK(s->wait_exit(30s).has_value());
+
+  // With a client CA: no certificate, no connection.
+  auto strict = serve("serve-mtls", {"--door-tls-client-ca", certs + "/ca.pem"});
+  const auto port2 = number_after(strict->wait_for("Ctrl-C", 120s), "https://127.0.0.1:");
+  REQUIRE(port2);
+  const std::string base2 = "https://127.0.0.1:" + std::to_string(*port2) + "/healthz";
+  CHECK(curl({"--cacert", certs + "/ca.pem", base2}).exit_code != 0);
+  CHECK(curl({"--cacert", certs + "/ca.pem", "--cert", other + "/gateway.pem", "--key", other + "/gateway.key", base2})
+            .exit_code != 0);
+  auto admitted = curl({"--cacert", certs + "/ca.pem", "--cert", certs + "/node.pem", "--key", certs + "/node.key", base2});
+  INFO(admitted.err);
+  CHECK(admitted.out == "ok\n");
+  strict->signal(SIGTERM);
+  CHECK(strict->wait_exit(30s).has_value());
+
+  // Half a pair is refused before anything starts.
+  auto half = run_process({exaserve, "serve", "--no-auth", "--door-tls-cert", certs + "/gateway.pem"}, 20s);
+  CHECK(half.exit_code != 0);
+  CHECK_THAT(half.err, Contains("go together"));
+}

@@ -261,7 +261,7 @@ int cmd_gateway(int argc, char** argv) {
   std::printf("exaserve gateway serving HTTP at %s and RPC on %s:%u (controller %s:%u)\n", (*door)->http_url().c_str(),
               door_config.host.c_str(), (*door)->rpc_port(), join->host.c_str(), join->port);
   std::fflush(stdout);
-  const int sig = wait_for_stop_signal(signals, door_config.keys.get());
+  const int sig = wait_for_stop_signal(signals, door_config.keys.get(), door->get());
   spdlog::info("event=shutdown signal={}", sig == SIGINT ? "SIGINT" : "SIGTERM");
   // No new requests; those in flight finish (up to a grace period) before
   // the doors close.

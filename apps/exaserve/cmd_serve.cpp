@@ -95,7 +95,7 @@ int cmd_serve(int argc, char** argv) {
     spdlog::warn("event=not_ready_yet detail=\"no ready replica after 120 s; serving anyway (see /readyz)\"");
   print_banner(**door, *config);
 
-  const int sig = wait_for_stop_signal(stop_signals, config->server.keys.get());
+  const int sig = wait_for_stop_signal(stop_signals, config->server.keys.get(), door->get());
   spdlog::info("event=shutdown signal={} detail=\"draining in-flight requests\"", sig == SIGINT ? "SIGINT" : "SIGTERM");
   (*door)->stop_accepting();  // no new requests while the ones in flight finish
   drain(*(*cluster)->backend(), std::chrono::seconds(10));

@@ -87,11 +87,15 @@ void block_reload_signal(sigset_t& s) {
   pthread_sigmask(SIG_BLOCK, &s, nullptr);
 }
 
-int wait_for_stop_signal(sigset_t& s, auth::key_store* keys) {
+int wait_for_stop_signal(sigset_t& s, auth::key_store* keys, frontdoor* door) {
   for (;;) {
     int sig = 0;
     sigwait(&s, &sig);
     if (sig != SIGHUP) return sig;
+    if (door && door->tls_enabled())
+      if (auto ok = door->reload_tls(); !ok)
+        spdlog::error("event=tls_reload_failed error=\"{}\" detail=\"the previous certificate stays in use\"",
+                      ok.error().message);
     if (!keys) {
       spdlog::info("event=sighup detail=\"no keys file to re-read\"");
       continue;

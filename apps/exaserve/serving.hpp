@@ -60,8 +60,9 @@ expected<std::shared_ptr<auth::key_store>> keys_from_flags(const args& a);
 /// starts); wait_for_stop then reloads the keys on SIGHUP and waits on.
 void block_reload_signal(sigset_t& s);
 /// Waits for SIGINT or SIGTERM and returns it; a SIGHUP in between re-reads
-/// `keys` (if any): a broken file keeps the old keys, and says why.
-int wait_for_stop_signal(sigset_t& s, auth::key_store* keys);
+/// `keys` (if any) and the door's TLS files (if it has TLS): a broken file
+/// keeps what was loaded, and says why.
+int wait_for_stop_signal(sigset_t& s, auth::key_store* keys, frontdoor* door = nullptr);
 
 /// Polls readiness until it holds or `limit` passes.
 bool wait_ready(api::gateway_backend& backend, std::chrono::seconds limit);

@@ -71,6 +71,13 @@ class loop_servers final : private kj::TaskSet::ErrorHandler {
     rpc_listener_ = nullptr;
   }
 
+  /// New connections handshake with `tls` from now on; the old context is
+  /// kept (connections made with it may still use it) until the door stops.
+  void replace_tls(kj::Own<kj::TlsContext> tls) {
+    if (tls_) retired_tls_.add(kj::mv(tls_));
+    tls_ = kj::mv(tls);
+  }
+
   std::uint16_t http_port() { return static_cast<std::uint16_t>(http_listener_->getPort()); }
   std::uint16_t rpc_port() { return static_cast<std::uint16_t>(rpc_listener_->getPort()); }
 
@@ -203,6 +210,7 @@ class loop_servers final : private kj::TaskSet::ErrorHandler {
 
   std::shared_ptr<door_context> ctx_;
   kj::Own<kj::TlsContext> tls_;  // null: plain TCP
+  kj::Vector<kj::Own<kj::TlsContext>> retired_tls_;
   kj::HttpHeaderTable::Builder table_builder_;
   http_header_ids ids_;
   kj::Own<kj::HttpHeaderTable> table_;
@@ -304,6 +312,10 @@ struct frontdoor::impl {
   // The same, fulfilled by stop_accepting().
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> close_signal;
   bool closing = false;  // guarded by stop_mu
+  // Set on the loop thread while it serves: reload_tls() runs there.
+  kj::Own<const kj::Executor> executor;
+  door::loop_servers* servers = nullptr;
+  std::vector<door::door_tls> tls_files;  // what the contexts point at, kept until the loop ends
 
   void run(std::promise<expected<void>>& started);
   void serve(const std::function<void(expected<void>)>& report);
@@ -330,7 +342,11 @@ void frontdoor::impl::serve(const std::function<void(expected<void>)>& report) {
   auto ctx = std::make_shared<door::door_context>(config, backend, io.provider->getTimer());
   auto tls = door::make_tls(config);
   if (!tls) return report(std::unexpected(tls.error()));
-  auto servers = kj::heap<door::loop_servers>(ctx, kj::mv(*http), kj::mv(*rpc), kj::mv(tls->context));
+  auto context = kj::mv(tls->context);
+  tls_files.push_back(kj::mv(*tls));
+  auto servers = kj::heap<door::loop_servers>(ctx, kj::mv(*http), kj::mv(*rpc), kj::mv(context));
+  this->servers = servers.get();
+  executor = kj::getCurrentThreadExecutor().addRef();
   http_port = servers->http_port();
   rpc_port = servers->rpc_port();
   auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
@@ -347,6 +363,7 @@ void frontdoor::impl::serve(const std::function<void(expected<void>)>& report) {
   stop.promise.wait(io.waitScope);
   ctx->stopping = true;
   closed = nullptr;
+  this->servers = nullptr;
   servers = nullptr;
   // Let destruction work that KJ and capnp defer run while the loop exists.
   io.waitScope.poll();
@@ -391,6 +408,27 @@ void frontdoor::stop_accepting() {
   if (!impl_->thread.joinable() || impl_->closing) return;
   impl_->closing = true;
   impl_->close_signal->fulfill();
+}
+
+bool frontdoor::tls_enabled() const { return impl_->config.tls(); }
+
+expected<void> frontdoor::reload_tls() {
+  if (!impl_->config.tls()) return make_error(errc::invalid_argument, "this front door has no TLS to reload");
+  std::lock_guard lock(impl_->stop_mu);
+  if (!impl_->thread.joinable() || !impl_->executor) return make_error(errc::unavailable, "the front door is stopped");
+  expected<void> out;
+  impl_->executor->executeSync([&] {
+    auto tls = door::make_tls(impl_->config);
+    if (!tls) {
+      out = std::unexpected(tls.error());
+      return;
+    }
+    if (!impl_->servers) return;
+    impl_->servers->replace_tls(kj::mv(tls->context));
+    impl_->tls_files.push_back(kj::mv(*tls));
+  });
+  if (out) spdlog::info("event=frontdoor_tls_reloaded cert={}", impl_->config.tls_cert);
+  return out;
 }
 
 void frontdoor::stop() {

@@ -75,6 +75,11 @@ class frontdoor {
   /// Closes the listeners only: new connections are refused while the open
   /// ones (and their streams) finish. For draining before stop(). Idempotent.
   void stop_accepting();
+  /// Re-reads the TLS certificate, key and client CA (SIGHUP) from any
+  /// thread but the door's own: new connections use them, open ones keep
+  /// theirs. On error (a file missing or malformed) the old ones stay.
+  expected<void> reload_tls();
+  bool tls_enabled() const;
 
   /// Closes the listeners and every connection, cancels in-flight requests
   /// through backend.cancel(), and joins the thread. Idempotent.

@@ -755,18 +755,35 @@ TEST_CASE("HTTPS at the front door: the right CA passes, a wrong one and plain H
   CHECK(models.exit_code == 0);
   CHECK_THAT(models.out, Contains("tiny"));
   CHECK(run_process({cli, "--connect", at, "--tls-ca", other + "/ca.pem", "models"}, 20s).exit_code != 0);
+
+  // SIGHUP re-reads the certificate: a new one (of another CA) replaces it;
+  // a broken file keeps the one in use.
+  const std::string next = dir + "/next";
+  REQUIRE(run_process({exaserve, "gen-certs", next}, 30s).exit_code == 0);
+  std::filesystem::copy_file(next + "/gateway.pem", certs + "/gateway.pem", std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(next + "/gateway.key", certs + "/gateway.key", std::filesystem::copy_options::overwrite_existing);
+  s->signal(SIGHUP);
+  s->wait_for("event=frontdoor_tls_reloaded", 10s, true);
+  CHECK(curl({"--cacert", next + "/ca.pem", base + "/healthz"}).out == "ok\n");
+  CHECK(curl({"--cacert", certs + "/ca.pem", base + "/healthz"}).exit_code != 0);
+  { std::ofstream(certs + "/gateway.pem") << "not a certificate\n"; }
+  s->signal(SIGHUP);
+  s->wait_for("event=tls_reload_failed", 10s, true);
+  CHECK(curl({"--cacert", next + "/ca.pem", base + "/healthz"}).out == "ok\n");
   s->signal(SIGTERM);
   CHECK(s->wait_exit(30s).has_value());
 
-  // With a client CA: no certificate, no connection.
+  // With a client CA: no certificate, no connection. (The door now has
+  // next's certificate; clients present ones of the first CA.)
+  std::filesystem::copy_file(next + "/gateway.pem", certs + "/gateway.pem", std::filesystem::copy_options::overwrite_existing);
   auto strict = serve("serve-mtls", {"--door-tls-client-ca", certs + "/ca.pem"});
   const auto port2 = number_after(strict->wait_for("Ctrl-C", 120s), "https://127.0.0.1:");
   REQUIRE(port2);
   const std::string base2 = "https://127.0.0.1:" + std::to_string(*port2) + "/healthz";
-  CHECK(curl({"--cacert", certs + "/ca.pem", base2}).exit_code != 0);
-  CHECK(curl({"--cacert", certs + "/ca.pem", "--cert", other + "/gateway.pem", "--key", other + "/gateway.key", base2})
+  CHECK(curl({"--cacert", next + "/ca.pem", base2}).exit_code != 0);
+  CHECK(curl({"--cacert", next + "/ca.pem", "--cert", other + "/gateway.pem", "--key", other + "/gateway.key", base2})
             .exit_code != 0);
-  auto admitted = curl({"--cacert", certs + "/ca.pem", "--cert", certs + "/node.pem", "--key", certs + "/node.key", base2});
+  auto admitted = curl({"--cacert", next + "/ca.pem", "--cert", certs + "/node.pem", "--key", certs + "/node.key", base2});
   INFO(admitted.err);
   CHECK(admitted.out == "ok\n");
   strict->signal(SIGTERM);

@@ -30,14 +30,16 @@ struct cluster_metrics {
   /// Registers every family in `registry` (a fresh one when null).
   static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);
 
-  /// The series of a family for one label value (created on first use).
+  /// The series of a family for one label value (created on first use);
+  /// past the family's series cap, its _overflow series. The label counts
+  /// here are fixed, so only the cap can refuse, and it never does.
   template <class Family>
   static auto* series(Family* f, std::string_view label) {
-    return *f->with({label});
+    return f->with_or_overflow({label}).value();
   }
   template <class Family>
   static auto* series(Family* f, std::string_view a, std::string_view b) {
-    return *f->with({a, b});
+    return f->with_or_overflow({a, b}).value();
   }
 };
 

@@ -1,5 +1,7 @@
 #include "metrics/metrics.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -156,6 +158,35 @@ expected<Metric*> family<Metric>::with(std::span<const std::string_view> values)
   Metric* out = metric.get();
   series_.emplace(std::move(*key), std::move(metric));
   return out;
+}
+
+template <class Metric>
+expected<Metric*> family<Metric>::with_or_overflow(std::initializer_list<std::string_view> values) {
+  auto r = with(values);
+  if (r || r.error().code != errc::overloaded) return r;
+  const std::lock_guard lock(mutex_);
+  std::vector<std::string> key(label_names().size(), "_overflow");
+  auto it = series_.find(key);
+  if (it == series_.end()) {
+    spdlog::warn("event=metrics_series_overflow family={} limit={} detail=\"further label combinations are counted "
+                 "under the _overflow series\"",
+                 name(), series_.size());
+    std::unique_ptr<Metric> metric;
+    if constexpr (std::is_same_v<Metric, histogram>) {
+      metric = std::make_unique<histogram>(bounds());
+    } else {
+      metric = std::make_unique<Metric>();
+    }
+    it = series_.emplace(std::move(key), std::move(metric)).first;
+  }
+  ++overflowed_;
+  return it->second.get();
+}
+
+template <class Metric>
+std::uint64_t family<Metric>::overflowed() const {
+  const std::lock_guard lock(mutex_);
+  return overflowed_;
 }
 
 template <class Metric>

@@ -182,11 +182,19 @@ class family final : public family_base {
     return with(std::span<const std::string_view>(values.begin(), values.size()));
   }
   expected<Metric*> with(std::span<const std::string_view> values);
+  /// The series for these values, or -- when the family is full -- its one
+  /// overflow series (every label "_overflow"), so what passes the cap is
+  /// still counted, and the totals still add up. invalid_argument stays an
+  /// error (a wrong number of values is a bug at the call site).
+  expected<Metric*> with_or_overflow(std::initializer_list<std::string_view> values);
+  /// Distinct label combinations folded into the overflow series so far.
+  std::uint64_t overflowed() const;
 
   family_snapshot snapshot() const override;
 
  private:
   std::map<std::vector<std::string>, std::unique_ptr<Metric>, label_values_less> series_;
+  std::uint64_t overflowed_ = 0;  // guarded by mutex_
 };
 
 using counter_family = family<counter>;

@@ -205,3 +205,30 @@ TEST_CASE("registration mistakes are errors", "[metrics]") {
   REQUIRE_FALSE(third);
   CHECK(third.error().code == errc::overloaded);
 }
+
+TEST_CASE("past its series cap a family counts under one _overflow series instead of failing", "[metrics]") {
+  metrics::registry r(2);
+  auto* f = *r.register_counter("exa_requests_total", "", {"model"});
+  auto* m1 = *f->with_or_overflow({"m1"});
+  auto* m2 = *f->with_or_overflow({"m2"});
+  auto* m3 = *f->with_or_overflow({"m3"});
+  auto* m4 = *f->with_or_overflow({"m4"});
+  CHECK(m1 != m2);
+  CHECK(m3 == m4);  // both folded into the overflow series
+  CHECK(m3 != m1);
+  CHECK(*f->with_or_overflow({"m1"}) == m1);  // existing series are still found
+  m1->inc();
+  m3->inc(2);
+  m4->inc(3);
+  CHECK(f->overflowed() == 2);
+  const auto snap = f->snapshot();
+  REQUIRE(snap.series.size() == 3);  // m1, m2 and _overflow
+  double total = 0, overflow = 0;
+  for (const auto& s : snap.series) {
+    total += s.value;
+    if (s.label_values == std::vector<std::string>{"_overflow"}) overflow = s.value;
+  }
+  CHECK(total == 6);
+  CHECK(overflow == 5);
+  CHECK(f->with_or_overflow({"a", "b"}).error().code == errc::invalid_argument);
+}

@@ -193,11 +193,12 @@ struct submit_msg {
   std::uint64_t seed = 0;
   std::vector<std::int32_t> stop_tokens;
   cluster::epoch_t epoch = 0;  // the slot epoch the router chose it under
+  std::string request_id;      // the client-visible id, for the replica's log lines
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_msg& x) {
   return f(caf::meta::type_name("exa.submit"), x.request, x.prompt, x.resume, x.max_tokens, x.temperature,
-           x.top_p, x.top_k, x.seed, x.stop_tokens, x.epoch);
+           x.top_p, x.top_k, x.seed, x.stop_tokens, x.epoch, x.request_id);
 }
 
 /// replica -> request: new tokens of a request, in order.

@@ -324,15 +324,21 @@ void start(self_ptr self) {
       [=](const caf::error& err) { fail(self, "model cache unavailable: " + caf::to_string(err)); });
 }
 
+caf::result<ok_atom> refused(self_ptr self, const submit_msg& m, error e) {
+  spdlog::info("event=replica_request_refused request_id={} replica={} error=\"{}\"",
+               m.request_id.empty() ? "-" : m.request_id, self->state.ctx.spec.id, to_string(e));
+  return to_caf(e);
+}
+
 caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   auto& st = self->state;
   if (lease_lapsed(self))
-    return to_caf({errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " stopped: its node's lease lapsed"});
+    return refused(self, m, {errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " stopped: its node's lease lapsed"});
   if (!cluster::accepts_requests(st.state))
-    return to_caf({errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " is " +
+    return refused(self, m, {errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " is " +
                                           std::string(cluster::to_string(st.state)) + " and takes no new requests"});
   if (m.epoch != st.ctx.spec.epoch)
-    return to_caf({errc::stale_epoch, "replica " + std::to_string(st.ctx.spec.id) + " serves epoch " +
+    return refused(self, m, {errc::stale_epoch, "replica " + std::to_string(st.ctx.spec.id) + " serves epoch " +
                                           std::to_string(st.ctx.spec.epoch) + ", request routed under epoch " +
                                           std::to_string(m.epoch)});
   auto requester = caf::actor_cast<caf::actor>(self->current_sender());
@@ -355,7 +361,13 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
       return;
     }
     s.active[req.id] = {requester, static_cast<std::uint32_t>(req.prompt.size()), req.max_tokens,
-                        static_cast<std::uint32_t>(req.resume_tokens.size())};
+                        static_cast<std::uint32_t>(req.resume_tokens.size()), false, m.request_id};
+    // One line per request on the node too, so one grep for the id follows
+    // it from the gateway to the replica that served it.
+    spdlog::info("event=replica_request_started request_id={} replica={} node={} prompt_tokens={} resumed_tokens={} "
+                 "max_tokens={}",
+                 m.request_id.empty() ? "-" : m.request_id, s.ctx.spec.id, s.ctx.node, req.prompt.size(),
+                 req.resume_tokens.size(), req.max_tokens);
     self->monitor(requester);
     if (s.state == replica_state::ready) move_to(self, replica_state::serving);
     promise.deliver(ok_atom::value);
@@ -370,6 +382,8 @@ void on_cancel(self_ptr self, std::uint64_t request) {
     auto& s = self->state;
     auto it = s.active.find(request);
     if (it == s.active.end()) return;
+    spdlog::info("event=replica_request_cancelled request_id={} replica={} generated={}",
+                 it->second.request_id.empty() ? "-" : it->second.request_id, s.ctx.spec.id, it->second.generated);
     self->demonitor(it->second.requester);
     s.active.erase(it);
     EXA_ASSERT_MSG(!s.step_out, "engine cancel while a step is out on the device");

@@ -55,6 +55,7 @@ struct replica_actor_state {
     std::uint32_t max_tokens = 0;
     std::uint32_t generated = 0;
     bool first_token_seen = false;  // prefill done
+    std::string request_id;         // the client's, for log lines
   };
   std::map<std::uint64_t, active_request> active;
   double decode_tokens_per_s = 0;   // EWMA of decode-only steps

@@ -227,7 +227,7 @@ void submit(self_ptr self, const picked_replica& p) {
   self->monitor(p.handle);
   const auto& r = st.ctx.request;
   submit_msg m{st.ctx.number, st.prompt, st.generated, r.max_tokens, r.sampling.temperature, r.sampling.top_p,
-               r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch};
+               r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch, r.request_id};
   // Accepting (not finishing) a request is quick; a replica that does not
   // even accept it within submit_timeout_ms is treated as failed for it.
   self->request(p.handle, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(m))

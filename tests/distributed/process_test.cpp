@@ -271,6 +271,12 @@ TEST_CASE("controller, nodes and a gateway as processes serve and show the whole
                            R"({"model": "tiny", "prompt": "Hello", "max_tokens": 8})");
   CHECK(resp.status == 200);
   CHECK_THAT(resp.body, Contains("\"completion_tokens\":8"));
+  // One grep for the request id finds it in the gateway's log and in the
+  // log of the node whose replica served it.
+  const std::string id = resp.header("x-request-id");
+  REQUIRE_FALSE(id.empty());
+  CHECK_THAT(c.gateway().err(), Contains("request_id=" + id));
+  CHECK_THAT(c.node(1).err() + c.node(2).err(), Contains("event=replica_request_started request_id=" + id + " "));
 
   // Once idle, every replica reports zero load (they used to keep their
   // last busy numbers, so a draining gateway waited out its whole grace).

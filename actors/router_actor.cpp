@@ -1,5 +1,7 @@
 #include "actors/router_actor.hpp"
 
+#include "auth/api_keys.hpp"
+
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
@@ -68,17 +70,11 @@ std::shared_ptr<const model::llama_model> open_tokenizer(const deployment_announ
   return *model;
 }
 
-// Whether a caller scoped to `tenant` ("" = any) may see a deployment of
-// `owner` ("" = shared by all).
-bool visible(const std::string& tenant, const std::string& owner) {
-  return tenant.empty() || owner.empty() || owner == tenant;
-}
-
 void on_route(self_ptr self, const route_request& m) {
   auto& st = self->state;
   auto dep = st.deployments.find(m.request.model);
   // Another tenant's deployment is answered exactly like one that does not exist.
-  if (dep != st.deployments.end() && !visible(m.request.tenant, dep->second.info.tenant)) dep = st.deployments.end();
+  if (dep != st.deployments.end() && !auth::visible_to(m.request.tenant, dep->second.info.tenant)) dep = st.deployments.end();
   const bool hidden = dep == st.deployments.end() && st.deployments.count(m.request.model) > 0;
   if (dep == st.deployments.end() && !hidden && is_starting(self, m.request.model)) {
     auto& waiting = st.waiting_for_start[m.request.model];
@@ -92,7 +88,7 @@ void on_route(self_ptr self, const route_request& m) {
   if (dep == st.deployments.end()) {
     std::string known;
     for (const auto& [name, d] : st.deployments)
-      if (visible(m.request.tenant, d.info.tenant)) known += (known.empty() ? "" : ", ") + name;
+      if (auth::visible_to(m.request.tenant, d.info.tenant)) known += (known.empty() ? "" : ", ") + name;
     count_refusal(self, m.request.model);
     return refuse(m, {errc::not_found, "unknown model '" + m.request.model + "'" +
                                            (known.empty() ? std::string(" (nothing is deployed)") : " (serving: " + known + ")")});

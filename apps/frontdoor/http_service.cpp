@@ -57,12 +57,6 @@ std::optional<error> failure_of(const api::generate_result& r) {
   return std::nullopt;
 }
 
-/// Whether a deployment owned by `owner` ("" = shared) exists for a caller
-/// scoped to `tenant` ("" = every tenant: no keys, or an admin key).
-bool visible_to(const std::string& tenant, const std::string& owner) {
-  return tenant.empty() || owner.empty() || owner == tenant;
-}
-
 /// Reads a request body, stopping as soon as it exceeds `max_bytes` (the
 /// rest is never buffered).
 struct body_reader {
@@ -366,7 +360,7 @@ kj::Promise<void> http_service::handle_models(exchange& ex, std::string one, Res
       .then([this, &ex, &response, one = std::move(one)](expected<std::vector<api::model_info>> models) {
         if (!models) return send_error(ex, response, models.error());
         // Another tenant's deployments are not listed: to this caller they do not exist.
-        std::erase_if(*models, [&](const api::model_info& m) { return !visible_to(ex.tenant, m.tenant); });
+        std::erase_if(*models, [&](const api::model_info& m) { return !auth::visible_to(ex.tenant, m.tenant); });
         const auto created = unix_now_s();
         if (one.empty()) return send_json(ex, response, 200, render_model_list(*models, created));
         for (const auto& m : *models)

@@ -38,6 +38,13 @@ std::string hash_key(std::string_view key);
 /// A tenant name: 1 to 64 of [A-Za-z0-9_.-].
 expected<void> check_tenant(std::string_view tenant);
 
+/// Whether a deployment owned by `owner` ("": shared by every tenant) exists
+/// for a caller scoped to `tenant` ("": every tenant -- no keys, or an
+/// admin key).
+inline bool visible_to(std::string_view tenant, std::string_view owner) noexcept {
+  return tenant.empty() || owner.empty() || owner == tenant;
+}
+
 class key_set {
  public:
   /// Parses a keys file's text; an error names the line and what is wrong

@@ -129,8 +129,8 @@ expected<key_set> key_set::parse(std::string_view text) {
         created.find_first_not_of("0123456789") != std::string::npos || created.size() > 18)
       return bad("created= must be a unix time in seconds");
     e.created_unix_s = std::stoll(created);
-    for (const auto& other : out.entries_)
-      if (other.sha256_hex == e.sha256_hex) return bad("key " + e.id + " appears twice");
+    if (out.by_hash_.count(e.sha256_hex)) return bad("key " + e.id + " appears twice");
+    out.by_hash_.emplace(e.sha256_hex, out.entries_.size());
     out.entries_.push_back(std::move(e));
   }
   return out;
@@ -149,6 +149,11 @@ std::string key_set::serialize() const {
   return out;
 }
 
+void key_set::reindex() {
+  by_hash_.clear();
+  for (std::size_t i = 0; i < entries_.size(); ++i) by_hash_.emplace(entries_[i].sha256_hex, i);
+}
+
 tenant_limits key_set::limits_for(const std::string& tenant) const {
   auto it = limits_.find(tenant);
   return it == limits_.end() ? tenant_limits{} : it->second;
@@ -165,10 +170,8 @@ expected<void> key_set::set_limits(const std::string& tenant, const tenant_limit
 
 const key_entry* key_set::find(std::string_view presented_key) const {
   if (presented_key.empty()) return nullptr;
-  const std::string h = hash_key(presented_key);
-  for (const auto& e : entries_)
-    if (e.sha256_hex == h) return &e;
-  return nullptr;
+  const auto it = by_hash_.find(hash_key(presented_key));
+  return it == by_hash_.end() ? nullptr : &entries_[it->second];
 }
 
 expected<std::string> key_set::add(std::string_view tenant, bool admin, std::int64_t now_unix_s) {
@@ -182,6 +185,7 @@ expected<std::string> key_set::add(std::string_view tenant, bool admin, std::int
   e.tenant = std::string(tenant);
   e.admin = admin;
   e.created_unix_s = now_unix_s;
+  by_hash_.emplace(e.sha256_hex, entries_.size());
   entries_.push_back(std::move(e));
   return key;
 }
@@ -199,6 +203,7 @@ expected<key_entry> key_set::revoke(std::string_view id) {
   if (match == entries_.end()) return make_error(errc::not_found, "no key with id '" + std::string(id) + "'");
   key_entry gone = *match;
   entries_.erase(match);
+  reindex();
   return gone;
 }
 

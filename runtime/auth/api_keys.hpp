@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -70,7 +71,10 @@ class key_set {
   const std::map<std::string, tenant_limits>& limits() const noexcept { return limits_; }
 
  private:
+  void reindex();
   std::vector<key_entry> entries_;
+  // sha256 -> index in entries_: find() runs on every request.
+  std::unordered_map<std::string, std::size_t> by_hash_;
   std::map<std::string, tenant_limits> limits_;
 };
 

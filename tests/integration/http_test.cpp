@@ -44,6 +44,14 @@ std::string streamed_text(const std::vector<std::string>& events) {
 }
 
 /// Asserts the server still answers after whatever the test did to it.
+// A keys file's path in an emptied directory of its own.
+std::string fresh_keys_path(const std::string& name) {
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir + "/keys";
+}
+
 void require_still_serving(std::uint16_t port) {
   auto r = http_request(port, "GET", "/healthz");
   REQUIRE(r.status == 200);
@@ -589,10 +597,7 @@ TEST_CASE("a request KJ cannot parse gets a JSON error and the connection is clo
 }
 
 TEST_CASE("with a keys file the /v1 endpoints need a valid Bearer key, and a reload revokes", "[http][auth]") {
-  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/http-auth";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/keys";
+  const std::string path = fresh_keys_path("http-auth");
   exa::auth::key_set keys;
   const std::string acme = *keys.add("acme", false, 1), beta = *keys.add("beta", false, 2);
   REQUIRE(exa::auth::save_keys(path, keys));
@@ -648,10 +653,7 @@ TEST_CASE("with a keys file the /v1 endpoints need a valid Bearer key, and a rel
 }
 
 TEST_CASE("a tenant over its limits gets a 429 naming the limit, with Retry-After", "[http][auth]") {
-  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/http-limits";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/keys";
+  const std::string path = fresh_keys_path("http-limits");
   exa::auth::key_set keys;
   const std::string acme = *keys.add("acme", false, 1), beta = *keys.add("beta", false, 2);
   REQUIRE(keys.set_limits("acme", {1, 0, 0, 8}));  // 1 request a second, 8 tokens a request

@@ -275,7 +275,8 @@ TEST_CASE("controller, nodes and a gateway as processes serve and show the whole
   // log of the node whose replica served it.
   const std::string id = resp.header("x-request-id");
   REQUIRE_FALSE(id.empty());
-  CHECK_THAT(c.gateway().err(), Contains("request_id=" + id));
+  // The gateway writes its request line once the response is out: wait for it.
+  CHECK_THAT(c.gateway().wait_for("request_id=" + id, 10s, true), Contains("request_id=" + id));
   CHECK_THAT(c.node(1).err() + c.node(2).err(), Contains("event=replica_request_started request_id=" + id + " "));
 
   // Once idle, every replica reports zero load (they used to keep their

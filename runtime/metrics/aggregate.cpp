@@ -1,0 +1,256 @@
+#include "metrics/aggregate.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace exa::metrics {
+
+namespace {
+
+using label_map = std::map<std::string, std::string>;
+
+constexpr std::string_view overflow_value = "_overflow";
+
+struct accum {
+  double value = 0;
+  bool has_value = false;
+  std::vector<std::uint64_t> buckets;
+  double sum = 0;
+};
+
+struct family_accum {
+  family_snapshot meta;                // name, help, type, bounds; label_names filled at the end
+  std::vector<std::string> label_order;  // first-seen order of the output labels
+  std::map<label_map, accum> series;
+  bool max_gauge = false;
+};
+
+void combine(family_accum& f, accum& into, const series_snapshot& s) {
+  if (f.meta.type == metric_type::histogram) {
+    if (into.buckets.empty()) into.buckets.assign(s.bucket_counts.size(), 0);
+    for (std::size_t i = 0; i < s.bucket_counts.size() && i < into.buckets.size(); ++i)
+      into.buckets[i] += s.bucket_counts[i];
+    into.sum += s.sum;
+    into.has_value = true;
+    return;
+  }
+  if (f.max_gauge) {
+    if (std::isnan(s.value)) return;
+    into.value = into.has_value ? std::max(into.value, s.value) : s.value;
+  } else {
+    into.value += s.value;
+  }
+  into.has_value = true;
+}
+
+void combine(family_accum& f, accum& into, const accum& from) {
+  series_snapshot s;
+  s.value = from.value;
+  s.bucket_counts = from.buckets;
+  s.sum = from.sum;
+  if (from.has_value || f.meta.type == metric_type::histogram) combine(f, into, s);
+}
+
+}  // namespace
+
+bool default_max_gauge(std::string_view name) {
+  return name.ends_with("_ratio") || name.ends_with("_utilization") || name.ends_with("_temperature_celsius") ||
+         name.ends_with("_max");
+}
+
+registry_snapshot aggregate(std::span<const registry_snapshot> sources, const aggregation_rule& rule,
+                            aggregation_report* report) {
+  aggregation_report local;
+  aggregation_report& r = report ? *report : local;
+  r = {};
+  std::map<std::string, family_accum> families;
+  for (std::size_t si = 0; si < sources.size(); ++si) {
+    for (const auto& f : sources[si].families) {
+      auto [it, fresh] = families.try_emplace(f.name);
+      auto& acc = it->second;
+      if (fresh) {
+        acc.meta.name = f.name;
+        acc.meta.help = f.help;
+        acc.meta.type = f.type;
+        acc.meta.bounds = f.bounds;
+        acc.max_gauge = f.type == metric_type::gauge && (rule.max_gauges.count(f.name) || default_max_gauge(f.name));
+      } else if (acc.meta.type != f.type) {
+        r.conflicts.push_back(fmt::format("{}: type {} here, {} before (source {})", f.name, to_string(f.type),
+                                          to_string(acc.meta.type), si));
+        continue;
+      } else if (acc.meta.bounds != f.bounds) {
+        r.conflicts.push_back(fmt::format("{}: histogram bounds differ (source {})", f.name, si));
+        continue;
+      }
+      for (const auto& name : f.label_names)
+        if (!rule.drop_labels.count(name) &&
+            std::find(acc.label_order.begin(), acc.label_order.end(), name) == acc.label_order.end())
+          acc.label_order.push_back(name);
+      for (const auto& [name, _] : rule.add_labels)
+        if (std::find(acc.label_order.begin(), acc.label_order.end(), name) == acc.label_order.end())
+          acc.label_order.push_back(name);
+      for (const auto& s : f.series) {
+        if (s.label_values.size() != f.label_names.size()) continue;  // malformed snapshot: skip the series
+        if (f.type == metric_type::histogram && s.bucket_counts.size() != f.bounds.size() + 1) continue;
+        ++r.series_in;
+        label_map labels;
+        for (std::size_t i = 0; i < f.label_names.size(); ++i)
+          if (!rule.drop_labels.count(f.label_names[i]) && !s.label_values[i].empty())
+            labels[f.label_names[i]] = s.label_values[i];
+        for (const auto& [name, value] : rule.add_labels) labels.try_emplace(name, value);
+        combine(acc, acc.series[labels], s);
+      }
+    }
+  }
+
+  registry_snapshot out;
+  for (auto& [name, acc] : families) {
+    if (acc.series.empty()) continue;
+    // The bound: the first series_max - 1 label sets (in order) stay, the
+    // rest fold into the overflow series, which always has room.
+    const std::size_t cap = std::max<std::size_t>(rule.series_max, 1);
+    if (acc.series.size() > cap) {
+      label_map overflow;
+      for (const auto& n : acc.label_order) overflow[n] = std::string(overflow_value);
+      accum folded_into = acc.series.count(overflow) ? acc.series[overflow] : accum{};
+      acc.series.erase(overflow);
+      std::size_t kept = 0, folded = 0;
+      for (auto it = acc.series.begin(); it != acc.series.end();) {
+        if (kept < cap - 1) {
+          ++kept;
+          ++it;
+          continue;
+        }
+        combine(acc, folded_into, it->second);
+        it = acc.series.erase(it);
+        ++folded;
+      }
+      acc.series[overflow] = folded_into;
+      r.folded += folded;
+      r.folded_by_family[name] += folded;
+    }
+    family_snapshot f = std::move(acc.meta);
+    f.label_names = acc.label_order;
+    for (auto& [labels, a] : acc.series) {
+      series_snapshot s;
+      for (const auto& n : f.label_names) {
+        const auto l = labels.find(n);
+        s.label_values.push_back(l == labels.end() ? std::string() : l->second);
+      }
+      s.value = a.value;
+      s.bucket_counts = std::move(a.buckets);
+      if (f.type == metric_type::histogram && s.bucket_counts.empty()) s.bucket_counts.assign(f.bounds.size() + 1, 0);
+      s.sum = a.sum;
+      f.series.push_back(std::move(s));
+    }
+    std::sort(f.series.begin(), f.series.end(),
+              [](const series_snapshot& a, const series_snapshot& b) { return a.label_values < b.label_values; });
+    r.series_out += f.series.size();
+    out.families.push_back(std::move(f));
+  }
+  return out;
+}
+
+// ---- counter_continuity ------------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> key_labels(const family_snapshot& f, const series_snapshot& s) {
+  std::vector<std::string> k;
+  for (std::size_t i = 0; i < f.label_names.size() && i < s.label_values.size(); ++i) {
+    if (s.label_values[i].empty()) continue;
+    k.push_back(f.label_names[i]);
+    k.push_back(s.label_values[i]);
+  }
+  return k;
+}
+
+bool went_down(const std::vector<std::uint64_t>& now, const std::vector<std::uint64_t>& before) {
+  std::uint64_t a = 0, b = 0;
+  for (const auto c : now) a += c;
+  for (const auto c : before) b += c;
+  return a < b;
+}
+
+}  // namespace
+
+registry_snapshot counter_continuity::next(const registry_snapshot& scrape) {
+  registry_snapshot out = scrape;
+  std::set<key> seen;
+  for (auto& f : out.families) {
+    if (f.type == metric_type::gauge) continue;
+    for (auto& s : f.series) {
+      key k{f.name, key_labels(f, s)};
+      seen.insert(k);
+      auto [it, fresh] = carried_.try_emplace(k);
+      auto& st = it->second;
+      if (f.type == metric_type::histogram) {
+        if (st.carry_buckets.size() != s.bucket_counts.size()) {
+          // First sight, or the bounds changed: start over from this scrape.
+          st.carry_buckets.assign(s.bucket_counts.size(), 0);
+          st.carry_sum = 0;
+          st.last_buckets.clear();
+        } else if (!fresh && went_down(s.bucket_counts, st.last_buckets)) {
+          for (std::size_t i = 0; i < st.carry_buckets.size(); ++i) st.carry_buckets[i] += st.last_buckets[i];
+          st.carry_sum += st.last_sum;
+        }
+        st.last_buckets = s.bucket_counts;
+        st.last_sum = s.sum;
+        for (std::size_t i = 0; i < s.bucket_counts.size(); ++i) s.bucket_counts[i] += st.carry_buckets[i];
+        s.sum += st.carry_sum;
+      } else {
+        if (!fresh && s.value < st.last_value) st.carry_value += st.last_value;
+        st.last_value = s.value;
+        s.value += st.carry_value;
+      }
+    }
+  }
+  // Counter series the source no longer exposes keep their last value.
+  for (const auto& f : last_.families) {
+    if (f.type == metric_type::gauge) continue;
+    auto target = std::find_if(out.families.begin(), out.families.end(),
+                               [&](const family_snapshot& o) { return o.name == f.name; });
+    if (target != out.families.end() && (target->type != f.type || target->label_names != f.label_names ||
+                                          target->bounds != f.bounds))
+      continue;  // redefined: the old series cannot be expressed in the new shape
+    for (const auto& s : f.series) {
+      key k{f.name, key_labels(f, s)};
+      if (seen.count(k)) continue;
+      if (target == out.families.end()) {
+        family_snapshot copy = f;
+        copy.series.clear();
+        out.families.push_back(std::move(copy));
+        target = std::prev(out.families.end());
+      }
+      target->series.push_back(s);
+      seen.insert(k);
+      // A series that comes back later starts a new run: its raw value
+      // counts on top of what it had reached.
+      auto& st = carried_[k];
+      st.carry_value = s.value;
+      st.last_value = 0;
+      st.carry_buckets = s.bucket_counts;
+      st.carry_sum = s.sum;
+      st.last_buckets.assign(s.bucket_counts.size(), 0);
+      st.last_sum = 0;
+    }
+  }
+  std::sort(out.families.begin(), out.families.end(),
+            [](const family_snapshot& a, const family_snapshot& b) { return a.name < b.name; });
+  for (auto& f : out.families)
+    std::sort(f.series.begin(), f.series.end(),
+              [](const series_snapshot& a, const series_snapshot& b) { return a.label_values < b.label_values; });
+  last_ = out;
+  return out;
+}
+
+registry_snapshot counter_continuity::counters_only() const {
+  registry_snapshot out;
+  for (const auto& f : last_.families)
+    if (f.type != metric_type::gauge) out.families.push_back(f);
+  return out;
+}
+
+}  // namespace exa::metrics

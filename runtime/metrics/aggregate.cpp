@@ -253,4 +253,73 @@ registry_snapshot counter_continuity::counters_only() const {
   return out;
 }
 
+// ---- scrape_aggregator ---------------------------------------------------------------
+
+scrape_aggregator::scrape_aggregator(std::string name, std::vector<std::string> targets, aggregation_rule rule,
+                                     parse_limits limits)
+    : name_(std::move(name)), rule_(std::move(rule)), limits_(limits) {
+  for (auto& t : targets) {
+    target_state state;
+    state.url = std::move(t);
+    targets_.push_back(std::move(state));
+  }
+  continuity_.resize(targets_.size());
+  latest_.resize(targets_.size());
+}
+
+void scrape_aggregator::on_scrape(std::size_t index, const expected<std::string>& body, std::int64_t now_ms) {
+  if (index >= targets_.size()) return;
+  auto& t = targets_[index];
+  expected<registry_snapshot> parsed =
+      body ? parse_prometheus(*body, limits_) : expected<registry_snapshot>(std::unexpected(body.error()));
+  if (!parsed) {
+    t.up = false;
+    ++t.errors;
+    t.last_error = parsed.error().message;
+    latest_[index] = continuity_[index].counters_only();
+    return;
+  }
+  t.up = true;
+  t.last_error.clear();
+  t.last_success_ms = now_ms;
+  t.series = 0;
+  for (const auto& f : parsed->families) t.series += f.series.size();
+  latest_[index] = continuity_[index].next(*parsed);
+}
+
+registry_snapshot scrape_aggregator::result(aggregation_report* report) const {
+  aggregation_report local;
+  aggregation_report& r = report ? *report : local;
+  auto out = aggregate(latest_, rule_, &r);
+  registry own;
+  auto* up = *own.register_gauge("exaserve_aggregator_target_up",
+                                 "1 when the aggregator's last scrape of the target succeeded.",
+                                 {"aggregator", "target"});
+  auto* errors = *own.register_counter("exaserve_aggregator_scrape_errors_total",
+                                       "Failed scrapes of a target (unreachable, timed out, unparsable).",
+                                       {"aggregator", "target"});
+  auto* series = *own.register_gauge("exaserve_aggregator_series", "Series this aggregator exposes.", {"aggregator"});
+  auto* folded = *own.register_gauge("exaserve_aggregator_series_folded",
+                                     "Series folded into a family's _overflow series by the series bound.",
+                                     {"aggregator", "family"});
+  auto* conflicts = *own.register_gauge("exaserve_aggregator_conflicts",
+                                        "Families left out of a target because they disagree with another's.",
+                                        {"aggregator"});
+  for (const auto& t : targets_) {
+    (*up->with({name_, t.url}))->set(t.up ? 1 : 0);
+    (*errors->with({name_, t.url}))->inc(t.errors);
+  }
+  (*series->with({name_}))->set(static_cast<double>(r.series_out));
+  for (const auto& [family, n] : r.folded_by_family) (*folded->with({name_, family}))->set(static_cast<double>(n));
+  (*conflicts->with({name_}))->set(static_cast<double>(r.conflicts.size()));
+  // The aggregator's own families go beside the aggregate; where a target
+  // exports them too (a rack aggregator below a global one), they merge by
+  // their labels like any family.
+  aggregation_rule beside;
+  beside.series_max = rule_.series_max;
+  beside.max_gauges = rule_.max_gauges;
+  const registry_snapshot both[] = {std::move(out), own.snapshot()};
+  return aggregate(both, beside);
+}
+
 }  // namespace exa::metrics

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.hpp"
+#include "metrics/exposition.hpp"
 #include "metrics/metrics.hpp"
 
 namespace exa::metrics {
@@ -83,6 +85,47 @@ class counter_continuity {
   using key = std::pair<std::string, std::vector<std::string>>;  // family, label values
   std::map<key, series_state> carried_;
   registry_snapshot last_;
+};
+
+/// What an aggregator process holds: the latest scrape of each target (kept
+/// continuous), the targets' health, and the aggregate over them with the
+/// aggregator's own families:
+///   exaserve_aggregator_target_up{aggregator,target}            1 or 0
+///   exaserve_aggregator_scrape_errors_total{aggregator,target}
+///   exaserve_aggregator_series{aggregator}                      series exposed
+///   exaserve_aggregator_series_folded{aggregator,family}        in the last pass
+///   exaserve_aggregator_conflicts{aggregator}                   families left out
+/// A target that stopped answering still contributes its counters (frozen
+/// at their last values, so sums never go backwards) but not its gauges.
+class scrape_aggregator {
+ public:
+  struct target_state {
+    std::string url;
+    bool up = false;
+    std::uint64_t errors = 0;
+    std::string last_error;
+    std::size_t series = 0;  // in its last good scrape
+    std::int64_t last_success_ms = -1;
+  };
+
+  scrape_aggregator(std::string name, std::vector<std::string> targets, aggregation_rule rule,
+                    parse_limits limits = {});
+
+  /// One scrape of target `index`: its body, or why it failed. A body that
+  /// does not parse counts as a failure, with the parser's reason.
+  void on_scrape(std::size_t index, const expected<std::string>& body, std::int64_t now_ms);
+
+  const std::vector<target_state>& targets() const { return targets_; }
+  const std::string& name() const { return name_; }
+  registry_snapshot result(aggregation_report* report = nullptr) const;
+
+ private:
+  std::string name_;
+  aggregation_rule rule_;
+  parse_limits limits_;
+  std::vector<target_state> targets_;
+  std::vector<counter_continuity> continuity_;
+  std::vector<registry_snapshot> latest_;  // continuous; empty until the first good scrape
 };
 
 }  // namespace exa::metrics

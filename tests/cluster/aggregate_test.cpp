@@ -253,3 +253,42 @@ TEST_CASE("counters stay monotonic when a source restarts or loses a series", "[
   CHECK(value(frozen, "m", 0) == 13);
   CHECK(value(frozen, "m", 1) == 6);
 }
+
+TEST_CASE("an aggregator tracks its targets and keeps a lost one's counters", "[metrics][aggregate]") {
+  aggregation_rule rule;
+  rule.drop_labels = {"replica"};
+  rule.add_labels = {{"rack", "0"}};
+  scrape_aggregator agg("rack-0", {"http://a/metrics", "http://b/metrics", "http://c/metrics"}, rule);
+  agg.on_scrape(0, std::string("# TYPE m_total counter\nm_total{replica=\"1\"} 5\nkv{replica=\"1\"} 10\n"), 1000);
+  agg.on_scrape(1, std::string("# TYPE m_total counter\nm_total{replica=\"2\"} 7\nkv{replica=\"2\"} 20\n"), 1000);
+  agg.on_scrape(2, std::string("this is not the text format\n"), 1000);
+  auto out = agg.result();
+  CHECK(fam(out, "m_total").series.at(0).value == 12);
+  CHECK(fam(out, "m_total").series.at(0).label_values == std::vector<std::string>{"0"});
+  CHECK(fam(out, "kv").series.at(0).value == 30);
+  const auto& up = fam(out, "exaserve_aggregator_target_up");
+  REQUIRE(up.series.size() == 3);
+  CHECK(up.series[0].value == 1);
+  CHECK(up.series[2].value == 0);
+  CHECK_THAT(agg.targets()[2].last_error, Catch::Contains("line 1"));
+  CHECK(fam(out, "exaserve_aggregator_scrape_errors_total").series.at(2).value == 1);
+
+  // b stops answering: its counter stays in the sum, its gauge leaves.
+  agg.on_scrape(0, std::string("# TYPE m_total counter\nm_total{replica=\"1\"} 6\nkv{replica=\"1\"} 11\n"), 2000);
+  agg.on_scrape(1, expected<std::string>(make_error(errc::unavailable, "connection refused")), 2000);
+  out = agg.result();
+  CHECK(fam(out, "m_total").series.at(0).value == 13);
+  CHECK(fam(out, "kv").series.at(0).value == 11);
+  CHECK(fam(out, "exaserve_aggregator_target_up").series.at(1).value == 0);
+  CHECK(agg.targets()[1].last_error == "connection refused");
+  CHECK(agg.targets()[0].last_success_ms == 2000);
+
+  // The rendered aggregate parses back, and a global aggregator over it
+  // merges the rack's own families with its own.
+  auto text = render_prometheus(out);
+  scrape_aggregator global("global", {"http://rack0/metrics"}, aggregation_rule{});
+  global.on_scrape(0, text, 3000);
+  const auto g = global.result();
+  CHECK(fam(g, "m_total").series.at(0).value == 13);
+  CHECK(fam(g, "exaserve_aggregator_target_up").series.size() == 4);  // three from the rack, one of its own
+}

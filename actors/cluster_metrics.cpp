@@ -44,6 +44,14 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
                                        "Requests resumed on another replica after theirs failed.", {"model"}));
   m->replica_restarts =
       must(r.register_counter("exaserve_replica_restarts_total", "Replicas restarted in place by their node.", {"node"}));
+  m->node_replicas = must(r.register_gauge("exaserve_node_replicas",
+                                           "Replicas running on a node by lifecycle state, as the node sees them.",
+                                           {"node", "state"}));
+  m->nodes = must(r.register_gauge("exaserve_nodes", "Nodes the controller's failure detector watches, by health.",
+                                   {"health"}));
+  m->node_health_changes = must(r.register_counter(
+      "exaserve_node_health_changes_total", "Node health changes the failure detector decided, by the new health.",
+      {"to"}));
   return m;
 }
 

@@ -26,6 +26,9 @@ struct cluster_metrics {
   metrics::gauge_family* kv_capacity_tokens = nullptr; // {replica}
   metrics::counter_family* resumes = nullptr;          // {model}: requests moved to another replica
   metrics::counter_family* replica_restarts = nullptr; // {node}
+  metrics::gauge_family* node_replicas = nullptr;      // {node, state}: replica actors alive on the node
+  metrics::gauge_family* nodes = nullptr;              // {health}: nodes the controller watches
+  metrics::counter_family* node_health_changes = nullptr;  // {to}: suspect, confirmed, healthy
 
   /// Registers every family in `registry` (a fresh one when null).
   static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);

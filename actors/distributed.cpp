@@ -30,6 +30,7 @@
 #include "actors/uplink_actor.hpp"
 #include "cluster/journal.hpp"
 #include "cluster/membership.hpp"
+#include "metrics/prometheus.hpp"
 
 #ifndef EXASERVE_VERSION
 #define EXASERVE_VERSION "unknown"
@@ -267,6 +268,7 @@ struct controller_process::impl {
   caf::actor_system system;
   caf::actor root;
   caf::actor directory;
+  std::shared_ptr<cluster_metrics> metrics;
   std::uint16_t port = 0;
   bool stopped = false;
 };
@@ -274,6 +276,7 @@ struct controller_process::impl {
 controller_process::controller_process(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 controller_process::~controller_process() { stop(); }
 std::uint16_t controller_process::port() const { return impl_->port; }
+std::string controller_process::metrics_text() const { return metrics::render_prometheus(*impl_->metrics->registry); }
 
 expected<std::unique_ptr<controller_process>> controller_process::start(controller_options o) {
   const auto& c = o.cluster;
@@ -281,6 +284,7 @@ expected<std::unique_ptr<controller_process>> controller_process::start(controll
   auto p = std::make_unique<impl>(
       cluster::transport_timeout_ms(c.heartbeat_interval_ms, c.suspect_after_missed, c.observation_window_ms), o.tls);
   auto metrics = cluster_metrics::create();
+  p->metrics = metrics;
   auto plan = make_cluster_plan(c, metrics);
   if (!plan) return std::unexpected(plan.error());
   // Nodes are not listed: they join.
@@ -338,6 +342,8 @@ struct node_process::impl {
   caf::actor root;
   caf::actor hub;
   caf::actor uplink;
+  std::shared_ptr<cluster_metrics> metrics;
+  std::uint32_t node = 0;
   std::uint16_t port = 0;
   bool stopped = false;
 };
@@ -345,6 +351,24 @@ struct node_process::impl {
 node_process::node_process(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 node_process::~node_process() { stop(); }
 std::uint16_t node_process::port() const { return impl_->port; }
+std::string node_process::metrics_text() const { return metrics::render_prometheus(*impl_->metrics->registry); }
+
+expected<void> node_process::ready() const {
+  const auto family = impl_->metrics->node_replicas->snapshot();
+  const auto node = std::to_string(impl_->node);
+  std::string starting;
+  double total = 0;
+  for (const auto& s : family.series) {
+    if (s.label_values.size() != 2 || s.label_values[0] != node || s.value <= 0) continue;
+    const auto& state = s.label_values[1];
+    if (state != "creating" && state != "loading" && state != "warming") continue;
+    total += s.value;
+    starting += (starting.empty() ? "" : ", ") + state + " " + metrics::format_sample_value(s.value);
+  }
+  if (total > 0)
+    return make_error(errc::unavailable, metrics::format_sample_value(total) + " replicas still starting (" + starting + ")");
+  return {};
+}
 
 expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   if (o.devices == 0 || o.devices > 64) return make_error(errc::invalid_argument, "--devices must be in [1, 64]");
@@ -377,6 +401,8 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   nc.heartbeat_interval_ms = w.heartbeat_interval_ms;
   nc.lease_ms = w.lease_ms;
   nc.metrics = cluster_metrics::create();
+  p->metrics = nc.metrics;
+  p->node = o.node;
   nc.address = o.listen.host + ":" + std::to_string(p->port);
   nc.engine = o.engine;
   nc.hooks.log = o.event_log;

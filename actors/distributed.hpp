@@ -77,6 +77,8 @@ class controller_process {
   static expected<std::unique_ptr<controller_process>> start(controller_options options);
   ~controller_process();
   std::uint16_t port() const;
+  /// This process's metrics in the Prometheus text format (its status port).
+  std::string metrics_text() const;
   void stop();
 
  private:
@@ -109,6 +111,11 @@ class node_process {
   static expected<std::unique_ptr<node_process>> start(node_options options);
   ~node_process();
   std::uint16_t port() const;
+  /// This process's metrics in the Prometheus text format (its status port).
+  std::string metrics_text() const;
+  /// Ready once none of its replicas is still starting (creating, loading,
+  /// warming); the error names how many are, in which state.
+  expected<void> ready() const;
   /// Blocks until the node subtree ended (or `stop`).
   void stop();
 

@@ -58,6 +58,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.health.suspect_after_missed = o.suspect_after_missed;
   plan.health.observation_window_ms = o.observation_window_ms;
   plan.health.hooks = hooks;
+  plan.health.metrics = metrics;
   plan.health.wall_clock_from_actor_clock = o.deterministic;
   plan.router.max_attempts = o.max_attempts;
   plan.router.hooks = hooks;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "actors/cluster_metrics.hpp"
 #include "actors/cluster_supervisor.hpp"
 #include "cluster/clock_offset.hpp"
 
@@ -18,8 +19,17 @@ namespace {
 using self_ptr = caf::stateful_actor<health_monitor_state>*;
 using cluster::node_health;
 
+// Watched nodes by health, for the exaserve_nodes gauge.
+void update_node_gauge(self_ptr self) {
+  auto& st = self->state;
+  if (!st.config.metrics) return;
+  for (const auto& [health, n] : st.detector->counts())
+    cluster_metrics::series(st.config.metrics->nodes, cluster::to_string(health))->set(static_cast<double>(n));
+}
+
 void announce(self_ptr self, const cluster::health_change& c) {
   auto& st = self->state;
+  if (st.config.metrics) cluster_metrics::series(st.config.metrics->node_health_changes, cluster::to_string(c.to))->inc();
   const auto level = c.to == node_health::healthy ? spdlog::level::info : spdlog::level::warn;
   spdlog::log(level, "event=node_health node={} from={} to={} last_heard_ms_ago={}", c.node, cluster::to_string(c.from),
               cluster::to_string(c.to), (c.at_ns - st.detector->last_heard_ns(c.node)) / 1000000);
@@ -85,6 +95,7 @@ caf::behavior health_monitor_actor(caf::stateful_actor<health_monitor_state>* se
       },
       [=](tick_atom) {
         for (const auto& change : self->state.detector->tick(clock_ns(self))) announce(self, change);
+        update_node_gauge(self);
         self->delayed_send(self, period, tick_atom::value);
       },
       [=](nodes_atom) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -19,6 +20,8 @@
 
 namespace exa::actors {
 
+struct cluster_metrics;
+
 struct health_config {
   std::uint32_t heartbeat_interval_ms = 2000;
   std::uint32_t suspect_after_missed = 5;
@@ -27,6 +30,7 @@ struct health_config {
   chaos_hooks hooks;
   bool wall_clock_from_actor_clock = false;  // virtual time: see node_config
   std::uint32_t clock_skew_warn_ms = 250;    // merged logs out of order by more than this: warn
+  std::shared_ptr<cluster_metrics> metrics;  // nodes by health, health changes; may be null
 };
 
 struct health_monitor_state {

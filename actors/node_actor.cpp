@@ -31,6 +31,7 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   rc.step_timeout_ms = st.ctx.config.replica_step_timeout_ms;
   rc.hooks = st.ctx.config.hooks;
   rc.lease_until = st.lease_until;
+  rc.metrics = st.ctx.config.metrics;
   auto handle = self->spawn(replica_actor, std::move(rc));
   self->link_to(handle);
   return handle;

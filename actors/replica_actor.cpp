@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "actors/cluster_metrics.hpp"
 #include "actors/device_actor.hpp"
 #include "common/assert.hpp"
 #include "engine/cpu_engine.hpp"
@@ -26,6 +27,13 @@ using cluster::replica_state;
 
 std::int64_t now_ns(self_ptr self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+// The node's gauge of its replicas by state.
+void count_state(const replica_actor_state& st, replica_state state, int delta) {
+  if (!st.ctx.metrics) return;
+  cluster_metrics::series(st.ctx.metrics->node_replicas, std::to_string(st.ctx.node), cluster::to_string(state))
+      ->add(delta);
 }
 
 // Moves to `to` if the lifecycle allows it and tells the controller and
@@ -46,6 +54,8 @@ bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
                st.ctx.spec.id, st.ctx.spec.deployment, st.ctx.spec.slot, st.ctx.spec.epoch, st.ctx.node,
                st.ctx.spec.device, cluster::to_string(st.state), cluster::to_string(to),
                reason.empty() ? "" : " reason=", reason.empty() ? "" : "\"" + reason + "\"");
+  count_state(st, st.state, -1);
+  count_state(st, to, +1);
   st.state = to;
   const replica_event ev{st.ctx.spec.id, st.ctx.spec.deployment, st.ctx.spec.slot, st.ctx.spec.epoch, st.ctx.node,
                          st.ctx.spec.device, static_cast<std::uint8_t>(to), reason, caf::actor_cast<caf::actor>(self)};
@@ -92,6 +102,11 @@ void report_load(self_ptr self, bool force) {
     load.queued = s.waiting;
     load.kv_capacity_tokens = s.kv_capacity_tokens;
     load.kv_used_tokens = s.kv_capacity_tokens - s.kv_free_tokens;
+  }
+  if (st.ctx.metrics) {
+    const auto id = std::to_string(st.ctx.spec.id);
+    cluster_metrics::series(st.ctx.metrics->kv_used_tokens, id)->set(static_cast<double>(load.kv_used_tokens));
+    cluster_metrics::series(st.ctx.metrics->kv_capacity_tokens, id)->set(static_cast<double>(load.kv_capacity_tokens));
   }
   load.decode_tokens_per_s = st.decode_tokens_per_s;
   load.prefill_tokens_per_s = st.prefill_tokens_per_s;
@@ -396,12 +411,20 @@ void on_cancel(self_ptr self, std::uint64_t request) {
 }  // namespace
 
 replica_actor_state::~replica_actor_state() {
+  // However it ended, the replica no longer counts on its node.
+  if (ctx.metrics) {
+    count_state(*this, state, -1);
+    const auto id = std::to_string(ctx.spec.id);
+    cluster_metrics::series(ctx.metrics->kv_used_tokens, id)->set(0);
+    cluster_metrics::series(ctx.metrics->kv_capacity_tokens, id)->set(0);
+  }
   // Unpin the model in the node's cache, however the replica ended.
   if (model && ctx.model_cache) caf::anon_send(ctx.model_cache, release_model{ctx.spec.model_file, ctx.spec.model_sha256});
 }
 
 caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx) {
   self->state.ctx = std::move(ctx);
+  count_state(self->state, self->state.state, +1);
   // No device, no replica; but a replica's crash must not take the device
   // (shared with other replicas) down: monitor, do not link.
   self->monitor(self->state.ctx.device);

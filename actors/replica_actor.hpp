@@ -24,6 +24,8 @@
 
 namespace exa::actors {
 
+struct cluster_metrics;
+
 struct replica_context {
   replica_spec spec;
   cluster::node_id node = 0;
@@ -34,6 +36,8 @@ struct replica_context {
   std::uint32_t step_timeout_ms = 60000;      // a step taking longer means a hung device
   std::uint32_t load_report_interval_ms = 5;  // at most one load report per interval
   chaos_hooks hooks;
+  /// The node's metrics (replicas by state, KV use); null: none.
+  std::shared_ptr<cluster_metrics> metrics;
   /// The node's lease (node_state::lease_until); null: no lease.
   std::shared_ptr<const std::atomic<std::int64_t>> lease_until;
 };

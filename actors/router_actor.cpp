@@ -318,12 +318,10 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         r.outstanding_tokens = l.outstanding_tokens;
         r.decode_tokens_per_s = l.decode_tokens_per_s;
         r.prefill_tokens_per_s = l.prefill_tokens_per_s;
+        // KV use is exported by the replica's node, not here: every gateway
+        // hears the same load reports, and an aggregate over gateways would
+        // count each replica once per gateway.
         (void)s.table->update_load(l.id, r);
-        if (s.metrics) {
-          const std::string id = std::to_string(l.id);
-          cluster_metrics::series(s.metrics->kv_used_tokens, id)->set(l.kv_used_tokens);
-          cluster_metrics::series(s.metrics->kv_capacity_tokens, id)->set(l.kv_capacity_tokens);
-        }
       },
       [=](const route_request& m) { on_route(self, m); },
       [=](deadline_atom) {

@@ -16,6 +16,7 @@ packages=(
   libbenchmark-dev      # Google Benchmark: bench/
   iproute2              # ip netns, veth and tc netem: partitions in the multi-process tests
   curl                  # HTTPS client of the front-door TLS tests
+  prometheus            # promtool (alert rules) and the server the metrics integration test scrapes with
 )
 
 missing=()

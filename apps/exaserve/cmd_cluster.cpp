@@ -12,6 +12,7 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "frontdoor.hpp"
+#include "status_door.hpp"
 #include "serve_config.hpp"
 #include "serving.hpp"
 
@@ -77,6 +78,19 @@ expected<std::shared_ptr<cluster::event_log>> event_log_flag_value(const args& a
   return log;
 }
 
+const flag_spec metrics_listen_flag{"metrics-listen", true,
+                                    "HOST:PORT of this process's status port: GET /metrics, /healthz and /readyz "
+                                    "over plain HTTP (default: none); `exaserve aggregate` scrapes it"};
+
+// --metrics-listen: the status port, or null when the flag is absent.
+expected<std::unique_ptr<status_door>> status_port(const args& a, status_handlers handlers) {
+  auto v = a.get("metrics-listen");
+  if (!v) return std::unique_ptr<status_door>{};
+  auto hp = actors::parse_host_port(*v);
+  if (!hp) return make_error(errc::invalid_argument, "--metrics-listen: " + hp.error().message);
+  return status_door::start(hp->host, hp->port, std::move(handlers));
+}
+
 actors::cluster_identity identity(const args& a) {
   actors::cluster_identity id;
   id.cluster = a.get_or("cluster", "exaserve");
@@ -93,6 +107,7 @@ const std::vector<flag_spec> controller_flags = with_common_flags({
     {"replicas", true, "replicas of the first deployment (default 2)"},
     {"engine", true, "cpu (default) or null: the engine replicas are placed with"},
     {"wait-nodes", true, "place the configured deployments once this many nodes joined (default 1)"},
+    metrics_listen_flag,
 });
 
 const std::vector<flag_spec> node_flags = with_common_flags({
@@ -107,6 +122,7 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     {"model-dir", true, "a model missing at its deployed path is looked for here, as <sha256>.gguf "
                         "(deployments that pin one) or by its file name"},
+    metrics_listen_flag,
 });
 
 const std::vector<flag_spec> gateway_flags = with_common_flags({
@@ -157,10 +173,15 @@ int cmd_controller(int argc, char** argv) {
                  "encrypted nor authenticated\"");
   auto controller = actors::controller_process::start(std::move(o));
   if (!controller) return fail("controller", controller.error());
+  auto* c = controller->get();
+  auto status = status_port(*a, {[c] { return c->metrics_text(); }, {}});
+  if (!status) return fail("controller", status.error());
   std::printf("exaserve controller listening on %s:%u (%s)\n", listen->host.c_str(), (*controller)->port(),
               o_tls_enabled ? "mutual TLS" : "plain TCP");
+  if (*status) std::printf("exaserve controller status port at %s\n", (*status)->url().c_str());
   std::fflush(stdout);
   wait_for_stop(signals);
+  if (*status) (*status)->stop();
   (*controller)->stop();
   spdlog::info("event=stopped role=controller");
   return 0;
@@ -207,10 +228,15 @@ int cmd_node(int argc, char** argv) {
   set_transport(*a, o);
   auto node = actors::node_process::start(std::move(o));
   if (!node) return fail("node", node.error());
+  auto* n = node->get();
+  auto status = status_port(*a, {[n] { return n->metrics_text(); }, [n] { return n->ready(); }});
+  if (!status) return fail("node", status.error());
   std::printf("exaserve node %lld joined %s:%u; gateways reach it at %s:%u\n", static_cast<long long>(*id),
               join->host.c_str(), join->port, listen->host.c_str(), (*node)->port());
+  if (*status) std::printf("exaserve node %lld status port at %s\n", static_cast<long long>(*id), (*status)->url().c_str());
   std::fflush(stdout);
   wait_for_stop(signals);
+  if (*status) (*status)->stop();
   (*node)->stop();
   spdlog::info("event=stopped role=node");
   return 0;

@@ -17,5 +17,6 @@ int cmd_gateway(int argc, char** argv);
 int cmd_gen_certs(int argc, char** argv);
 int cmd_events(int argc, char** argv);
 int cmd_keys(int argc, char** argv);
+int cmd_aggregate(int argc, char** argv);
 
 }  // namespace exa::app

@@ -30,6 +30,12 @@ std::optional<health_change> heartbeat_detector::heartbeat(node_id node, std::in
   return change;
 }
 
+std::map<node_health, std::size_t> heartbeat_detector::counts() const {
+  std::map<node_health, std::size_t> out{{node_health::healthy, 0}, {node_health::suspect, 0}, {node_health::confirmed, 0}};
+  for (const auto& [node, r] : nodes_) ++out[r.health];
+  return out;
+}
+
 std::vector<health_change> heartbeat_detector::tick(std::int64_t now_ns) {
   std::vector<health_change> out;
   const std::int64_t silence_max = config_.heartbeat_interval.count() * config_.suspect_after_missed;

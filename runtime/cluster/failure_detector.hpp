@@ -54,6 +54,8 @@ class heartbeat_detector {
   std::vector<health_change> tick(std::int64_t now_ns);
 
   node_health health(node_id node) const;
+  /// Watched nodes by health (every health present, zero or not).
+  std::map<node_health, std::size_t> counts() const;
   /// When `node` was last heard from (0 if unknown).
   std::int64_t last_heard_ns(node_id node) const;
   const detector_config& config() const noexcept { return config_; }

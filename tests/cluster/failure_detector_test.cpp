@@ -29,6 +29,10 @@ TEST_CASE("k missed heartbeats make a node suspect, the window confirms it", "[d
   CHECK(changes[0].to == node_health::suspect);
   CHECK(d.health(1) == node_health::suspect);
   CHECK(d.health(2) == node_health::healthy);
+  const auto counts = d.counts();  // what the exaserve_nodes gauge shows
+  CHECK(counts.at(node_health::healthy) == 1);
+  CHECK(counts.at(node_health::suspect) == 1);
+  CHECK(counts.at(node_health::confirmed) == 0);
   for (std::int64_t t = 12 * s; t < 40 * s; t += 2 * s) {
     d.heartbeat(2, t);
     CHECK(d.tick(t).empty());  // still inside the 30 s window

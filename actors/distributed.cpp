@@ -30,6 +30,7 @@
 #include "actors/uplink_actor.hpp"
 #include "cluster/journal.hpp"
 #include "cluster/membership.hpp"
+#include "metrics/aggregate.hpp"
 #include "metrics/prometheus.hpp"
 
 #ifndef EXASERVE_VERSION
@@ -344,6 +345,7 @@ struct node_process::impl {
   caf::actor uplink;
   std::shared_ptr<cluster_metrics> metrics;
   std::uint32_t node = 0;
+  std::uint32_t rack = 0;
   std::uint16_t port = 0;
   bool stopped = false;
 };
@@ -351,7 +353,14 @@ struct node_process::impl {
 node_process::node_process(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 node_process::~node_process() { stop(); }
 std::uint16_t node_process::port() const { return impl_->port; }
-std::string node_process::metrics_text() const { return metrics::render_prometheus(*impl_->metrics->registry); }
+std::string node_process::metrics_text() const {
+  // Every series says which node and rack it comes from, so an aggregator
+  // above can keep racks apart (or drop the node) without being told.
+  metrics::aggregation_rule own;
+  own.add_labels = {{"node", std::to_string(impl_->node)}, {"rack", std::to_string(impl_->rack)}};
+  const metrics::registry_snapshot snapshot[] = {impl_->metrics->registry->snapshot()};
+  return metrics::render_prometheus(metrics::aggregate(snapshot, own));
+}
 
 expected<void> node_process::ready() const {
   const auto family = impl_->metrics->node_replicas->snapshot();
@@ -403,6 +412,7 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   nc.metrics = cluster_metrics::create();
   p->metrics = nc.metrics;
   p->node = o.node;
+  p->rack = o.rack;
   nc.address = o.listen.host + ":" + std::to_string(p->port);
   nc.engine = o.engine;
   nc.hooks.log = o.event_log;

@@ -9,6 +9,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -17,10 +21,12 @@
 #include <set>
 #include <sstream>
 
+#include "actors/cluster_metrics.hpp"
 #include "actors/distributed.hpp"
 #include "args.hpp"
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "frontdoor.hpp"
 #include "metrics/aggregate.hpp"
 #include "metrics/prometheus.hpp"
 #include "status_door.hpp"
@@ -33,6 +39,9 @@ std::vector<flag_spec> aggregate_flags() {
       {"listen", true, "HOST:PORT this aggregator serves /metrics, /healthz and /readyz on (default 127.0.0.1:9400)"},
       {"targets", true, "comma-separated URLs to scrape, e.g. http://10.0.0.5:9101/metrics"},
       {"targets-file", true, "a file of URLs to scrape, one per line ('#' starts a comment); with --targets, both"},
+      {"targets-dns", true,
+       "NAME:PORT[,NAME:PORT]: scrape http://ADDRESS:PORT/metrics for every address NAME resolves to, resolved "
+       "again every pass (a Kubernetes headless Service); targets that leave keep their counters in the sums"},
       {"name", true, "this aggregator's name in its own metrics, e.g. rack-3 or global (default aggregator)"},
       {"drop-labels", true,
        "labels summed away at this level, comma-separated (default replica; 'none' keeps every label)"},
@@ -77,7 +86,8 @@ expected<std::vector<std::string>> read_targets(const args& a) {
       return make_error(errc::invalid_argument, "scrape target '" + t + "' is not an http:// URL");
     if (!seen.insert(t).second) return make_error(errc::invalid_argument, "scrape target '" + t + "' is given twice");
   }
-  if (targets.empty()) return make_error(errc::invalid_argument, "no scrape targets: give --targets or --targets-file");
+  if (targets.empty() && !a.has("targets-dns"))
+    return make_error(errc::invalid_argument, "no scrape targets: give --targets, --targets-file or --targets-dns");
   return targets;
 }
 
@@ -100,6 +110,55 @@ expected<metrics::aggregation_rule> read_rule(const args& a) {
   if (!series) return std::unexpected(series.error());
   rule.series_max = static_cast<std::size_t>(*series);
   return rule;
+}
+
+struct dns_target {
+  std::string name;
+  std::string port;
+};
+
+expected<std::vector<dns_target>> read_dns_targets(const args& a) {
+  std::vector<dns_target> out;
+  auto v = a.get("targets-dns");
+  if (!v) return out;
+  for (const auto& item : split(*v, ',')) {
+    const auto colon = item.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == item.size())
+      return make_error(errc::invalid_argument, "--targets-dns '" + item + "' is not NAME:PORT");
+    out.push_back({item.substr(0, colon), item.substr(colon + 1)});
+  }
+  return out;
+}
+
+// Every address of every name, as scrape URLs; a name that does not
+// resolve (yet) contributes none and is logged when that changes.
+std::vector<std::string> resolve(const std::vector<dns_target>& names, std::map<std::string, bool>& resolved_before) {
+  std::vector<std::string> urls;
+  for (const auto& n : names) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = getaddrinfo(n.name.c_str(), n.port.c_str(), &hints, &res);
+    const bool ok = rc == 0;
+    if (resolved_before.count(n.name) == 0 || resolved_before[n.name] != ok) {
+      if (ok)
+        spdlog::info("event=targets_dns_resolved name={}", n.name);
+      else
+        spdlog::warn("event=targets_dns_failed name={} error=\"{}\"", n.name, gai_strerror(rc));
+      resolved_before[n.name] = ok;
+    }
+    if (!ok) continue;
+    std::set<std::string> seen;
+    for (auto* p = res; p; p = p->ai_next) {
+      char host[NI_MAXHOST];
+      if (getnameinfo(p->ai_addr, p->ai_addrlen, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) continue;
+      const std::string h = p->ai_family == AF_INET6 ? "[" + std::string(host) + "]" : std::string(host);
+      if (seen.insert(h).second) urls.push_back("http://" + h + ":" + n.port + "/metrics");
+    }
+    freeaddrinfo(res);
+  }
+  std::sort(urls.begin(), urls.end());
+  return urls;
 }
 
 std::int64_t wall_ms() {
@@ -138,7 +197,10 @@ int cmd_aggregate(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  auto dns = read_dns_targets(*a);
+  if (!dns) return fail("aggregate", dns.error());
   metrics::scrape_aggregator aggregator(name, *targets, *rule);
+  std::map<std::string, bool> resolved_before;
   std::mutex mu;
   std::string served;    // guarded by mu: the last aggregate, rendered
   bool scraped = false;  // guarded by mu: one pass done
@@ -161,15 +223,25 @@ int cmd_aggregate(int argc, char** argv) {
                targets->size(), *interval, *timeout, rule->series_max);
 
   std::map<std::string, std::size_t> folded_before;
-  std::vector<int> last_up(targets->size(), -1);  // -1: not scraped yet
+  std::map<std::string, bool> last_up;  // by URL; absent: not scraped yet
   for (;;) {
-    const auto bodies = (*door)->fetch(*targets, static_cast<std::uint32_t>(*timeout));
+    std::vector<std::string> urls = *targets;
+    if (!dns->empty()) {
+      for (auto& u : resolve(*dns, resolved_before)) urls.push_back(std::move(u));
+      const auto [added, removed] = aggregator.set_targets(urls);
+      if (added || removed)
+        spdlog::info("event=targets_changed aggregator={} added={} removed={} targets={}", name, added, removed,
+                     aggregator.targets().size());
+      urls.clear();
+      for (const auto& t : aggregator.targets()) urls.push_back(t.url);
+    }
+    const auto bodies = (*door)->fetch(urls, static_cast<std::uint32_t>(*timeout));
     const auto now = wall_ms();
     for (std::size_t i = 0; i < bodies.size(); ++i) {
       aggregator.on_scrape(i, bodies[i], now);
       const auto& t = aggregator.targets()[i];
-      if (static_cast<int>(t.up) == last_up[i]) continue;  // logged when it changes
-      last_up[i] = t.up;
+      if (const auto it = last_up.find(t.url); it != last_up.end() && it->second == t.up) continue;  // logged on change
+      last_up[t.url] = t.up;
       if (t.up)
         spdlog::info("event=scrape_target_up aggregator={} target={} series={}", name, t.url, t.series);
       else
@@ -200,6 +272,28 @@ int cmd_aggregate(int argc, char** argv) {
   }
   (*door)->stop();
   spdlog::info("event=stopped role=aggregator name={}", name);
+  return 0;
+}
+
+}  // namespace exa::app
+
+namespace exa::app {
+
+// exaserve metric-names: every metric family an exaserve process can
+// export, "name type" per line, for dashboards, alert rules and the test
+// that checks they name only real metrics.
+int cmd_metric_names(int argc, char** argv) {
+  if (argc > 2 && std::string_view(argv[2]) == "--help") {
+    std::printf("usage: exaserve metric-names\nprints every metric family exaserve exports, as NAME TYPE lines\n");
+    return 0;
+  }
+  if (argc > 2) return fail("metric-names", {errc::invalid_argument, std::string("unexpected argument '") + argv[2] + "'"});
+  std::map<std::string, std::string> names;
+  for (const auto& f : actors::cluster_metrics::create()->registry->snapshot().families)
+    names[f.name] = std::string(metrics::to_string(f.type));
+  for (const auto& [name, type] : frontdoor_metric_families()) names[name] = type;
+  for (const auto& [name, type] : metrics::scrape_aggregator::own_families()) names[name] = type;
+  for (const auto& [name, type] : names) std::printf("%s %s\n", name.c_str(), type.c_str());
   return 0;
 }
 

@@ -18,5 +18,6 @@ int cmd_gen_certs(int argc, char** argv);
 int cmd_events(int argc, char** argv);
 int cmd_keys(int argc, char** argv);
 int cmd_aggregate(int argc, char** argv);
+int cmd_metric_names(int argc, char** argv);
 
 }  // namespace exa::app

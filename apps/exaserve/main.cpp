@@ -27,6 +27,7 @@ commands:
   chaos          run a fault plan under load (one process, or --processes) and check invariants
   sim            rehearse a cluster (up to 256 nodes, 3072 replicas) in virtual time
   aggregate      scrape processes' /metrics, sum them by level (rack, global) and serve the result
+  metric-names   list every metric family exaserve exports (NAME TYPE), for dashboards and alert rules
   events         merge the event logs of a cluster's processes by clock-corrected time
 
 Run `exaserve <command> --help` for the flags of a command.
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   if (cmd == "gen-certs") return exa::app::cmd_gen_certs(argc, argv);
   if (cmd == "keys") return exa::app::cmd_keys(argc, argv);
   if (cmd == "aggregate") return exa::app::cmd_aggregate(argc, argv);
+  if (cmd == "metric-names") return exa::app::cmd_metric_names(argc, argv);
   std::fprintf(stderr, "exaserve: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

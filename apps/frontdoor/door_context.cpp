@@ -22,6 +22,29 @@ std::string request_ids::next() {
   return fmt::format("req-{}-{:08x}", n, static_cast<std::uint32_t>(rng_()));
 }
 
+}  // namespace exa::door
+
+namespace exa {
+
+std::vector<std::pair<std::string, std::string>> frontdoor_metric_families() {
+  // Read off what render() writes, so the list cannot drift from it.
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::string text = door::door_counters{}.render();
+  std::size_t pos = 0;
+  while ((pos = text.find("# TYPE ", pos)) != std::string::npos) {
+    pos += 7;
+    const auto sp = text.find(' ', pos);
+    const auto nl = text.find('\n', sp);
+    out.emplace_back(text.substr(pos, sp - pos), text.substr(sp + 1, nl - sp - 1));
+    pos = nl;
+  }
+  return out;
+}
+
+}  // namespace exa
+
+namespace exa::door {
+
 std::string door_counters::render() const {
   std::string out;
   out += "# HELP exaserve_frontdoor_http_responses_total HTTP responses sent, by status code.\n";

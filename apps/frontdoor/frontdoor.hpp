@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "api/gateway.hpp"
 #include "auth/api_keys.hpp"
@@ -51,6 +53,10 @@ struct frontdoor_config {
   std::string tls_cert, tls_key, tls_client_ca;
   bool tls() const noexcept { return !tls_cert.empty(); }
 };
+
+/// The metric families a front door exports on /metrics beside its
+/// backend's (exaserve_frontdoor_*), as "name type" pairs.
+std::vector<std::pair<std::string, std::string>> frontdoor_metric_families();
 
 /// Owns the front-door thread. Thread-safe to stop from any thread but the
 /// front door's own.

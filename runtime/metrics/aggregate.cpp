@@ -267,6 +267,58 @@ scrape_aggregator::scrape_aggregator(std::string name, std::vector<std::string> 
   latest_.resize(targets_.size());
 }
 
+std::pair<std::size_t, std::size_t> scrape_aggregator::set_targets(const std::vector<std::string>& urls) {
+  std::map<std::string, std::size_t> now;
+  for (std::size_t i = 0; i < targets_.size(); ++i) now[targets_[i].url] = i;
+  std::vector<target_state> targets;
+  std::vector<counter_continuity> continuity;
+  std::vector<registry_snapshot> latest;
+  std::set<std::string> kept;
+  std::size_t added = 0;
+  for (const auto& url : urls) {
+    if (!kept.insert(url).second) continue;  // listed twice
+    if (const auto it = now.find(url); it != now.end()) {
+      targets.push_back(std::move(targets_[it->second]));
+      continuity.push_back(std::move(continuity_[it->second]));
+      latest.push_back(std::move(latest_[it->second]));
+    } else if (auto d = departed_.find(url); d != departed_.end()) {
+      targets.push_back(std::move(d->second.state));
+      continuity.push_back(std::move(d->second.continuity));
+      latest.push_back(std::move(d->second.frozen));
+      departed_.erase(d);
+      ++added;
+    } else {
+      target_state t;
+      t.url = url;
+      targets.push_back(std::move(t));
+      continuity.emplace_back();
+      latest.emplace_back();
+      ++added;
+    }
+  }
+  std::size_t removed = 0;
+  for (const auto& [url, i] : now) {
+    if (kept.count(url)) continue;
+    departed d;
+    d.frozen = continuity_[i].counters_only();
+    d.state = std::move(targets_[i]);
+    d.state.up = false;
+    d.continuity = std::move(continuity_[i]);
+    d.order = ++departures_;
+    departed_[url] = std::move(d);
+    ++removed;
+  }
+  while (departed_.size() > departed_max) {
+    auto oldest = std::min_element(departed_.begin(), departed_.end(),
+                                   [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
+    departed_.erase(oldest);
+  }
+  targets_ = std::move(targets);
+  continuity_ = std::move(continuity);
+  latest_ = std::move(latest);
+  return {added, removed};
+}
+
 void scrape_aggregator::on_scrape(std::size_t index, const expected<std::string>& body, std::int64_t now_ms) {
   if (index >= targets_.size()) return;
   auto& t = targets_[index];
@@ -287,24 +339,51 @@ void scrape_aggregator::on_scrape(std::size_t index, const expected<std::string>
   latest_[index] = continuity_[index].next(*parsed);
 }
 
+namespace {
+
+struct own_families_t {
+  gauge_family* up;
+  counter_family* errors;
+  gauge_family* series;
+  gauge_family* folded;
+  gauge_family* conflicts;
+};
+
+own_families_t register_own(registry& own) {
+  own_families_t f;
+  f.up = *own.register_gauge("exaserve_aggregator_target_up", "1 when the aggregator's last scrape of the target succeeded.",
+                             {"aggregator", "target"});
+  f.errors = *own.register_counter("exaserve_aggregator_scrape_errors_total",
+                                   "Failed scrapes of a target (unreachable, timed out, unparsable).",
+                                   {"aggregator", "target"});
+  f.series = *own.register_gauge("exaserve_aggregator_series", "Series this aggregator exposes.", {"aggregator"});
+  f.folded = *own.register_gauge("exaserve_aggregator_series_folded",
+                                 "Series folded into a family's _overflow series by the series bound.",
+                                 {"aggregator", "family"});
+  f.conflicts = *own.register_gauge("exaserve_aggregator_conflicts",
+                                    "Families left out of a target because they disagree with another's.",
+                                    {"aggregator"});
+  return f;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> scrape_aggregator::own_families() {
+  registry own;
+  register_own(own);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : own.snapshot().families) out.emplace_back(f.name, std::string(to_string(f.type)));
+  return out;
+}
+
 registry_snapshot scrape_aggregator::result(aggregation_report* report) const {
   aggregation_report local;
   aggregation_report& r = report ? *report : local;
-  auto out = aggregate(latest_, rule_, &r);
+  std::vector<registry_snapshot> sources = latest_;
+  for (const auto& [url, d] : departed_) sources.push_back(d.frozen);
+  auto out = aggregate(sources, rule_, &r);
   registry own;
-  auto* up = *own.register_gauge("exaserve_aggregator_target_up",
-                                 "1 when the aggregator's last scrape of the target succeeded.",
-                                 {"aggregator", "target"});
-  auto* errors = *own.register_counter("exaserve_aggregator_scrape_errors_total",
-                                       "Failed scrapes of a target (unreachable, timed out, unparsable).",
-                                       {"aggregator", "target"});
-  auto* series = *own.register_gauge("exaserve_aggregator_series", "Series this aggregator exposes.", {"aggregator"});
-  auto* folded = *own.register_gauge("exaserve_aggregator_series_folded",
-                                     "Series folded into a family's _overflow series by the series bound.",
-                                     {"aggregator", "family"});
-  auto* conflicts = *own.register_gauge("exaserve_aggregator_conflicts",
-                                        "Families left out of a target because they disagree with another's.",
-                                        {"aggregator"});
+  const auto [up, errors, series, folded, conflicts] = register_own(own);
   for (const auto& t : targets_) {
     (*up->with({name_, t.url}))->set(t.up ? 1 : 0);
     (*errors->with({name_, t.url}))->inc(t.errors);

@@ -111,11 +111,22 @@ class scrape_aggregator {
   scrape_aggregator(std::string name, std::vector<std::string> targets, aggregation_rule rule,
                     parse_limits limits = {});
 
+  /// Replaces the target list (targets found by DNS come and go). Targets
+  /// that stay keep their state; a target that leaves keeps contributing
+  /// its counters, frozen, so sums never go backwards, and gets its state
+  /// back if it returns (at most `departed_max` departed targets are
+  /// remembered, the oldest forgotten first). Returns how many were added
+  /// and removed.
+  std::pair<std::size_t, std::size_t> set_targets(const std::vector<std::string>& urls);
+  static constexpr std::size_t departed_max = 4096;
+
   /// One scrape of target `index`: its body, or why it failed. A body that
   /// does not parse counts as a failure, with the parser's reason.
   void on_scrape(std::size_t index, const expected<std::string>& body, std::int64_t now_ms);
 
   const std::vector<target_state>& targets() const { return targets_; }
+  /// The aggregator's own families, as "name type" pairs.
+  static std::vector<std::pair<std::string, std::string>> own_families();
   const std::string& name() const { return name_; }
   registry_snapshot result(aggregation_report* report = nullptr) const;
 
@@ -126,6 +137,14 @@ class scrape_aggregator {
   std::vector<target_state> targets_;
   std::vector<counter_continuity> continuity_;
   std::vector<registry_snapshot> latest_;  // continuous; empty until the first good scrape
+  struct departed {
+    target_state state;
+    counter_continuity continuity;
+    registry_snapshot frozen;  // its counters when it left
+    std::uint64_t order = 0;   // when it left
+  };
+  std::map<std::string, departed> departed_;
+  std::uint64_t departures_ = 0;
 };
 
 }  // namespace exa::metrics

@@ -292,3 +292,25 @@ TEST_CASE("an aggregator tracks its targets and keeps a lost one's counters", "[
   CHECK(fam(g, "m_total").series.at(0).value == 13);
   CHECK(fam(g, "exaserve_aggregator_target_up").series.size() == 4);  // three from the rack, one of its own
 }
+
+TEST_CASE("targets found by DNS come and go without the sums going backwards", "[metrics][aggregate]") {
+  scrape_aggregator agg("dns", {}, aggregation_rule{});
+  CHECK(agg.set_targets({"http://a/metrics", "http://b/metrics"}) == std::pair<std::size_t, std::size_t>{2, 0});
+  agg.on_scrape(0, std::string("# TYPE m_total counter\nm_total{node=\"a\"} 5\ng{node=\"a\"} 1\n"), 1);
+  agg.on_scrape(1, std::string("# TYPE m_total counter\nm_total{node=\"b\"} 7\ng{node=\"b\"} 1\n"), 1);
+  CHECK(fam(agg.result(), "m_total").series.size() == 2);
+  // b leaves DNS: its counter stays (frozen), its gauge goes.
+  CHECK(agg.set_targets({"http://a/metrics"}) == std::pair<std::size_t, std::size_t>{0, 1});
+  REQUIRE(agg.targets().size() == 1);
+  auto out = agg.result();
+  CHECK(fam(out, "m_total").series.at(1).value == 7);
+  CHECK(fam(out, "g").series.size() == 1);
+  // b comes back, its process still counting: no double count.
+  CHECK(agg.set_targets({"http://b/metrics", "http://a/metrics"}) == std::pair<std::size_t, std::size_t>{1, 0});
+  CHECK(agg.targets()[0].url == "http://b/metrics");
+  agg.on_scrape(0, std::string("# TYPE m_total counter\nm_total{node=\"b\"} 9\n"), 2);
+  out = agg.result();
+  CHECK(fam(out, "m_total").series.at(1).value == 9);
+  CHECK(agg.set_targets({"http://a/metrics", "http://a/metrics"}).second == 1);  // twice is once
+  CHECK(agg.targets().size() == 1);
+}

@@ -1,0 +1,117 @@
+#include "cluster/fair_queue.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace exa::cluster {
+
+std::string_view to_string(priority_class p) noexcept {
+  return p == priority_class::interactive ? "interactive" : "batch";
+}
+
+expected<priority_class> parse_priority_class(std::string_view text) {
+  if (text == "interactive") return priority_class::interactive;
+  if (text == "batch") return priority_class::batch;
+  return make_error(errc::invalid_argument,
+                    "priority must be \"interactive\" or \"batch\", got \"" + std::string(text) + "\"");
+}
+
+fair_queue::fair_queue(fair_queue_config config) : config_(config) {}
+
+double fair_queue::floor_counter(const std::string& except) const {
+  double floor = std::numeric_limits<double>::infinity();
+  for (const auto& [name, t] : tenants_)
+    if (name != except && t.size() > 0) floor = std::min(floor, t.counter);
+  return std::isinf(floor) ? last_served_ : floor;
+}
+
+expected<void> fair_queue::push(std::uint64_t id, std::string_view tenant, priority_class priority,
+                                std::uint64_t cost, double weight) {
+  if (!(weight > 0) || std::isinf(weight))
+    return make_error(errc::invalid_argument, "a tenant's weight must be a positive number");
+  if (index_.count(id)) return make_error(errc::invalid_argument, "request " + std::to_string(id) + " is already queued");
+  if (waiting_ >= config_.max_waiting)
+    return make_error(errc::overloaded,
+                      "the fair queue is full (" + std::to_string(config_.max_waiting) + " requests waiting)");
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) it = tenants_.emplace(std::string(tenant), tenant_state{}).first;
+  auto& t = it->second;
+  t.weight = weight;
+  // Back from idle: no credit for the time it was away.
+  if (t.size() == 0) t.counter = std::max(t.counter, floor_counter(it->first));
+  t.queued[static_cast<int>(priority)].push_back({id, cost, ++seq_});
+  index_[id] = {it->first, priority};
+  ++waiting_;
+  return {};
+}
+
+const std::pair<const std::string, fair_queue::tenant_state>* fair_queue::next(priority_class* cls) const {
+  for (const int c : {0, 1}) {
+    const std::pair<const std::string, tenant_state>* best = nullptr;
+    for (const auto& entry : tenants_) {
+      const auto& q = entry.second.queued[c];
+      if (q.empty()) continue;
+      if (!best || entry.second.counter < best->second.counter ||
+          (entry.second.counter == best->second.counter && q.front().seq < best->second.queued[c].front().seq))
+        best = &entry;
+    }
+    if (best) {
+      *cls = static_cast<priority_class>(c);
+      return best;
+    }
+  }
+  return nullptr;
+}
+
+std::optional<std::uint64_t> fair_queue::peek() const {
+  priority_class cls{};
+  const auto* t = next(&cls);
+  if (!t) return std::nullopt;
+  return t->second.queued[static_cast<int>(cls)].front().id;
+}
+
+void fair_queue::pop() {
+  priority_class cls{};
+  const auto* found = next(&cls);
+  if (!found) return;
+  auto& t = tenants_.find(found->first)->second;
+  auto& q = t.queued[static_cast<int>(cls)];
+  const entry e = q.front();
+  q.pop_front();
+  index_.erase(e.id);
+  --waiting_;
+  t.counter += static_cast<double>(e.cost) / t.weight;
+  last_served_ = std::max(last_served_, t.counter);
+  // Forget idle tenants the lift would bring back to the same counter anyway
+  // (bounds the map by the tenants that matter).
+  for (auto it = tenants_.begin(); it != tenants_.end();) {
+    if (it->second.size() == 0 && it->second.counter <= floor_counter(it->first))
+      it = tenants_.erase(it);
+    else
+      ++it;
+  }
+}
+
+bool fair_queue::remove(std::uint64_t id) {
+  const auto w = index_.find(id);
+  if (w == index_.end()) return false;
+  auto& t = tenants_.find(w->second.tenant)->second;
+  auto& q = t.queued[static_cast<int>(w->second.priority)];
+  q.erase(std::find_if(q.begin(), q.end(), [&](const entry& e) { return e.id == id; }));
+  index_.erase(w);
+  --waiting_;
+  return true;
+}
+
+std::size_t fair_queue::waiting(std::string_view tenant) const {
+  const auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? 0 : it->second.size();
+}
+
+double fair_queue::counter(std::string_view tenant) const {
+  const auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? 0 : it->second.counter;
+}
+
+}  // namespace exa::cluster

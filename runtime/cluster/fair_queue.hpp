@@ -1,0 +1,96 @@
+#pragma once
+// Fair order among requests waiting for a deployment's replicas: weighted
+// fair queuing on tokens across tenants, in the spirit of the virtual token
+// counter (VTC, Sheng et al. 2024), with two priority classes.
+//
+//   - Each tenant has a counter: the tokens it was served, divided by its
+//     weight. The next request served is the oldest one of the backlogged
+//     tenant with the smallest counter, so a tenant that floods is served
+//     no more than its share while others wait; an idle tenant's share goes
+//     to those who use it.
+//   - A tenant that becomes backlogged after being idle has its counter
+//     lifted to the smallest counter of the tenants waiting (or the last
+//     one served, when none is), so idleness banks no credit to spend in a
+//     burst later.
+//   - Interactive requests are served before batch ones; within a class,
+//     the rule above.
+//   - A request is charged when it is served (its prompt plus max_tokens:
+//     known then, while its real length is not).
+//
+// Pure logic: no clock, no actors. Bounded: at most `max_waiting` requests.
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/error.hpp"
+
+namespace exa::cluster {
+
+enum class priority_class : std::uint8_t { interactive = 0, batch = 1 };
+
+/// "interactive" or "batch".
+std::string_view to_string(priority_class p) noexcept;
+/// Parses "interactive" or "batch"; invalid_argument naming the text otherwise.
+expected<priority_class> parse_priority_class(std::string_view text);
+
+struct fair_queue_config {
+  std::size_t max_waiting = 4096;
+};
+
+class fair_queue {
+ public:
+  explicit fair_queue(fair_queue_config config = {});
+
+  /// Queues request `id` of `tenant` ("" is a tenant too: the open one).
+  /// invalid_argument for a weight that is not positive or an id already
+  /// queued; overloaded when max_waiting are waiting.
+  expected<void> push(std::uint64_t id, std::string_view tenant, priority_class priority, std::uint64_t cost,
+                      double weight = 1.0);
+  /// The request to serve next; nullopt when none waits.
+  std::optional<std::uint64_t> peek() const;
+  /// Removes peek()'s request and charges its tenant. No-op when empty.
+  void pop();
+  /// Removes a waiting request that left (expired, cancelled), uncharged.
+  /// false when it is not queued.
+  bool remove(std::uint64_t id);
+
+  std::size_t size() const noexcept { return waiting_; }
+  bool empty() const noexcept { return waiting_ == 0; }
+  std::size_t waiting(std::string_view tenant) const;
+  /// A tenant's counter (served tokens / weight, lifted as above); 0 for an
+  /// unknown tenant.
+  double counter(std::string_view tenant) const;
+
+ private:
+  struct entry {
+    std::uint64_t id;
+    std::uint64_t cost;
+    std::uint64_t seq;  // arrival order, to break ties
+  };
+  struct tenant_state {
+    double counter = 0;
+    double weight = 1;
+    std::deque<entry> queued[2];  // by priority class
+    std::size_t size() const { return queued[0].size() + queued[1].size(); }
+  };
+  struct where {
+    std::string tenant;
+    priority_class priority;
+  };
+  const std::pair<const std::string, tenant_state>* next(priority_class* cls) const;
+  double floor_counter(const std::string& except) const;
+
+  fair_queue_config config_;
+  std::map<std::string, tenant_state, std::less<>> tenants_;
+  std::map<std::uint64_t, where> index_;
+  std::size_t waiting_ = 0;
+  std::uint64_t seq_ = 0;
+  double last_served_ = 0;  // counter of the tenant served last
+};
+
+}  // namespace exa::cluster

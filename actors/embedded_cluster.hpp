@@ -55,6 +55,9 @@ struct cluster_options {
   std::uint32_t queued_per_model_max = 1024;
   std::uint32_t queued_global_max = 4096;
   std::uint32_t in_flight_per_replica_max = 64;
+  /// Requests waiting for full replicas are served in fair order across
+  /// tenants (fair_queue.hpp); false: first come, first served.
+  bool fair_across_tenants = true;
   /// Deterministic mode for tests: CAF's test scheduler in virtual time, and
   /// devices run inline instead of on their own threads.
   bool deterministic = false;

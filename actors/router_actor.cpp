@@ -118,31 +118,113 @@ void on_route(self_ptr self, const route_request& m) {
   auto actor = self->spawn(request_actor, std::move(rc));
   self->monitor(actor);
   st.request_ids[actor.address()] = m.request.request_id;
-  st.requests[m.request.request_id] = {actor, *ticket, m.request.model,
+  auto priority = cluster::priority_class::interactive;
+  if (!m.request.priority.empty())
+    if (auto p = cluster::parse_priority_class(m.request.priority)) priority = *p;
+  st.requests[m.request.request_id] = {actor,
+                                       *ticket,
+                                       m.request.model,
                                        static_cast<std::int64_t>(now_ns(self)) + std::int64_t{deadline_ms} * 1000000,
-                                       false};
+                                       false,
+                                       m.request.tenant,
+                                       priority};
   update_gauges(self, m.request.model);
 }
 
-caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
+// Picks a replica for the request that sent `m` and moves its place from
+// the queue onto it. overloaded: every replica is at its in-flight limit.
+expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const caf::actor_addr& requester) {
   auto& st = self->state;
   auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, m.exclude);
-  if (!chosen) return to_caf(chosen.error());
+  if (!chosen) return std::unexpected(chosen.error());
   const auto id = (*chosen)->id;
   const auto epoch = (*chosen)->epoch;
   const auto handle = st.replicas.find(id);
   if (handle == st.replicas.end() || !handle->second)
-    return to_caf({errc::unavailable, "replica " + std::to_string(id) + " has no live actor"});
-  // The request's place moves from the queue onto the replica.
-  const auto sender = self->current_sender();
-  if (auto rid = st.request_ids.find(caf::actor_cast<caf::actor_addr>(sender)); rid != st.request_ids.end()) {
+    return make_error(errc::unavailable, "replica " + std::to_string(id) + " has no live actor");
+  if (auto rid = st.request_ids.find(requester); rid != st.request_ids.end()) {
     auto& entry = st.requests[rid->second];
     // An adopted request (admitted by a crashed predecessor) has no ticket here.
     if (entry.ticket.id != 0)
-      if (auto ok = st.admission->try_dispatch(entry.ticket, id, now_ns(self)); !ok) return to_caf(ok.error());
+      if (auto ok = st.admission->try_dispatch(entry.ticket, id, now_ns(self)); !ok) return std::unexpected(ok.error());
     update_gauges(self, entry.deployment);
   }
   return picked_replica{id, epoch, handle->second};
+}
+
+// Serves a deployment's waiting picks in fair order while there is room.
+void drain_picks(self_ptr self, const std::string& deployment) {
+  auto& st = self->state;
+  auto q = st.pick_queues.find(deployment);
+  if (q == st.pick_queues.end()) return;
+  while (auto next = q->second.peek()) {
+    auto h = st.held_picks.find(*next);
+    if (h == st.held_picks.end()) {  // cannot happen; do not spin on it
+      q->second.remove(*next);
+      continue;
+    }
+    auto r = pick_now(self, h->second.pick, h->second.requester);
+    if (!r && r.error().code == errc::overloaded) break;  // still full: the head keeps its turn
+    q->second.pop();
+    if (r)
+      h->second.promise.deliver(*r);
+    else
+      h->second.promise.deliver(to_caf(r.error()));
+    st.held_picks.erase(h);
+  }
+  if (q->second.empty()) st.pick_queues.erase(q);
+}
+
+// Drops held picks past their hold (answered overloaded: the request backs
+// off and asks again) or whose request is gone.
+void expire_picks(self_ptr self, std::int64_t now) {
+  auto& st = self->state;
+  for (auto it = st.held_picks.begin(); it != st.held_picks.end();) {
+    const bool gone = st.request_ids.count(it->second.requester) == 0;
+    if (!gone && it->second.until_ns > now) {
+      ++it;
+      continue;
+    }
+    if (auto q = st.pick_queues.find(it->second.pick.deployment); q != st.pick_queues.end()) {
+      q->second.remove(it->first);
+      if (q->second.empty()) st.pick_queues.erase(q);
+    }
+    if (!gone)
+      it->second.promise.deliver(to_caf({errc::overloaded, "every replica of '" + it->second.pick.deployment +
+                                                               "' stayed at its in-flight limit"}));
+    it = st.held_picks.erase(it);
+  }
+}
+
+caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
+  auto& st = self->state;
+  const auto requester = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  // Others already wait for this deployment: take a place among them
+  // rather than overtake them.
+  const bool others_wait = st.pick_queues.count(m.deployment) > 0;
+  if (!others_wait) {
+    auto r = pick_now(self, m, requester);
+    if (r) return *r;
+    if (r.error().code != errc::overloaded) return to_caf(r.error());
+  }
+  std::string tenant;
+  auto priority = cluster::priority_class::interactive;
+  if (auto rid = st.request_ids.find(requester); rid != st.request_ids.end()) {
+    const auto& entry = st.requests[rid->second];
+    if (st.config.fair_across_tenants) tenant = entry.tenant;
+    priority = entry.priority;
+  }
+  auto& q = st.pick_queues.try_emplace(m.deployment, st.config.fair_queue).first->second;
+  const auto hold = st.next_hold++;
+  if (auto ok = q.push(hold, tenant, priority, std::uint64_t{m.prompt_tokens} + m.max_tokens); !ok) {
+    if (q.empty()) st.pick_queues.erase(m.deployment);
+    return to_caf(ok.error());
+  }
+  auto promise = self->make_response_promise();
+  st.held_picks[hold] = {promise, m, requester,
+                         static_cast<std::int64_t>(now_ns(self)) + std::int64_t{st.config.pick_hold_ms} * 1000000};
+  if (others_wait) drain_picks(self, m.deployment);
+  return caf::delegated<picked_replica>();
 }
 
 // A replica of a slot that has moved on: it stops itself when told.
@@ -195,6 +277,11 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
       const std::string model = req->second.deployment;
       st.requests.erase(req);
       update_gauges(self, model);
+      st.request_ids.erase(it);
+      // A place on a replica freed: the next waiting pick, in fair order.
+      expire_picks(self, static_cast<std::int64_t>(now_ns(self)));
+      drain_picks(self, model);
+      return;
     }
     st.request_ids.erase(it);
     return;
@@ -333,6 +420,12 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
             r.expired = true;
             self->send(r.actor, deadline_atom::value);
           }
+        expire_picks(self, now);
+        // Capacity may have come without a request ending (a replica became
+        // ready): try every deployment with waiters.
+        std::vector<std::string> waiting;
+        for (const auto& [d, q] : s.pick_queues) waiting.push_back(d);
+        for (const auto& d : waiting) drain_picks(self, d);
         self->delayed_send(self, std::chrono::milliseconds(s.config.deadline_sweep_ms), deadline_atom::value);
       },
       [=](const pick_replica& m) { return on_pick(self, m); },

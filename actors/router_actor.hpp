@@ -7,6 +7,7 @@
 // crashed one stops receiving requests at once.
 
 #include <caf/fwd.hpp>
+#include <caf/response_promise.hpp>
 
 #include <map>
 #include <set>
@@ -18,6 +19,7 @@
 #include "actors/chaos_hooks.hpp"
 #include "cluster/admission.hpp"
 #include "cluster/failure_detector.hpp"
+#include "cluster/fair_queue.hpp"
 #include "cluster/routing.hpp"
 
 namespace exa::actors {
@@ -35,6 +37,13 @@ struct router_config {
   std::uint32_t submit_timeout_ms = 10000;
   std::uint32_t retry_backoff_ms = 50;
   std::uint32_t deadline_sweep_ms = 100;  // how often expired requests are told
+  /// While a deployment's replicas are all at their in-flight limit, picks
+  /// wait here in fair order (fair_queue.hpp) for at most this long, then
+  /// are answered overloaded and the request backs off and asks again.
+  /// Keep it below submit_timeout_ms.
+  std::uint32_t pick_hold_ms = 2000;
+  cluster::fair_queue_config fair_queue;
+  bool fair_across_tenants = true;  // false: one queue, first come first served
   cluster::error_rate_config error_rate;  // request-level replica health
   chaos_hooks hooks;
 };
@@ -70,6 +79,8 @@ struct router_state {
     std::string deployment;
     std::int64_t deadline_ns = 0;
     bool expired = false;
+    std::string tenant;
+    cluster::priority_class priority = cluster::priority_class::interactive;
   };
   std::map<std::string, request_entry> requests;  // by client request id
   std::map<caf::actor_addr, std::string> request_ids;
@@ -79,6 +90,16 @@ struct router_state {
   /// being told it does not exist.
   std::set<std::string> starting;
   std::uint64_t next_request_number = 1;
+  /// Picks waiting for capacity, per deployment, in fair order.
+  struct held_pick {
+    caf::response_promise promise;
+    pick_replica pick;
+    caf::actor_addr requester;
+    std::int64_t until_ns = 0;
+  };
+  std::map<std::string, cluster::fair_queue> pick_queues;  // by deployment
+  std::map<std::uint64_t, held_pick> held_picks;
+  std::uint64_t next_hold = 1;
   std::shared_ptr<cluster_metrics> metrics;
   static inline const char* name = "router";
 };

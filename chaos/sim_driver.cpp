@@ -46,7 +46,8 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
   o.step_timeout_ms = 600000;  // modeled steps never hang; generous for long prefills
   o.queued_global_max = 1u << 20;
   o.queued_per_model_max = 1u << 20;
-  o.in_flight_per_replica_max = 256;
+  o.in_flight_per_replica_max = s.timing.in_flight_per_replica_max;
+  o.fair_across_tenants = s.timing.fair_admission;
   o.max_attempts = 8;
   o.fault_injector = std::move(inj);
   o.event_log = std::move(log);
@@ -265,6 +266,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy) {
       rec.arrival_s = now;
       rec.prompt_tokens = w.prompt_tokens;
       rec.max_tokens = w.max_tokens;
+      rec.tenant = w.tenant;
       auto sink = std::make_shared<record_sink>();
       sink->record = &rec;
       sink->now_s = now_s;
@@ -277,6 +279,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy) {
       g.prompt_ids = prompt_ids(sent, w.prompt_tokens, vocab);
       g.max_tokens = w.max_tokens;
       g.ignore_eos = true;
+      g.tenant = w.tenant;
       backend->generate(std::move(g), sink);
       ++sent;
       ++arrivals_in_interval;

@@ -161,6 +161,20 @@ sim_summary summarize(const sim_run& run, double slo_ttft_ms, double slo_tpot_ms
     s.throughput_tokens_per_s = all_tokens / duration_s;
   }
   summarize_samples(run.samples, s);
+  std::map<std::string, std::vector<double>> by_tenant;
+  for (const sim_request_record& r : run.requests) {
+    if (r.tenant.empty()) continue;
+    auto& t = s.tenants[r.tenant];
+    ++t.requests;
+    if (!r.completed) continue;
+    ++t.completed;
+    if (r.ttft_s >= 0) by_tenant[r.tenant].push_back(r.ttft_s * 1000);
+  }
+  for (auto& [name, v] : by_tenant) {
+    std::sort(v.begin(), v.end());
+    s.tenants[name].ttft_p50_ms = nearest_rank(v, 50);
+    s.tenants[name].ttft_p99_ms = nearest_rank(v, 99);
+  }
   return s;
 }
 
@@ -191,6 +205,15 @@ std::string to_json(const sim_report& r) {
   j["tpot_p99_ms"] = ms(first.tpot_p99_ms);
   j["slo_attainment"] = share(first.slo_attainment);
   j["goodput_tokens_per_s"] = ms(first.goodput_tokens_per_s);
+  if (!first.tenants.empty()) {
+    ojson tenants = ojson::object();
+    for (const auto& [name, t] : first.tenants)
+      tenants[name] = {{"requests", t.requests},
+                       {"completed", t.completed},
+                       {"ttft_p50_ms", ms(t.ttft_p50_ms)},
+                       {"ttft_p99_ms", ms(t.ttft_p99_ms)}};
+    j["tenants"] = std::move(tenants);
+  }
   ojson policies = ojson::array();
   for (std::size_t i = 0; i < r.runs.size(); ++i) policies.push_back(policy_json(r.runs[i], sums[i]));
   j["policies"] = std::move(policies);
@@ -241,6 +264,13 @@ std::string to_text(const sim_report& r) {
                        num_or_dash(s.tpot_p50_ms, 1) + "/" + num_or_dash(s.tpot_p99_ms, 1),
                        num_or_dash(s.e2e_p50_s, 1) + "/" + num_or_dash(s.e2e_p99_s, 1), s.slo_attainment * 100,
                        s.goodput_tokens_per_s, s.mean_device_utilization * 100, s.mean_queued);
+  }
+  if (!sums.empty() && !sums.front().tenants.empty()) {
+    out += "\ntenants (first policy)\n";
+    out += fmt::format("{:<18} {:>9} {:>9} {:>19}\n", "tenant", "requests", "completed", "ttft p50/p99 ms");
+    for (const auto& [name, t] : sums.front().tenants)
+      out += fmt::format("{:<18} {:>9} {:>9} {:>19}\n", name, t.requests, t.completed,
+                         num_or_dash(t.ttft_p50_ms, 0) + "/" + num_or_dash(t.ttft_p99_ms, 0));
   }
   text_faults(r, out);
   return out;

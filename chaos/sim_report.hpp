@@ -22,6 +22,7 @@ struct sim_request_record {
   std::uint32_t generated_tokens = 0;
   std::uint32_t max_tokens = 0;
   bool completed = false; // false: ended with an error (code in `error`)
+  std::string tenant;     // the workload's, "" without tenants
   std::string error;
 };
 
@@ -67,6 +68,12 @@ struct sim_summary {
   double throughput_tokens_per_s = 0;
   double mean_device_utilization = 0;
   double mean_queued = 0, max_queued = 0;
+  /// Per tenant, when the workload names tenants.
+  struct tenant_summary {
+    std::uint64_t requests = 0, completed = 0;
+    double ttft_p50_ms = -1, ttft_p99_ms = -1;
+  };
+  std::map<std::string, tenant_summary> tenants;
 };
 
 /// Latency percentiles are exact (nearest rank) over the completed requests:

@@ -188,9 +188,30 @@ void parse_trace_workload(const object_reader& r, sim_workload_spec& w) {
 
 void parse_synthetic_workload(const object_reader& r, double duration_s, sim_workload_spec& w) {
   if (w.kind == sim_workload_kind::poisson)
-    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens"});
+    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "tenants"});
   else
-    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "burst_factor", "burst_period_s"});
+    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "burst_factor", "burst_period_s", "tenants"});
+  // "tenants": [{"name": "quiet", "rate_per_s": 2}, ...]: one stream each.
+  if (!r.errors().failed() && r.has("tenants")) {
+    const auto& list = r.at("tenants");
+    if (!list.is_array() || list.empty() || list.size() > 64)
+      return r.errors().fail(r.field("tenants"), "must be an array of 1 to 64 {name, rate_per_s} objects");
+    double total = 0;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_object()) return r.errors().fail(r.field("tenants"), "every tenant must be an object");
+      const object_reader t(list[i], r.field("tenants") + "[" + std::to_string(i) + "]", r.errors());
+      t.known_keys({"name", "rate_per_s"});
+      t.require("name");
+      t.require("rate_per_s");
+      sim_workload_spec::tenant_stream ts;
+      t.string("name", 64, ts.name);
+      t.number("rate_per_s", 0, true, max_rate_per_s, ts.rate_per_s);
+      if (r.errors().failed()) return;
+      total += ts.rate_per_s;
+      w.tenants.push_back(std::move(ts));
+    }
+    w.rate_per_s = total;
+  }
   r.number("rate_per_s", 0, true, max_rate_per_s, w.rate_per_s);
   r.u32("prompt_tokens", 1, max_request_tokens, w.prompt_tokens);
   r.u32("max_tokens", 1, max_request_tokens, w.max_tokens);
@@ -219,7 +240,15 @@ void parse_workload(const object_reader& r, double duration_s, sim_workload_spec
 
 void parse_timing(const object_reader& r, sim_timing& t) {
   r.known_keys({"heartbeat_interval_ms", "suspect_after_missed", "observation_window_ms", "migration_parallelism",
-                "request_deadline_ms"});
+                "request_deadline_ms", "in_flight_per_replica_max", "fair_admission"});
+  r.u32("in_flight_per_replica_max", 1, 1u << 20, t.in_flight_per_replica_max);
+  if (!r.errors().failed() && r.has("fair_admission")) {
+    const auto& v = r.at("fair_admission");
+    if (!v.is_boolean())
+      r.errors().fail(r.field("fair_admission"), "must be true or false");
+    else
+      t.fair_admission = v.get<bool>();
+  }
   r.u32("heartbeat_interval_ms", 1, max_heartbeat_interval_ms, t.heartbeat_interval_ms);
   r.u32("suspect_after_missed", 1, max_suspect_after_missed, t.suspect_after_missed);
   r.u32("observation_window_ms", 1, max_window_ms, t.observation_window_ms);

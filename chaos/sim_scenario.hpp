@@ -66,6 +66,13 @@ struct sim_workload_spec {
   std::uint32_t max_tokens = 200;
   double burst_factor = 5;        // bursty: peak rate / mean rate
   double burst_period_s = 60;
+  /// Synthetic workloads only: one arrival stream per tenant (each at its
+  /// own rate, the lengths above), merged; empty: one stream, no tenant.
+  struct tenant_stream {
+    std::string name;
+    double rate_per_s = 0;
+  };
+  std::vector<tenant_stream> tenants;
 };
 
 struct sim_timing {
@@ -74,6 +81,11 @@ struct sim_timing {
   std::uint32_t observation_window_ms = 30000;
   std::uint32_t migration_parallelism = 8;
   std::uint32_t request_deadline_ms = 600000;
+  /// Requests in flight per replica (the router's limit): past it, requests
+  /// wait at the router, in fair order across tenants unless fair_admission
+  /// is false (then first come, first served).
+  std::uint32_t in_flight_per_replica_max = 256;
+  bool fair_admission = true;
 };
 
 struct sim_slo {

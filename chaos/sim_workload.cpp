@@ -272,7 +272,20 @@ std::vector<sim_request> synthetic_workload(const sim_workload_spec& w, double d
 expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_t seed) {
   if (s.workload.kind == sim_workload_kind::trace)
     return load_azure_trace(s.workload.trace, s.workload.rate_multiplier, s.duration_s);
-  return synthetic_workload(s.workload, s.duration_s, seed);
+  if (s.workload.tenants.empty()) return synthetic_workload(s.workload, s.duration_s, seed);
+  // One stream per tenant, each with its own seed (a tenant's arrivals do
+  // not change when another's rate does), merged in time order.
+  std::vector<sim_request> out;
+  for (std::size_t i = 0; i < s.workload.tenants.size(); ++i) {
+    sim_workload_spec one = s.workload;
+    one.rate_per_s = s.workload.tenants[i].rate_per_s;
+    auto stream = synthetic_workload(one, s.duration_s, derive_seed(seed, 1000 + i));
+    for (auto& r : stream) r.tenant = s.workload.tenants[i].name;
+    out.insert(out.end(), stream.begin(), stream.end());
+  }
+  std::stable_sort(out.begin(), out.end(), [](const sim_request& a, const sim_request& b) { return a.at_s < b.at_s; });
+  if (out.size() > max_workload_rows) out.resize(max_workload_rows);
+  return out;
 }
 
 }  // namespace exa::chaos

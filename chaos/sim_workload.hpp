@@ -24,6 +24,7 @@ struct sim_request {
   double at_s = 0;                 // arrival, from the start of the run
   std::uint32_t prompt_tokens = 0;
   std::uint32_t max_tokens = 0;    // tokens to generate (the trace's GeneratedTokens)
+  std::string tenant;              // "" unless the workload names tenants
 };
 
 /// Parses an Azure-format CSV (header TIMESTAMP,ContextTokens,GeneratedTokens;

@@ -209,6 +209,13 @@ check read_options(const json& body, openai_request& req) {
     if (!so->is_object()) return field_error("stream_options", "'stream_options' must be an object");
     if (auto bad = read_bool(*so, "include_usage", req.include_usage)) return bad;
   }
+  // ExaServe's own: "interactive" (default) or "batch", the order requests
+  // wait in while replicas are full.
+  if (const json* p = find_field(body, "priority")) {
+    if (!p->is_string() || (*p != "interactive" && *p != "batch"))
+      return field_error("priority", "'priority' must be \"interactive\" or \"batch\"");
+    req.gen.priority = p->get<std::string>();
+  }
   return std::nullopt;
 }
 

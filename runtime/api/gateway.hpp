@@ -55,6 +55,9 @@ struct generate_request {
   /// a deployment of another tenant answers not_found, as if it did not
   /// exist. "": no check (no keys, or an admin key).
   std::string tenant;
+  /// "interactive" (also when empty) or "batch": while replicas are full,
+  /// interactive requests are served first (batch ones wait longer).
+  std::string priority;
 };
 
 /// Tokens produced since the last chunk, with their text. Text is valid UTF-8:

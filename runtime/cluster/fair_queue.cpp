@@ -35,6 +35,9 @@ expected<void> fair_queue::push(std::uint64_t id, std::string_view tenant, prior
     return make_error(errc::overloaded,
                       "the fair queue is full (" + std::to_string(config_.max_waiting) + " requests waiting)");
   auto it = tenants_.find(tenant);
+  if (it != tenants_.end() && it->second.size() >= config_.max_waiting_per_tenant)
+    return make_error(errc::overloaded, "tenant '" + std::string(tenant) + "' already has " +
+                                            std::to_string(config_.max_waiting_per_tenant) + " requests waiting");
   if (it == tenants_.end()) it = tenants_.emplace(std::string(tenant), tenant_state{}).first;
   auto& t = it->second;
   t.weight = weight;

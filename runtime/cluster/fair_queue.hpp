@@ -40,6 +40,9 @@ expected<priority_class> parse_priority_class(std::string_view text);
 
 struct fair_queue_config {
   std::size_t max_waiting = 4096;
+  /// One tenant may not fill the queue: past this many of its own waiting,
+  /// its next request is refused while others still find room.
+  std::size_t max_waiting_per_tenant = 1024;
 };
 
 class fair_queue {
@@ -48,7 +51,8 @@ class fair_queue {
 
   /// Queues request `id` of `tenant` ("" is a tenant too: the open one).
   /// invalid_argument for a weight that is not positive or an id already
-  /// queued; overloaded when max_waiting are waiting.
+  /// queued; overloaded when max_waiting are waiting, or the tenant has
+  /// max_waiting_per_tenant waiting.
   expected<void> push(std::uint64_t id, std::string_view tenant, priority_class priority, std::uint64_t cost,
                       double weight = 1.0);
   /// The request to serve next; nullopt when none waits.

@@ -114,7 +114,13 @@ TEST_CASE("interactive requests go before batch ones", "[fair_queue]") {
 }
 
 TEST_CASE("the queue is bounded, and removed requests are not charged", "[fair_queue]") {
-  fair_queue q({3});
+  fair_queue per_tenant({10, 2});
+  REQUIRE(per_tenant.push(1, "flood", priority_class::interactive, 10));
+  REQUIRE(per_tenant.push(2, "flood", priority_class::interactive, 10));
+  CHECK_THAT(per_tenant.push(3, "flood", priority_class::interactive, 10).error().message,
+             Catch::Contains("tenant 'flood' already has 2 requests waiting"));
+  CHECK(per_tenant.push(4, "quiet", priority_class::interactive, 10));  // others still find room
+  fair_queue q({3, 3});
   REQUIRE(q.push(1, "a", priority_class::interactive, 10));
   REQUIRE(q.push(2, "a", priority_class::interactive, 10));
   CHECK(q.push(2, "b", priority_class::interactive, 10).error().code == errc::invalid_argument);

@@ -67,6 +67,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.router.admission.queued_global_max = o.queued_global_max;
   plan.router.admission.in_flight_per_replica_max = o.in_flight_per_replica_max;
   plan.router.fair_across_tenants = o.fair_across_tenants;
+  plan.router.tenant_headroom_slots = o.tenant_headroom_slots;
   plan.router.table.default_policy = o.default_routing;
   auto& c = plan.controller;
   c.engine = o.engine;

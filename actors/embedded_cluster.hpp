@@ -58,6 +58,7 @@ struct cluster_options {
   /// Requests waiting for full replicas are served in fair order across
   /// tenants (fair_queue.hpp); false: first come, first served.
   bool fair_across_tenants = true;
+  std::uint32_t tenant_headroom_slots = 2;  // router_config::tenant_headroom_slots
   /// Deterministic mode for tests: CAF's test scheduler in virtual time, and
   /// devices run inline instead of on their own threads.
   bool deterministic = false;

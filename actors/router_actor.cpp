@@ -118,6 +118,7 @@ void on_route(self_ptr self, const route_request& m) {
   auto actor = self->spawn(request_actor, std::move(rc));
   self->monitor(actor);
   st.request_ids[actor.address()] = m.request.request_id;
+  st.tenant_seen_ns[m.request.model][m.request.tenant] = static_cast<std::int64_t>(now_ns(self));
   auto priority = cluster::priority_class::interactive;
   if (!m.request.priority.empty())
     if (auto p = cluster::parse_priority_class(m.request.priority)) priority = *p;
@@ -131,8 +132,42 @@ void on_route(self_ptr self, const route_request& m) {
   update_gauges(self, m.request.model);
 }
 
+// Whether `tenant` holds its share of the deployment's places while other
+// tenants are active there (tenant_slot_limit).
+bool tenant_at_share(self_ptr self, const std::string& deployment, const std::string& tenant) {
+  auto& st = self->state;
+  if (!st.config.fair_across_tenants) return false;
+  const auto now = static_cast<std::int64_t>(now_ns(self));
+  const auto window = std::int64_t{st.config.tenant_active_window_ms} * 1000000;
+  auto& seen = st.tenant_seen_ns[deployment];
+  const auto& places = st.tenant_places[deployment];
+  std::uint32_t others = 0;
+  for (auto it = seen.begin(); it != seen.end();) {
+    const auto held = places.find(it->first);
+    const bool busy = held != places.end() && held->second > 0;
+    if (!busy && now - it->second > window) {  // gone quiet: forget it
+      it = seen.erase(it);
+      continue;
+    }
+    if (it->first != tenant) ++others;
+    ++it;
+  }
+  if (others == 0) return false;
+  std::uint32_t ready = 0;
+  for (const auto& [id, w] : st.where) {
+    if (w.slot.deployment != deployment) continue;
+    const auto* c = st.table->find(id);
+    if (c && (c->state == replica_state::ready || c->state == replica_state::serving)) ++ready;
+  }
+  const auto slots = ready * st.config.admission.in_flight_per_replica_max;
+  const auto held = places.find(tenant);
+  const std::uint32_t mine = held == places.end() ? 0 : held->second;
+  return mine >= cluster::tenant_slot_limit(slots, others, st.config.tenant_headroom_slots);
+}
+
 // Picks a replica for the request that sent `m` and moves its place from
-// the queue onto it. overloaded: every replica is at its in-flight limit.
+// the queue onto it. overloaded: every replica is at its in-flight limit,
+// or the request's tenant holds its share while others are active.
 expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const caf::actor_addr& requester) {
   auto& st = self->state;
   auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, m.exclude);
@@ -144,9 +179,16 @@ expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const ca
     return make_error(errc::unavailable, "replica " + std::to_string(id) + " has no live actor");
   if (auto rid = st.request_ids.find(requester); rid != st.request_ids.end()) {
     auto& entry = st.requests[rid->second];
+    if (!entry.dispatched && tenant_at_share(self, entry.deployment, entry.tenant))
+      return make_error(errc::overloaded, "tenant '" + entry.tenant + "' holds its share of '" + entry.deployment +
+                                              "' while other tenants wait");
     // An adopted request (admitted by a crashed predecessor) has no ticket here.
     if (entry.ticket.id != 0)
       if (auto ok = st.admission->try_dispatch(entry.ticket, id, now_ns(self)); !ok) return std::unexpected(ok.error());
+    if (!entry.dispatched) {
+      entry.dispatched = true;
+      ++st.tenant_places[entry.deployment][entry.tenant];
+    }
     update_gauges(self, entry.deployment);
   }
   return picked_replica{id, epoch, handle->second};
@@ -157,7 +199,11 @@ void drain_picks(self_ptr self, const std::string& deployment) {
   auto& st = self->state;
   auto q = st.pick_queues.find(deployment);
   if (q == st.pick_queues.end()) return;
-  while (auto next = q->second.peek()) {
+  // A tenant at its share waits without holding up the others.
+  const auto eligible = [&](std::string_view tenant) {
+    return !tenant_at_share(self, deployment, std::string(tenant));
+  };
+  while (auto next = q->second.peek_if(eligible)) {
     auto h = st.held_picks.find(*next);
     if (h == st.held_picks.end()) {  // cannot happen; do not spin on it
       q->second.remove(*next);
@@ -165,7 +211,7 @@ void drain_picks(self_ptr self, const std::string& deployment) {
     }
     auto r = pick_now(self, h->second.pick, h->second.requester);
     if (!r && r.error().code == errc::overloaded) break;  // still full: the head keeps its turn
-    q->second.pop();
+    q->second.pop(*next);
     if (r)
       h->second.promise.deliver(*r);
     else
@@ -274,6 +320,10 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
     auto req = st.requests.find(it->second);
     if (req != st.requests.end()) {
       if (req->second.ticket.id != 0) (void)st.admission->release(req->second.ticket, now_ns(self));
+      if (req->second.dispatched) {
+        auto& places = st.tenant_places[req->second.deployment];
+        if (auto p = places.find(req->second.tenant); p != places.end() && --p->second == 0) places.erase(p);
+      }
       const std::string model = req->second.deployment;
       st.requests.erase(req);
       update_gauges(self, model);

@@ -44,6 +44,13 @@ struct router_config {
   std::uint32_t pick_hold_ms = 2000;
   cluster::fair_queue_config fair_queue;
   bool fair_across_tenants = true;  // false: one queue, first come first served
+  /// While other tenants are active on a deployment, one tenant holds at
+  /// most all but this many places per other active tenant (never below its
+  /// fair share; tenant_slot_limit), so their requests find room at once.
+  std::uint32_t tenant_headroom_slots = 2;
+  /// A tenant counts as active on a deployment while it has requests there,
+  /// or sent one within this window.
+  std::uint32_t tenant_active_window_ms = 10000;
   cluster::error_rate_config error_rate;  // request-level replica health
   chaos_hooks hooks;
 };
@@ -81,6 +88,7 @@ struct router_state {
     bool expired = false;
     std::string tenant;
     cluster::priority_class priority = cluster::priority_class::interactive;
+    bool dispatched = false;  // holds a place on a replica (counted in tenant_places)
   };
   std::map<std::string, request_entry> requests;  // by client request id
   std::map<caf::actor_addr, std::string> request_ids;
@@ -99,6 +107,9 @@ struct router_state {
   };
   std::map<std::string, cluster::fair_queue> pick_queues;  // by deployment
   std::map<std::uint64_t, held_pick> held_picks;
+  /// Per deployment: places each tenant holds, and when each last sent.
+  std::map<std::string, std::map<std::string, std::uint32_t>> tenant_places;
+  std::map<std::string, std::map<std::string, std::int64_t>> tenant_seen_ns;
   std::uint64_t next_hold = 1;
   std::shared_ptr<cluster_metrics> metrics;
   static inline const char* name = "router";

@@ -48,6 +48,7 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
   o.queued_per_model_max = 1u << 20;
   o.in_flight_per_replica_max = s.timing.in_flight_per_replica_max;
   o.fair_across_tenants = s.timing.fair_admission;
+  o.tenant_headroom_slots = s.timing.tenant_headroom_slots;
   o.max_attempts = 8;
   o.fault_injector = std::move(inj);
   o.event_log = std::move(log);

@@ -188,9 +188,11 @@ void parse_trace_workload(const object_reader& r, sim_workload_spec& w) {
 
 void parse_synthetic_workload(const object_reader& r, double duration_s, sim_workload_spec& w) {
   if (w.kind == sim_workload_kind::poisson)
-    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "tenants"});
+    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "tenants", "start_s"});
   else
-    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "burst_factor", "burst_period_s", "tenants"});
+    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "burst_factor", "burst_period_s", "tenants",
+                  "start_s"});
+  r.number("start_s", 0, false, duration_s, w.start_s);
   // "tenants": [{"name": "quiet", "rate_per_s": 2}, ...]: one stream each.
   if (!r.errors().failed() && r.has("tenants")) {
     const auto& list = r.at("tenants");
@@ -240,7 +242,8 @@ void parse_workload(const object_reader& r, double duration_s, sim_workload_spec
 
 void parse_timing(const object_reader& r, sim_timing& t) {
   r.known_keys({"heartbeat_interval_ms", "suspect_after_missed", "observation_window_ms", "migration_parallelism",
-                "request_deadline_ms", "in_flight_per_replica_max", "fair_admission"});
+                "request_deadline_ms", "in_flight_per_replica_max", "fair_admission", "tenant_headroom_slots"});
+  r.u32("tenant_headroom_slots", 0, 1u << 20, t.tenant_headroom_slots);
   r.u32("in_flight_per_replica_max", 1, 1u << 20, t.in_flight_per_replica_max);
   if (!r.errors().failed() && r.has("fair_admission")) {
     const auto& v = r.at("fair_admission");

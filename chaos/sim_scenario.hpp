@@ -73,6 +73,9 @@ struct sim_workload_spec {
     double rate_per_s = 0;
   };
   std::vector<tenant_stream> tenants;
+  /// Synthetic workloads: the first arrival comes no earlier than this
+  /// (time for the replicas to load, so latencies measure serving only).
+  double start_s = 0;
 };
 
 struct sim_timing {
@@ -86,6 +89,7 @@ struct sim_timing {
   /// is false (then first come, first served).
   std::uint32_t in_flight_per_replica_max = 256;
   bool fair_admission = true;
+  std::uint32_t tenant_headroom_slots = 2;  // see router_config
 };
 
 struct sim_slo {

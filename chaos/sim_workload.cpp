@@ -272,14 +272,19 @@ std::vector<sim_request> synthetic_workload(const sim_workload_spec& w, double d
 expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_t seed) {
   if (s.workload.kind == sim_workload_kind::trace)
     return load_azure_trace(s.workload.trace, s.workload.rate_multiplier, s.duration_s);
-  if (s.workload.tenants.empty()) return synthetic_workload(s.workload, s.duration_s, seed);
+  const double start = std::min(s.workload.start_s, s.duration_s);
+  const auto shifted = [start](std::vector<sim_request> v) {
+    for (auto& r : v) r.at_s += start;
+    return v;
+  };
+  if (s.workload.tenants.empty()) return shifted(synthetic_workload(s.workload, s.duration_s - start, seed));
   // One stream per tenant, each with its own seed (a tenant's arrivals do
   // not change when another's rate does), merged in time order.
   std::vector<sim_request> out;
   for (std::size_t i = 0; i < s.workload.tenants.size(); ++i) {
     sim_workload_spec one = s.workload;
     one.rate_per_s = s.workload.tenants[i].rate_per_s;
-    auto stream = synthetic_workload(one, s.duration_s, derive_seed(seed, 1000 + i));
+    auto stream = shifted(synthetic_workload(one, s.duration_s - start, derive_seed(seed, 1000 + i)));
     for (auto& r : stream) r.tenant = s.workload.tenants[i].name;
     out.insert(out.end(), stream.begin(), stream.end());
   }

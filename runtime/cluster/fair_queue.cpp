@@ -49,12 +49,14 @@ expected<void> fair_queue::push(std::uint64_t id, std::string_view tenant, prior
   return {};
 }
 
-const std::pair<const std::string, fair_queue::tenant_state>* fair_queue::next(priority_class* cls) const {
+const std::pair<const std::string, fair_queue::tenant_state>* fair_queue::next(
+    priority_class* cls, const std::function<bool(std::string_view)>* eligible) const {
   for (const int c : {0, 1}) {
     const std::pair<const std::string, tenant_state>* best = nullptr;
     for (const auto& entry : tenants_) {
       const auto& q = entry.second.queued[c];
       if (q.empty()) continue;
+      if (eligible && !(*eligible)(entry.first)) continue;
       if (!best || entry.second.counter < best->second.counter ||
           (entry.second.counter == best->second.counter && q.front().seq < best->second.queued[c].front().seq))
         best = &entry;
@@ -74,17 +76,33 @@ std::optional<std::uint64_t> fair_queue::peek() const {
   return t->second.queued[static_cast<int>(cls)].front().id;
 }
 
-void fair_queue::pop() {
+std::optional<std::uint64_t> fair_queue::peek_if(const std::function<bool(std::string_view)>& eligible) const {
   priority_class cls{};
-  const auto* found = next(&cls);
-  if (!found) return;
-  auto& t = tenants_.find(found->first)->second;
-  auto& q = t.queued[static_cast<int>(cls)];
-  const entry e = q.front();
-  q.pop_front();
-  index_.erase(e.id);
+  const auto* t = next(&cls, &eligible);
+  if (!t) return std::nullopt;
+  return t->second.queued[static_cast<int>(cls)].front().id;
+}
+
+void fair_queue::pop() {
+  if (const auto head = peek()) pop(*head);
+}
+
+bool fair_queue::pop(std::uint64_t id) {
+  const auto w = index_.find(id);
+  if (w == index_.end()) return false;
+  auto& t = tenants_.find(w->second.tenant)->second;
+  auto& q = t.queued[static_cast<int>(w->second.priority)];
+  const auto it = std::find_if(q.begin(), q.end(), [&](const entry& e) { return e.id == id; });
+  const std::uint64_t cost = it->cost;
+  q.erase(it);
+  index_.erase(w);
   --waiting_;
-  t.counter += static_cast<double>(e.cost) / t.weight;
+  charge(t, cost);
+  return true;
+}
+
+void fair_queue::charge(tenant_state& t, std::uint64_t cost) {
+  t.counter += static_cast<double>(cost) / t.weight;
   last_served_ = std::max(last_served_, t.counter);
   // Forget idle tenants the lift would bring back to the same counter anyway
   // (bounds the map by the tenants that matter).
@@ -94,6 +112,16 @@ void fair_queue::pop() {
     else
       ++it;
   }
+}
+
+std::uint32_t tenant_slot_limit(std::uint32_t slots, std::uint32_t other_active_tenants,
+                                std::uint32_t headroom_per_tenant) {
+  if (other_active_tenants == 0) return slots;
+  const std::uint64_t active = std::uint64_t{other_active_tenants} + 1;
+  const auto fair = static_cast<std::uint32_t>((slots + active - 1) / active);
+  const std::uint64_t reserve = std::uint64_t{other_active_tenants} * headroom_per_tenant;
+  const auto limit = reserve >= slots ? 0u : static_cast<std::uint32_t>(slots - reserve);
+  return std::max(limit, fair);
 }
 
 bool fair_queue::remove(std::uint64_t id) {

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -57,8 +58,15 @@ class fair_queue {
                       double weight = 1.0);
   /// The request to serve next; nullopt when none waits.
   std::optional<std::uint64_t> peek() const;
+  /// The same among tenants `eligible` accepts (those not at their share of
+  /// the replicas, say): a tenant that may not be served now does not hold
+  /// up the others.
+  std::optional<std::uint64_t> peek_if(const std::function<bool(std::string_view tenant)>& eligible) const;
   /// Removes peek()'s request and charges its tenant. No-op when empty.
   void pop();
+  /// Removes request `id` and charges its tenant, as pop() does for the
+  /// head (for a request peek_if() chose). false when it is not queued.
+  bool pop(std::uint64_t id);
   /// Removes a waiting request that left (expired, cancelled), uncharged.
   /// false when it is not queued.
   bool remove(std::uint64_t id);
@@ -86,7 +94,9 @@ class fair_queue {
     std::string tenant;
     priority_class priority;
   };
-  const std::pair<const std::string, tenant_state>* next(priority_class* cls) const;
+  const std::pair<const std::string, tenant_state>* next(
+      priority_class* cls, const std::function<bool(std::string_view)>* eligible = nullptr) const;
+  void charge(tenant_state& t, std::uint64_t cost);
   double floor_counter(const std::string& except) const;
 
   fair_queue_config config_;
@@ -96,5 +106,15 @@ class fair_queue {
   std::uint64_t seq_ = 0;
   double last_served_ = 0;  // counter of the tenant served last
 };
+
+/// The most places (in-flight requests) one tenant may hold on a
+/// deployment's replicas: all `slots` while no other tenant is active;
+/// otherwise all but `headroom_per_tenant` for each other active tenant, so
+/// a request of another tenant finds a free place at once instead of
+/// waiting for one to drain -- but never less than its fair share
+/// (slots / active tenants, rounded up). Work-conserving beyond that: an
+/// idle tenant's places go to those who use them.
+std::uint32_t tenant_slot_limit(std::uint32_t slots, std::uint32_t other_active_tenants,
+                                std::uint32_t headroom_per_tenant);
 
 }  // namespace exa::cluster

@@ -135,3 +135,27 @@ TEST_CASE("the queue is bounded, and removed requests are not charged", "[fair_q
   CHECK(q.counter("a") == 0);
   CHECK(*q.peek() == 2);
 }
+
+TEST_CASE("a tenant that may not be served now does not hold up the others", "[fair_queue]") {
+  fair_queue q;
+  REQUIRE(q.push(1, "flood", priority_class::interactive, 10));
+  REQUIRE(q.push(2, "quiet", priority_class::interactive, 10));
+  q.pop();  // flood served once: quiet is next by counter
+  REQUIRE(q.push(3, "flood", priority_class::interactive, 10));
+  CHECK(*q.peek() == 2);
+  const auto not_quiet = [](std::string_view t) { return t != "quiet"; };
+  CHECK(*q.peek_if(not_quiet) == 3);
+  CHECK(q.pop(3));
+  CHECK_FALSE(q.pop(3));
+  CHECK(q.counter("flood") == 20);  // charged as a pop
+  CHECK_FALSE(q.peek_if([](std::string_view) { return false; }));
+}
+
+TEST_CASE("a tenant's share of the places leaves headroom for the others", "[fair_queue]") {
+  CHECK(tenant_slot_limit(32, 0, 4) == 32);  // alone: everything
+  CHECK(tenant_slot_limit(32, 1, 4) == 28);  // one other tenant: 4 places stay free for it
+  CHECK(tenant_slot_limit(32, 3, 4) == 20);
+  CHECK(tenant_slot_limit(8, 3, 4) == 2);    // never below the fair share (8 / 4)
+  CHECK(tenant_slot_limit(3, 1, 4) == 2);    // rounded up
+  CHECK(tenant_slot_limit(0, 1, 4) == 0);
+}

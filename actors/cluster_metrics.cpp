@@ -23,17 +23,18 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->registry = registry ? std::move(registry) : std::make_shared<metrics::registry>();
   auto& r = *m->registry;
   m->requests = must(r.register_counter("exaserve_requests_total",
-                                        "Requests by model and outcome (completed, error, cancelled, refused).",
-                                        {"model", "outcome"}));
+                                        "Requests by model, tenant (\"\" without keys or with an admin key) and "
+                                        "outcome (completed, error, cancelled, refused).",
+                                        {"model", "tenant", "outcome"}));
   m->prompt_tokens = must(r.register_counter("exaserve_prompt_tokens_total", "Prompt tokens of finished requests.", {"model"}));
   m->generated_tokens = must(r.register_counter("exaserve_generated_tokens_total", "Tokens streamed to clients.", {"model"}));
   m->ttft_ms = must(r.register_histogram("exaserve_time_to_first_token_ms", "Request accepted to first token.",
-                                         {"model"}, latency_bounds_ms));
+                                         {"model", "tenant"}, latency_bounds_ms));
   m->tpot_ms = must(r.register_histogram("exaserve_time_per_output_token_ms",
-                                         "Mean time per output token after the first, per request.", {"model"},
-                                         latency_bounds_ms));
-  m->e2e_ms = must(r.register_histogram("exaserve_request_duration_ms", "Request accepted to finished.", {"model"},
-                                        latency_bounds_ms));
+                                         "Mean time per output token after the first, per request.",
+                                         {"model", "tenant"}, latency_bounds_ms));
+  m->e2e_ms = must(r.register_histogram("exaserve_request_duration_ms", "Request accepted to finished.",
+                                        {"model", "tenant"}, latency_bounds_ms));
   m->queue_depth = must(r.register_gauge("exaserve_queue_depth", "Requests admitted and waiting for a replica.", {"model"}));
   m->in_flight = must(r.register_gauge("exaserve_requests_in_flight", "Requests admitted and not finished.", {"model"}));
   m->replicas = must(r.register_gauge("exaserve_replicas", "Replicas by lifecycle state.", {"state"}));

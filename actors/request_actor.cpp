@@ -49,12 +49,13 @@ void finish(self_ptr self, api::finish_reason reason, std::optional<error> err =
     const char* outcome = reason == api::finish_reason::error       ? "error"
                           : reason == api::finish_reason::cancelled ? "cancelled"
                                                                     : "completed";
-    cluster_metrics::series(m->requests, model, outcome)->inc();
+    const std::string& tenant = st.ctx.request.tenant;
+    cluster_metrics::series(m->requests, model, tenant, outcome)->inc();
     cluster_metrics::series(m->prompt_tokens, model)->inc(st.prompt.size());
     cluster_metrics::series(m->generated_tokens, model)->inc(st.generated.size());
-    cluster_metrics::series(m->e2e_ms, model)->observe(r.timings.e2e_ms);
-    if (st.first_token_ns) cluster_metrics::series(m->ttft_ms, model)->observe(r.timings.ttft_ms);
-    if (st.generated.size() > 1) cluster_metrics::series(m->tpot_ms, model)->observe(r.timings.tpot_ms);
+    cluster_metrics::series(m->e2e_ms, model, tenant)->observe(r.timings.e2e_ms);
+    if (st.first_token_ns) cluster_metrics::series(m->ttft_ms, model, tenant)->observe(r.timings.ttft_ms);
+    if (st.generated.size() > 1) cluster_metrics::series(m->tpot_ms, model, tenant)->observe(r.timings.tpot_ms);
   }
   spdlog::debug("event=request_done request={} reason={} tokens={} ttft_ms={:.2f} e2e_ms={:.2f} replica={} attempts={}{}",
                 st.ctx.request.request_id, static_cast<int>(reason), st.generated.size(), r.timings.ttft_ms,

@@ -37,11 +37,11 @@ void update_gauges(self_ptr self, const std::string& model) {
   cluster_metrics::series(st.metrics->in_flight, model)->set(static_cast<double>(in_flight));
 }
 
-void count_refusal(self_ptr self, const std::string& model) {
+void count_refusal(self_ptr self, const std::string& model, const std::string& tenant) {
   // Client-chosen names must not mint label values: unknown models share one.
   if (self->state.metrics)
     cluster_metrics::series(self->state.metrics->requests, self->state.deployments.count(model) ? model : "unknown",
-                            "refused")
+                            tenant, "refused")
         ->inc();
 }
 
@@ -89,7 +89,7 @@ void on_route(self_ptr self, const route_request& m) {
     std::string known;
     for (const auto& [name, d] : st.deployments)
       if (auth::visible_to(m.request.tenant, d.info.tenant)) known += (known.empty() ? "" : ", ") + name;
-    count_refusal(self, m.request.model);
+    count_refusal(self, m.request.model, m.request.tenant);
     return refuse(m, {errc::not_found, "unknown model '" + m.request.model + "'" +
                                            (known.empty() ? std::string(" (nothing is deployed)") : " (serving: " + known + ")")});
   }
@@ -97,7 +97,7 @@ void on_route(self_ptr self, const route_request& m) {
     return refuse(m, {errc::invalid_argument, "request id '" + m.request.request_id + "' is already in flight"});
   auto ticket = st.admission->try_admit(m.request.model, now_ns(self));
   if (!ticket) {
-    count_refusal(self, m.request.model);
+    count_refusal(self, m.request.model, m.request.tenant);
     return refuse(m, ticket.error(), st.admission->retry_after_ms(m.request.model, now_ns(self)));
   }
   request_context rc;

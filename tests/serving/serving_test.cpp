@@ -198,5 +198,5 @@ TEST_CASE("bad requests to the real cluster get clear errors and it keeps servin
   CHECK(streamed_text(port, "still here", 8) == engine_text("still here", 8));
   r = test::http_request(port, "GET", "/metrics");
   CHECK(r.status == 200);
-  CHECK_THAT(r.body, Catch::Contains("exaserve_requests_total{model=\"tiny\",outcome=\"completed\"}"));
+  CHECK_THAT(r.body, Catch::Contains("exaserve_requests_total{model=\"tiny\",tenant=\"\",outcome=\"completed\"}"));
 }

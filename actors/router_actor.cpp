@@ -128,7 +128,9 @@ void on_route(self_ptr self, const route_request& m) {
                                        static_cast<std::int64_t>(now_ns(self)) + std::int64_t{deadline_ms} * 1000000,
                                        false,
                                        m.request.tenant,
-                                       priority};
+                                       priority,
+                                       false,
+                                       m.request.tenant_weight > 0 ? m.request.tenant_weight : 1.0};
   update_gauges(self, m.request.model);
 }
 
@@ -255,14 +257,18 @@ caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
   }
   std::string tenant;
   auto priority = cluster::priority_class::interactive;
+  double weight = 1;
   if (auto rid = st.request_ids.find(requester); rid != st.request_ids.end()) {
     const auto& entry = st.requests[rid->second];
-    if (st.config.fair_across_tenants) tenant = entry.tenant;
+    if (st.config.fair_across_tenants) {
+      tenant = entry.tenant;
+      weight = entry.weight;
+    }
     priority = entry.priority;
   }
   auto& q = st.pick_queues.try_emplace(m.deployment, st.config.fair_queue).first->second;
   const auto hold = st.next_hold++;
-  if (auto ok = q.push(hold, tenant, priority, std::uint64_t{m.prompt_tokens} + m.max_tokens); !ok) {
+  if (auto ok = q.push(hold, tenant, priority, std::uint64_t{m.prompt_tokens} + m.max_tokens, weight); !ok) {
     if (q.empty()) st.pick_queues.erase(m.deployment);
     return to_caf(ok.error());
   }

@@ -89,6 +89,7 @@ struct router_state {
     std::string tenant;
     cluster::priority_class priority = cluster::priority_class::interactive;
     bool dispatched = false;  // holds a place on a replica (counted in tenant_places)
+    double weight = 1;        // the tenant's fair-share weight
   };
   std::map<std::string, request_entry> requests;  // by client request id
   std::map<caf::actor_addr, std::string> request_ids;

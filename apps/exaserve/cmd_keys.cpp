@@ -23,6 +23,7 @@ const std::vector<flag_spec> flags = {
     {"tokens-per-min", true, "limit: prompt + generated tokens per minute (0 = unlimited)"},
     {"max-concurrent", true, "limit: requests in flight (0 = unlimited)"},
     {"max-tokens", true, "limit: max_tokens of one request (0 = unlimited)"},
+    {"weight", true, "share of the replicas when tenants compete for them (default 1; 2 = twice the tokens)"},
     {"help", false, "show this help"},
 };
 
@@ -31,7 +32,8 @@ const char* usage =
     "       exaserve keys revoke ID --file FILE                   remove the key with this id (or id prefix)\n"
     "       exaserve keys list --file FILE                        ids, tenants, roles and dates; never a key\n"
     "       exaserve keys limit --file FILE --tenant T [--requests-per-s X] [--tokens-per-min X]\n"
-    "                           [--max-concurrent N] [--max-tokens N]   set a tenant's limits (0 = unlimited)\n";
+    "                           [--max-concurrent N] [--max-tokens N] [--weight W]\n"
+    "                           set a tenant's limits (0 = unlimited) and its fair-share weight\n";
 
 }  // namespace
 
@@ -73,22 +75,24 @@ int cmd_keys(int argc, char** argv) {
     auto tpm = a->get_double("tokens-per-min", l.tokens_per_min, 0, 1e12);
     auto conc = a->get_int("max-concurrent", l.max_concurrent, 0, 1000000000);
     auto maxt = a->get_int("max-tokens", l.max_tokens, 0, 1000000000);
+    auto weight = a->get_double("weight", l.weight, 1e-6, 1e6);
+    if (!weight) return fail("keys limit", weight.error());
     if (!rps) return fail("keys limit", rps.error());
     if (!tpm) return fail("keys limit", tpm.error());
     if (!conc) return fail("keys limit", conc.error());
     if (!maxt) return fail("keys limit", maxt.error());
-    l = {*rps, *tpm, static_cast<std::uint32_t>(*conc), static_cast<std::uint32_t>(*maxt)};
+    l = {*rps, *tpm, static_cast<std::uint32_t>(*conc), static_cast<std::uint32_t>(*maxt), *weight};
     if (auto ok = keys->set_limits(*tenant, l); !ok) return fail("keys limit", ok.error());
     if (auto ok = auth::save_keys(*file, *keys); !ok) return fail("keys limit", ok.error());
-    std::printf("tenant %s: requests_per_s=%g tokens_per_min=%g max_concurrent=%u max_tokens=%u; running gateways "
-                "apply it on SIGHUP\n",
-                tenant->c_str(), l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens);
+    std::printf("tenant %s: requests_per_s=%g tokens_per_min=%g max_concurrent=%u max_tokens=%u weight=%g; running "
+                "gateways apply it on SIGHUP\n",
+                tenant->c_str(), l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens, l.weight);
     return 0;
   }
   if (sub == "list") {
     for (const auto& [t, l] : keys->limits())
-      std::printf("limits of %s: requests_per_s=%g tokens_per_min=%g max_concurrent=%u max_tokens=%u\n", t.c_str(),
-                  l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens);
+      std::printf("limits of %s: requests_per_s=%g tokens_per_min=%g max_concurrent=%u max_tokens=%u weight=%g\n",
+                  t.c_str(), l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens, l.weight);
     std::printf("%-12s  %-24s  %-5s  %s\n", "ID", "TENANT", "ROLE", "CREATED");
     for (const auto& e : keys->entries()) {
       char when[32] = "-";

@@ -140,6 +140,7 @@ std::expected<kj::Own<generate_call>, auth::limit_refusal> start_limited(std::sh
                                                                          const std::string& tenant) {
   if (!ctx->config.keys || tenant.empty()) return generate_call::start(std::move(ctx), std::move(request));
   const auth::tenant_limits limits = ctx->config.keys->current()->limits_for(tenant);
+  request.tenant_weight = limits.weight;
   if (limits == auth::tenant_limits{}) return generate_call::start(std::move(ctx), std::move(request));
   auto admitted = ctx->limiter.admit(tenant, limits, steady_ns(), request.max_tokens);
   if (!admitted) {

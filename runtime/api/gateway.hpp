@@ -58,6 +58,8 @@ struct generate_request {
   /// "interactive" (also when empty) or "batch": while replicas are full,
   /// interactive requests are served first (batch ones wait longer).
   std::string priority;
+  /// The tenant's fair-share weight (its keys file entry; 1 without one).
+  double tenant_weight = 1;
 };
 
 /// Tokens produced since the last chunk, with their text. Text is valid UTF-8:

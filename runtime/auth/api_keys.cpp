@@ -107,7 +107,9 @@ expected<key_set> key_set::parse(std::string_view text) {
         else if (name == "tokens_per_min") l.tokens_per_min = v;
         else if (name == "max_concurrent" && v == std::floor(v) && v <= 1e9) l.max_concurrent = static_cast<std::uint32_t>(v);
         else if (name == "max_tokens" && v == std::floor(v) && v <= 1e9) l.max_tokens = static_cast<std::uint32_t>(v);
-        else return bad("unknown or non-integer limit '" + w[i] + "' (requests_per_s, tokens_per_min, max_concurrent, max_tokens)");
+        else if (name == "weight" && v > 0 && v <= 1e6) l.weight = v;
+        else return bad("unknown or non-integer limit '" + w[i] + "' (requests_per_s, tokens_per_min, max_concurrent, "
+                        "max_tokens, weight > 0)");
       }
       out.limits_[w[1]] = l;
       continue;
@@ -144,8 +146,8 @@ std::string key_set::serialize() const {
     out += "key " + e.id + " sha256=" + e.sha256_hex + " tenant=" + e.tenant + " admin=" + (e.admin ? "1" : "0") +
            " created=" + std::to_string(e.created_unix_s) + "\n";
   for (const auto& [t, l] : limits_)
-    out += fmt::format("tenant {} requests_per_s={} tokens_per_min={} max_concurrent={} max_tokens={}\n", t,
-                       l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens);
+    out += fmt::format("tenant {} requests_per_s={} tokens_per_min={} max_concurrent={} max_tokens={} weight={}\n", t,
+                       l.requests_per_s, l.tokens_per_min, l.max_concurrent, l.max_tokens, l.weight);
   return out;
 }
 

@@ -19,6 +19,10 @@ struct tenant_limits {
   double tokens_per_min = 0;       // prompt + generated tokens; 0: unlimited (burst: one minute's worth)
   std::uint32_t max_concurrent = 0;  // requests in flight; 0: unlimited
   std::uint32_t max_tokens = 0;      // max_tokens of one request; 0: unlimited
+  /// Share of a deployment's replicas when tenants compete for them (fair
+  /// queuing on tokens): a tenant of weight 2 is served twice the tokens of
+  /// one of weight 1 while both wait. Not a limit: an idle share is used.
+  double weight = 1;
   bool operator==(const tenant_limits&) const = default;
 };
 

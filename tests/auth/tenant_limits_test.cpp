@@ -87,9 +87,16 @@ TEST_CASE("a tenant's limits live in the keys file beside its keys", "[auth][lim
   REQUIRE(back);
   CHECK(back->limits_for("acme") == tenant_limits{5, 60000, 8, 1024});
   CHECK(back->limits_for("beta") == tenant_limits{});  // none set: unlimited
+  REQUIRE(keys.set_limits("beta", {0, 0, 0, 0, 2.5}));  // a weight alone is kept
+  back = key_set::parse(keys.serialize());
+  REQUIRE(back);
+  CHECK(back->limits_for("beta").weight == 2.5);
+  CHECK(back->limits_for("acme").weight == 1);
+  CHECK(key_set::parse("tenant old requests_per_s=1\n")->limits_for("old").weight == 1);  // files from before weights
   REQUIRE(keys.set_limits("acme", {}));                // all 0: the line goes
   CHECK(keys.serialize().find("tenant acme") == std::string::npos);
   for (const char* bad : {"tenant acme speed=3\n", "tenant acme requests_per_s=-1\n", "tenant acme max_concurrent=1.5\n",
+                          "tenant acme weight=0\n",
                           "tenant a/b\n", "tenant acme\ntenant acme\n"}) {
     INFO(bad);
     auto r = key_set::parse(bad);

@@ -134,9 +134,31 @@ void on_route(self_ptr self, const route_request& m) {
   update_gauges(self, m.request.model);
 }
 
-// Whether `tenant` holds its share of the deployment's places while other
-// tenants are active there (tenant_slot_limit).
-bool tenant_at_share(self_ptr self, const std::string& deployment, const std::string& tenant) {
+// A deployment's places: in-flight requests its ready replicas take in all,
+// and how many of those are free now.
+struct places_count {
+  std::uint32_t slots = 0;
+  std::uint32_t free = 0;
+};
+
+places_count deployment_places(self_ptr self, const std::string& deployment) {
+  auto& st = self->state;
+  places_count out;
+  const auto per_replica = st.config.admission.in_flight_per_replica_max;
+  for (const auto& [id, w] : st.where) {
+    if (w.slot.deployment != deployment) continue;
+    const auto* c = st.table->find(id);
+    if (!c || (c->state != replica_state::ready && c->state != replica_state::serving)) continue;
+    out.slots += per_replica;
+    const auto used = st.admission->in_flight(id);
+    out.free += used < per_replica ? per_replica - used : 0;
+  }
+  return out;
+}
+
+// Whether `tenant` holds its share of the deployment's `slots` places while
+// other tenants are active there (tenant_slot_limit).
+bool tenant_at_share(self_ptr self, const std::string& deployment, const std::string& tenant, std::uint32_t slots) {
   auto& st = self->state;
   if (!st.config.fair_across_tenants) return false;
   const auto now = static_cast<std::int64_t>(now_ns(self));
@@ -155,13 +177,6 @@ bool tenant_at_share(self_ptr self, const std::string& deployment, const std::st
     ++it;
   }
   if (others == 0) return false;
-  std::uint32_t ready = 0;
-  for (const auto& [id, w] : st.where) {
-    if (w.slot.deployment != deployment) continue;
-    const auto* c = st.table->find(id);
-    if (c && (c->state == replica_state::ready || c->state == replica_state::serving)) ++ready;
-  }
-  const auto slots = ready * st.config.admission.in_flight_per_replica_max;
   const auto held = places.find(tenant);
   const std::uint32_t mine = held == places.end() ? 0 : held->second;
   return mine >= cluster::tenant_slot_limit(slots, others, st.config.tenant_headroom_slots);
@@ -172,6 +187,16 @@ bool tenant_at_share(self_ptr self, const std::string& deployment, const std::st
 // or the request's tenant holds its share while others are active.
 expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const caf::actor_addr& requester) {
   auto& st = self->state;
+  // The tenant's share is checked before route(), which charges the chosen
+  // replica with the request until its next load report.
+  const auto rid = st.request_ids.find(requester);
+  if (rid != st.request_ids.end()) {
+    auto& entry = st.requests[rid->second];
+    if (!entry.dispatched && st.config.fair_across_tenants &&
+        tenant_at_share(self, entry.deployment, entry.tenant, deployment_places(self, entry.deployment).slots))
+      return make_error(errc::overloaded, "tenant '" + entry.tenant + "' holds its share of '" + entry.deployment +
+                                              "' while other tenants wait");
+  }
   auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, m.exclude);
   if (!chosen) return std::unexpected(chosen.error());
   const auto id = (*chosen)->id;
@@ -179,11 +204,8 @@ expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const ca
   const auto handle = st.replicas.find(id);
   if (handle == st.replicas.end() || !handle->second)
     return make_error(errc::unavailable, "replica " + std::to_string(id) + " has no live actor");
-  if (auto rid = st.request_ids.find(requester); rid != st.request_ids.end()) {
+  if (rid != st.request_ids.end()) {
     auto& entry = st.requests[rid->second];
-    if (!entry.dispatched && tenant_at_share(self, entry.deployment, entry.tenant))
-      return make_error(errc::overloaded, "tenant '" + entry.tenant + "' holds its share of '" + entry.deployment +
-                                              "' while other tenants wait");
     // An adopted request (admitted by a crashed predecessor) has no ticket here.
     if (entry.ticket.id != 0)
       if (auto ok = st.admission->try_dispatch(entry.ticket, id, now_ns(self)); !ok) return std::unexpected(ok.error());
@@ -201,11 +223,17 @@ void drain_picks(self_ptr self, const std::string& deployment) {
   auto& st = self->state;
   auto q = st.pick_queues.find(deployment);
   if (q == st.pick_queues.end()) return;
-  // A tenant at its share waits without holding up the others.
-  const auto eligible = [&](std::string_view tenant) {
-    return !tenant_at_share(self, deployment, std::string(tenant));
-  };
-  while (auto next = q->second.peek_if(eligible)) {
+  for (;;) {
+    // Nothing to try while every place is taken: route() would charge a
+    // replica for a request it cannot take.
+    const auto places = deployment_places(self, deployment);
+    if (places.free == 0) break;
+    // A tenant at its share waits without holding up the others.
+    const auto eligible = [&](std::string_view tenant) {
+      return !tenant_at_share(self, deployment, std::string(tenant), places.slots);
+    };
+    const auto next = q->second.peek_if(eligible);
+    if (!next) break;
     auto h = st.held_picks.find(*next);
     if (h == st.held_picks.end()) {  // cannot happen; do not spin on it
       q->second.remove(*next);
@@ -266,6 +294,9 @@ caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
     }
     priority = entry.priority;
   }
+  // Waiting counts as active: the headroom keeps protecting this tenant.
+  if (!tenant.empty() || st.config.fair_across_tenants)
+    st.tenant_seen_ns[m.deployment][tenant] = static_cast<std::int64_t>(now_ns(self));
   auto& q = st.pick_queues.try_emplace(m.deployment, st.config.fair_queue).first->second;
   const auto hold = st.next_hold++;
   if (auto ok = q.push(hold, tenant, priority, std::uint64_t{m.prompt_tokens} + m.max_tokens, weight); !ok) {

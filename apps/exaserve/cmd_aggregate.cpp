@@ -130,9 +130,11 @@ expected<std::vector<dns_target>> read_dns_targets(const args& a) {
   return out;
 }
 
-// Every address of every name, as scrape URLs; a name that does not
-// resolve (yet) contributes none and is logged when that changes.
-std::vector<std::string> resolve(const std::vector<dns_target>& names, std::map<std::string, bool>& resolved_before) {
+// Every address of every name, as scrape URLs. A name that does not resolve
+// keeps the addresses it last resolved to (a DNS blip must not make every
+// target leave), or none before it ever resolved; logged when that changes.
+std::vector<std::string> resolve(const std::vector<dns_target>& names, std::map<std::string, bool>& resolved_before,
+                                 std::map<std::string, std::vector<std::string>>& last_good) {
   std::vector<std::string> urls;
   for (const auto& n : names) {
     addrinfo hints{};
@@ -147,15 +149,22 @@ std::vector<std::string> resolve(const std::vector<dns_target>& names, std::map<
         spdlog::warn("event=targets_dns_failed name={} error=\"{}\"", n.name, gai_strerror(rc));
       resolved_before[n.name] = ok;
     }
-    if (!ok) continue;
+    const std::string key = n.name + ":" + n.port;
+    if (!ok) {
+      for (const auto& u : last_good[key]) urls.push_back(u);
+      continue;
+    }
     std::set<std::string> seen;
+    std::vector<std::string> found;
     for (auto* p = res; p; p = p->ai_next) {
       char host[NI_MAXHOST];
       if (getnameinfo(p->ai_addr, p->ai_addrlen, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) continue;
       const std::string h = p->ai_family == AF_INET6 ? "[" + std::string(host) + "]" : std::string(host);
-      if (seen.insert(h).second) urls.push_back("http://" + h + ":" + n.port + "/metrics");
+      if (seen.insert(h).second) found.push_back("http://" + h + ":" + n.port + "/metrics");
     }
     freeaddrinfo(res);
+    last_good[key] = found;
+    urls.insert(urls.end(), found.begin(), found.end());
   }
   std::sort(urls.begin(), urls.end());
   return urls;
@@ -201,6 +210,7 @@ int cmd_aggregate(int argc, char** argv) {
   if (!dns) return fail("aggregate", dns.error());
   metrics::scrape_aggregator aggregator(name, *targets, *rule);
   std::map<std::string, bool> resolved_before;
+  std::map<std::string, std::vector<std::string>> last_good;
   std::mutex mu;
   std::string served;    // guarded by mu: the last aggregate, rendered
   bool scraped = false;  // guarded by mu: one pass done
@@ -223,11 +233,11 @@ int cmd_aggregate(int argc, char** argv) {
                targets->size(), *interval, *timeout, rule->series_max);
 
   std::map<std::string, std::size_t> folded_before;
-  std::map<std::string, bool> last_up;  // by URL; absent: not scraped yet
+  std::map<std::string, bool> last_up;  // by URL; absent: not scraped yet (pruned to the current targets)
   for (;;) {
     std::vector<std::string> urls = *targets;
     if (!dns->empty()) {
-      for (auto& u : resolve(*dns, resolved_before)) urls.push_back(std::move(u));
+      for (auto& u : resolve(*dns, resolved_before, last_good)) urls.push_back(std::move(u));
       const auto [added, removed] = aggregator.set_targets(urls);
       if (added || removed)
         spdlog::info("event=targets_changed aggregator={} added={} removed={} targets={}", name, added, removed,
@@ -235,6 +245,7 @@ int cmd_aggregate(int argc, char** argv) {
       urls.clear();
       for (const auto& t : aggregator.targets()) urls.push_back(t.url);
     }
+    std::erase_if(last_up, [&](const auto& e) { return std::find(urls.begin(), urls.end(), e.first) == urls.end(); });
     const auto bodies = (*door)->fetch(urls, static_cast<std::uint32_t>(*timeout));
     const auto now = wall_ms();
     for (std::size_t i = 0; i < bodies.size(); ++i) {

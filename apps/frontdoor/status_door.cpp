@@ -146,13 +146,14 @@ struct status_door::impl : private kj::TaskSet::ErrorHandler {
                   errc::invalid_argument, fmt::format("scrape of {} answered {} {}", url, r.statusCode, r.statusText.cStr())));
             auto body = kj::mv(r.body);
             auto& ref = *body;
-            return ref.readAllText(max_bytes + 1)
-                .then([url, max_bytes](kj::String text) -> expected<std::string> {
-                  if (text.size() > max_bytes)
-                    return make_error(errc::invalid_argument,
-                                      fmt::format("scrape of {} is over {} bytes", url, max_bytes));
-                  return std::string(text.cStr(), text.size());
-                })
+            // readAllText fails past its limit; that becomes the size error.
+            return ref.readAllText(max_bytes)
+                .then([](kj::String text) -> expected<std::string> { return std::string(text.cStr(), text.size()); },
+                      [url, max_bytes](kj::Exception&&) -> expected<std::string> {
+                        return make_error(errc::invalid_argument,
+                                          fmt::format("scrape of {} is over {} bytes, or its body broke off", url,
+                                                      max_bytes));
+                      })
                 .attach(kj::mv(body));
           }).attach(kj::mv(headers));
     });
@@ -197,16 +198,24 @@ std::vector<expected<std::string>> status_door::fetch(const std::vector<std::str
                                               make_error(errc::unavailable, "the status door is stopped"));
   }
   EXA_ASSERT_MSG(std::this_thread::get_id() != impl_->thread.get_id(), "status_door::fetch() from its own loop");
-  return impl_->executor->executeSync([&]() -> kj::Promise<std::vector<expected<std::string>>> {
+  std::vector<expected<std::string>> out;
+  // A loop that ended under us makes executeSync throw: every URL fails.
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { out = impl_->executor->executeSync([&]() -> kj::Promise<std::vector<expected<std::string>>> {
     auto results = kj::heap<std::vector<expected<std::string>>>(urls.size());
     kj::Vector<kj::Promise<void>> all;
     for (std::size_t i = 0; i < urls.size(); ++i) {
       auto* slot = &(*results)[i];
       all.add(impl_->get(urls[i], timeout_ms, max_bytes).then([slot](expected<std::string> r) { *slot = std::move(r); }));
     }
-    auto* out = results.get();
-    return kj::joinPromises(all.releaseAsArray()).then([out] { return std::move(*out); }).attach(kj::mv(results));
-  });
+    auto* gathered = results.get();
+    return kj::joinPromises(all.releaseAsArray())
+        .then([gathered] { return std::move(*gathered); })
+        .attach(kj::mv(results));
+  }); })) {
+    return std::vector<expected<std::string>>(
+        urls.size(), make_error(errc::unavailable, std::string("the status door's loop failed: ") + e->getDescription().cStr()));
+  }
+  return out;
 }
 
 void status_door::stop() {

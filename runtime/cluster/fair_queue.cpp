@@ -105,9 +105,11 @@ void fair_queue::charge(tenant_state& t, std::uint64_t cost) {
   t.counter += static_cast<double>(cost) / t.weight;
   last_served_ = std::max(last_served_, t.counter);
   // Forget idle tenants the lift would bring back to the same counter anyway
-  // (bounds the map by the tenants that matter).
+  // (bounds the map by the tenants that matter). The floor is the same for
+  // every idle tenant: only backlogged ones count in it.
+  const double floor = floor_counter(std::string(1, '\0'));  // excludes no real tenant
   for (auto it = tenants_.begin(); it != tenants_.end();) {
-    if (it->second.size() == 0 && it->second.counter <= floor_counter(it->first))
+    if (it->second.size() == 0 && it->second.counter <= floor)
       it = tenants_.erase(it);
     else
       ++it;

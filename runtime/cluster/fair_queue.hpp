@@ -9,9 +9,9 @@
 //     no more than its share while others wait; an idle tenant's share goes
 //     to those who use it.
 //   - A tenant that becomes backlogged after being idle has its counter
-//     lifted to the smallest counter of the tenants waiting (or the last
-//     one served, when none is), so idleness banks no credit to spend in a
-//     burst later.
+//     lifted to the smallest counter of the tenants waiting (or, when none
+//     is, the largest counter any served request reached), so idleness
+//     banks no credit to spend in a burst later.
 //   - Interactive requests are served before batch ones; within a class,
 //     the rule above.
 //   - A request is charged when it is served (its prompt plus max_tokens:
@@ -104,7 +104,7 @@ class fair_queue {
   std::map<std::uint64_t, where> index_;
   std::size_t waiting_ = 0;
   std::uint64_t seq_ = 0;
-  double last_served_ = 0;  // counter of the tenant served last
+  double last_served_ = 0;  // the largest counter a served request reached
 };
 
 /// The most places (in-flight requests) one tenant may hold on a
@@ -112,8 +112,10 @@ class fair_queue {
 /// otherwise all but `headroom_per_tenant` for each other active tenant, so
 /// a request of another tenant finds a free place at once instead of
 /// waiting for one to drain -- but never less than its fair share
-/// (slots / active tenants, rounded up). Work-conserving beyond that: an
-/// idle tenant's places go to those who use them.
+/// (slots / active tenants, rounded up). The headroom is kept only while
+/// the others are active (the router counts a tenant active while it has
+/// requests there or sent one within its activity window); after that its
+/// places go to those who use them.
 std::uint32_t tenant_slot_limit(std::uint32_t slots, std::uint32_t other_active_tenants,
                                 std::uint32_t headroom_per_tenant);
 

@@ -114,6 +114,8 @@ registry_snapshot aggregate(std::span<const registry_snapshot> sources, const ag
     if (acc.series.size() > cap) {
       label_map overflow;
       for (const auto& n : acc.label_order) overflow[n] = std::string(overflow_value);
+      // The level's own labels stay: the overflow of rack 3 still says rack 3.
+      for (const auto& [name, value] : rule.add_labels) overflow[name] = value;
       accum folded_into = acc.series.count(overflow) ? acc.series[overflow] : accum{};
       acc.series.erase(overflow);
       std::size_t kept = 0, folded = 0;
@@ -246,6 +248,12 @@ registry_snapshot counter_continuity::next(const registry_snapshot& scrape) {
   return out;
 }
 
+registry_snapshot counter_continuity::pass_through(const registry_snapshot& scrape) {
+  carried_.clear();
+  last_ = scrape;
+  return scrape;
+}
+
 registry_snapshot counter_continuity::counters_only() const {
   registry_snapshot out;
   for (const auto& f : last_.families)
@@ -335,8 +343,12 @@ void scrape_aggregator::on_scrape(std::size_t index, const expected<std::string>
   t.last_error.clear();
   t.last_success_ms = now_ms;
   t.series = 0;
-  for (const auto& f : parsed->families) t.series += f.series.size();
-  latest_[index] = continuity_[index].next(*parsed);
+  t.aggregator = false;
+  for (const auto& f : parsed->families) {
+    t.series += f.series.size();
+    if (f.name == "exaserve_aggregator_target_up") t.aggregator = true;
+  }
+  latest_[index] = t.aggregator ? continuity_[index].pass_through(*parsed) : continuity_[index].next(*parsed);
 }
 
 namespace {

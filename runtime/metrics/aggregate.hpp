@@ -67,6 +67,11 @@ class counter_continuity {
  public:
   /// The scrape with carried values added.
   registry_snapshot next(const registry_snapshot& scrape);
+  /// The scrape as it is, remembered for counters_only(): for a source
+  /// that is itself an aggregator, whose counters are continuous already
+  /// (carrying its partial decreases -- a series folded, a departed target
+  /// forgotten -- would count what remains twice).
+  registry_snapshot pass_through(const registry_snapshot& scrape);
   /// The last result without gauges: what a source that stopped answering
   /// still contributes (its gauges describe a present it no longer has).
   registry_snapshot counters_only() const;
@@ -97,6 +102,9 @@ class counter_continuity {
 ///   exaserve_aggregator_conflicts{aggregator}                   families left out
 /// A target that stopped answering still contributes its counters (frozen
 /// at their last values, so sums never go backwards) but not its gauges.
+/// A target that is itself an aggregator (it exports
+/// exaserve_aggregator_target_up) is taken as it is: its counters are
+/// continuous already.
 class scrape_aggregator {
  public:
   struct target_state {
@@ -106,6 +114,7 @@ class scrape_aggregator {
     std::string last_error;
     std::size_t series = 0;  // in its last good scrape
     std::int64_t last_success_ms = -1;
+    bool aggregator = false;  // it exports exaserve_aggregator_* itself: its counters pass through
   };
 
   scrape_aggregator(std::string name, std::vector<std::string> targets, aggregation_rule rule,
@@ -118,7 +127,7 @@ class scrape_aggregator {
   /// remembered, the oldest forgotten first). Returns how many were added
   /// and removed.
   std::pair<std::size_t, std::size_t> set_targets(const std::vector<std::string>& urls);
-  static constexpr std::size_t departed_max = 4096;
+  static constexpr std::size_t departed_max = 1024;
 
   /// One scrape of target `index`: its body, or why it failed. A body that
   /// does not parse counts as a failure, with the parser's reason.

@@ -47,6 +47,7 @@ std::variant<sample, std::string> parse_sample(std::string_view line) {
   s.name = std::string(line.substr(0, i));
   if (i < line.size() && line[i] == '{') {
     ++i;
+    std::set<std::string> seen;
     for (;;) {
       while (i < line.size() && line[i] == ' ') ++i;
       if (i < line.size() && line[i] == '}') {
@@ -80,7 +81,11 @@ std::variant<sample, std::string> parse_sample(std::string_view line) {
         }
       }
       if (!closed) return fmt::format("unterminated value of label '{}'", label);
-      if (!s.labels.emplace(label, std::move(value)).second) return fmt::format("label '{}' given twice", label);
+      if (seen.count(label)) return fmt::format("label '{}' given twice", label);
+      seen.insert(label);
+      // An empty value is no label (Prometheus' rule): {a="x"} and
+      // {a="x",b=""} are one series.
+      if (!value.empty()) s.labels.emplace(label, std::move(value));
       while (i < line.size() && line[i] == ' ') ++i;
       if (i < line.size() && line[i] == ',') {
         ++i;

@@ -314,3 +314,39 @@ TEST_CASE("targets found by DNS come and go without the sums going backwards", "
   CHECK(agg.set_targets({"http://a/metrics", "http://a/metrics"}).second == 1);  // twice is once
   CHECK(agg.targets().size() == 1);
 }
+
+TEST_CASE("an aggregator above another takes its counters as they are", "[metrics][aggregate]") {
+  // A rack aggregator's sum may go down a little (a departed target
+  // forgotten): that is not a restart, and carrying the last value would
+  // count what remains twice.
+  scrape_aggregator global("global", {"http://rack/metrics"}, aggregation_rule{});
+  const char* head = "# TYPE exaserve_aggregator_target_up gauge\nexaserve_aggregator_target_up{target=\"x\"} 1\n"
+                     "# TYPE m_total counter\n";
+  global.on_scrape(0, std::string(head) + "m_total 100\n", 1);
+  global.on_scrape(0, std::string(head) + "m_total 90\n", 2);
+  CHECK(fam(global.result(), "m_total").series.at(0).value == 90);
+  CHECK(global.targets()[0].aggregator);
+  // A node's restart is carried, as before.
+  scrape_aggregator rack("rack", {"http://node/metrics"}, aggregation_rule{});
+  rack.on_scrape(0, std::string("# TYPE m_total counter\nm_total 100\n"), 1);
+  rack.on_scrape(0, std::string("# TYPE m_total counter\nm_total 5\n"), 2);
+  CHECK(fam(rack.result(), "m_total").series.at(0).value == 105);
+}
+
+TEST_CASE("an empty label is no label, and the overflow series keeps the level's labels", "[metrics][aggregate]") {
+  auto s = parse_prometheus("m{a=\"x\"} 1\nm{a=\"x\",b=\"\"} 2\n");
+  REQUIRE_FALSE(s);  // the same series twice
+  CHECK_THAT(s.error().message, Catch::Contains("a series given twice"));
+  registry r;
+  auto* f = *r.register_counter("n_total", "N.", {"replica"});
+  for (int i = 0; i < 5; ++i) (*f->with({std::to_string(i)}))->inc();
+  const registry_snapshot sources[] = {r.snapshot()};
+  aggregation_rule rule;
+  rule.series_max = 2;
+  rule.add_labels = {{"rack", "3"}};
+  const auto out = aggregate(sources, rule);
+  const auto& n = fam(out, "n_total");
+  REQUIRE(n.series.size() == 2);
+  CHECK(n.label_names == std::vector<std::string>{"replica", "rack"});
+  CHECK(n.series.back().label_values == std::vector<std::string>{"_overflow", "3"});
+}

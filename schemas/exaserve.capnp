@@ -73,6 +73,15 @@ struct GenerateRequest {
   # Optional tag chosen by the client, unique among its own in-flight calls on
   # this Gateway, so that Gateway.cancel() can name the request. Empty: the
   # request can only be cancelled by cancelling the call itself.
+
+  priority @9 :Priority = interactive;
+  # While every replica of the deployment is busy, interactive requests are
+  # served before batch ones (and tenants in fair order within each).
+}
+
+enum Priority {
+  interactive @0;
+  batch @1;
 }
 
 struct TokenChunk {

@@ -31,7 +31,7 @@ scale want an admin key.
 commands:
   status      nodes, devices, replicas (lifecycle state, load, KV use), deployments
   models      deployments that can serve requests
-  generate [--model M] [--max-tokens N] [--temperature T] [--seed S] PROMPT
+  generate [--model M] [--max-tokens N] [--temperature T] [--seed S] [--priority interactive|batch] PROMPT
               stream a completion to stdout (model: the first deployment if not given;
               max tokens: 64)
   deploy --name N [--model-file F] [--replicas R] [--kv-tokens K] [--routing P] [--sha256 HEX]
@@ -138,6 +138,11 @@ std::expected<api::generate_request, usage_error> generate_request_from(const co
       return std::unexpected(usage_error{"--temperature must be a non-negative number, not '" + t + "'"});
     req.sampling.temperature = static_cast<float>(v);
   }
+  if (args.has("priority")) {
+    req.priority = args.get("priority");
+    if (req.priority != "interactive" && req.priority != "batch")
+      return std::unexpected(usage_error{"--priority must be interactive or batch, not '" + req.priority + "'"});
+  }
   return req;
 }
 
@@ -230,7 +235,7 @@ void setup_logging() {
 const std::map<std::string, std::set<std::string>> command_flags = {
     {"status", {}},
     {"models", {}},
-    {"generate", {"model", "max-tokens", "temperature", "seed"}},
+    {"generate", {"model", "max-tokens", "temperature", "seed", "priority"}},
     {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant"}},
     {"undeploy", {}},
     {"scale", {}},

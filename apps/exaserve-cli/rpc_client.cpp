@@ -333,6 +333,7 @@ expected<api::generate_result> rpc_client::generate(const api::generate_request&
         auto stops = g.initStop(static_cast<unsigned>(request.stop.size()));
         for (unsigned i = 0; i < stops.size(); ++i) stops.set(i, request.stop[i]);
         g.setIgnoreEos(request.ignore_eos);
+        g.setPriority(request.priority == "batch" ? rpc::Priority::BATCH : rpc::Priority::INTERACTIVE);
         req.setSink(kj::heap<sink_impl>(std::move(on_chunk)));
         return req.send().then([](auto r) { return to_api(r.getResult()); });
       },

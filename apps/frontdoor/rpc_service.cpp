@@ -39,6 +39,7 @@ api::generate_request from_rpc(rpc::GenerateRequest::Reader r) {
   for (auto stop : r.getStop()) out.stop.emplace_back(stop);
   out.ignore_eos = r.getIgnoreEos();
   out.deadline_ms = r.getDeadlineMs();
+  if (r.getPriority() == rpc::Priority::BATCH) out.priority = "batch";
   return out;
 }
 

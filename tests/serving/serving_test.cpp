@@ -173,6 +173,17 @@ TEST_CASE("the RPC client streams the same greedy completion", "[serving][rpc]")
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(r.out == expected + (expected.empty() ? "" : "\n"));
+  // A batch request is the same computation, only ordered later when busy.
+  const auto batch = test::run_process({std::string(EXA_BIN_DIR) + "/exaserve-cli", "--connect", connect, "generate",
+                                        "--max-tokens", "30", "--priority", "batch", "Over RPC"},
+                                       std::chrono::seconds(60));
+  REQUIRE(batch.exit_code == 0);
+  CHECK(batch.out == r.out);
+  const auto bad = test::run_process({std::string(EXA_BIN_DIR) + "/exaserve-cli", "--connect", connect, "generate",
+                                      "--priority", "urgent", "Over RPC"},
+                                     std::chrono::seconds(60));
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.err, Catch::Contains("--priority must be interactive or batch, not 'urgent'"));
 
   const auto st = test::run_process({std::string(EXA_BIN_DIR) + "/exaserve-cli", "--connect", connect, "status"},
                                     std::chrono::seconds(60));

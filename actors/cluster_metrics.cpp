@@ -48,6 +48,9 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->node_replicas = must(r.register_gauge("exaserve_node_replicas",
                                            "Replicas running on a node by lifecycle state, as the node sees them.",
                                            {"node", "state"}));
+  m->device_memory = must(r.register_gauge("exaserve_device_memory_bytes",
+                                           "A device's memory: the region reserved at start, and the KV pages in use.",
+                                           {"node", "device", "kind"}));
   m->nodes = must(r.register_gauge("exaserve_nodes", "Nodes the controller's failure detector watches, by health.",
                                    {"health"}));
   m->node_health_changes = must(r.register_counter(

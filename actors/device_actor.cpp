@@ -1,5 +1,7 @@
 #include "actors/device_actor.hpp"
 
+#include "actors/cluster_metrics.hpp"
+
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
@@ -38,6 +40,23 @@ caf::result<step_done> sim_step(self_ptr self, const step_job& job) {
   s = {job.engine, self->make_response_promise(), std::move(result), now_ns(self), 0};
   schedule_delivery(self, s);
   return caf::delegated<step_done>();
+}
+
+}  // namespace
+
+namespace {
+
+// The exaserve_device_memory_bytes gauges: the region reserved at start and
+// the KV pages in use (two atomic stores; called on health checks and steps).
+void report_memory(const device_state& s) {
+  if (!s.config.metrics || !s.pool) return;
+  const auto node = std::to_string(s.config.node);
+  const auto device = std::to_string(s.config.index);
+  const auto block = static_cast<double>(s.pool->block_bytes());
+  cluster_metrics::series(s.config.metrics->device_memory, node, device, "reserved")
+      ->set(block * s.pool->capacity_blocks());
+  cluster_metrics::series(s.config.metrics->device_memory, node, device, "used")
+      ->set(block * (s.pool->capacity_blocks() - s.pool->free_blocks()));
 }
 
 }  // namespace
@@ -84,6 +103,7 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
   }
   st.pool = std::move(*pool);
   st.threads = std::make_shared<engine::thread_pool>(config.threads);
+  report_memory(self->state);
   spdlog::info("event=device_started node={} device={} kind=cpu memory_bytes={} pages={} page_bytes={} threads={}",
                config.node, config.index, config.memory_bytes, pages, config.page_bytes, st.threads->size());
   return {
@@ -93,6 +113,7 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
       },
       [=](check_atom) -> caf::result<ok_atom> {
         auto& s = self->state;
+        report_memory(s);
         if (!s.hung) return ok_atom::value;
         auto promise = self->make_response_promise<ok_atom>();
         s.held.push_back([promise]() mutable { promise.deliver(ok_atom::value); });
@@ -115,6 +136,7 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
       },
       [=](const step_job& job) -> caf::result<step_done> {
         auto& s = self->state;
+        report_memory(s);
         if (s.hung) {  // the step waits (and its replica's step timeout runs)
           auto promise = self->make_response_promise<step_done>();
           s.held.push_back([self, job, promise]() mutable {

@@ -25,6 +25,8 @@
 
 namespace exa::actors {
 
+struct cluster_metrics;
+
 struct device_config {
   cluster::node_id node = 0;
   std::uint32_t index = 0;
@@ -43,6 +45,9 @@ struct device_config {
   /// overlapping and sharing the device's bandwidth.
   std::optional<engine::sim_device> sim;
   chaos_hooks hooks;
+  /// The node's metrics: this device's memory, reserved and in use (KV
+  /// pages); null: none.
+  std::shared_ptr<cluster_metrics> metrics;
 };
 
 /// device -> replica: what an engine needs from its device. Shared, so an

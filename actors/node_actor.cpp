@@ -201,6 +201,7 @@ void start_children(self_ptr self) {
     dc.node = cfg.id;
     dc.index = i;
     dc.hooks = cfg.hooks;
+    dc.metrics = cfg.metrics;
     const bool detached = cfg.detached_devices;
     st.sup->add_child({device_name(i),
                        [dc, detached](caf::scheduled_actor* parent) {

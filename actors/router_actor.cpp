@@ -265,9 +265,10 @@ void expire_picks(self_ptr self, std::int64_t now) {
       q->second.remove(it->first);
       if (q->second.empty()) st.pick_queues.erase(q);
     }
-    if (!gone)
-      it->second.promise.deliver(to_caf({errc::overloaded, "every replica of '" + it->second.pick.deployment +
-                                                               "' stayed at its in-flight limit"}));
+    // Answered even when its request looks gone: a requester that is still
+    // waiting must never wait out its own timeout for nothing.
+    it->second.promise.deliver(to_caf({errc::overloaded, "every replica of '" + it->second.pick.deployment +
+                                                             "' stayed at its in-flight limit"}));
     it = st.held_picks.erase(it);
   }
 }

@@ -169,8 +169,10 @@ TEST_CASE("metrics sum node -> rack -> global and equal the per-process numbers"
   CHECK(http_request(o.node_status[1], "GET", "/nope").status == 404);
   CHECK(http_request(o.node_status[1], "POST", "/metrics", "{}").status == 405);
 
-  double ready_on_nodes = 0, kv_on_nodes = 0;
+  double ready_on_nodes = 0, kv_on_nodes = 0, memory_on_nodes = 0;
   o.nodes_summed("exaserve_node_replicas", ready_on_nodes, {{"state", "ready"}});
+  o.nodes_summed("exaserve_device_memory_bytes", memory_on_nodes, {{"kind", "reserved"}});
+  CHECK(memory_on_nodes > 0);
   o.nodes_summed("exaserve_kv_capacity_tokens", kv_on_nodes);
   CHECK(ready_on_nodes == 3);
   CHECK(kv_on_nodes > 0);
@@ -188,7 +190,9 @@ TEST_CASE("metrics sum node -> rack -> global and equal the per-process numbers"
         last = "ready " + std::to_string(ready) + "/" + std::to_string(ready_on_nodes) + " kv " + std::to_string(kv) +
                "/" + std::to_string(kv_on_nodes) + " completed " + std::to_string(completed) + "/" +
                std::to_string(gateway_completed);
-        return ready == ready_on_nodes && kv == kv_on_nodes && completed == gateway_completed;
+        const double memory = sum_of(g, "exaserve_device_memory_bytes", {{"kind", "reserved"}});
+        return ready == ready_on_nodes && kv == kv_on_nodes && completed == gateway_completed &&
+               memory == memory_on_nodes;
       },
       15s, "the global aggregate to equal the per-process sums");
   // Drill-down: racks stay apart at the global level, replicas are summed away.

@@ -29,6 +29,7 @@
 #include "frontdoor.hpp"
 #include "metrics/aggregate.hpp"
 #include "metrics/prometheus.hpp"
+#include "serving.hpp"
 #include "status_door.hpp"
 
 namespace exa::app {
@@ -199,12 +200,8 @@ int cmd_aggregate(int argc, char** argv) {
   if (!timeout) return fail("aggregate", timeout.error());
   const std::string name = a->get_or("name", "aggregator");
 
-  // Stop signals are blocked before any thread starts, so only sigtimedwait sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Before any thread starts, so only sigtimedwait sees them.
+  sigset_t signals = block_stop_signals();
 
   auto dns = read_dns_targets(*a);
   if (!dns) return fail("aggregate", dns.error());

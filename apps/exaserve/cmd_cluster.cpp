@@ -44,16 +44,6 @@ void set_transport(const args& a, Options& o) {
   o.insecure = a.has("insecure");
 }
 
-// Stop signals are blocked before any thread starts, so only sigwait sees them.
-sigset_t block_stop_signals() {
-  sigset_t s;
-  sigemptyset(&s);
-  sigaddset(&s, SIGINT);
-  sigaddset(&s, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &s, nullptr);
-  return s;
-}
-
 void wait_for_stop(sigset_t& s) {
   int sig = 0;
   sigwait(&s, &sig);

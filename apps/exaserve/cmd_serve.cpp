@@ -77,10 +77,7 @@ int cmd_serve(int argc, char** argv) {
   if (auto ok = door_tls_from_flags(*a, config->server); !ok) return fail("serve", ok.error());
 
   // Block the stop signals before any thread starts, so only sigwait sees them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
+  sigset_t stop_signals = block_stop_signals();
   block_reload_signal(stop_signals);  // SIGHUP re-reads the keys file
 
   auto cluster = actors::embedded_cluster::start(config->cluster);

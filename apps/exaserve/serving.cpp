@@ -82,6 +82,15 @@ expected<std::shared_ptr<auth::key_store>> keys_from_flags(const args& a) {
   return store;
 }
 
+sigset_t block_stop_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &s, nullptr);
+  return s;
+}
+
 void block_reload_signal(sigset_t& s) {
   sigaddset(&s, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &s, nullptr);

@@ -56,6 +56,10 @@ expected<void> door_tls_from_flags(const args& a, frontdoor_config& door);
 /// that cannot be read or parsed.
 expected<std::shared_ptr<auth::key_store>> keys_from_flags(const args& a);
 
+/// Blocks SIGINT and SIGTERM in the calling thread and every thread it
+/// starts afterwards (call it first), so only sigwait/sigtimedwait on the
+/// returned set sees them.
+sigset_t block_stop_signals();
 /// Adds SIGHUP to a set of blocked stop signals (block before any thread
 /// starts); wait_for_stop then reloads the keys on SIGHUP and waits on.
 void block_reload_signal(sigset_t& s);

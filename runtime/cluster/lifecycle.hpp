@@ -3,7 +3,8 @@
 // state may follow which, and a small recorder of one replica's recent
 // transitions. The replica actor asks `transition` before it moves, so an
 // out-of-order message (a late "warmed" after a "fail") cannot resurrect a
-// replica; the router asks `accepts_requests`.
+// replica; the router asks `accepts_requests`, and passes degraded
+// replicas over while a healthy one can serve.
 //
 //   creating → loading → warming → ready ⇄ serving → draining → stopped
 //   ready/serving → degraded → ready/serving/draining      (slow or erroring, recovered)
@@ -35,7 +36,8 @@ enum class replica_state : std::uint8_t {
   draining,
   /// Drained and released its device memory. Terminal.
   stopped,
-  /// Slow or erroring but still reachable: takes no new requests until it recovers.
+  /// Slow or erroring but still reachable: the router sends it new requests
+  /// only when no healthy replica can take them, until it recovers.
   degraded,
   /// Crashed, fenced or lost. Terminal: a replacement is a new replica.
   failed,
@@ -59,9 +61,15 @@ bool is_valid_transition(replica_state from, replica_state to) noexcept;
 /// `to` when the move is allowed, otherwise invalid_argument naming both states.
 expected<replica_state> transition(replica_state from, replica_state to);
 
-/// Only ready and serving replicas receive new requests.
+/// Ready and serving replicas are routed to: routing policies choose among them.
 constexpr bool accepts_requests(replica_state state) noexcept {
   return state == replica_state::ready || state == replica_state::serving;
+}
+
+/// What a replica itself takes: the routable states plus degraded (which
+/// the router uses only as a last resort).
+constexpr bool serves_requests(replica_state state) noexcept {
+  return accepts_requests(state) || state == replica_state::degraded;
 }
 
 /// Stopped and failed replicas never change state again.

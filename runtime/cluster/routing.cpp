@@ -592,7 +592,20 @@ expected<void> replica_table::check_room(const std::string& model, const std::st
                                           " versions (limit)");
 }
 
+void replica_table::note_degraded(replica_id id, replica_state state) {
+  if (state == replica_state::degraded) degraded_.insert(id);
+  else degraded_.erase(id);
+}
+
 expected<void> replica_table::upsert(routing_candidate candidate) {
+  const replica_id id = candidate.id;
+  const replica_state state = candidate.state;
+  auto ok = upsert_record(std::move(candidate));
+  if (ok) note_degraded(id, state);
+  return ok;
+}
+
+expected<void> replica_table::upsert_record(routing_candidate candidate) {
   if (candidate.model.empty()) {
     return make_error(errc::invalid_argument, "replica " + std::to_string(candidate.id) + " names no model");
   }
@@ -688,6 +701,7 @@ expected<void> replica_table::remove(replica_id id) {
   if (record == nullptr) return make_error(errc::not_found, "unknown replica " + std::to_string(id));
   const routing_candidate old = *record;
   erase_existing(old);
+  degraded_.erase(id);
   return {};
 }
 
@@ -703,6 +717,7 @@ expected<void> replica_table::set_state(replica_id id, replica_state state) {
   auto at = locate(id);
   if (!at) return std::unexpected(at.error());
   at->pool->set_state(at->pos, state);
+  note_degraded(id, state);
   return {};
 }
 
@@ -792,6 +807,19 @@ expected<const routing_candidate*> replica_table::route(std::string_view model, 
   auto chosen = target->model->policy->choose(cost, *pool, rng_);
   for (const auto pos : hidden) pool->set_suspect(pos, false);
   if (!chosen && !hidden.empty()) chosen = target->model->policy->choose(cost, *pool, rng_);
+  // Degraded replicas are the last resort: shown to the policy (as if
+  // serving) only when no healthy one can take the request.
+  if (!chosen && !degraded_.empty()) {
+    std::vector<candidate_pool::position> shown;
+    for (const replica_id id : degraded_) {
+      const auto pos = pool->find(id);
+      if (!pos) continue;
+      pool->set_state(*pos, replica_state::serving);
+      shown.push_back(*pos);
+    }
+    if (!shown.empty()) chosen = target->model->policy->choose(cost, *pool, rng_);
+    for (const auto pos : shown) pool->set_state(pos, replica_state::degraded);
+  }
   if (!chosen) return std::unexpected(no_replica_error(model, pool));
   pool->charge(*chosen, cost);
   return &pool->at(*chosen);

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -183,7 +184,8 @@ class replica_table {
   /// valid until the table is next changed. Replicas in `exclude` (the ones
   /// a retried request already failed on) are passed over while any other
   /// can serve; when only they can, one of them is chosen after all, since a
-  /// retry there beats no answer.
+  /// retry there beats no answer. Degraded replicas are chosen the same way:
+  /// only when no healthy replica can take the request.
   expected<const routing_candidate*> route(std::string_view model, std::string_view version,
                                            const request_cost& cost, const std::vector<replica_id>& exclude = {});
 
@@ -232,6 +234,8 @@ class replica_table {
   expected<void> check_room(const std::string& model, const std::string& version) const;
   expected<route_target> target_for_route(std::string_view model, std::string_view version);
   void erase_existing(const routing_candidate& old);
+  expected<void> upsert_record(routing_candidate candidate);
+  void note_degraded(replica_id id, replica_state state);
   void mark_older_stale(const slot_ref& slot, epoch_t epoch);
   error no_replica_error(std::string_view model, const candidate_pool* pool) const;
 
@@ -240,6 +244,7 @@ class replica_table {
   std::unordered_map<std::string, model_entry, string_hash, std::equal_to<>> models_;
   std::unordered_map<replica_id, candidate_pool*> where_;
   std::map<slot_ref, slot_entry> slots_;
+  std::set<replica_id> degraded_;  // usually empty: scanned only when no healthy replica can serve
 };
 
 }  // namespace exa::cluster

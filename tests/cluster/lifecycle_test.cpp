@@ -66,6 +66,7 @@ TEST_CASE("only ready and serving accept requests and only stopped and failed ar
   for (const rs s : all_replica_states) {
     INFO(to_string(s));
     CHECK(accepts_requests(s) == (s == rs::ready || s == rs::serving));
+    CHECK(serves_requests(s) == (s == rs::ready || s == rs::serving || s == rs::degraded));
     CHECK(is_terminal(s) == (s == rs::stopped || s == rs::failed));
     // Terminal means no way out; every live state can fail.
     bool has_successor = false;

@@ -405,11 +405,19 @@ struct reference {
   bool routable(const routing_candidate& c) const {
     return is_routable(c, c.epoch < table->slot_epoch(c.slot));
   }
+  // Healthy replicas first; degraded ones only when no healthy one is routable.
   std::vector<const routing_candidate*> eligible() const {
     std::vector<const routing_candidate*> out;
     for (const auto id : ids) {
       const auto* c = table->find(id);
       if (routable(*c)) out.push_back(c);
+    }
+    if (!out.empty()) return out;
+    for (const auto id : ids) {
+      auto c = *table->find(id);
+      if (c.state != replica_state::degraded) continue;
+      c.state = replica_state::serving;
+      if (routable(c)) out.push_back(table->find(id));
     }
     return out;
   }
@@ -514,6 +522,41 @@ TEST_CASE("table choices match brute force under random changes", "[routing]") {
     cross_check("least_outstanding", seed, true);
     cross_check("predictive", seed, true);   // replicas without speeds: the fallback scan
     cross_check("predictive", seed, false);  // every speed known: the fast scan
+  }
+}
+
+TEST_CASE("degraded replicas get requests only when no healthy replica can take them", "[routing]") {
+  for (const char* policy : {"round_robin", "least_outstanding", "power_of_two", "predictive"}) {
+    INFO(policy);
+    auto table = make_table(policy);
+    for (replica_id id : {1, 2, 3}) REQUIRE(table.upsert(candidate(id, 0)).has_value());
+    REQUIRE(table.set_state(1, replica_state::degraded));
+    auto slow = candidate(4, 0);
+    slow.state = replica_state::degraded;  // degraded as first seen (a gateway joining late)
+    REQUIRE(table.upsert(slow));
+    for (int i = 0; i < 40; ++i) {
+      auto c = table.route("m", "", {1, 1});
+      REQUIRE(c.has_value());
+      CHECK(((*c)->id == 2 || (*c)->id == 3));
+    }
+    // The healthy ones gone (draining, full): the degraded ones still serve.
+    REQUIRE(table.set_state(2, replica_state::draining));
+    REQUIRE(table.update_load(3, load_report{0, 0, 0, 0, 0}));
+    std::set<replica_id> seen;
+    for (int i = 0; i < 40; ++i) {
+      auto c = table.route("m", "", {1, 1});
+      REQUIRE(c.has_value());
+      seen.insert((*c)->id);
+      CHECK(table.find((*c)->id)->state == replica_state::degraded);  // shown, then hidden again
+    }
+    CHECK(seen.count(2) == 0);
+    CHECK(seen.count(3) == 0);
+    // Recovered: it is a full member again; removed: it is forgotten.
+    REQUIRE(table.set_state(1, replica_state::ready));
+    REQUIRE(table.remove(4));
+    for (int i = 0; i < 10; ++i) CHECK((*table.route("m", "", {1, 1}))->id == 1);
+    REQUIRE(table.set_state(1, replica_state::draining));
+    CHECK(table.route("m", "", {1, 1}).error().code == errc::overloaded);
   }
 }
 

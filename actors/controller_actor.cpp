@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 
 #include "actors/cluster_metrics.hpp"
 #include "auth/api_keys.hpp"
@@ -22,6 +23,7 @@ namespace {
 using self_ptr = caf::stateful_actor<controller_state>*;
 using cluster::replica_state;
 using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;
+using drain_deadline_atom = caf::atom_constant<caf::atom("draindl")>;
 
 constexpr std::uint32_t max_replicas_per_deployment = 4096;
 
@@ -98,7 +100,8 @@ void forget(self_ptr self, const std::string& name) {
 std::size_t place_missing(self_ptr self, const std::string& name, std::string* why) {
   auto& st = self->state;
   auto& dep = st.deployments.at(name);
-  auto plan = cluster::place(*st.placement, {dep.spec});
+  const auto& cordoned = st.slots->cordoned_nodes();
+  auto plan = cluster::place(*st.placement, {dep.spec}, {cordoned.begin(), cordoned.end()});
   if (!plan) {
     if (why) *why = plan.error().message;
     return dep.spec.replicas;
@@ -170,25 +173,91 @@ void update_replica_gauge(self_ptr self) {
     cluster_metrics::series(st.config.metrics->replicas, cluster::to_string(s))->set(static_cast<double>(counts[s]));
 }
 
+// Queues the slot's placement elsewhere now (make before break): a planned
+// move, so it has a new epoch but spends no crash budget.
+void move_slot(self_ptr self, const std::string& deployment, std::uint32_t slot,
+               const std::vector<cluster::node_id>& excluded) {
+  auto& st = self->state;
+  auto it = st.deployments.find(deployment);
+  if (it == st.deployments.end() || slot >= it->second.spec.replicas) return;
+  const cluster::slot_ref ref{deployment, slot};
+  const auto epoch = st.slots->move(ref, excluded);
+  persist(self, cluster::journal_record::slot_epoch(deployment, slot, epoch));
+  self->send(st.router, fence_slot{deployment, slot, epoch});
+  spdlog::info("event=slot_moving deployment={} slot={} epoch={}", deployment, slot, epoch);
+}
+
+void schedule_drain_deadline(self_ptr self) {
+  const auto next = self->state.drains->next_deadline_ns();
+  if (!next) return;
+  const auto in = std::max<std::int64_t>(0, *next - clock_ns(self));
+  self->delayed_send(self, std::chrono::nanoseconds(in), drain_deadline_atom::value);
+}
+
+// Starts draining one replica: no new requests (it says `draining`, and
+// then its slot is placed elsewhere: see drain_moved), in-flight requests
+// finish or are resumed elsewhere at the deadline. False when it was
+// draining already.
+expected<bool> begin_drain(self_ptr self, cluster::replica_id id, cluster::drain_cause cause,
+                           std::chrono::milliseconds deadline, const std::vector<cluster::node_id>& avoid) {
+  auto& st = self->state;
+  const auto& r = st.replicas.at(id);
+  auto begun = st.drains->begin(id, r.node, {r.deployment, r.slot}, cause, clock_ns(self), deadline, avoid);
+  if (!begun || !*begun) return begun;
+  spdlog::info("event=replica_drain_started replica={} deployment={} slot={} node={} state={} cause={} deadline_ms={}",
+               id, r.deployment, r.slot, r.node, cluster::to_string(r.state), cluster::to_string(cause),
+               deadline.count());
+  const auto node = st.nodes.find(r.node);
+  if (node != st.nodes.end() && node->second) self->send(node->second, stop_replica{id, true});
+  schedule_drain_deadline(self);
+  return true;
+}
+
+// A draining replica's slot goes elsewhere now, once: when it says it
+// drains (it can no longer be fenced mid-request), or when it ended first.
+void drain_moved(self_ptr self, cluster::replica_id id) {
+  auto& st = self->state;
+  if (!st.drains->mark_slot_moved(id)) return;
+  const auto* d = st.drains->find(id);
+  move_slot(self, d->slot.deployment, d->slot.index, d->avoid);
+  pump_migrations(self);
+}
+
 void on_replica_event(self_ptr self, const replica_event& ev) {
   auto& st = self->state;
   auto it = st.replicas.find(ev.id);
   if (it == st.replicas.end()) return;  // already forgotten
   const auto state = static_cast<replica_state>(ev.state);
+  const auto before = it->second.state;
   it->second.state = state;
   it->second.reason = ev.reason;
   if (ev.handle) it->second.handle = ev.handle;
   if (cluster::accepts_requests(state) && st.slots->settled(ev.id)) pump_migrations(self);
+  if (state == replica_state::degraded && before != replica_state::degraded) {
+    // Replaced if it does not recover in time (checked against this entry time).
+    it->second.degraded_since_ns = clock_ns(self);
+    if (st.config.degraded_replace_after_ms > 0)
+      self->delayed_send(self, std::chrono::milliseconds(st.config.degraded_replace_after_ms),
+                         degraded_check{ev.id, it->second.degraded_since_ns});
+  }
+  if (state == replica_state::draining) drain_moved(self, ev.id);
+  if (cluster::is_terminal(state)) drain_moved(self, ev.id);  // ended before it said it drains
   if (state == replica_state::stopped) {
     st.slots->settled(ev.id);
+    if (auto d = st.drains->ended(ev.id))
+      spdlog::info("event=replica_drained replica={} deployment={} slot={} node={} cause={} forced={} ms={}", ev.id,
+                   d->slot.deployment, d->slot.index, d->node, cluster::to_string(d->cause), d->forced,
+                   (clock_ns(self) - d->started_ns) / 1000000);
     forget_replica(self, ev.id);
     pump_migrations(self);
   } else if (state == replica_state::failed) {
     const auto rec = it->second;
     st.slots->settled(ev.id);
     forget_replica(self, ev.id);
+    // A draining replica's slot was placed again when the drain began.
+    if (st.drains->ended(ev.id)) pump_migrations(self);
     // A crash loop on one node: try the others first.
-    replace_slot(self, rec.deployment, rec.slot, {rec.node});
+    else replace_slot(self, rec.deployment, rec.slot, {rec.node});
   }
   update_replica_gauge(self);
 }
@@ -216,8 +285,10 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
     log_event(self, st.config.hooks, e);
     st.slots->settled(r.id);
     forget_replica(self, r.id);
+    if (auto d = st.drains->ended(r.id); d && d->slot_moved) continue;  // placed elsewhere already
     replace_slot(self, r.deployment, r.slot, {node});
   }
+  pump_migrations(self);
 }
 
 void on_node_down(self_ptr self, cluster::node_id node, const caf::error& reason) {
@@ -253,7 +324,7 @@ void on_node_health(self_ptr self, const node_health_msg& m) {
     st.slots->cordon(m.node);
     migrate_node(self, m.node, "heartbeats confirmed lost");
   } else if (health == cluster::node_health::healthy && before == cluster::node_health::confirmed) {
-    st.slots->uncordon(m.node);
+    if (!st.drains->node_drained(m.node)) st.slots->uncordon(m.node);  // a drained node stays cordoned
     fence_notice notice;
     for (const auto& [slot, epoch] : st.slots->epochs()) notice.slots.push_back({slot.deployment, slot.index, epoch});
     const auto node = st.nodes.find(m.node);
@@ -262,6 +333,102 @@ void on_node_health(self_ptr self, const node_health_msg& m) {
     spdlog::info("event=node_rejoined node={} slots_fenced={}", m.node, notice.slots.size());
     pump_migrations(self);
   }
+}
+
+// Drains every replica on a node and keeps new ones off it.
+std::uint32_t drain_node_replicas(self_ptr self, cluster::node_id node, cluster::drain_cause cause,
+                                  std::chrono::milliseconds deadline) {
+  auto& st = self->state;
+  st.slots->cordon(node);
+  std::vector<cluster::replica_id> ids;
+  for (const auto& [id, r] : st.replicas)
+    if (r.node == node) ids.push_back(id);
+  std::uint32_t begun = 0;
+  for (const auto id : ids) {
+    auto ok = begin_drain(self, id, cause, deadline, {node});
+    if (!ok) spdlog::error("event=replica_drain_refused replica={} node={} error=\"{}\"", id, node, to_string(ok.error()));
+    else begun += *ok;
+  }
+  spdlog::info("event=node_drain_started node={} cause={} replicas={} deadline_ms={}", node, cluster::to_string(cause),
+               begun, deadline.count());
+  return begun;
+}
+
+// Drains past their deadline: stopped now; their in-flight requests see
+// the replica go and resume elsewhere from the tokens they have.
+void on_drain_deadline(self_ptr self) {
+  auto& st = self->state;
+  for (const auto id : st.drains->expire(clock_ns(self))) {
+    auto it = st.replicas.find(id);
+    if (it == st.replicas.end()) {
+      (void)st.drains->ended(id);
+      continue;
+    }
+    spdlog::warn("event=replica_drain_deadline replica={} deployment={} slot={} node={} "
+                 "detail=\"in-flight requests resume elsewhere\"",
+                 id, it->second.deployment, it->second.slot, it->second.node);
+    const auto node = st.nodes.find(it->second.node);
+    if (node != st.nodes.end() && node->second) self->send(node->second, stop_replica{id, false});
+  }
+  schedule_drain_deadline(self);
+}
+
+caf::result<drain_reply> on_drain(self_ptr self, const drain_msg& m) {
+  auto& st = self->state;
+  auto deadline = st.drains->deadline_for(std::chrono::milliseconds(m.deadline_ms));
+  if (!deadline) return to_caf(deadline.error());
+  const auto deadline_ms = static_cast<std::uint32_t>(deadline->count());
+  if (m.kind == static_cast<std::uint8_t>(api::drain_request::target::replica)) {
+    if (m.undrain)
+      return to_caf({errc::invalid_argument, "a draining replica cannot return to service (its slot is already placed "
+                                             "elsewhere); undrain applies to nodes"});
+    if (!st.replicas.count(m.id))
+      return to_caf({errc::not_found, "no replica " + std::to_string(m.id) + " (exaserve-cli status lists them)"});
+    auto ok = begin_drain(self, m.id, cluster::drain_cause::replica, *deadline, {});
+    if (!ok) return to_caf(ok.error());
+    return drain_reply{{*ok ? 1u : 0u, deadline_ms}};
+  }
+  const auto node = static_cast<cluster::node_id>(m.id);
+  if (m.id > std::numeric_limits<cluster::node_id>::max() || !st.placement->node_index(node))
+    return to_caf({errc::not_found, "no node " + std::to_string(m.id) + " (exaserve-cli status lists them)"});
+  if (m.undrain) {
+    if (!st.drains->undrain_node(node)) return to_caf({errc::invalid_argument, "node " + std::to_string(node) + " is not drained"});
+    persist(self, cluster::journal_record::undrain_node(node));
+    if (st.node_health[node] != cluster::node_health::confirmed) st.slots->uncordon(node);
+    spdlog::info("event=node_undrained node={}", node);
+    pump_migrations(self);
+    for (const auto& [name, dep] : st.deployments) (void)place_missing(self, name, nullptr);
+    return drain_reply{{0, 0}};
+  }
+  st.drains->drain_node(node, cluster::drain_cause::node);
+  persist(self, cluster::journal_record::drain_node(node));
+  return drain_reply{{drain_node_replicas(self, node, cluster::drain_cause::node, *deadline), deadline_ms}};
+}
+
+// A node process is stopping (SIGTERM): its slots move and its replicas
+// drain; a restarted process may take slots again.
+void on_node_leaving(self_ptr self, const node_leaving& m) {
+  auto& st = self->state;
+  if (!st.placement->node_index(m.node)) return;
+  auto deadline = st.drains->deadline_for(std::chrono::milliseconds(m.deadline_ms));
+  if (!deadline) deadline = std::chrono::milliseconds(st.config.drain_deadline_ms);
+  st.drains->drain_node(m.node, cluster::drain_cause::shutdown);
+  drain_node_replicas(self, m.node, cluster::drain_cause::shutdown, *deadline);
+}
+
+// Still degraded since the same moment, past the limit: replace it.
+void on_degraded_check(self_ptr self, const degraded_check& m) {
+  auto& st = self->state;
+  auto it = st.replicas.find(m.id);
+  if (it == st.replicas.end() || it->second.state != replica_state::degraded ||
+      it->second.degraded_since_ns != m.since_ns)
+    return;
+  spdlog::warn("event=replica_degraded_too_long replica={} deployment={} slot={} node={} degraded_ms={} reason=\"{}\"",
+               m.id, it->second.deployment, it->second.slot, it->second.node, st.config.degraded_replace_after_ms,
+               it->second.reason);
+  auto ok = begin_drain(self, m.id, cluster::drain_cause::degraded, std::chrono::milliseconds(st.config.drain_deadline_ms),
+                        {it->second.node});
+  if (!ok) spdlog::error("event=replica_drain_refused replica={} error=\"{}\"", m.id, to_string(ok.error()));
 }
 
 // Validates a deploy request and reads the model's shape. Errors are the
@@ -344,7 +511,7 @@ std::vector<api::model_info> list_models(self_ptr self) {
   for (const auto& [name, dep] : self->state.deployments) {
     api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length, dep.tenant};
     for (const auto& [id, r] : self->state.replicas)
-      if (r.deployment == name && cluster::accepts_requests(r.state)) ++mi.replicas_ready;
+      if (r.deployment == name && cluster::serves_requests(r.state)) ++mi.replicas_ready;
     out.push_back(std::move(mi));
   }
   return out;
@@ -417,6 +584,10 @@ void recover(self_ptr self) {
   const auto& durable = st.config.journal->state();
   st.placement->reserve_replica_ids(durable.next_replica_id);
   for (const auto& [slot, epoch] : durable.epochs) st.slots->raise_epoch(slot, epoch);
+  for (const auto node : durable.drained_nodes) {  // an operator's drain outlives the controller
+    st.drains->drain_node(node, cluster::drain_cause::node);
+    st.slots->cordon(node);
+  }
   for (const auto& [name, req] : durable.deployments) {
     auto dep = make_deployment(self, req);
     if (!dep) {
@@ -458,7 +629,12 @@ void on_node_join(self_ptr self, const node_join& m) {
       r.spawned = true;
     }
   for (const auto& agent : s.gateway_agents) self->send(agent, node_announce{m.node, m.address, m.hub});
-  // A restarted node can take slots again (unless it is cordoned).
+  // A restarted node can take slots again (unless it is cordoned): a drain
+  // for its process's shutdown is over with the new process.
+  if (s.drains->node_restarted(m.node) && s.node_health[m.node] != cluster::node_health::confirmed) {
+    s.slots->uncordon(m.node);
+    spdlog::info("event=node_undrained node={} reason=\"restarted after its shutdown drain\"", m.node);
+  }
   s.slots->node_rejoined(m.node);
   if (s.reconciling) return;  // placing waits for the window to end
   // Deployments of the config that waited for nodes may go now.
@@ -518,6 +694,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
   st.slots.emplace(cluster::slot_scheduler_config{
       st.config.migration_parallelism, st.config.slot_max_replacements,
       std::chrono::milliseconds(st.config.slot_replacement_window_ms)});
+  st.drains.emplace(cluster::drain_config{std::chrono::milliseconds(st.config.drain_deadline_ms)});
   // A controller with a journal that holds anything resumes from it; the
   // config's deployments only seed a fresh state directory.
   if (st.config.journal && !st.config.journal->empty()) {
@@ -572,6 +749,13 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         // that keeps failing ends in a crash loop and the slots move away.
         spdlog::warn("event=device_fault_reported node={} device={} reason=\"{}\"", f.node, f.device, f.reason);
       },
+      [=](const drain_msg& m) -> caf::result<drain_reply> {
+        if (self->state.reconciling) return to_caf(reconciling_error());
+        return on_drain(self, m);
+      },
+      [=](drain_deadline_atom) { on_drain_deadline(self); },
+      [=](const node_leaving& m) { on_node_leaving(self, m); },
+      [=](const degraded_check& m) { on_degraded_check(self, m); },
       [=](const get_node& m) -> caf::actor {
         auto it = self->state.nodes.find(m.node);
         return it == self->state.nodes.end() ? caf::actor{} : it->second;
@@ -618,7 +802,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       [=](ready_atom) {
         for (const auto& [name, dep] : self->state.deployments) {
           bool any = false;
-          for (const auto& [id, r] : self->state.replicas) any |= r.deployment == name && cluster::accepts_requests(r.state);
+          for (const auto& [id, r] : self->state.replicas) any |= r.deployment == name && cluster::serves_requests(r.state);
           if (!any) return false;
         }
         return true;
@@ -631,9 +815,11 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
           const auto h = s.node_health.count(n.id) ? s.node_health[n.id] : cluster::node_health::healthy;
           const auto contact = s.contacts.find(n.id);
           const auto clock = s.clock_offsets_ns.find(n.id);
+          const auto drained = s.drains->node_cause(n.id);
           status.nodes.push_back({n.id, n.rack, !up ? "down" : std::string(cluster::to_string(h)),
                                   contact == s.contacts.end() ? "" : contact->second.address,
-                                  clock == s.clock_offsets_ns.end() ? 0.0 : clock->second / 1e6});
+                                  clock == s.clock_offsets_ns.end() ? 0.0 : clock->second / 1e6,
+                                  drained ? std::string(cluster::to_string(*drained)) : std::string()});
           for (std::uint32_t d = 0; d < n.devices; ++d) {
             const auto* l = s.placement->ledger({n.id, d});
             status.devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});

@@ -22,6 +22,7 @@
 #include "api/gateway.hpp"
 #include "cluster/lifecycle.hpp"
 #include "cluster/placement.hpp"
+#include "cluster/drain.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
 #include "cluster/slot_scheduler.hpp"
@@ -74,6 +75,17 @@ struct controller_config {
   /// link): it is only suspected, it keeps serving under its lease and
   /// reconnects, and its slots move when its heartbeats are confirmed lost.
   bool migrate_on_link_loss = true;
+  /// A drain that names no deadline gets this long before its in-flight
+  /// requests are resumed elsewhere.
+  std::uint32_t drain_deadline_ms = 60000;
+  /// A replica degraded this long is drained and replaced. 0: never.
+  std::uint32_t degraded_replace_after_ms = 120000;
+};
+
+/// controller -> controller: is this replica still degraded since `since_ns`?
+struct degraded_check {
+  cluster::replica_id id = 0;
+  std::int64_t since_ns = 0;
 };
 
 /// controller -> controller: try a given-up slot again.
@@ -121,11 +133,14 @@ struct controller_state {
     bool spawned = false;  // spawn_replica sent (its node was known)
     replica_spec spec;
     caf::actor handle;  // the replica actor, once it reported (for gateways joining later)
+    std::int64_t degraded_since_ns = 0;  // when it last became degraded
   };
   std::map<cluster::replica_id, replica_record> replicas;
   /// Epochs, replacement budgets, the migration queue and cordons: the
   /// slot state machine (runtime/cluster/slot_scheduler), set up at start.
   std::optional<cluster::slot_scheduler> slots;
+  /// Replicas draining and drained nodes (runtime/cluster/drain).
+  std::optional<cluster::drain_tracker> drains;
   std::map<cluster::node_id, cluster::node_health> node_health;
   static inline const char* name = "controller";
 };
@@ -137,3 +152,4 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::retry_slot)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::node_states)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::degraded_check)

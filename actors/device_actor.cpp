@@ -121,6 +121,13 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
       },
       [=](const inject_fault& f) {
         auto& s = self->state;
+        if (f.kind == "slow") {
+          spdlog::warn("event=chaos_slow_device node={} device={} delay_ms={} duration_ms={}", s.config.node,
+                       s.config.index, f.delay_ms, f.duration_ms);
+          s.slow_delay_ns = std::int64_t{f.delay_ms} * 1000000;
+          s.slow_until_ns = now_ns(self) + std::int64_t{f.duration_ms} * 1000000;
+          return;
+        }
         if (f.kind != "hang") return;
         spdlog::warn("event=chaos_hang_device node={} device={} duration_ms={}", s.config.node, s.config.index,
                      f.duration_ms);
@@ -153,18 +160,23 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
           seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         } else {  // a fixed cost per token keeps deterministic tests deterministic
           seconds = 1e-4 * (1 + result->prefill_tokens + result->decode_tokens);
-          if (s.config.model_step_time) {
-            // The device runs one step at a time: replicas sharing it queue.
-            const auto id = ++s.next_token;
-            const auto now = now_ns(self);
-            s.busy_until_ns = std::max(now, s.busy_until_ns) + static_cast<std::int64_t>(seconds * 1e9);
-            auto promise = self->make_response_promise<step_done>();
-            s.timed_steps[id] = {promise, std::move(result), seconds};
-            self->delayed_send(self, std::chrono::nanoseconds(s.busy_until_ns - now), deliver_step{nullptr, id});
-            return promise;
-          }
         }
-        return step_done{std::move(result), seconds};
+        const auto now = now_ns(self);
+        // A slow device (injected): the step comes back late, and says so.
+        const std::int64_t slow_ns = s.slow_delay_ns > 0 && now < s.slow_until_ns ? s.slow_delay_ns : 0;
+        seconds += slow_ns / 1e9;
+        std::int64_t deliver_in_ns = slow_ns;
+        if (!s.config.measure_wall_time && s.config.model_step_time) {
+          // The device runs one step at a time: replicas sharing it queue.
+          s.busy_until_ns = std::max(now, s.busy_until_ns) + static_cast<std::int64_t>(seconds * 1e9);
+          deliver_in_ns = s.busy_until_ns - now;
+        }
+        if (deliver_in_ns == 0) return step_done{std::move(result), seconds};
+        const auto id = ++s.next_token;
+        auto promise = self->make_response_promise<step_done>();
+        s.timed_steps[id] = {promise, std::move(result), seconds};
+        self->delayed_send(self, std::chrono::nanoseconds(deliver_in_ns), deliver_step{nullptr, id});
+        return promise;
       },
       [=](const deliver_step& m) {
         auto& s = self->state;

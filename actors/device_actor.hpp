@@ -81,6 +81,9 @@ struct device_state {
   /// Fault injection: while hung, steps and health checks get no answer
   /// (they wait here and run when the hang ends).
   bool hung = false;
+  /// Fault injection: until slow_until_ns, every step takes slow_delay_ns longer.
+  std::int64_t slow_until_ns = 0;
+  std::int64_t slow_delay_ns = 0;
   std::vector<std::function<void()>> held;
   /// Simulated steps in progress, by engine.
   struct sim_step {

@@ -379,6 +379,44 @@ expected<void> node_process::ready() const {
   return {};
 }
 
+namespace {
+// Replicas of `node` in a live state, from its gauge of replicas by state.
+double live_replicas(const cluster_metrics& m, std::uint32_t node) {
+  const auto family = m.node_replicas->snapshot();
+  const auto id = std::to_string(node);
+  double total = 0;
+  for (const auto& s : family.series)
+    if (s.label_values.size() == 2 && s.label_values[0] == id && s.label_values[1] != "stopped" &&
+        s.label_values[1] != "failed")
+      total += std::max(0.0, s.value);
+  return total;
+}
+}  // namespace
+
+std::size_t node_process::drain(std::chrono::milliseconds deadline) {
+  auto& p = *impl_;
+  if (p.stopped) return 0;
+  const double before = live_replicas(*p.metrics, p.node);
+  spdlog::info("event=node_draining node={} replicas={} deadline_ms={}", p.node, before, deadline.count());
+  if (before == 0) return 0;
+  // Through the uplink, which forwards whatever is not its own to the controller.
+  caf::anon_send(p.uplink, node_leaving{p.node, static_cast<std::uint32_t>(deadline.count())});
+  const auto until = std::chrono::steady_clock::now() + deadline + std::chrono::seconds(5);
+  double left = before;
+  while (std::chrono::steady_clock::now() < until) {
+    left = live_replicas(*p.metrics, p.node);
+    if (left == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (left > 0)
+    spdlog::warn("event=node_drain_incomplete node={} replicas_left={} detail=\"stopping anyway; their requests "
+                 "resume elsewhere\"",
+                 p.node, left);
+  else
+    spdlog::info("event=node_drained node={} replicas={}", p.node, before);
+  return static_cast<std::size_t>(left);
+}
+
 expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   if (o.devices == 0 || o.devices > 64) return make_error(errc::invalid_argument, "--devices must be in [1, 64]");
   if (!o.engine.empty() && o.engine != "cpu" && o.engine != "null")

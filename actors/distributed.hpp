@@ -14,6 +14,7 @@
 // The actors are the embedded cluster's own; only the wiring differs. This
 // header keeps CAF out of its includers, as embedded_cluster.hpp does.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -116,6 +117,11 @@ class node_process {
   /// Ready once none of its replicas is still starting (creating, loading,
   /// warming); the error names how many are, in which state.
   expected<void> ready() const;
+  /// Before a stop (SIGTERM): asks the controller to move this node's slots
+  /// and drain its replicas within `deadline`, and waits until none is left
+  /// (at most deadline + 5 s; less when the controller cannot be told).
+  /// Returns how many replicas were still running when it stopped waiting.
+  std::size_t drain(std::chrono::milliseconds deadline);
   /// Blocks until the node subtree ended (or `stop`).
   void stop();
 

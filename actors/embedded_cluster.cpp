@@ -77,6 +77,8 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.desired = std::make_shared<desired_state>();
   c.hooks = hooks;
   c.migration_parallelism = o.migration_parallelism;
+  c.drain_deadline_ms = o.drain_deadline_ms;
+  c.degraded_replace_after_ms = o.degraded_replace_after_ms;
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;
@@ -101,6 +103,8 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.device_check_timeout_ms = o.device_check_timeout_ms;
     nc.replica_step_timeout_ms = o.deterministic ? 0 : o.step_timeout_ms;  // virtual time: see replica_actor
     nc.lease_ms = cluster::node_lease_ms(o.heartbeat_interval_ms, o.suspect_after_missed, o.observation_window_ms);
+    nc.degradation.step_latency_max = std::chrono::milliseconds(o.degraded_step_ms);
+    nc.degradation.error_rate_max = o.degraded_error_percent / 100.0;
     plan.nodes.push_back(nc);
   }
   return plan;

@@ -50,6 +50,10 @@ struct cluster_options {
   std::uint32_t device_check_timeout_ms = 5000;
   std::uint32_t step_timeout_ms = 60000;         // an engine step this slow: the device is hung
   std::uint32_t migration_parallelism = 4;       // replacements warming at once
+  std::uint32_t drain_deadline_ms = 60000;       // a drain naming no deadline
+  std::uint32_t degraded_replace_after_ms = 120000;  // degraded this long: replaced (0: never)
+  std::uint32_t degraded_step_ms = 5000;         // median step latency above this: degraded (0: never)
+  std::uint32_t degraded_error_percent = 50;     // failed requests above this share: degraded
   std::uint32_t max_attempts = 4;                // replicas one request may try
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t queued_per_model_max = 1024;

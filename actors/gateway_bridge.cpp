@@ -55,6 +55,12 @@ class bridge final : public api::gateway_backend {
                    [done](const error& e) { done(std::unexpected(e)); });
   }
 
+  void drain(api::drain_request request, std::function<void(expected<api::drain_result>)> done) override {
+    ask<drain_reply>(drain_msg{static_cast<std::uint8_t>(request.kind), request.id, request.deadline_ms, request.undrain},
+                     [done](const drain_reply& r) { done(r.result); },
+                     [done](const error& e) { done(std::unexpected(e)); });
+  }
+
   void undeploy(std::string name, std::function<void(expected<void>)> done) override {
     ask<ok_atom>(undeploy_msg{std::move(name)}, [done](ok_atom) { done({}); },
                    [done](const error& e) { done(std::unexpected(e)); });

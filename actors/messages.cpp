@@ -74,6 +74,9 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<deploy_msg>("exa.deploy");
   cfg.add_message_type<undeploy_msg>("exa.undeploy");
   cfg.add_message_type<scale_msg>("exa.scale");
+  cfg.add_message_type<drain_msg>("exa.drain");
+  cfg.add_message_type<drain_reply>("exa.drain_reply");
+  cfg.add_message_type<node_leaving>("exa.node_leaving");
   cfg.add_message_type<models_reply>("exa.models_reply");
   cfg.add_message_type<status_reply>("exa.status_reply");
   cfg.add_message_type<join_identity>("exa.join_identity");

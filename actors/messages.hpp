@@ -51,7 +51,7 @@ typename Inspector::result_type inspect(Inspector& f, device_status& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_status& x) {
-  return f(caf::meta::type_name("exa.node_status"), x.id, x.rack, x.state, x.address, x.clock_offset_ms);
+  return f(caf::meta::type_name("exa.node_status"), x.id, x.rack, x.state, x.address, x.clock_offset_ms, x.drained);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {
@@ -456,6 +456,34 @@ struct scale_msg {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, scale_msg& x) {
   return f(caf::meta::type_name("exa.scale"), x.name, x.replicas);
+}
+/// gateway -> controller: drain or undrain; replies drain_reply or an error.
+struct drain_msg {
+  std::uint8_t kind = 0;  // api::drain_request::target
+  std::uint64_t id = 0;
+  std::uint32_t deadline_ms = 0;
+  bool undrain = false;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, drain_msg& x) {
+  return f(caf::meta::type_name("exa.drain"), x.kind, x.id, x.deadline_ms, x.undrain);
+}
+struct drain_reply {
+  api::drain_result result;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, drain_reply& x) {
+  return f(caf::meta::type_name("exa.drain_reply"), x.result.replicas, x.result.deadline_ms);
+}
+/// node -> controller: this node's process is stopping (SIGTERM): move its
+/// slots elsewhere and drain its replicas within `deadline_ms`.
+struct node_leaving {
+  cluster::node_id node = 0;
+  std::uint32_t deadline_ms = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_leaving& x) {
+  return f(caf::meta::type_name("exa.node_leaving"), x.node, x.deadline_ms);
 }
 struct models_reply {
   std::vector<api::model_info> models;

@@ -32,6 +32,7 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   rc.hooks = st.ctx.config.hooks;
   rc.lease_until = st.lease_until;
   rc.metrics = st.ctx.config.metrics;
+  rc.degradation = st.ctx.config.degradation;
   auto handle = self->spawn(replica_actor, std::move(rc));
   self->link_to(handle);
   return handle;
@@ -273,7 +274,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
           if (d)
             caf::anon_send<caf::message_priority::high>(
                 d, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, "device failed (injected)")});
-        } else if (f.kind == "hang") {
+        } else if (f.kind == "hang" || f.kind == "slow") {
           if (auto d = st.sup->child(device_name(f.device))) self->send(d, f);
         } else if (f.kind == "power_off") {
           // The host is gone: its replicas end with their streams, nothing

@@ -21,6 +21,7 @@
 #include "actors/messages.hpp"
 #include "actors/supervisor.hpp"
 #include "cluster/clock_offset.hpp"
+#include "cluster/degradation.hpp"
 #include "cluster/restart_intensity.hpp"
 
 namespace exa::actors {
@@ -50,6 +51,7 @@ struct node_config {
   chaos_hooks hooks;
   std::string address;  // host:port this node's process publishes its hub on ("" embedded)
   std::string engine;   // "" = as each replica spec says; "cpu" or "null" overrides it
+  cluster::degradation_config degradation;  // when its replicas count as degraded
   /// Stamp heartbeats with the actor clock instead of the host's wall clock
   /// (virtual time, where the wall clock would mean nothing).
   bool wall_clock_from_actor_clock = false;

@@ -24,6 +24,7 @@ namespace {
 
 using self_ptr = caf::stateful_actor<replica_actor_state>*;
 using cluster::replica_state;
+using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 std::int64_t now_ns(self_ptr self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
@@ -115,6 +116,41 @@ void report_load(self_ptr self, bool force) {
 
 void maybe_step(self_ptr self);
 bool lease_lapsed(self_ptr self);
+void with_engine_probe(self_ptr self);
+
+// Degraded when steps are slow or requests fail (runtime/cluster/degradation);
+// recovered when they are not, as far as the detector can tell.
+void judge_health(self_ptr self) {
+  auto& st = self->state;
+  if (!st.health) return;
+  const bool routable = cluster::accepts_requests(st.state);
+  if (!routable && st.state != replica_state::degraded) return;  // warming, draining: not judged
+  const auto verdict = st.health->evaluate(now_ns(self));
+  if (verdict == cluster::health_verdict::degrade && routable) {
+    if (move_to(self, replica_state::degraded, st.health->reason())) {
+      cluster::event e;  // for the chaos harness: a slow device is detected here
+      e.kind = cluster::event_kind::fault_detected;
+      e.replica = st.ctx.spec.id;
+      e.node = st.ctx.node;
+      e.device = st.ctx.spec.device;
+      e.detail = "degraded";
+      log_event(self, st.ctx.hooks, e);
+      self->delayed_send(self, st.ctx.degradation.probe_interval, probe_atom::value);
+    }
+  } else if (verdict == cluster::health_verdict::recover && st.state == replica_state::degraded) {
+    move_to(self, st.active.empty() ? replica_state::ready : replica_state::serving, st.health->reason());
+  }
+}
+
+// While degraded: a tiny request through the engine now and then, so a
+// replica the router passes over can still show it behaves again.
+void on_probe(self_ptr self) {
+  auto& st = self->state;
+  if (st.state != replica_state::degraded || !st.health) return;
+  self->delayed_send(self, st.ctx.degradation.probe_interval, probe_atom::value);
+  if (st.probe_out || !st.health->probe_due(now_ns(self))) return;
+  with_engine_probe(self);
+}
 
 void on_step_done(self_ptr self, const step_done& done) {
   auto& st = self->state;
@@ -124,6 +160,7 @@ void on_step_done(self_ptr self, const step_done& done) {
   // are not sent (the slot may be someone else's by now).
   if (lease_lapsed(self)) return;
   const engine::step_result& r = *done.result;
+  if (st.health) st.health->observe_step(static_cast<std::int64_t>(done.seconds * 1e9));
   // Speeds for the predictive router: exponentially weighted, per kind of step.
   if (done.seconds > 0) {
     constexpr double alpha = 0.2;
@@ -155,11 +192,17 @@ void on_step_done(self_ptr self, const step_done& done) {
   }
   for (const auto& f : r.finished) {
     if (f.id == warmup_request_id) {
+      if (st.probe_out) {  // a probe of a degraded replica: it served
+        st.probe_out = false;
+        if (st.health) st.health->observe_request(false);
+        continue;
+      }
       if (move_to(self, replica_state::ready)) report_load(self, true);
       continue;
     }
     auto it = st.active.find(f.id);
     if (it == st.active.end()) continue;
+    if (st.health) st.health->observe_request(false);
     self->send(it->second.requester, finish_msg{f.id, static_cast<std::uint8_t>(f.reason), f.generated});
     self->demonitor(it->second.requester);
     st.active.erase(it);
@@ -174,6 +217,7 @@ void on_step_done(self_ptr self, const step_done& done) {
   for (auto& fn : deferred) fn();
   st.step_in_flight = false;
   if (st.state == replica_state::serving && st.active.empty()) move_to(self, replica_state::ready);
+  judge_health(self);
   if (st.state == replica_state::draining && st.active.empty()) {
     move_to(self, replica_state::stopped, "drained");
     self->quit();
@@ -228,6 +272,25 @@ void maybe_step(self_ptr self) {
 void with_engine(self_ptr self, std::function<void()> fn) {
   if (self->state.step_in_flight) self->state.deferred.push_back(std::move(fn));
   else fn();
+}
+
+void with_engine_probe(self_ptr self) {
+  with_engine(self, [=] {
+    auto& s = self->state;
+    if (s.probe_out || s.state != replica_state::degraded) return;
+    engine::generation_request probe;
+    probe.id = warmup_request_id;
+    probe.prompt = {1, 2, 3, 4};
+    probe.max_tokens = 1;
+    s.health->probe_sent(now_ns(self));
+    if (auto ok = s.engine->submit(probe); !ok) {
+      s.health->observe_request(true);
+      spdlog::warn("event=replica_probe_refused replica={} error=\"{}\"", s.ctx.spec.id, ok.error().message);
+      return;
+    }
+    s.probe_out = true;
+    maybe_step(self);
+  });
 }
 
 // The cost model of this replica's model on its device.
@@ -349,7 +412,7 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   auto& st = self->state;
   if (lease_lapsed(self))
     return refused(self, m, {errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " stopped: its node's lease lapsed"});
-  if (!cluster::accepts_requests(st.state))
+  if (!cluster::serves_requests(st.state))
     return refused(self, m, {errc::unavailable, "replica " + std::to_string(st.ctx.spec.id) + " is " +
                                           std::string(cluster::to_string(st.state)) + " and takes no new requests"});
   if (m.epoch != st.ctx.spec.epoch)
@@ -372,6 +435,7 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
     auto& s = self->state;
     EXA_ASSERT_MSG(!s.step_out, "engine submit while a step is out on the device");
     if (auto ok = s.engine->submit(req); !ok) {
+      if (s.health) s.health->observe_request(true);
       promise.deliver(to_caf(ok.error()));
       return;
     }
@@ -424,6 +488,7 @@ replica_actor_state::~replica_actor_state() {
 
 caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx) {
   self->state.ctx = std::move(ctx);
+  if (cluster::validate(self->state.ctx.degradation)) self->state.health.emplace(self->state.ctx.degradation);
   count_state(self->state, self->state.state, +1);
   // No device, no replica; but a replica's crash must not take the device
   // (shared with other replicas) down: monitor, do not link.
@@ -449,6 +514,17 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
         auto& s = self->state;
         for (const auto& f : n.slots)
           if (f.deployment == s.ctx.spec.deployment && f.slot == s.ctx.spec.slot && f.epoch > s.ctx.spec.epoch) {
+            if (s.state == replica_state::draining) {
+              // A drain moved the slot on purpose (make before break): we take
+              // nothing new already, and finish what we have, or are stopped
+              // at the drain's deadline. Its requests never run twice: a
+              // request that left us ignores what we still send.
+              if (!s.fenced_while_draining)
+                spdlog::info("event=replica_fenced_while_draining replica={} epoch={} slot_epoch={} in_flight={}",
+                             s.ctx.spec.id, s.ctx.spec.epoch, f.epoch, s.active.size());
+              s.fenced_while_draining = true;
+              return;
+            }
             // Our slot moved on while we were cut off: never serve it again.
             // Requests still here resume elsewhere when we are gone.
             move_to(self, replica_state::failed, "fenced: epoch " + std::to_string(s.ctx.spec.epoch) +
@@ -457,11 +533,21 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
             return;
           }
       },
+      [=](probe_atom) { on_probe(self); },
       [=](const stop_replica& m) {
+        if (!m.drain && self->state.state == replica_state::draining) {
+          // A drain past its deadline: what is in flight resumes elsewhere
+          // (each request sees this replica go and continues from its tokens).
+          move_to(self, replica_state::stopped,
+                  "drain deadline passed: " + std::to_string(self->state.active.size()) +
+                      " in-flight requests resume elsewhere");
+          self->quit();
+          return;
+        }
         if (!m.drain) {
           // Said in the lifecycle's own steps (ready -> stopped is not one):
           // a stop nobody hears of looks like a replica still serving.
-          if (cluster::accepts_requests(self->state.state)) {
+          if (cluster::serves_requests(self->state.state)) {
             move_to(self, replica_state::draining, "stop without draining");
             move_to(self, replica_state::stopped, "stopped without draining");
           } else {
@@ -470,7 +556,8 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
           self->quit();
           return;
         }
-        if (!cluster::accepts_requests(self->state.state)) {  // not ready yet: nothing to drain
+        if (self->state.state == replica_state::draining) return;  // draining already
+        if (!cluster::serves_requests(self->state.state)) {  // not ready yet: nothing to drain
           move_to(self, replica_state::failed, "stopped before it was ready");
           self->quit();
           return;

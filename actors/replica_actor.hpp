@@ -15,11 +15,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "actors/chaos_hooks.hpp"
 #include "actors/messages.hpp"
 #include "engine/block_pool.hpp"
 #include "engine/thread_pool.hpp"
+#include "cluster/degradation.hpp"
 #include "cluster/lifecycle.hpp"
 
 namespace exa::actors {
@@ -40,6 +42,8 @@ struct replica_context {
   std::shared_ptr<cluster_metrics> metrics;
   /// The node's lease (node_state::lease_until); null: no lease.
   std::shared_ptr<const std::atomic<std::int64_t>> lease_until;
+  /// When the replica counts as degraded (slow steps, failing requests).
+  cluster::degradation_config degradation;
 };
 
 struct replica_actor_state {
@@ -65,6 +69,9 @@ struct replica_actor_state {
   double decode_tokens_per_s = 0;   // EWMA of decode-only steps
   double prefill_tokens_per_s = 0;  // EWMA of steps with prefill
   std::int64_t last_load_report_ns = 0;
+  std::optional<cluster::degradation_detector> health;  // set at start from ctx.degradation
+  bool probe_out = false;
+  bool fenced_while_draining = false;  // logged once  // a probe (warm-up id) is in the engine
   static inline const char* name = "replica";
   ~replica_actor_state();
 };

@@ -18,6 +18,8 @@ bool matches(const event& fault, const event& det) {
   if (kind == "hang_device") return det.node == fault.node && (det.detail == "device_check" || det.detail == "monitor");
   if (kind == "fail_device") return det.node == fault.node && (det.detail == "monitor" || det.detail == "device_check");
   if (kind == "slow_model_load") return false;
+  if (kind == "slow_device")  // detected by the replicas on it going degraded
+    return det.node == fault.node && det.detail == "degraded";
   // Process faults: the controller and the gateways need no detecting.
   if (kind == "kill_gateway" || kind == "kill_controller" || kind == "restart_controller" || kind == "cont_process")
     return false;

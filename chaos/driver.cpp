@@ -188,9 +188,11 @@ std::int64_t inject(cluster_access& ca, cluster::fault_injector& inj, event_log&
       break;
     case fault_kind::fail_device:
     case fault_kind::hang_device:
-    case fault_kind::slow_model_load: {
+    case fault_kind::slow_model_load:
+    case fault_kind::slow_device: {
       const std::string kind = f.spec.kind == fault_kind::fail_device   ? "fail"
                                : f.spec.kind == fault_kind::hang_device ? "hang"
+                               : f.spec.kind == fault_kind::slow_device ? "slow"
                                                                         : "slow_load";
       e.device = f.spec.device ? static_cast<std::int64_t>(*f.spec.device) : -1;
       if (auto n = ca.node(node))

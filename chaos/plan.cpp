@@ -130,6 +130,7 @@ kind_fields fields_of(fault_kind k) {
     case fault_kind::fail_device: return {.device = true};
     case fault_kind::hang_device: return {.device = true, .duration = use::required};
     case fault_kind::slow_model_load: return {.duration = use::required, .delay = use::required};
+    case fault_kind::slow_device: return {.device = true, .duration = use::required, .delay = use::required};
     case fault_kind::drop_messages: return {.duration = use::required, .probability = use::required};
     case fault_kind::delay_messages: return {.duration = use::required, .delay = use::required};
     case fault_kind::duplicate_messages: return {.duration = use::required, .probability = use::required};
@@ -282,6 +283,7 @@ std::string_view to_string(fault_kind k) noexcept {
     case fault_kind::netem: return "netem";
     case fault_kind::restart_controller: return "restart_controller";
     case fault_kind::kill_gateway: return "kill_gateway";
+    case fault_kind::slow_device: return "slow_device";
   }
   return "unknown";
 }
@@ -293,7 +295,7 @@ std::optional<fault_kind> fault_kind_from_string(std::string_view s) noexcept {
                               fault_kind::duplicate_messages, fault_kind::kill_router, fault_kind::kill_controller,
                               fault_kind::kill_health_monitor, fault_kind::kill_process, fault_kind::stop_process,
                               fault_kind::cont_process,    fault_kind::partition_host, fault_kind::netem,
-                              fault_kind::restart_controller, fault_kind::kill_gateway};
+                              fault_kind::restart_controller, fault_kind::kill_gateway, fault_kind::slow_device};
   for (fault_kind k : all)
     if (to_string(k) == s) return k;
   return std::nullopt;

@@ -22,6 +22,7 @@
 //     { "at_s": 40, "kind": "fail_device", "node": 0, "device": 1 },
 //     { "at_s": 50, "kind": "hang_device", "node": 0, "device": 0, "duration_s": 10 },
 //     { "at_s": 60, "kind": "slow_model_load", "node": 3, "delay_ms": 5000, "duration_s": 60 },
+//     { "at_s": 10, "kind": "slow_device", "node": 1, "device": 0, "delay_ms": 3000, "duration_s": 20 },
 //     { "at_s": 5, "kind": "drop_messages", "node": 1, "probability": 0.5, "duration_s": 20 },
 //     { "at_s": 5, "kind": "delay_messages", "node": 1, "delay_ms": 300, "duration_s": 20 },
 //     { "at_s": 5, "kind": "duplicate_messages", "node": 1, "probability": 0.3, "duration_s": 20 },
@@ -69,6 +70,7 @@ enum class fault_kind : std::uint8_t {
   netem,                // delay_ms and/or loss (probability) on the node's link for duration_s
   restart_controller,   // start the controller again on its state directory and port
   kill_gateway,         // SIGKILL gateway `gateway`
+  slow_device,          // every step on device `device` of `node` takes delay_ms longer for duration_s
 };
 
 std::string_view to_string(fault_kind k) noexcept;

@@ -234,6 +234,11 @@ struct NodeStatus {
   clockOffsetMs @4 :Float64;
   # The node's wall clock minus the controller's, estimated from heartbeat
   # round trips (the tightest of the last few); 0 until measured.
+
+  drained @5 :Text;
+  # Empty, or why nothing new is placed on the node: "node" (an operator
+  # drained it; it stays drained until undrained, across restarts) or
+  # "shutdown" (its process is stopping; a restarted process takes slots).
 }
 
 struct DeviceStatus {
@@ -354,6 +359,20 @@ interface Admin {
 
   scale @4 (name :Text, replicas :UInt32) -> ();
   # Changes a deployment's replica count.
+
+  drain @5 (target :DrainTarget, id :UInt64, deadlineMs :UInt32, undrain :Bool)
+      -> (replicas :UInt32, deadlineMs :UInt32);
+  # Drains a node (every replica on it, and nothing new is placed there until
+  # undrained) or one replica: no new requests; in-flight ones finish or,
+  # past the deadline (0: the controller's default), resume elsewhere from
+  # their tokens; each slot is placed elsewhere. undrain lifts a node's drain
+  # (a draining replica cannot return: it is replaced). Returns how many
+  # replicas began draining and the deadline they have.
+}
+
+enum DrainTarget {
+  node @0;
+  replica @1;
 }
 
 interface Service {

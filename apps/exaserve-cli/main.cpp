@@ -25,8 +25,8 @@ constexpr const char* usage = R"(usage: exaserve-cli [--connect HOST:PORT] [--ap
 
 Talks to an ExaServe server over Cap'n Proto RPC (default 127.0.0.1:7000).
 A server started with --keys-file wants an API key (--api-key, or the
-environment variable EXASERVE_API_KEY); status, models, deploy, undeploy and
-scale want an admin key.
+environment variable EXASERVE_API_KEY); status, models, deploy, undeploy,
+scale, drain and undrain want an admin key.
 
 commands:
   status      nodes, devices, replicas (lifecycle state, load, KV use), deployments
@@ -38,6 +38,11 @@ commands:
          [--tenant T]    (only T's API keys, and admin keys, see it; default: shared)
   undeploy NAME
   scale NAME REPLICAS
+  drain node N | replica ID [--deadline-s S]
+              no new requests; in-flight ones finish, or after S seconds (default:
+              the controller's, 60) resume elsewhere token-exact; each slot is placed
+              elsewhere. A drained node takes nothing new until undrained.
+  undrain node N
 
 Errors go to stderr; exit status 2 for usage errors, 1 for other failures.
 Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off).
@@ -207,6 +212,33 @@ int cmd_scale(cli::rpc_client& client, const command_args& args) {
   return 0;
 }
 
+// drain node N | drain replica ID | undrain node N
+int cmd_drain(cli::rpc_client& client, const command_args& args, bool undrain) {
+  const char* name = undrain ? "undrain" : "drain";
+  if (args.positional.size() != 2 || (args.positional[0] != "node" && args.positional[0] != "replica"))
+    return usage_fail(name, {std::string(name) + " takes node N or replica ID"});
+  api::drain_request req;
+  req.kind = args.positional[0] == "node" ? api::drain_request::target::node : api::drain_request::target::replica;
+  req.undrain = undrain;
+  auto id = parse_uint(args.positional[0] == "node" ? "N" : "ID", args.positional[1], std::uint64_t{1} << 62);
+  if (!id) return usage_fail(name, id.error());
+  req.id = *id;
+  if (args.has("deadline-s")) {
+    if (undrain) return usage_fail(name, {"undrain takes no --deadline-s"});
+    auto s = parse_uint("--deadline-s", args.get("deadline-s"), 24 * 3600);
+    if (!s) return usage_fail(name, s.error());
+    if (*s == 0) return usage_fail(name, {"--deadline-s must be at least 1"});
+    req.deadline_ms = static_cast<std::uint32_t>(*s * 1000);
+  }
+  auto r = client.drain(req);
+  if (!r) return fail(name, r.error());
+  const std::string what = args.positional[0] + " " + args.positional[1];
+  if (undrain) std::printf("undrained %s\n", what.c_str());
+  else
+    std::printf("draining %s: %u replicas, deadline %.0f s\n", what.c_str(), r->replicas, r->deadline_ms / 1000.0);
+  return 0;
+}
+
 struct endpoint {
   std::string host = "127.0.0.1";
   std::uint16_t port = 7000;
@@ -239,6 +271,8 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant"}},
     {"undeploy", {}},
     {"scale", {}},
+    {"drain", {"deadline-s"}},
+    {"undrain", {}},
 };
 
 int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args& args) {
@@ -247,6 +281,8 @@ int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args
   if (cmd == "generate") return cmd_generate(client, args);
   if (cmd == "deploy") return cmd_deploy(client, args);
   if (cmd == "undeploy") return cmd_undeploy(client, args);
+  if (cmd == "drain") return cmd_drain(client, args, false);
+  if (cmd == "undrain") return cmd_drain(client, args, true);
   return cmd_scale(client, args);
 }
 

@@ -75,8 +75,9 @@ std::string render_models(const std::vector<api::model_info>& models) {
 std::string render_status(const api::cluster_status& s) {
   std::vector<std::vector<std::string>> nodes;
   for (const auto& n : s.nodes)
-    nodes.push_back({std::to_string(n.id), std::to_string(n.rack), n.state, n.address.empty() ? "-" : n.address,
-                     fmt::format("{:+.1f} ms", n.clock_offset_ms)});
+    nodes.push_back({std::to_string(n.id), std::to_string(n.rack),
+                     n.drained.empty() ? n.state : n.state + ",drained(" + n.drained + ")",
+                     n.address.empty() ? "-" : n.address, fmt::format("{:+.1f} ms", n.clock_offset_ms)});
   std::string out;
   out += fmt::format("NODES ({})\n", s.nodes.size()) + render_table({"NODE", "RACK", "STATE", "ADDRESS", "CLOCK"}, nodes);
   out += fmt::format("\nDEVICES ({})\n", s.devices.size()) + devices_table(s);

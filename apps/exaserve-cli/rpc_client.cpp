@@ -54,7 +54,8 @@ api::model_info to_api(rpc::ModelInfo::Reader m) {
 
 api::cluster_status to_api(rpc::ClusterStatus::Reader s) {
   api::cluster_status out;
-  for (auto n : s.getNodes()) out.nodes.push_back({n.getId(), n.getRack(), n.getState(), n.getAddress(), n.getClockOffsetMs()});
+  for (auto n : s.getNodes())
+    out.nodes.push_back({n.getId(), n.getRack(), n.getState(), n.getAddress(), n.getClockOffsetMs(), n.getDrained()});
   for (auto d : s.getDevices())
     out.devices.push_back({d.getNode(), d.getDevice(), d.getKind(), d.getMemoryBytes(), d.getMemoryUsedBytes()});
   for (auto r : s.getReplicas())
@@ -308,6 +309,20 @@ expected<void> rpc_client::scale(const std::string& name, std::uint32_t replicas
       true);
   if (!r) return std::unexpected(r.error());
   return {};
+}
+
+expected<api::drain_result> rpc_client::drain(const api::drain_request& request) {
+  auto& s = *impl_;
+  return s.run<api::drain_result>(
+      [&] {
+        auto req = admin_of(s).drainRequest();
+        req.setTarget(request.kind == api::drain_request::target::replica ? rpc::DrainTarget::REPLICA : rpc::DrainTarget::NODE);
+        req.setId(request.id);
+        req.setDeadlineMs(request.deadline_ms);
+        req.setUndrain(request.undrain);
+        return req.send().then([](auto r) { return api::drain_result{r.getReplicas(), r.getDeadlineMs()}; });
+      },
+      true);
 }
 
 expected<api::generate_result> rpc_client::generate(const api::generate_request& request,

@@ -112,6 +112,9 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     {"model-dir", true, "a model missing at its deployed path is looked for here, as <sha256>.gguf "
                         "(deployments that pin one) or by its file name"},
+    {"drain-deadline-ms", true, "on SIGTERM: the controller moves this node's slots and its in-flight "
+                                "requests finish; past this deadline they resume elsewhere (default 20000; "
+                                "0 = stop at once)"},
     metrics_listen_flag,
 });
 
@@ -197,7 +200,8 @@ int cmd_node(int argc, char** argv) {
   auto memory = a->get_int("device-memory", 1ll << 30, 16ll << 20, 1ll << 50);
   auto threads = a->get_int("device-threads", 1, 1, 256);
   auto join_timeout = a->get_int("join-timeout-ms", 60000, 100, 86400000);
-  for (const auto* v : {&id, &rack, &devices, &memory, &threads, &join_timeout})
+  auto drain_deadline = a->get_int("drain-deadline-ms", 20000, 0, 3600000);
+  for (const auto* v : {&id, &rack, &devices, &memory, &threads, &join_timeout, &drain_deadline})
     if (!*v) return fail("node", v->error());
   auto events = event_log_flag_value(*a);
   if (!events) return fail("node", events.error());
@@ -226,6 +230,9 @@ int cmd_node(int argc, char** argv) {
   if (*status) std::printf("exaserve node %lld status port at %s\n", static_cast<long long>(*id), (*status)->url().c_str());
   std::fflush(stdout);
   wait_for_stop(signals);
+  // Drained before exit: the slots move first, what is in flight finishes
+  // (or resumes elsewhere past the deadline), and only then do we go.
+  if (*drain_deadline > 0) (*node)->drain(std::chrono::milliseconds(*drain_deadline));
   if (*status) (*status)->stop();
   (*node)->stop();
   spdlog::info("event=stopped role=node");

@@ -113,6 +113,7 @@ void fill(rpc::ClusterStatus::Builder out, const api::cluster_status& s) {
     nodes[i].setState(s.nodes[i].state);
     nodes[i].setAddress(s.nodes[i].address);
     nodes[i].setClockOffsetMs(s.nodes[i].clock_offset_ms);
+    nodes[i].setDrained(s.nodes[i].drained);
   }
   auto devices = out.initDevices(static_cast<unsigned>(s.devices.size()));
   for (unsigned i = 0; i < devices.size(); ++i) {
@@ -323,6 +324,28 @@ class admin_impl final : public rpc::Admin::Server {
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->scale(params.getName(), params.getReplicas(), std::move(cb.callback));
     return acknowledge(kj::mv(cb.promise), "scale");
+  }
+
+  kj::Promise<void> drain(DrainContext context) override {
+    auto params = context.getParams();
+    api::drain_request req;
+    req.kind = params.getTarget() == rpc::DrainTarget::REPLICA ? api::drain_request::target::replica
+                                                          : api::drain_request::target::node;
+    req.id = params.getId();
+    req.deadline_ms = params.getDeadlineMs();
+    req.undrain = params.getUndrain();
+    auto cb = make_cross_thread_callback<expected<api::drain_result>>();
+    ctx_->backend->drain(req, std::move(cb.callback));
+    const std::string what = fmt::format("{}{} {} {}", req.undrain ? "un" : "",
+                                         "drain", req.kind == api::drain_request::target::node ? "node" : "replica", req.id);
+    return deadline(kj::mv(cb.promise), "drain").then([context, what](expected<api::drain_result> r) mutable -> kj::Promise<void> {
+      spdlog::info("event=rpc_admin op=drain target=\"{}\" ok={}{}", what, r.has_value(),
+                   r ? std::string() : " error=\"" + to_string(r.error()) + "\"");
+      if (!r) return to_rpc_exception(r.error());
+      context.getResults().setReplicas(r->replicas);
+      context.getResults().setDeadlineMs(r->deadline_ms);
+      return kj::READY_NOW;
+    });
   }
 
  private:

@@ -139,6 +139,9 @@ struct node_status {
   std::string state;  // "healthy", "suspect", "down"
   std::string address;  // host:port the node serves on ("" in the embedded cluster)
   double clock_offset_ms = 0;  // its wall clock minus the controller's, estimated from heartbeats
+  /// Drained: nothing new is placed on it until undrained ("" = not drained;
+  /// else why: "node" for an operator's drain, "shutdown" for a stopping process).
+  std::string drained;
 };
 
 struct cluster_status {
@@ -165,6 +168,23 @@ struct deploy_request {
   bool operator==(const deploy_request&) const = default;
 };
 
+/// Drain (or undrain) a node or a replica: no new requests; in-flight ones
+/// finish or, past the deadline, resume elsewhere; the slots are placed
+/// elsewhere. Only nodes can be undrained (a draining replica is replaced).
+struct drain_request {
+  enum class target : std::uint8_t { node, replica };
+  target kind = target::node;
+  std::uint64_t id = 0;
+  std::uint32_t deadline_ms = 0;  // 0 = the controller's default
+  bool undrain = false;
+  bool operator==(const drain_request&) const = default;
+};
+
+struct drain_result {
+  std::uint32_t replicas = 0;     // replicas that began draining now
+  std::uint32_t deadline_ms = 0;  // the deadline they have
+};
+
 class gateway_backend {
  public:
   virtual ~gateway_backend() = default;
@@ -186,6 +206,7 @@ class gateway_backend {
   virtual void deploy(deploy_request request, std::function<void(expected<void>)> done) = 0;
   virtual void undeploy(std::string name, std::function<void(expected<void>)> done) = 0;
   virtual void scale(std::string name, std::uint32_t replicas, std::function<void(expected<void>)> done) = 0;
+  virtual void drain(drain_request request, std::function<void(expected<drain_result>)> done) = 0;
 };
 
 }  // namespace exa::api

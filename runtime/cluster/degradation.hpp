@@ -31,7 +31,7 @@ struct degradation_config {
   /// Samples a signal needs before it can degrade or recover a replica.
   std::uint32_t min_samples = 4;
   /// Median step latency above this is degraded. 0: latency never degrades.
-  std::chrono::milliseconds step_latency_max = std::chrono::seconds(2);
+  std::chrono::milliseconds step_latency_max = std::chrono::seconds(5);
   /// Fraction of failed requests above this is degraded; above 1: never.
   double error_rate_max = 0.5;
   /// Recovered when below this fraction of each threshold (hysteresis).

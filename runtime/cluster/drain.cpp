@@ -25,7 +25,7 @@ expected<std::chrono::milliseconds> drain_tracker::deadline_for(std::chrono::mil
 }
 
 expected<bool> drain_tracker::begin(replica_id id, node_id node, slot_ref slot, drain_cause cause, std::int64_t now_ns,
-                                    std::chrono::milliseconds deadline) {
+                                    std::chrono::milliseconds deadline, std::vector<node_id> avoid) {
   if (replicas_.count(id)) return false;
   if (replicas_.size() >= config_.draining_max)
     return make_error(errc::overloaded, std::to_string(replicas_.size()) +
@@ -37,7 +37,15 @@ expected<bool> drain_tracker::begin(replica_id id, node_id node, slot_ref slot, 
   d.cause = cause;
   d.started_ns = now_ns;
   d.deadline_ns = now_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(deadline).count();
+  d.avoid = std::move(avoid);
   replicas_.emplace(id, std::move(d));
+  return true;
+}
+
+bool drain_tracker::mark_slot_moved(replica_id id) {
+  const auto it = replicas_.find(id);
+  if (it == replicas_.end() || it->second.slot_moved) return false;
+  it->second.slot_moved = true;
   return true;
 }
 

@@ -5,9 +5,11 @@
 // A drained replica takes no new requests. Its in-flight ones finish, or,
 // past the drain's deadline, the replica is stopped and they resume
 // elsewhere from the tokens they have (token-exact, as after a crash). Its
-// slot is placed elsewhere as soon as the drain starts (make before break:
-// the replacement loads while the old one finishes), or as soon as memory
-// frees where the cluster has no room to spare.
+// slot is placed elsewhere as soon as the replica says it is draining (make
+// before break: the replacement loads while the old one finishes), or as
+// soon as memory frees where the cluster has no room to spare. The slot's
+// new epoch waits for that word: raised earlier, it would fence the replica
+// before it knew to drain, and its requests would move at once.
 //
 // The controller actor wires it: it asks begin() for each replica it
 // drains, stops the ones expire() returns, tells ended() when a replica is
@@ -56,6 +58,11 @@ struct draining_replica {
   std::int64_t deadline_ns = 0;
   /// Past its deadline: told to stop, its in-flight requests resume elsewhere.
   bool forced = false;
+  /// Nodes its slot's new replica must avoid.
+  std::vector<node_id> avoid;
+  /// Its slot was queued for placement elsewhere (once the replica said it
+  /// drains: a new epoch before that would fence it mid-request).
+  bool slot_moved = false;
 };
 
 class drain_tracker {
@@ -70,7 +77,9 @@ class drain_tracker {
   /// record (and deadline): draining twice is not an error, and returns
   /// false. overloaded when draining_max replicas drain already.
   expected<bool> begin(replica_id id, node_id node, slot_ref slot, drain_cause cause, std::int64_t now_ns,
-                       std::chrono::milliseconds deadline);
+                       std::chrono::milliseconds deadline, std::vector<node_id> avoid = {});
+  /// The replica's slot is being placed elsewhere: true the first time only.
+  bool mark_slot_moved(replica_id id);
   bool draining(replica_id id) const { return replicas_.count(id) != 0; }
   const draining_replica* find(replica_id id) const;
   /// The replica is gone (stopped, failed or lost): its record, if it was draining.

@@ -52,6 +52,8 @@ json to_json(const journal_record& r) {
     case journal_record::kind::epoch:
       return {{"op", "epoch"}, {"name", r.name}, {"slot", r.slot}, {"epoch", r.epoch}};
     case journal_record::kind::replica: return {{"op", "replica"}, {"id", r.replica}};
+    case journal_record::kind::node_drain: return {{"op", "drain_node"}, {"node", r.node}};
+    case journal_record::kind::node_undrain: return {{"op", "undrain_node"}, {"node", r.node}};
   }
   return {};
 }
@@ -66,6 +68,8 @@ journal_record record_from(const json& j) {
     return journal_record::slot_epoch(j.at("name").get<std::string>(), j.at("slot").get<std::uint32_t>(),
                                       j.at("epoch").get<epoch_t>());
   if (op == "replica") return journal_record::replica_taken(j.at("id").get<replica_id>());
+  if (op == "drain_node") return journal_record::drain_node(j.at("node").get<node_id>());
+  if (op == "undrain_node") return journal_record::undrain_node(j.at("node").get<node_id>());
   throw std::invalid_argument("unknown op '" + op + "'");
 }
 
@@ -74,7 +78,11 @@ json state_to_json(const durable_state& s) {
   for (const auto& [name, d] : s.deployments) deployments.push_back(to_json(d));
   json epochs = json::array();
   for (const auto& [slot, e] : s.epochs) epochs.push_back({{"name", slot.deployment}, {"slot", slot.index}, {"epoch", e}});
-  return {{"version", 1}, {"deployments", deployments}, {"epochs", epochs}, {"next_replica_id", s.next_replica_id}};
+  return {{"version", 1},
+          {"deployments", deployments},
+          {"epochs", epochs},
+          {"next_replica_id", s.next_replica_id},
+          {"drained_nodes", s.drained_nodes}};
 }
 
 durable_state state_from(const json& j) {
@@ -87,6 +95,8 @@ durable_state state_from(const json& j) {
   for (const auto& e : j.at("epochs"))
     s.epochs[{e.at("name").get<std::string>(), e.at("slot").get<std::uint32_t>()}] = e.at("epoch").get<epoch_t>();
   s.next_replica_id = j.at("next_replica_id").get<replica_id>();
+  if (j.contains("drained_nodes"))  // snapshots written before drains have none
+    for (const auto& n : j.at("drained_nodes")) s.drained_nodes.insert(n.get<node_id>());
   return s;
 }
 
@@ -200,6 +210,19 @@ journal_record journal_record::replica_taken(replica_id id) {
   return out;
 }
 
+journal_record journal_record::drain_node(node_id node) {
+  journal_record out;
+  out.type = kind::node_drain;
+  out.node = node;
+  return out;
+}
+journal_record journal_record::undrain_node(node_id node) {
+  journal_record out;
+  out.type = kind::node_undrain;
+  out.node = node;
+  return out;
+}
+
 void apply(durable_state& s, const journal_record& r) {
   switch (r.type) {
     case journal_record::kind::deploy: s.deployments[r.deployment.name] = r.deployment; break;
@@ -217,6 +240,8 @@ void apply(durable_state& s, const journal_record& r) {
       break;
     }
     case journal_record::kind::replica: s.next_replica_id = std::max(s.next_replica_id, r.replica + 1); break;
+    case journal_record::kind::node_drain: s.drained_nodes.insert(r.node); break;
+    case journal_record::kind::node_undrain: s.drained_nodes.erase(r.node); break;
   }
 }
 

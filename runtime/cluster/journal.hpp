@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "api/gateway.hpp"
@@ -27,12 +28,13 @@ struct durable_state {
   std::map<std::string, api::deploy_request> deployments;
   std::map<slot_ref, epoch_t> epochs;
   replica_id next_replica_id = 1;  // ids below it were handed out
+  std::set<node_id> drained_nodes;  // drained by an operator: nothing is placed there
   bool operator==(const durable_state&) const = default;
 };
 
 /// One change to the durable state.
 struct journal_record {
-  enum class kind : std::uint8_t { deploy, undeploy, scale, epoch, replica };
+  enum class kind : std::uint8_t { deploy, undeploy, scale, epoch, replica, node_drain, node_undrain };
   kind type = kind::deploy;
   api::deploy_request deployment;  // deploy
   std::string name;                // undeploy, scale, epoch: the deployment
@@ -40,12 +42,15 @@ struct journal_record {
   std::uint32_t slot = 0;          // epoch
   epoch_t epoch = 0;               // epoch
   replica_id replica = 0;          // replica: this id is taken
+  node_id node = 0;                // node_drain, node_undrain
 
   static journal_record deploy(api::deploy_request r);
   static journal_record undeploy(std::string name);
   static journal_record scale(std::string name, std::uint32_t replicas);
   static journal_record slot_epoch(std::string name, std::uint32_t slot, epoch_t epoch);
   static journal_record replica_taken(replica_id id);
+  static journal_record drain_node(node_id node);
+  static journal_record undrain_node(node_id node);
 };
 
 /// Applies one record: the same function replays the log and serves appends.

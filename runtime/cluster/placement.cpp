@@ -364,7 +364,8 @@ struct work_item {
 
 }  // namespace
 
-expected<placement_plan> place(cluster_state& state, const std::vector<deployment_spec>& deployments) {
+expected<placement_plan> place(cluster_state& state, const std::vector<deployment_spec>& deployments,
+                               const std::vector<node_id>& excluded) {
   std::vector<memory_breakdown> needs;
   std::set<std::string> names;
   for (const deployment_spec& d : deployments) {
@@ -378,7 +379,7 @@ expected<placement_plan> place(cluster_state& state, const std::vector<deploymen
   std::set<std::pair<std::string, std::uint32_t>> filled;
   for (const auto& [id, r] : state.replicas()) filled.emplace(r.slot.deployment, r.slot.index);
 
-  placer pl(state, {});
+  placer pl(state, excluded);
   std::vector<prepared> prep;
   std::vector<work_item> items;
   for (std::size_t k = 0; k < deployments.size(); ++k) {

@@ -135,8 +135,10 @@ class cluster_state {
 /// `state` fills yet, committing each placed one into `state`. Slots that do
 /// not fit come back in `unplaced` with a reason. Errors (state unchanged):
 /// invalid_argument for a bad spec (empty or duplicate name, replicas out of
-/// range, a zero anti-affinity limit, anything estimate() rejects).
-expected<placement_plan> place(cluster_state& state, const std::vector<deployment_spec>& deployments);
+/// range, a zero anti-affinity limit, anything estimate() rejects). Nodes in
+/// `excluded` (drained, cordoned) get nothing.
+expected<placement_plan> place(cluster_state& state, const std::vector<deployment_spec>& deployments,
+                               const std::vector<node_id>& excluded = {});
 
 /// Places slot `index` of `deployment` anew (a replacement after a failure)
 /// on a node not in `excluded`, within the ledgers and anti-affinity limits,

@@ -26,6 +26,13 @@ slot_scheduler::replacement slot_scheduler::replace(const slot_ref& slot, std::v
   return {true, next};
 }
 
+epoch_t slot_scheduler::move(const slot_ref& slot, std::vector<node_id> excluded) {
+  const epoch_t next = epoch(slot) + 1;
+  epochs_[slot] = next;
+  queue_.push_back({slot, next, std::move(excluded)});
+  return next;
+}
+
 bool slot_scheduler::queued(const slot_ref& slot) const {
   return std::any_of(queue_.begin(), queue_.end(), [&](const migration& m) { return m.slot == slot; });
 }

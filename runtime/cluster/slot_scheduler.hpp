@@ -57,6 +57,9 @@ class slot_scheduler {
   /// and the slot queued for placement on any node but `excluded`.
   /// Otherwise given up (nothing queued); retry() it later.
   replacement replace(const slot_ref& slot, std::vector<node_id> excluded, std::chrono::nanoseconds now);
+  /// A planned move (a drain): a new epoch and the slot queued, as for
+  /// replace(), but never given up and not charged to the slot's budget.
+  epoch_t move(const slot_ref& slot, std::vector<node_id> excluded);
   /// A given-up slot's time is up: its budget starts afresh. False when the
   /// slot is queued anyway (nothing to retry).
   bool retry(const slot_ref& slot);
@@ -66,6 +69,7 @@ class slot_scheduler {
   void cordon(node_id node) { cordoned_.insert(node); }
   void uncordon(node_id node) { cordoned_.erase(node); }
   bool cordoned(node_id node) const { return cordoned_.count(node) != 0; }
+  const std::set<node_id>& cordoned_nodes() const noexcept { return cordoned_; }
   /// A node joined again: queued slots may go back to it (unless cordoned).
   void node_rejoined(node_id node);
 

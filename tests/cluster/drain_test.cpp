@@ -58,6 +58,17 @@ TEST_CASE("a replica drains once, and its deadline forces it once", "[drain]") {
   CHECK(t.draining(7));
 }
 
+TEST_CASE("a drained replica's slot is moved once, avoiding the nodes named", "[drain]") {
+  drain_tracker t;
+  REQUIRE(*t.begin(4, 2, {"d", 3}, drain_cause::node, 0, 1s, {2}));
+  CHECK(t.find(4)->avoid == std::vector<node_id>{2});
+  CHECK_FALSE(t.find(4)->slot_moved);
+  CHECK(t.mark_slot_moved(4));
+  CHECK_FALSE(t.mark_slot_moved(4));
+  CHECK_FALSE(t.mark_slot_moved(99));
+  CHECK(t.ended(4)->slot_moved);
+}
+
 TEST_CASE("expired replicas come back in id order", "[drain]") {
   drain_tracker t;
   for (std::uint32_t id : {9u, 2u, 5u}) REQUIRE(*t.begin(id, 0, {"d", id}, drain_cause::node, 0, 1s));

@@ -188,3 +188,27 @@ TEST_CASE("a deployment's tenant survives the journal", "[journal]") {
   CHECK(again->state().deployments.at("owned").tenant == "acme");
   CHECK(again->state().deployments.at("owned") == d);
 }
+
+TEST_CASE("drained nodes survive the log and the snapshot", "[journal]") {
+  const auto dir = fresh_dir("drained");
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j);
+    REQUIRE(j->append(journal_record::drain_node(3)));
+    REQUIRE(j->append(journal_record::drain_node(5)));
+    REQUIRE(j->append(journal_record::undrain_node(3)));
+  }
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j);
+    CHECK(j->state().drained_nodes == std::set<node_id>{5});
+    REQUIRE(j->append(journal_record::drain_node(7)));
+    REQUIRE(j->snapshot());
+  }
+  journal_recovery rep;
+  auto j = journal::open(dir, &rep);
+  REQUIRE(j);
+  CHECK(rep.from_snapshot);
+  CHECK(rep.records_replayed == 0);
+  CHECK(j->state().drained_nodes == std::set<node_id>{5, 7});
+}

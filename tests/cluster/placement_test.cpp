@@ -451,3 +451,20 @@ TEST_CASE("nodes join an empty cluster and keep placed replicas where they are",
     CHECK(s.nodes().size() == 2);
   }
 }
+
+TEST_CASE("excluded (drained) nodes get nothing, and the rest spread as without them", "[placement]") {
+  cluster_state s = make_state(topology(3, 8, 3));
+  auto plan = place(s, {deployment("a", "llama-2-7b", 6)}, {1});
+  REQUIRE(plan);
+  REQUIRE(plan->unplaced.empty());
+  const auto counts = per_node(*plan);
+  CHECK(counts.count(1) == 0);
+  CHECK(counts.at(0) == 3);
+  CHECK(counts.at(2) == 3);
+  cluster_state all_out = make_state(topology(2, 8, 2));
+  auto none = place(all_out, {deployment("b", "llama-2-7b", 2)}, {0, 1});
+  REQUIRE(none);
+  CHECK(none->placed.empty());
+  REQUIRE(none->unplaced.size() == 2);
+  CHECK_THAT(none->unplaced.front().reason, Catch::Contains("excluded"));
+}

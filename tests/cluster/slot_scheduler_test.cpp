@@ -168,3 +168,15 @@ TEST_CASE("a slot that keeps failing is given up until retried", "[cluster][slot
   CHECK_FALSE(s.replace(s0, {}, 5s).fenced);
   CHECK(s.replace(s0, {}, 11s).fenced);
 }
+
+TEST_CASE("a planned move is queued like a replacement but never spends the budget", "[cluster][slots]") {
+  slot_scheduler s({1, 1, std::chrono::seconds(60)});  // one replacement a minute
+  CHECK(s.replace(s0, {}, 0s).fenced);
+  const epoch_t e = s.epoch(s0);
+  // Drains move the slot again and again within the window.
+  CHECK(s.move(s0, {0}) == e + 1);
+  CHECK(s.move(s0, {}) == e + 2);
+  CHECK(s.epoch(s0) == e + 2);
+  CHECK(s.queued(s0));
+  CHECK_FALSE(s.replace(s0, {}, 1s).fenced);  // the crash budget is still the only one spent
+}

@@ -288,6 +288,22 @@ void fake_backend::undeploy(std::string name, std::function<void(expected<void>)
   });
 }
 
+// Logs the call; node 0 exists with one replica, nothing else does.
+void fake_backend::drain(api::drain_request request, std::function<void(expected<api::drain_result>)> done) {
+  post([this, request, done = std::move(done)] {
+    const bool node = request.kind == api::drain_request::target::node;
+    {
+      std::lock_guard lock(mu_);
+      admin_log_.push_back(std::string(request.undrain ? "undrain" : "drain") + (node ? " node=" : " replica=") +
+                           std::to_string(request.id) + " deadline_ms=" + std::to_string(request.deadline_ms));
+    }
+    if (request.id != 0)
+      return done(std::unexpected(error{errc::not_found, std::string("no ") + (node ? "node " : "replica ") +
+                                                             std::to_string(request.id)}));
+    done(api::drain_result{request.undrain ? 0u : 1u, request.deadline_ms ? request.deadline_ms : 60000u});
+  });
+}
+
 void fake_backend::scale(std::string name, std::uint32_t replicas, std::function<void(expected<void>)> done) {
   post([this, name = std::move(name), replicas, done = std::move(done)] {
     std::unique_lock lock(mu_);

@@ -488,7 +488,10 @@ replica_actor_state::~replica_actor_state() {
 
 caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx) {
   self->state.ctx = std::move(ctx);
-  if (cluster::validate(self->state.ctx.degradation)) self->state.health.emplace(self->state.ctx.degradation);
+  // Simulated steps cover many decode steps (their length says nothing of
+  // health): simulated replicas are not judged.
+  if (self->state.ctx.spec.engine != "sim" && cluster::validate(self->state.ctx.degradation))
+    self->state.health.emplace(self->state.ctx.degradation);
   count_state(self->state, self->state.state, +1);
   // No device, no replica; but a replica's crash must not take the device
   // (shared with other replicas) down: monitor, do not link.

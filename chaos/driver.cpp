@@ -57,6 +57,8 @@ actors::cluster_options options_for(const run_config& rc, std::shared_ptr<cluste
   o.step_timeout_ms = std::max(100u, std::min(60000u, c.heartbeat_interval_ms * 3));
   o.request_deadline_ms = c.request_deadline_ms;
   o.migration_parallelism = c.migration_parallelism;
+  o.degraded_step_ms = c.degraded_step_ms;
+  o.degraded_replace_after_ms = c.degraded_replace_after_ms;
   o.max_attempts = 8;
   o.deterministic = !rc.real_time;
   o.model_step_time = true;  // in virtual time: faults must be able to land mid-stream

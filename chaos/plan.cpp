@@ -54,7 +54,8 @@ constexpr std::string_view tag_alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijk
 void parse_cluster(const object_reader& r, cluster_spec& c) {
   r.known_keys({"nodes", "devices_per_node", "racks", "replicas", "engine", "heartbeat_interval_ms",
                 "suspect_after_missed", "observation_window_ms", "device_check_interval_ms",
-                "request_deadline_ms", "migration_parallelism", "gateways"});
+                "request_deadline_ms", "migration_parallelism", "gateways", "degraded_step_ms",
+                "degraded_replace_after_ms"});
   r.u32("nodes", 1, max_nodes, c.nodes);
   r.u32("gateways", 1, max_gateways, c.gateways);
   r.u32("devices_per_node", 1, max_devices_per_node, c.devices_per_node);
@@ -71,6 +72,8 @@ void parse_cluster(const object_reader& r, cluster_spec& c) {
   r.u32("device_check_interval_ms", 1, max_window_ms, c.device_check_interval_ms);
   r.u32("request_deadline_ms", 1, max_request_deadline_ms, c.request_deadline_ms);
   r.u32("migration_parallelism", 1, max_migration_parallelism, c.migration_parallelism);
+  r.u32("degraded_step_ms", 0, max_window_ms, c.degraded_step_ms);
+  r.u32("degraded_replace_after_ms", 0, max_window_ms, c.degraded_replace_after_ms);
 }
 
 std::optional<workload_kind> workload_kind_from_string(std::string_view s) {

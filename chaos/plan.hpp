@@ -89,6 +89,8 @@ struct cluster_spec {
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t migration_parallelism = 4;
   std::uint32_t gateways = 1;  // --processes: gateway processes the workload is spread over
+  std::uint32_t degraded_step_ms = 5000;  // median step latency that makes a replica degraded
+  std::uint32_t degraded_replace_after_ms = 120000;  // degraded this long: replaced (0: never)
 };
 
 enum class workload_kind : std::uint8_t { steady, ramp, chaos };

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "chaos/driver.hpp"
 #include "chaos_http_door.hpp"
@@ -110,4 +112,28 @@ TEST_CASE("streamed HTTP completions survive killed replicas and a killed node",
   std::size_t detected = 0;
   for (const auto& f : out->report.faults) detected += f.detect_ms >= 0;
   CHECK(detected >= 4);
+}
+
+TEST_CASE("slow devices degrade their replicas: passed over, then recovered or replaced", "[chaos][degraded]") {
+  auto out = chaos::run_plan(config("slow-device.json", std::nullopt));
+  REQUIRE(out.has_value());
+  require_ok(*out);
+  CHECK(out->report.completed == out->report.requests);
+  std::size_t detected = 0;
+  for (const auto& f : out->report.faults)
+    if (f.kind == "slow_device" && f.detect_ms >= 0) ++detected;
+  CHECK(detected == 2);
+  // One recovered on its own node; the other was drained and replaced.
+  std::set<std::int64_t> degraded, recovered, replaced_nodes;
+  std::map<std::int64_t, std::int64_t> node_of;
+  for (const auto& e : out->log) {
+    if (e.kind != chaos::event_kind::replica_state) continue;
+    node_of[e.replica] = e.node;
+    if (e.detail == "degraded") degraded.insert(e.replica);
+    if (degraded.count(e.replica) && (e.detail == "ready" || e.detail == "serving")) recovered.insert(e.replica);
+    if (degraded.count(e.replica) && e.detail == "stopped") replaced_nodes.insert(e.node);
+  }
+  CHECK(degraded.size() >= 2);
+  CHECK_FALSE(recovered.empty());
+  CHECK(replaced_nodes.count(2) == 1);
 }

@@ -46,7 +46,10 @@ void persist(self_ptr self, const cluster::journal_record& r) {
     spdlog::error("event=journal_write_failed dir={} error=\"{}\"", j->dir(), to_string(ok.error()));
 }
 
-// Starts the replica of a placed slot on its node.
+void admit_loads(self_ptr self);
+
+// Starts the replica of a placed slot on its node once the load gate lets
+// it: placed (its memory reserved) now, loading in its turn.
 void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t epoch) {
   auto& st = self->state;
   const auto& dep = st.deployments.at(p.slot.deployment);
@@ -66,14 +69,46 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
     persist(self, cluster::journal_record::slot_epoch(p.slot.deployment, p.slot.index, epoch));
   persist(self, cluster::journal_record::replica_taken(p.replica));
   auto& rec = st.replicas[p.replica];
-  rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, spec};
+  rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, false,
+         spec};
   spdlog::info("event=replica_placed replica={} deployment={} slot={} epoch={} node={} device={} bytes={}", p.replica,
                spec.deployment, spec.slot, epoch, p.node, spec.device, p.per_device.total_bytes());
-  const auto node = st.nodes.find(p.node);
-  if (node != st.nodes.end() && node->second) {  // else: sent when the node comes up
-    self->send(node->second, spawn_replica{spec});
-    rec.spawned = true;
+  if (auto q = st.loads->enqueue(p.replica, p.node); !q) {
+    // The queue bound: start it anyway rather than leave a placed slot dark.
+    spdlog::error("event=replica_load_queue_full replica={} error=\"{}\"", p.replica, to_string(q.error()));
+    rec.admitted = true;
   }
+  admit_loads(self);
+  if (rec.admitted && !rec.spawned) {
+    const auto node = st.nodes.find(p.node);
+    if (node != st.nodes.end() && node->second) {  // else: sent when the node comes up
+      self->send(node->second, spawn_replica{spec});
+      rec.spawned = true;
+    }
+  }
+}
+
+// Spawns the replicas whose turn to load has come (on nodes that are up;
+// the others are spawned when their node joins).
+void admit_loads(self_ptr self) {
+  auto& st = self->state;
+  for (const auto id : st.loads->admit()) {
+    auto it = st.replicas.find(id);
+    if (it == st.replicas.end()) {
+      st.loads->finished(id);
+      continue;
+    }
+    auto& rec = it->second;
+    rec.admitted = true;
+    const auto node = st.nodes.find(rec.node);
+    if (node != st.nodes.end() && node->second && !rec.spawned) {
+      self->send(node->second, spawn_replica{rec.spec});
+      rec.spawned = true;
+    }
+  }
+  if (st.loads->waiting_count() > 0)
+    spdlog::debug("event=replica_loads_waiting waiting={} loading={}", st.loads->waiting_count(),
+                  st.loads->loading_count());
 }
 
 deployment_announce announce(const std::string& name, const controller_state::deployment& dep) {
@@ -161,6 +196,7 @@ void forget_replica(self_ptr self, cluster::replica_id id) {
   auto& st = self->state;
   if (st.placement->replicas().count(id)) (void)st.placement->release(id);
   st.replicas.erase(id);
+  if (st.loads->finished(id)) admit_loads(self);
 }
 
 // Replicas by lifecycle state, for the exaserve_replicas gauge.
@@ -233,6 +269,7 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   it->second.reason = ev.reason;
   if (ev.handle) it->second.handle = ev.handle;
   if (cluster::accepts_requests(state) && st.slots->settled(ev.id)) pump_migrations(self);
+  if (cluster::serves_requests(state) && st.loads->finished(ev.id)) admit_loads(self);  // loaded: the next may go
   if (state == replica_state::degraded && before != replica_state::degraded) {
     // Replaced if it does not recover in time (checked against this entry time).
     it->second.degraded_since_ns = clock_ns(self);
@@ -498,11 +535,18 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
 
 void stop_slots(self_ptr self, const std::string& name, std::uint32_t from_slot) {
   auto& st = self->state;
+  std::vector<cluster::replica_id> never_started;
   for (auto& [id, r] : st.replicas) {
     if (r.deployment != name || r.slot < from_slot) continue;
+    if (!r.spawned) {  // still waiting for its turn to load (or for its node): nothing runs
+      never_started.push_back(id);
+      continue;
+    }
     const auto node = st.nodes.find(r.node);
     if (node != st.nodes.end() && node->second) self->send(node->second, stop_replica{id, true});
   }
+  for (const auto id : never_started) forget_replica(self, id);
+  update_replica_gauge(self);
 }
 
 
@@ -554,7 +598,7 @@ void reconcile_replica(self_ptr self, const node_join& m, const running_replica&
   persist(self, cluster::journal_record::replica_taken(r.spec.id));
   auto& rec = st.replicas[r.spec.id];
   rec = {r.spec.id, ref.deployment, ref.index, r.spec.epoch, m.node, r.spec.device, cluster::replica_state::ready,
-         "adopted", true, r.spec, r.handle};
+         "adopted", true, true, r.spec, r.handle};
   spdlog::info("event=replica_adopted replica={} deployment={} slot={} epoch={} node={}", r.spec.id, ref.deployment,
                ref.index, r.spec.epoch, m.node);
   self->send(st.router, replica_event{rec.id, rec.deployment, rec.slot, rec.epoch, rec.node, rec.device,
@@ -624,7 +668,7 @@ void on_node_join(self_ptr self, const node_join& m) {
   self->monitor(m.handle);
   for (const auto& r : m.replicas) reconcile_replica(self, m, r);
   for (auto& [id, r] : s.replicas)
-    if (r.node == m.node && !r.spawned) {
+    if (r.node == m.node && !r.spawned && r.admitted) {
       self->send(m.handle, spawn_replica{r.spec});
       r.spawned = true;
     }
@@ -695,6 +739,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       st.config.migration_parallelism, st.config.slot_max_replacements,
       std::chrono::milliseconds(st.config.slot_replacement_window_ms)});
   st.drains.emplace(cluster::drain_config{std::chrono::milliseconds(st.config.drain_deadline_ms)});
+  st.loads.emplace(st.config.loads);
   // A controller with a journal that holds anything resumes from it; the
   // config's deployments only seed a fresh state directory.
   if (st.config.journal && !st.config.journal->empty()) {

@@ -23,6 +23,7 @@
 #include "cluster/lifecycle.hpp"
 #include "cluster/placement.hpp"
 #include "cluster/drain.hpp"
+#include "cluster/load_gate.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
 #include "cluster/slot_scheduler.hpp"
@@ -80,6 +81,9 @@ struct controller_config {
   std::uint32_t drain_deadline_ms = 60000;
   /// A replica degraded this long is drained and replaced. 0: never.
   std::uint32_t degraded_replace_after_ms = 120000;
+  /// Replicas loading at once, cluster-wide and per node: every start
+  /// (deploy, scale-up, replacement, drain) waits its turn.
+  cluster::load_limits loads;
 };
 
 /// controller -> controller: is this replica still degraded since `since_ns`?
@@ -131,6 +135,7 @@ struct controller_state {
     cluster::replica_state state = cluster::replica_state::creating;
     std::string reason;
     bool spawned = false;  // spawn_replica sent (its node was known)
+    bool admitted = true;  // its turn to load came (load_gate); spawned once its node is up
     replica_spec spec;
     caf::actor handle;  // the replica actor, once it reported (for gateways joining later)
     std::int64_t degraded_since_ns = 0;  // when it last became degraded
@@ -141,6 +146,8 @@ struct controller_state {
   std::optional<cluster::slot_scheduler> slots;
   /// Replicas draining and drained nodes (runtime/cluster/drain).
   std::optional<cluster::drain_tracker> drains;
+  /// Starts waiting for their turn to load (runtime/cluster/load_gate).
+  std::optional<cluster::load_gate> loads;
   std::map<cluster::node_id, cluster::node_health> node_health;
   static inline const char* name = "controller";
 };

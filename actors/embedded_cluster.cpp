@@ -79,6 +79,8 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.migration_parallelism = o.migration_parallelism;
   c.drain_deadline_ms = o.drain_deadline_ms;
   c.degraded_replace_after_ms = o.degraded_replace_after_ms;
+  c.loads.cluster_max = o.loads_max;
+  c.loads.per_node_max = o.loads_per_node_max;
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;

@@ -54,6 +54,8 @@ struct cluster_options {
   std::uint32_t degraded_replace_after_ms = 120000;  // degraded this long: replaced (0: never)
   std::uint32_t degraded_step_ms = 5000;         // median step latency above this: degraded (0: never)
   std::uint32_t degraded_error_percent = 50;     // failed requests above this share: degraded
+  std::uint32_t loads_max = 32;                  // replicas loading at once, cluster-wide
+  std::uint32_t loads_per_node_max = 4;          // replicas loading at once, per node
   std::uint32_t max_attempts = 4;                // replicas one request may try
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t queued_per_model_max = 1024;

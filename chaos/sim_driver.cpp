@@ -41,6 +41,8 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
   o.suspect_after_missed = s.timing.suspect_after_missed;
   o.observation_window_ms = s.timing.observation_window_ms;
   o.migration_parallelism = s.timing.migration_parallelism;
+  o.loads_max = s.timing.loads_max;
+  o.loads_per_node_max = s.timing.loads_per_node_max;
   o.request_deadline_ms = s.timing.request_deadline_ms;
   o.device_check_interval_ms = 30000;
   o.step_timeout_ms = 600000;  // modeled steps never hang; generous for long prefills

@@ -242,7 +242,10 @@ void parse_workload(const object_reader& r, double duration_s, sim_workload_spec
 
 void parse_timing(const object_reader& r, sim_timing& t) {
   r.known_keys({"heartbeat_interval_ms", "suspect_after_missed", "observation_window_ms", "migration_parallelism",
-                "request_deadline_ms", "in_flight_per_replica_max", "fair_admission", "tenant_headroom_slots"});
+                "request_deadline_ms", "in_flight_per_replica_max", "fair_admission", "tenant_headroom_slots",
+                "loads_max", "loads_per_node_max"});
+  r.u32("loads_max", 1, 1u << 20, t.loads_max);
+  r.u32("loads_per_node_max", 1, 4096, t.loads_per_node_max);
   r.u32("tenant_headroom_slots", 0, 1u << 20, t.tenant_headroom_slots);
   r.u32("in_flight_per_replica_max", 1, 1u << 20, t.in_flight_per_replica_max);
   if (!r.errors().failed() && r.has("fair_admission")) {

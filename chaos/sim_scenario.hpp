@@ -90,6 +90,11 @@ struct sim_timing {
   std::uint32_t in_flight_per_replica_max = 256;
   bool fair_admission = true;
   std::uint32_t tenant_headroom_slots = 2;  // see router_config
+  /// Replicas loading at once (cluster, node). Unlimited by default: the
+  /// simulator does not model the model store's bandwidth yet, so limits
+  /// here only delay loads that would not really contend.
+  std::uint32_t loads_max = 1u << 20;
+  std::uint32_t loads_per_node_max = 4096;
 };
 
 struct sim_slo {

@@ -71,6 +71,8 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"request_deadline_ms", uint_setter(c.request_deadline_ms, 100, 86400000)},
           {"queued_per_model_max", uint_setter(c.queued_per_model_max, 1, 1u << 20)},
           {"drain_deadline_ms", uint_setter(c.drain_deadline_ms, 100, 3600000)},
+          {"loads_max", uint_setter(c.loads_max, 1, 1u << 20)},
+          {"loads_per_node_max", uint_setter(c.loads_per_node_max, 1, 4096)},
           {"degraded_step_ms", uint_setter(c.degraded_step_ms, 0, 3600000)},
           {"degraded_error_percent", uint_setter(c.degraded_error_percent, 1, 101)},
           {"degraded_replace_after_ms", uint_setter(c.degraded_replace_after_ms, 0, 86400000)}};

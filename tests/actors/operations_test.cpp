@@ -305,3 +305,50 @@ TEST_CASE("a replica degraded past its limit is drained and replaced", "[actors]
     CHECK_FALSE(k->result->err.has_value());
   }
 }
+
+namespace {
+// Most replicas loading at once (loading or warming), per node and overall.
+std::pair<std::size_t, std::size_t> peak_loads(const std::vector<chaos::event>& log) {
+  std::map<std::int64_t, std::set<std::int64_t>> by_node;
+  std::size_t node_peak = 0, total_peak = 0;
+  for (const auto& e : log) {
+    if (e.kind != chaos::event_kind::replica_state) continue;
+    auto& s = by_node[e.node];
+    if (e.detail == "loading" || e.detail == "warming") s.insert(e.replica);
+    else s.erase(e.replica);
+    std::size_t total = 0;
+    for (const auto& [n, set] : by_node) total += set.size();
+    node_peak = std::max(node_peak, s.size());
+    total_peak = std::max(total_peak, total);
+  }
+  return {node_peak, total_peak};
+}
+}  // namespace
+
+TEST_CASE("loads are staggered: at most the limits load at once, and every replica comes up", "[actors][loads]") {
+  for (const bool gated : {true, false}) {
+    CAPTURE(gated);
+    auto log = std::make_shared<chaos::event_log>();
+    auto o = timed(2, 8, log);
+    o.loads_max = gated ? 3 : 1000;
+    o.loads_per_node_max = gated ? 1 : 1000;
+    test::cluster_fixture f(o);
+    f.advance(500ms);
+    CHECK(ready_count(f.status()) == 8);
+    const auto [node_peak, total_peak] = peak_loads(log->events());
+    if (gated) {
+      CHECK(node_peak == 1);
+      CHECK(total_peak <= 2);  // two nodes, one each
+    } else {
+      CHECK(node_peak > 1);  // the control: without the gate every start loads at once
+    }
+    // A scale-up goes through the same gate.
+    const std::size_t before = log->size();
+    scale(f, 12);
+    f.advance(500ms);
+    CHECK(ready_count(f.status()) == 12);
+    const auto all = log->events();
+    const std::vector<chaos::event> later(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
+    if (gated) CHECK(peak_loads(later).first == 1);
+  }
+}

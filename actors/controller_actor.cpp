@@ -192,11 +192,16 @@ void replace_slot(self_ptr self, const std::string& deployment, std::uint32_t sl
   pump_migrations(self);
 }
 
-void forget_replica(self_ptr self, cluster::replica_id id) {
+// A replica is gone for good (or never ran): its memory, its place in the
+// load gate and among the warming replacements go with it. Returns its
+// drain record, if it was draining.
+std::optional<cluster::draining_replica> forget_replica(self_ptr self, cluster::replica_id id) {
   auto& st = self->state;
   if (st.placement->replicas().count(id)) (void)st.placement->release(id);
   st.replicas.erase(id);
+  st.slots->settled(id);
   if (st.loads->finished(id)) admit_loads(self);
+  return st.drains->ended(id);
 }
 
 // Replicas by lifecycle state, for the exaserve_replicas gauge.
@@ -230,6 +235,8 @@ void schedule_drain_deadline(self_ptr self) {
   self->delayed_send(self, std::chrono::nanoseconds(in), drain_deadline_atom::value);
 }
 
+void drain_moved(self_ptr self, cluster::replica_id id);
+
 // Starts draining one replica: no new requests (it says `draining`, and
 // then its slot is placed elsewhere: see drain_moved), in-flight requests
 // finish or are resumed elsewhere at the deadline. False when it was
@@ -243,8 +250,16 @@ expected<bool> begin_drain(self_ptr self, cluster::replica_id id, cluster::drain
   spdlog::info("event=replica_drain_started replica={} deployment={} slot={} node={} state={} cause={} deadline_ms={}",
                id, r.deployment, r.slot, r.node, cluster::to_string(r.state), cluster::to_string(cause),
                deadline.count());
+  if (!r.spawned) {  // never started (waiting for its turn or its node): nothing to drain
+    drain_moved(self, id);
+    forget_replica(self, id);
+    update_replica_gauge(self);
+    pump_migrations(self);
+    return true;
+  }
   const auto node = st.nodes.find(r.node);
-  if (node != st.nodes.end() && node->second) self->send(node->second, stop_replica{id, true});
+  if (node != st.nodes.end() && node->second)
+    self->send(node->second, stop_replica{id, true, static_cast<std::uint32_t>(deadline.count())});
   schedule_drain_deadline(self);
   return true;
 }
@@ -257,6 +272,18 @@ void drain_moved(self_ptr self, cluster::replica_id id) {
   const auto* d = st.drains->find(id);
   move_slot(self, d->slot.deployment, d->slot.index, d->avoid);
   pump_migrations(self);
+}
+
+// Whether the deployment still wants `slot` and no replica but those in
+// the middle of a drain fills it.
+bool slot_wanted_and_empty(self_ptr self, const std::string& deployment, std::uint32_t slot) {
+  auto& st = self->state;
+  auto dep = st.deployments.find(deployment);
+  if (dep == st.deployments.end() || slot >= dep->second.spec.replicas) return false;
+  if (st.slots->queued({deployment, slot})) return false;
+  for (const auto& [id, r] : st.replicas)
+    if (r.deployment == deployment && r.slot == slot && !st.drains->draining(id)) return false;
+  return true;
 }
 
 void on_replica_event(self_ptr self, const replica_event& ev) {
@@ -280,19 +307,21 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   if (state == replica_state::draining) drain_moved(self, ev.id);
   if (cluster::is_terminal(state)) drain_moved(self, ev.id);  // ended before it said it drains
   if (state == replica_state::stopped) {
-    st.slots->settled(ev.id);
-    if (auto d = st.drains->ended(ev.id))
+    const auto rec = it->second;
+    if (auto d = forget_replica(self, ev.id)) {
       spdlog::info("event=replica_drained replica={} deployment={} slot={} node={} cause={} forced={} ms={}", ev.id,
                    d->slot.deployment, d->slot.index, d->node, cluster::to_string(d->cause), d->forced,
                    (clock_ns(self) - d->started_ns) / 1000000);
-    forget_replica(self, ev.id);
+    } else if (slot_wanted_and_empty(self, rec.deployment, rec.slot)) {
+      // Stopped without a drain this controller knows of (one begun by its
+      // predecessor): the slot is still wanted, so it goes elsewhere.
+      move_slot(self, rec.deployment, rec.slot, {});
+    }
     pump_migrations(self);
   } else if (state == replica_state::failed) {
     const auto rec = it->second;
-    st.slots->settled(ev.id);
-    forget_replica(self, ev.id);
     // A draining replica's slot was placed again when the drain began.
-    if (st.drains->ended(ev.id)) pump_migrations(self);
+    if (forget_replica(self, ev.id)) pump_migrations(self);
     // A crash loop on one node: try the others first.
     else replace_slot(self, rec.deployment, rec.slot, {rec.node});
   }
@@ -320,9 +349,7 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
     e.node = node;
     e.detail = "failed";
     log_event(self, st.config.hooks, e);
-    st.slots->settled(r.id);
-    forget_replica(self, r.id);
-    if (auto d = st.drains->ended(r.id); d && d->slot_moved) continue;  // placed elsewhere already
+    if (auto d = forget_replica(self, r.id); d && d->slot_moved) continue;  // placed elsewhere already
     replace_slot(self, r.deployment, r.slot, {node});
   }
   pump_migrations(self);
@@ -450,6 +477,8 @@ void on_node_leaving(self_ptr self, const node_leaving& m) {
   auto deadline = st.drains->deadline_for(std::chrono::milliseconds(m.deadline_ms));
   if (!deadline) deadline = std::chrono::milliseconds(st.config.drain_deadline_ms);
   st.drains->drain_node(m.node, cluster::drain_cause::shutdown);
+  // Only a new process of the node lifts this drain, not a reconnect of this one.
+  if (auto h = st.nodes.find(m.node); h != st.nodes.end() && h->second) st.leaving_handles[m.node] = h->second.address();
   drain_node_replicas(self, m.node, cluster::drain_cause::shutdown, *deadline);
 }
 
@@ -616,6 +645,10 @@ void end_reconcile(self_ptr self) {
   if (!st.reconciling) return;
   st.reconciling = false;
   std::size_t adopted = st.replicas.size();
+  // Nodes drained before the restart give up what was adopted on them.
+  for (const auto& [node, cause] : st.drains->drained_nodes())
+    if (cause == cluster::drain_cause::node)
+      drain_node_replicas(self, node, cause, std::chrono::milliseconds(st.config.drain_deadline_ms));
   for (const auto& [name, dep] : st.deployments) (void)place_missing(self, name, nullptr);
   spdlog::info("event=reconcile_done adopted={} placed={} nodes={}", adopted, st.replicas.size() - adopted,
                st.nodes.size());
@@ -675,7 +708,10 @@ void on_node_join(self_ptr self, const node_join& m) {
   for (const auto& agent : s.gateway_agents) self->send(agent, node_announce{m.node, m.address, m.hub});
   // A restarted node can take slots again (unless it is cordoned): a drain
   // for its process's shutdown is over with the new process.
-  if (s.drains->node_restarted(m.node) && s.node_health[m.node] != cluster::node_health::confirmed) {
+  const auto leaving = s.leaving_handles.find(m.node);
+  const bool new_process = leaving == s.leaving_handles.end() || !m.handle || m.handle.address() != leaving->second;
+  if (new_process && s.drains->node_cause(m.node) == cluster::drain_cause::shutdown) s.leaving_handles.erase(m.node);
+  if (new_process && s.drains->node_restarted(m.node) && s.node_health[m.node] != cluster::node_health::confirmed) {
     s.slots->uncordon(m.node);
     spdlog::info("event=node_undrained node={} reason=\"restarted after its shutdown drain\"", m.node);
   }
@@ -784,8 +820,8 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       [=](const retry_slot& m) {
         auto& s = self->state;
         // Only if nothing fills the slot by now.
-        for (const auto& [id, r] : s.replicas)
-          if (r.deployment == m.deployment && r.slot == m.slot) return;
+        for (const auto& [id, r] : s.replicas)  // a draining one is on its way out: it does not count
+          if (r.deployment == m.deployment && r.slot == m.slot && !s.drains->draining(id)) return;
         if (!s.slots->retry({m.deployment, m.slot})) return;  // queued already
         replace_slot(self, m.deployment, m.slot, {});
       },

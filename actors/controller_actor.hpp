@@ -148,6 +148,8 @@ struct controller_state {
   std::optional<cluster::drain_tracker> drains;
   /// Starts waiting for their turn to load (runtime/cluster/load_gate).
   std::optional<cluster::load_gate> loads;
+  /// Nodes stopping (SIGTERM): the process that asked, so that only a new one lifts the drain.
+  std::map<cluster::node_id, caf::actor_addr> leaving_handles;
   std::map<cluster::node_id, cluster::node_health> node_health;
   static inline const char* name = "controller";
 };

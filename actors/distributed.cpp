@@ -455,6 +455,9 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   nc.engine = o.engine;
   nc.hooks.log = o.event_log;
   nc.model_dir = o.model_dir;
+  nc.model_store = o.model_store;
+  nc.model_cache_dir = o.model_cache_dir;
+  nc.model_cache_bytes = o.model_cache_bytes;
   cluster_plan plan;
   plan.nodes.push_back(nc);
   plan.metrics = nc.metrics;

@@ -103,6 +103,9 @@ struct node_options {
   std::uint32_t join_timeout_ms = 60000;  // keeps trying to reach the controller this long
   std::shared_ptr<cluster::event_log> event_log;  // --event-log: replica states, clock offsets
   std::string model_dir;  // --model-dir: models missing at their deployed path, by sha256 or name
+  std::string model_store;      // --model-store: fetched from here when found nowhere on the node
+  std::string model_cache_dir;  // --model-cache-dir: where fetched models go
+  std::uint64_t model_cache_bytes = 64ull << 30;  // --model-cache-mb
 };
 
 class node_process {

@@ -105,6 +105,10 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.device_check_timeout_ms = o.device_check_timeout_ms;
     nc.replica_step_timeout_ms = o.deterministic ? 0 : o.step_timeout_ms;  // virtual time: see replica_actor
     nc.lease_ms = cluster::node_lease_ms(o.heartbeat_interval_ms, o.suspect_after_missed, o.observation_window_ms);
+    nc.model_cache_bytes = o.model_cache_bytes;
+    nc.model_store = o.model_store;
+    nc.model_cache_dir = o.model_cache_dir.empty() || o.nodes == 1 ? o.model_cache_dir
+                                                                    : o.model_cache_dir + "/node-" + std::to_string(n);
     nc.degradation.step_latency_max = std::chrono::milliseconds(o.degraded_step_ms);
     nc.degradation.error_rate_max = o.degraded_error_percent / 100.0;
     plan.nodes.push_back(nc);

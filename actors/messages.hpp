@@ -138,10 +138,13 @@ typename Inspector::result_type inspect(Inspector& f, spawn_replica& x) {
 struct stop_replica {
   cluster::replica_id id = 0;
   bool drain = true;
+  /// Draining: stop anyway this long after the stop began (0: only when
+  /// told), so a replica whose controller went quiet still ends its drain.
+  std::uint32_t deadline_ms = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stop_replica& x) {
-  return f(caf::meta::type_name("exa.stop_replica"), x.id, x.drain);
+  return f(caf::meta::type_name("exa.stop_replica"), x.id, x.drain, x.deadline_ms);
 }
 
 /// replica -> controller and router: a lifecycle transition.

@@ -6,6 +6,7 @@
 
 #include "actors/chaos_hooks.hpp"
 #include "model/llama_model.hpp"
+#include "model/model_store.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -14,31 +15,45 @@ namespace exa::actors {
 namespace {
 
 void evict_unpinned(model_cache_state& st, cluster::node_id node) {
-  while (st.entries.size() > st.capacity) {
-    auto victim = st.entries.end();
-    for (auto it = st.entries.begin(); it != st.entries.end(); ++it)
-      if (it->second.pins == 0 && (victim == st.entries.end() || it->second.last_used < victim->second.last_used))
-        victim = it;
-    if (victim == st.entries.end()) return;  // everything pinned: over capacity until released
-    spdlog::info("event=model_evicted node={} key={}", node, victim->first);
-    st.entries.erase(victim);
+  for (const auto& key : st.lru.evict()) {
+    auto it = st.entries.find(key);
+    if (it == st.entries.end()) continue;
+    spdlog::info("event=model_evicted node={} key={} file={} cache_used_bytes={} capacity_bytes={}", node, key,
+                 it->second.file, st.lru.used_bytes(), st.lru.capacity_bytes());
+    if (it->second.fetched) {  // our copy from the store: the disk space goes too
+      std::error_code ec;
+      std::filesystem::remove(it->second.file, ec);
+    }
+    st.entries.erase(it);
   }
+  if (st.lru.used_bytes() > st.lru.capacity_bytes())
+    spdlog::warn("event=model_cache_over_capacity node={} used_bytes={} capacity_bytes={} detail=\"every model left "
+                 "is in use by a replica\"",
+                 node, st.lru.used_bytes(), st.lru.capacity_bytes());
 }
 
 std::string cache_key(const std::string& path, const std::string& sha256) {
   return sha256.empty() ? "path:" + path : "sha256:" + sha256;
 }
 
-// Finds, checks and loads a model; the error names the file and the node.
-expected<std::shared_ptr<const model::llama_model>> load(model_cache_state& st, cluster::node_id node,
-                                                          const std::string& path, const std::string& sha256) {
+struct loaded {
+  std::shared_ptr<const model::llama_model> model;
+  std::string file;
+  bool fetched = false;
+};
+
+// Finds, checks and loads a model (fetching it from the store when the node
+// has it nowhere); the error names the file and the node.
+expected<loaded> load(model_cache_state& st, cluster::node_id node, const std::string& path,
+                      const std::string& sha256) {
+  const auto& model_dir = st.config.model_dir;
   std::vector<std::string> rejected;  // found, but with other bytes
   const auto usable = [&](const std::string& p) {
     std::error_code ec;
     return std::find(rejected.begin(), rejected.end(), p) == rejected.end() && std::filesystem::is_regular_file(p, ec);
   };
   std::string mismatch;
-  expected<std::string> file = model::locate_model(path, sha256, st.model_dir, usable);
+  expected<std::string> file = model::locate_model(path, sha256, model_dir, usable);
   // A file with other bytes at one place: the model directory may still
   // hold the right one, so look on (at most once per candidate).
   while (file && !sha256.empty()) {
@@ -49,7 +64,18 @@ expected<std::shared_ptr<const model::llama_model>> load(model_cache_state& st, 
       mismatch = "model file " + *file + " on node " + std::to_string(node) + " has sha256 " + *digest +
                  ", the deployment wants " + sha256;
     rejected.push_back(*file);
-    file = model::locate_model(path, sha256, st.model_dir, usable);
+    file = model::locate_model(path, sha256, model_dir, usable);
+  }
+  bool fetched = false;
+  if (!file && !st.config.store_dir.empty()) {
+    // Nowhere on the node: from the store into our cache, checked on the way.
+    auto f = model::fetch_from_store(st.config.store_dir, st.config.cache_dir, path, sha256);
+    if (!f) return make_error(f.error().code, "node " + std::to_string(node) + ": " + f.error().message);
+    ++st.fetches;
+    spdlog::info("event=model_fetched node={} store={} file={} bytes={} copied={} attempts={} refused_cached={}", node,
+                 st.config.store_dir, f->path, f->bytes, f->copied, f->attempts, f->refused_cached);
+    file = f->path;
+    fetched = true;
   }
   if (!file && !mismatch.empty()) return make_error(errc::corrupt_data, mismatch);
   if (!file) return make_error(file.error().code, "node " + std::to_string(node) + ": " + file.error().message);
@@ -57,7 +83,7 @@ expected<std::shared_ptr<const model::llama_model>> load(model_cache_state& st, 
   if (!m) return std::unexpected(m.error());
   spdlog::info("event=model_loaded node={} path={} sha256={} layers={} dim={} vocab={}", node, *file,
                sha256.empty() ? "-" : sha256, (*m)->config().n_layers, (*m)->config().dim, (*m)->config().vocab_size);
-  return std::shared_ptr<const model::llama_model>(*m);
+  return loaded{std::shared_ptr<const model::llama_model>(*m), *file, fetched};
 }
 
 // Loads (once) and pins a model; a null model with the error when it fails.
@@ -71,10 +97,12 @@ model_handle acquire(model_cache_state& st, cluster::node_id node, const std::st
       return model_handle{nullptr, wire_error::from(m.error())};
     }
     ++st.loads;
-    it = st.entries.emplace(key, model_cache_state::entry{*m, 0, 0}).first;
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(m->file, ec);
+    it = st.entries.emplace(key, model_cache_state::entry{m->model, m->file, m->fetched}).first;
+    st.lru.insert(key, ec ? 0 : bytes);
   }
-  ++it->second.pins;
-  it->second.last_used = ++st.clock;
+  st.lru.pin(key);
   auto handle = model_handle{it->second.model, {}};
   evict_unpinned(st, node);
   return handle;
@@ -83,9 +111,10 @@ model_handle acquire(model_cache_state& st, cluster::node_id node, const std::st
 }  // namespace
 
 caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cluster::node_id node,
-                                std::uint32_t capacity, std::string model_dir) {
-  self->state.capacity = capacity;
-  self->state.model_dir = std::move(model_dir);
+                                model_cache_config config) {
+  self->state.lru = cluster::byte_lru(config.capacity_bytes);
+  if (config.cache_dir.empty() && !config.store_dir.empty()) config.cache_dir = config.store_dir + "/.node-cache";
+  self->state.config = std::move(config);
   return {
       [=](const inject_fault& f) {
         if (f.kind != "slow_load") return;
@@ -109,9 +138,7 @@ caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cl
       },
       [=](const release_model& req) {
         auto& st = self->state;
-        auto it = st.entries.find(cache_key(req.path, req.sha256));
-        if (it == st.entries.end() || it->second.pins == 0) return;
-        --it->second.pins;
+        if (!st.lru.unpin(cache_key(req.path, req.sha256))) return;
         evict_unpinned(st, node);
       },
   };

@@ -2,7 +2,11 @@
 // The node-local model cache: loads (maps) GGUF models on first use, shares
 // one instance among the node's replicas, keeps a model pinned while any
 // replica uses it, and evicts unpinned models least-recently-used first once
-// more than `capacity` are loaded.
+// their files' bytes exceed the capacity (runtime/cluster/byte_lru): a file
+// an active replica maps is never evicted. A model found nowhere on the node
+// is fetched from the operator's model store into the node's cache directory
+// (checked, renamed into place; runtime/model/model_store), and an evicted
+// fetched file is deleted from there.
 //
 // Entries are keyed by content where the deployment names a SHA-256 (one
 // load for every deployment of the same bytes, whatever the path; a file
@@ -19,22 +23,30 @@
 #include <string>
 
 #include "actors/messages.hpp"
+#include "cluster/byte_lru.hpp"
 #include "model/file_digest.hpp"
 
 namespace exa::actors {
 
+struct model_cache_config {
+  std::uint64_t capacity_bytes = 64ull << 30;  // model files' bytes kept loaded
+  std::string model_dir;  // --model-dir: "" = only the deployed paths
+  std::string store_dir;  // --model-store: "" = no store to fetch from
+  std::string cache_dir;  // --model-cache-dir: where fetched files go
+};
+
 struct model_cache_state {
   struct entry {
     std::shared_ptr<const model::llama_model> model;
-    std::uint32_t pins = 0;
-    std::uint64_t last_used = 0;
+    std::string file;     // where it was loaded from
+    bool fetched = false;  // the file is our copy from the store (deleted on eviction)
   };
+  model_cache_config config;
   std::map<std::string, entry> entries;  // "sha256:<hex>" or "path:<path>"
-  std::string model_dir;                  // --model-dir: "" = only the deployed paths
+  cluster::byte_lru lru{0};              // same keys: bytes, pins, use order
   std::shared_ptr<model::file_digest_cache> digests = std::make_shared<model::file_digest_cache>();
-  std::uint32_t capacity = 4;
-  std::uint64_t clock = 0;  // use order, for LRU
   std::uint64_t loads = 0;
+  std::uint64_t fetches = 0;
   // Fault injection: model loads take `slow_delay_ms` longer until then.
   std::int64_t slow_until_ns = 0;
   std::uint32_t slow_delay_ms = 0;
@@ -42,6 +54,6 @@ struct model_cache_state {
 };
 
 caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cluster::node_id node,
-                                std::uint32_t capacity, std::string model_dir = {});
+                                model_cache_config config);
 
 }  // namespace exa::actors

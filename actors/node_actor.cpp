@@ -104,6 +104,11 @@ void on_replica_exit(self_ptr self, std::map<cluster::replica_id, node_state::re
   detected.replica = entry.spec.id;
   detected.detail = "monitor";
   log_event(self, st.ctx.config.hooks, detected);
+  if (entry.stopping) {  // it was on its way out (drained, scaled away): not restarted
+    report_failed(self, entry.spec, "crashed while stopping: " + caf::to_string(reason));
+    st.replicas.erase(it);
+    return;
+  }
   const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch());
   if (!entry.intensity.allow(now)) {
     spdlog::error("event=replica_quarantined node={} replica={} deployment={} slot={} restarts={} reason=\"{}\"",
@@ -212,11 +217,10 @@ void start_children(self_ptr self) {
                        restart_policy::permanent});
   }
   const auto node = cfg.id;
-  const auto capacity = cfg.model_cache_capacity;
-  const auto model_dir = cfg.model_dir;
+  const model_cache_config cache{cfg.model_cache_bytes, cfg.model_dir, cfg.model_store, cfg.model_cache_dir};
   st.sup->add_child({"model-cache",
-                     [node, capacity, model_dir](caf::scheduled_actor* parent) {
-                       return parent->spawn(model_cache_actor, node, capacity, model_dir);
+                     [node, cache](caf::scheduled_actor* parent) {
+                       return parent->spawn(model_cache_actor, node, cache);
                      },
                      restart_policy::permanent});
 }
@@ -356,7 +360,10 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
         const bool here = it != self->state.replicas.end() && it->second.handle;
         spdlog::info("event=replica_stop_requested node={} replica={} drain={} running={}", self->state.ctx.config.id,
                      m.id, m.drain, here);
-        if (here) self->send(it->second.handle, m);
+        if (here) {
+          it->second.stopping = true;
+          self->send(it->second.handle, m);
+        }
       },
   };
 }

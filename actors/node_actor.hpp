@@ -34,8 +34,10 @@ struct node_config {
   std::uint32_t devices = 1;
   device_config device;         // template: node and index are filled in
   bool detached_devices = true; // own threads in production; inline under the test scheduler
-  std::uint32_t model_cache_capacity = 4;
+  std::uint64_t model_cache_bytes = 64ull << 30;  // model files kept loaded, in bytes (in-use ones always stay)
   std::string model_dir;  // where models missing at their path are looked for (by sha256, then name)
+  std::string model_store;      // operator's model store: models found nowhere on the node are fetched from it
+  std::string model_cache_dir;  // where fetched models go ("" = <model_store>/.node-cache)
   std::uint32_t heartbeat_interval_ms = 2000;
   std::uint32_t replica_max_restarts = 3;      // per slot, within the window
   std::uint32_t replica_restart_window_ms = 60000;
@@ -71,6 +73,7 @@ struct node_state {
     replica_spec spec;
     caf::actor handle;
     cluster::restart_intensity intensity;
+    bool stopping = false;  // told to stop: a crash now ends it instead of restarting it
   };
   std::map<cluster::replica_id, replica_entry> replicas;
   std::uint64_t heartbeat_sequence = 0;

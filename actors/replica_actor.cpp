@@ -566,6 +566,9 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
           return;
         }
         if (!move_to(self, replica_state::draining, "stop requested")) return;
+        if (m.deadline_ms > 0)  // its own deadline, a little after the controller's: ends the drain for sure
+          self->delayed_send(self, std::chrono::milliseconds(m.deadline_ms) + std::chrono::seconds(1),
+                             stop_replica{m.id, false, 0});
         if (self->state.active.empty() && !self->state.step_in_flight) {
           move_to(self, replica_state::stopped, "drained");
           self->quit();

@@ -112,6 +112,11 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     {"model-dir", true, "a model missing at its deployed path is looked for here, as <sha256>.gguf "
                         "(deployments that pin one) or by its file name"},
+    {"model-store", true, "the operator's model store (a directory, e.g. a network mount): a model found nowhere on "
+                          "this node is copied from it into the node's cache, checked and renamed into place"},
+    {"model-cache-dir", true, "where models fetched from the store go (default <model-store>/.node-cache)"},
+    {"model-cache-mb", true, "model files kept loaded on this node, in MiB; least recently used ones not in use "
+                             "are evicted first, never one a replica maps (default 65536)"},
     {"drain-deadline-ms", true, "on SIGTERM: the controller moves this node's slots and its in-flight "
                                 "requests finish; past this deadline they resume elsewhere (default 20000; "
                                 "0 = stop at once)"},
@@ -201,7 +206,8 @@ int cmd_node(int argc, char** argv) {
   auto threads = a->get_int("device-threads", 1, 1, 256);
   auto join_timeout = a->get_int("join-timeout-ms", 60000, 100, 86400000);
   auto drain_deadline = a->get_int("drain-deadline-ms", 20000, 0, 3600000);
-  for (const auto* v : {&id, &rack, &devices, &memory, &threads, &join_timeout, &drain_deadline})
+  auto cache_mb = a->get_int("model-cache-mb", 65536, 1, 1ll << 30);
+  for (const auto* v : {&id, &rack, &devices, &memory, &threads, &join_timeout, &drain_deadline, &cache_mb})
     if (!*v) return fail("node", v->error());
   auto events = event_log_flag_value(*a);
   if (!events) return fail("node", events.error());
@@ -219,6 +225,9 @@ int cmd_node(int argc, char** argv) {
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   o.event_log = *events;
   o.model_dir = a->get_or("model-dir", "");
+  o.model_store = a->get_or("model-store", "");
+  o.model_cache_dir = a->get_or("model-cache-dir", "");
+  o.model_cache_bytes = static_cast<std::uint64_t>(*cache_mb) << 20;
   set_transport(*a, o);
   auto node = actors::node_process::start(std::move(o));
   if (!node) return fail("node", node.error());

@@ -809,9 +809,13 @@ expected<const routing_candidate*> replica_table::route(std::string_view model, 
   if (!chosen && !hidden.empty()) chosen = target->model->policy->choose(cost, *pool, rng_);
   // Degraded replicas are the last resort: shown to the policy (as if
   // serving) only when no healthy one can take the request.
-  if (!chosen && !degraded_.empty()) {
+  // Degraded ones the request already failed on come last of all.
+  for (const bool with_excluded : {false, true}) {
+    if (chosen || degraded_.empty()) break;
     std::vector<candidate_pool::position> shown;
     for (const replica_id id : degraded_) {
+      const bool excluded = std::find(exclude.begin(), exclude.end(), id) != exclude.end();
+      if (excluded && !with_excluded) continue;
       const auto pos = pool->find(id);
       if (!pos) continue;
       pool->set_state(*pos, replica_state::serving);

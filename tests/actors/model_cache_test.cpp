@@ -56,7 +56,7 @@ TEST_CASE("the model cache checks a pinned sha256 and finds files in its model d
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(model, dir + "/" + *sha + ".gguf", std::filesystem::copy_options::overwrite_existing);
   cache_system cs;
-  auto cache = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{7}, 4u, dir);
+  auto cache = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{7}, actors::model_cache_config{1ull << 30, dir, {}, {}});
 
   const auto at_path = acquire(*cs.sys, cache, model, *sha);
   REQUIRE(at_path.model);
@@ -77,7 +77,7 @@ TEST_CASE("the model cache checks a pinned sha256 and finds files in its model d
   // node uses the model dir's.
   const std::string stale = dir + "/stale-copy.gguf";
   { std::ofstream(stale, std::ios::binary) << "not the model"; }
-  auto fresh = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{8}, 4u, dir);  // nothing loaded yet
+  auto fresh = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{8}, actors::model_cache_config{1ull << 30, dir, {}, {}});  // nothing loaded yet
   const auto from_dir = acquire(*cs.sys, fresh, stale, *sha);
   REQUIRE(from_dir.model);
   CHECK(from_dir.model->config().vocab_size == at_path.model->config().vocab_size);
@@ -119,4 +119,45 @@ TEST_CASE("a deployment pinned to other bytes gets no ready replica, the right d
   f.run();
   REQUIRE(sink->result);
   CHECK_FALSE(sink->result->err);
+}
+
+namespace {
+void release(const caf::actor& cache, const std::string& path, const std::string& sha) {
+  caf::anon_send(cache, actors::release_model{path, sha});
+}
+}  // namespace
+
+TEST_CASE("the model cache evicts by bytes, never a model in use, and fetches from the store", "[actors][models]") {
+  const std::string& model = test::tiny_model_path();
+  const auto bytes = std::filesystem::file_size(model);
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/model-cache-bytes";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/store");
+  std::filesystem::copy_file(model, dir + "/a.gguf");
+  std::filesystem::copy_file(model, dir + "/store/b.gguf");  // only in the store
+  cache_system cs;
+  // Room for one model and a half: two in use overflow it; neither may go.
+  auto cache = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{9},
+                             actors::model_cache_config{bytes + bytes / 2, "", dir + "/store", dir + "/cache"});
+  const auto a = acquire(*cs.sys, cache, dir + "/a.gguf", "");
+  REQUIRE(a.model);
+  const auto b = acquire(*cs.sys, cache, "/not/on/this/node/b.gguf", "");
+  INFO(b.error.to_error().message);
+  REQUIRE(b.model);  // fetched from the store into the cache directory
+  CHECK(std::filesystem::exists(dir + "/cache/b.gguf"));
+  CHECK(acquire(*cs.sys, cache, dir + "/a.gguf", "").model == a.model);  // both stayed: in use
+  // a released twice (two acquires): now the least recently used unpinned one.
+  release(cache, dir + "/a.gguf", "");
+  release(cache, dir + "/a.gguf", "");
+  const auto b2 = acquire(*cs.sys, cache, "/not/on/this/node/b.gguf", "");  // a round trip: the releases are done
+  CHECK(b2.model == b.model);
+  const auto a2 = acquire(*cs.sys, cache, dir + "/a.gguf", "");
+  REQUIRE(a2.model);
+  CHECK(a2.model != a.model);  // a was evicted when released, so it loaded again
+  // b released: evicted as the least recently used, and its fetched file deleted.
+  release(cache, "/not/on/this/node/b.gguf", "");
+  release(cache, "/not/on/this/node/b.gguf", "");
+  (void)acquire(*cs.sys, cache, dir + "/a.gguf", "");  // a round trip
+  CHECK_FALSE(std::filesystem::exists(dir + "/cache/b.gguf"));
+  caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
 }

@@ -217,6 +217,19 @@ TEST_CASE("a drained node gives up every replica and takes nothing new until und
     if (n.id == node) CHECK(n.drained.empty());
 }
 
+TEST_CASE("draining a node while its replicas still wait for their turn to load places none of them there",
+          "[actors][drain][loads]") {
+  auto o = timed(2, 6, nullptr);
+  o.loads_max = 1;
+  o.loads_per_node_max = 1;
+  test::cluster_fixture f(o);  // placed on both nodes; one loads, the rest wait
+  REQUIRE(drain(f, node_drain(0)));
+  f.advance(1000ms);
+  const auto s = f.status();
+  CHECK(ready_count(s) == 6);
+  for (const auto& r : s.replicas) CHECK(r.node == 1);
+}
+
 TEST_CASE("drain requests that cannot be carried out name the problem", "[actors][drain]") {
   test::cluster_fixture f(timed(2, 2, nullptr));
   f.advance(100ms);

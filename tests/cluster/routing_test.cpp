@@ -560,6 +560,17 @@ TEST_CASE("degraded replicas get requests only when no healthy replica can take 
   }
 }
 
+TEST_CASE("a retry passes over a degraded replica it already failed on, unless only it is left", "[routing]") {
+  auto table = make_table("least_outstanding");
+  for (replica_id id : {1, 2}) {
+    auto c = candidate(id, id == 1 ? 0 : 500);  // 1 is the less loaded
+    c.state = replica_state::degraded;
+    REQUIRE(table.upsert(c));
+  }
+  for (int i = 0; i < 10; ++i) CHECK((*table.route("m", "", {1, 1}, {1}))->id == 2);
+  CHECK(table.route("m", "", {1, 1}, {1, 2}).has_value());  // only they are left: one is chosen after all
+}
+
 TEST_CASE("a retry passes over the replicas it already failed on, unless only they are left", "[routing]") {
   for (const char* policy : {"round_robin", "least_outstanding", "power_of_two", "predictive"}) {
     INFO(policy);

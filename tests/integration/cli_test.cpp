@@ -86,6 +86,33 @@ TEST_CASE("cli deploy then models then scale then undeploy", "[cli]") {
   CHECK(r.err.find("not_found: deployment 'big' does not exist") != std::string::npos);
 }
 
+TEST_CASE("cli drain and undrain reach the admin API and report what they did", "[cli]") {
+  test_server s;
+  auto r = run_cli(s.rpc_port(), {"drain", "node", "0", "--deadline-s", "30"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "draining node 0: 1 replicas, deadline 30 s\n");
+  r = run_cli(s.rpc_port(), {"drain", "replica", "0"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "draining replica 0: 1 replicas, deadline 60 s\n");
+  r = run_cli(s.rpc_port(), {"undrain", "node", "0"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "undrained node 0\n");
+  r = run_cli(s.rpc_port(), {"drain", "replica", "5"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("not_found: no replica 5") != std::string::npos);
+  const auto log = s.backend->admin_log();
+  REQUIRE(log.size() == 4);
+  CHECK(log[0] == "drain node=0 deadline_ms=30000");
+  CHECK(log[2] == "undrain node=0 deadline_ms=0");
+  // Usage errors never reach the server.
+  CHECK(run_cli(s.rpc_port(), {"drain", "node"}).exit_code == 2);
+  CHECK(run_cli(s.rpc_port(), {"drain", "rack", "1"}).exit_code == 2);
+  CHECK(run_cli(s.rpc_port(), {"drain", "node", "x"}).exit_code == 2);
+  CHECK(run_cli(s.rpc_port(), {"drain", "node", "1", "--deadline-s", "0"}).exit_code == 2);
+  CHECK(run_cli(s.rpc_port(), {"undrain", "node", "1", "--deadline-s", "5"}).exit_code == 2);
+  CHECK(s.backend->admin_log().size() == 4);
+}
+
 TEST_CASE("cli usage errors exit 2 and a server that is not there is named", "[cli]") {
   std::uint16_t port = 0;
   {

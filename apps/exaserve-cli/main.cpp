@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <thread>
+#include <unistd.h>
 #include <map>
 #include <set>
 #include <string>
@@ -43,6 +46,11 @@ commands:
               the controller's, 60) resume elsewhere token-exact; each slot is placed
               elsewhere. A drained node takes nothing new until undrained.
   undrain node N
+  top [--interval-s S] [--iterations N]
+              a live view, refreshed every S seconds (default 2): nodes, deployments,
+              replicas by state, load and queues, the replicas worth watching;
+              until Ctrl-C, or N screens (one, without clearing, when stdout is not
+              a terminal)
 
 Errors go to stderr; exit status 2 for usage errors, 1 for other failures.
 Logs go to stderr (EXASERVE_LOG=debug|info|warn|error|off).
@@ -239,6 +247,35 @@ int cmd_drain(cli::rpc_client& client, const command_args& args, bool undrain) {
   return 0;
 }
 
+int cmd_top(cli::rpc_client& client, const command_args& args) {
+  if (!args.positional.empty()) return usage_fail("top", {"top takes no arguments"});
+  auto interval = parse_uint("--interval-s", args.get("interval-s", "2"), 3600);
+  if (!interval) return usage_fail("top", interval.error());
+  if (*interval == 0) return usage_fail("top", {"--interval-s must be at least 1"});
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  std::uint64_t iterations = tty ? 0 : 1;  // 0: until interrupted
+  if (args.has("iterations")) {
+    auto n = parse_uint("--iterations", args.get("iterations"), 1u << 30);
+    if (!n) return usage_fail("top", n.error());
+    if (*n == 0) return usage_fail("top", {"--iterations must be at least 1"});
+    iterations = *n;
+  }
+  for (std::uint64_t i = 0; iterations == 0 || i < iterations; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::seconds(*interval));
+    auto s = client.status();
+    if (!s) return fail("top", s.error());
+    const auto t = std::time(nullptr);
+    char now[32];
+    std::strftime(now, sizeof now, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+    const std::string screen = cli::render_top(*s, now);
+    if (tty) std::fputs("\x1b[H\x1b[2J", stdout);  // home, clear
+    else if (i > 0) std::fputs("\n", stdout);
+    std::fputs(screen.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 struct endpoint {
   std::string host = "127.0.0.1";
   std::uint16_t port = 7000;
@@ -273,6 +310,7 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"scale", {}},
     {"drain", {"deadline-s"}},
     {"undrain", {}},
+    {"top", {"interval-s", "iterations"}},
 };
 
 int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args& args) {
@@ -283,6 +321,7 @@ int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args
   if (cmd == "undeploy") return cmd_undeploy(client, args);
   if (cmd == "drain") return cmd_drain(client, args, false);
   if (cmd == "undrain") return cmd_drain(client, args, true);
+  if (cmd == "top") return cmd_top(client, args);
   return cmd_scale(client, args);
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 namespace exa::cli {
 
@@ -83,6 +84,96 @@ std::string render_status(const api::cluster_status& s) {
   out += fmt::format("\nDEVICES ({})\n", s.devices.size()) + devices_table(s);
   out += fmt::format("\nREPLICAS ({})\n", s.replicas.size()) + replicas_table(s);
   out += fmt::format("\nDEPLOYMENTS ({})\n", s.models.size()) + render_models(s.models);
+  return out;
+}
+
+namespace {
+
+// "ready 3, serving 1, draining 1" for the states present, in lifecycle order.
+std::string by_state(const std::map<std::string, std::size_t>& counts) {
+  static const char* order[] = {"creating", "loading", "warming", "ready", "serving", "degraded", "draining",
+                                "stopped", "failed"};
+  std::string out;
+  for (const char* st : order)
+    if (auto it = counts.find(st); it != counts.end() && it->second > 0)
+      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", st, it->second);
+  return out.empty() ? "-" : out;
+}
+
+}  // namespace
+
+std::string render_top(const api::cluster_status& s, const std::string& now, std::size_t replica_rows) {
+  std::map<std::string, std::size_t> all_states;
+  for (const auto& r : s.replicas) ++all_states[r.state];
+  std::size_t drained = 0, unhealthy = 0;
+  for (const auto& n : s.nodes) {
+    drained += !n.drained.empty();
+    unhealthy += n.state != "healthy";
+  }
+  std::string out = fmt::format("exaserve top  {}  nodes {} (not healthy {}, drained {})  replicas {} ({})\n\n", now,
+                                s.nodes.size(), unhealthy, drained, s.replicas.size(), by_state(all_states));
+
+  std::vector<std::vector<std::string>> deps;
+  for (const auto& m : s.models) {
+    std::map<std::string, std::size_t> states;
+    std::uint64_t running = 0, queued = 0, kv_used = 0, kv_total = 0;
+    for (const auto& r : s.replicas) {
+      if (r.deployment != m.name) continue;
+      ++states[r.state];
+      running += r.running;
+      queued += r.queued;
+      kv_used += r.kv_used_tokens;
+      kv_total += r.kv_capacity_tokens;
+    }
+    deps.push_back({m.name, fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), by_state(states),
+                    std::to_string(running), std::to_string(queued), percent(kv_used, kv_total),
+                    m.tenant.empty() ? "-" : m.tenant});
+  }
+  out += "DEPLOYMENTS\n" +
+         render_table({"NAME", "READY/DESIRED", "REPLICAS", "RUNNING", "QUEUED", "KV USE", "TENANT"}, deps);
+
+  std::vector<std::vector<std::string>> nodes;
+  for (const auto& n : s.nodes) {
+    std::size_t replicas = 0;
+    std::uint64_t running = 0, queued = 0, mem_used = 0, mem_total = 0;
+    for (const auto& r : s.replicas)
+      if (r.node == n.id) {
+        ++replicas;
+        running += r.running;
+        queued += r.queued;
+      }
+    for (const auto& d : s.devices)
+      if (d.node == n.id) {
+        mem_used += d.memory_used_bytes;
+        mem_total += d.memory_bytes;
+      }
+    nodes.push_back({std::to_string(n.id), std::to_string(n.rack), n.state, n.drained.empty() ? "-" : n.drained,
+                     std::to_string(replicas), std::to_string(running), std::to_string(queued),
+                     percent(mem_used, mem_total)});
+  }
+  out += "\nNODES\n" +
+         render_table({"NODE", "RACK", "STATE", "DRAINED", "REPLICAS", "RUNNING", "QUEUED", "MEM USE"}, nodes);
+
+  // Replicas to watch: not ready/serving first (by id), then the busiest.
+  std::vector<const api::replica_status*> watch;
+  for (const auto& r : s.replicas)
+    if (r.state != "ready" && r.state != "serving") watch.push_back(&r);
+  std::vector<const api::replica_status*> busy;
+  for (const auto& r : s.replicas)
+    if ((r.state == "ready" || r.state == "serving") && r.running + r.queued > 0) busy.push_back(&r);
+  std::stable_sort(busy.begin(), busy.end(), [](const auto* a, const auto* b) {
+    return a->running + a->queued > b->running + b->queued;
+  });
+  watch.insert(watch.end(), busy.begin(), busy.end());
+  const std::size_t shown = std::min(watch.size(), replica_rows);
+  std::vector<std::vector<std::string>> rows;
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& r = *watch[i];
+    rows.push_back({r.id, r.deployment, std::to_string(r.slot), r.state, fmt::format("{}/{}", r.node, r.device),
+                    std::to_string(r.running), std::to_string(r.queued), percent(r.kv_used_tokens, r.kv_capacity_tokens)});
+  }
+  out += fmt::format("\nREPLICAS TO WATCH ({} of {} not idle and ready)\n", shown, watch.size()) +
+         render_table({"REPLICA", "DEPLOYMENT", "SLOT", "STATE", "NODE/DEV", "RUNNING", "QUEUED", "KV USE"}, rows);
   return out;
 }
 

@@ -17,6 +17,13 @@ std::string render_status(const api::cluster_status& status);
 
 std::string render_models(const std::vector<api::model_info>& models);
 
+/// One screen of `exaserve-cli top`: a summary line (nodes and replicas by
+/// state), deployments (replicas by state, requests running and queued, KV
+/// use), nodes (state and drain, replicas, load, memory), and the replicas
+/// worth watching: every one not ready or serving, then the busiest, at
+/// most `replica_rows` in all. `now` is printed as given.
+std::string render_top(const api::cluster_status& status, const std::string& now, std::size_t replica_rows = 15);
+
 /// "1.5 GiB"-style sizes.
 std::string human_bytes(std::uint64_t bytes);
 

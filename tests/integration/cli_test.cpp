@@ -113,6 +113,22 @@ TEST_CASE("cli drain and undrain reach the admin API and report what they did", 
   CHECK(s.backend->admin_log().size() == 4);
 }
 
+TEST_CASE("cli top shows deployments, nodes and the replicas to watch, a bounded number of times", "[cli]") {
+  test_server s;
+  auto r = run_cli(s.rpc_port(), {"top", "--iterations", "2", "--interval-s", "1"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("exaserve top") != std::string::npos);
+  CHECK(r.out.find("nodes 1 (not healthy 0, drained 0)  replicas 1 (ready 1)") != std::string::npos);
+  CHECK(r.out.find("DEPLOYMENTS") != std::string::npos);
+  CHECK(r.out.find("NODES") != std::string::npos);
+  CHECK(r.out.find("REPLICAS TO WATCH (0 of 0") != std::string::npos);
+  // Two screens, not cleared (stdout is not a terminal).
+  CHECK(r.out.find("exaserve top", r.out.find("exaserve top") + 1) != std::string::npos);
+  CHECK(r.out.find("\x1b[2J") == std::string::npos);
+  CHECK(run_cli(s.rpc_port(), {"top", "--interval-s", "0"}).exit_code == 2);
+  CHECK(run_cli(s.rpc_port(), {"top", "extra"}).exit_code == 2);
+}
+
 TEST_CASE("cli usage errors exit 2 and a server that is not there is named", "[cli]") {
   std::uint16_t port = 0;
   {

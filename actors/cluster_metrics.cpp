@@ -56,6 +56,10 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->node_health_changes = must(r.register_counter(
       "exaserve_node_health_changes_total", "Node health changes the failure detector decided, by the new health.",
       {"to"}));
+  m->drains = must(r.register_counter("exaserve_drains_total",
+                                      "Replicas the controller began draining, by cause (replica, node, shutdown, "
+                                      "degraded).",
+                                      {"cause"}));
   return m;
 }
 

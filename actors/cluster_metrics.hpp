@@ -30,6 +30,7 @@ struct cluster_metrics {
   metrics::gauge_family* nodes = nullptr;              // {health}: nodes the controller watches
   metrics::counter_family* node_health_changes = nullptr;  // {to}: suspect, confirmed, healthy
   metrics::gauge_family* device_memory = nullptr;      // {node, device, kind}: reserved, used
+  metrics::counter_family* drains = nullptr;           // {cause}: replicas the controller began draining
 
   /// Registers every family in `registry` (a fresh one when null).
   static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);

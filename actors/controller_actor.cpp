@@ -250,6 +250,7 @@ expected<bool> begin_drain(self_ptr self, cluster::replica_id id, cluster::drain
   spdlog::info("event=replica_drain_started replica={} deployment={} slot={} node={} state={} cause={} deadline_ms={}",
                id, r.deployment, r.slot, r.node, cluster::to_string(r.state), cluster::to_string(cause),
                deadline.count());
+  if (st.config.metrics) cluster_metrics::series(st.config.metrics->drains, std::string(cluster::to_string(cause)))->inc();
   if (!r.spawned) {  // never started (waiting for its turn or its node): nothing to drain
     drain_moved(self, id);
     forget_replica(self, id);

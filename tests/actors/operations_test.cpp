@@ -189,6 +189,10 @@ TEST_CASE("a drained node gives up every replica and takes nothing new until und
   REQUIRE(r);
   CHECK(r->replicas == on_node);
   f.advance(1000ms);
+  std::string metrics;
+  f.backend().metrics([&](std::string text) { metrics = std::move(text); });
+  f.run();
+  CHECK_THAT(metrics, Catch::Contains("exaserve_drains_total{cause=\"node\"} " + std::to_string(on_node)));
   s = f.status();
   CHECK(ready_count(s) == 3);
   for (const auto& rep : s.replicas) CHECK(rep.node != node);

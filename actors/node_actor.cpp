@@ -355,6 +355,18 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
             it->second.handle,
             caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, "killed by fault injection")});
       },
+      [=](const node_leaving& m) {
+        // No controller to tell (see the uplink): drain every replica here.
+        auto& st = self->state;
+        spdlog::warn("event=node_draining_alone node={} replicas={} deadline_ms={} detail=\"no controller reachable: "
+                     "in-flight requests finish, nothing is placed elsewhere\"",
+                     st.ctx.config.id, st.replicas.size(), m.deadline_ms);
+        for (auto& [id, r] : st.replicas)
+          if (r.handle) {
+            r.stopping = true;
+            self->send(r.handle, stop_replica{id, true, m.deadline_ms});
+          }
+      },
       [=](const stop_replica& m) {
         auto it = self->state.replicas.find(m.id);
         const bool here = it != self->state.replicas.end() && it->second.handle;

@@ -122,6 +122,14 @@ caf::behavior uplink_actor(caf::stateful_actor<uplink_state>* self, uplink_confi
         if (st.controller) caf::send_as(sender_or_self(self), st.controller, m);
       },
       [=](reconnect_atom) { reconnect(self); },
+      [=](const node_leaving& m) {
+        // The node's process is stopping. With a controller, it moves the
+        // slots and drains the replicas; without one, nobody can move them,
+        // so the node drains its replicas itself (what is in flight finishes).
+        auto& st = self->state;
+        if (st.controller) caf::send_as(sender_or_self(self), st.controller, m);
+        else if (st.node) self->send(st.node, m);
+      },
   };
 }
 

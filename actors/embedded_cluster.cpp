@@ -107,8 +107,8 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.lease_ms = cluster::node_lease_ms(o.heartbeat_interval_ms, o.suspect_after_missed, o.observation_window_ms);
     nc.model_cache_bytes = o.model_cache_bytes;
     nc.model_store = o.model_store;
-    nc.model_cache_dir = o.model_cache_dir.empty() || o.nodes == 1 ? o.model_cache_dir
-                                                                    : o.model_cache_dir + "/node-" + std::to_string(n);
+    // Each node its own cache directory: a node's cache deletes what it evicts.
+    nc.model_cache_dir = o.model_cache_dir.empty() ? "" : o.model_cache_dir + "/node-" + std::to_string(n);
     nc.degradation.step_latency_max = std::chrono::milliseconds(o.degraded_step_ms);
     nc.degradation.error_rate_max = o.degraded_error_percent / 100.0;
     plan.nodes.push_back(nc);
@@ -134,6 +134,9 @@ embedded_cluster::~embedded_cluster() { stop(); }
 expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_options options) {
   if (options.nodes == 0 || options.devices_per_node == 0)
     return make_error(errc::invalid_argument, "a cluster needs at least one node with one device");
+  if (!options.model_store.empty() && options.model_cache_dir.empty())
+    return make_error(errc::invalid_argument,
+                      "model_store needs model_cache_dir: the node-local directory fetched models are copied to");
   auto p = std::make_unique<impl>(options);
   p->deterministic = options.deterministic;
   p->metrics = cluster_metrics::create();

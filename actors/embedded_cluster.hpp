@@ -58,7 +58,7 @@ struct cluster_options {
   std::uint32_t loads_per_node_max = 4;          // replicas loading at once, per node
   std::uint64_t model_cache_bytes = 64ull << 30;  // per node: model files kept loaded (in-use ones always stay)
   std::string model_store;                       // models found nowhere on a node are fetched from here
-  std::string model_cache_dir;                   // where fetched models go ("" = <model_store>/.node-cache)
+  std::string model_cache_dir;                   // fetched models go to <dir>/node-N (needed with model_store)
   std::uint32_t max_attempts = 4;                // replicas one request may try
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t queued_per_model_max = 1024;

@@ -20,11 +20,17 @@ void evict_unpinned(model_cache_state& st, cluster::node_id node) {
     if (it == st.entries.end()) continue;
     spdlog::info("event=model_evicted node={} key={} file={} cache_used_bytes={} capacity_bytes={}", node, key,
                  it->second.file, st.lru.used_bytes(), st.lru.capacity_bytes());
-    if (it->second.fetched) {  // our copy from the store: the disk space goes too
-      std::error_code ec;
-      std::filesystem::remove(it->second.file, ec);
-    }
+    const std::string file = it->second.file;
+    const bool fetched = it->second.fetched;
     st.entries.erase(it);
+    // Our copy from the store: the disk space goes too, unless another entry
+    // (another key for the same file) still uses it.
+    const bool shared = std::any_of(st.entries.begin(), st.entries.end(),
+                                    [&](const auto& e) { return e.second.file == file; });
+    if (fetched && !shared) {
+      std::error_code ec;
+      std::filesystem::remove(file, ec);
+    }
   }
   if (st.lru.used_bytes() > st.lru.capacity_bytes())
     spdlog::warn("event=model_cache_over_capacity node={} used_bytes={} capacity_bytes={} detail=\"every model left "
@@ -67,7 +73,7 @@ expected<loaded> load(model_cache_state& st, cluster::node_id node, const std::s
     file = model::locate_model(path, sha256, model_dir, usable);
   }
   bool fetched = false;
-  if (!file && !st.config.store_dir.empty()) {
+  if (!file && !st.config.store_dir.empty() && !st.config.cache_dir.empty()) {
     // Nowhere on the node: from the store into our cache, checked on the way.
     auto f = model::fetch_from_store(st.config.store_dir, st.config.cache_dir, path, sha256);
     if (!f) return make_error(f.error().code, "node " + std::to_string(node) + ": " + f.error().message);
@@ -113,7 +119,6 @@ model_handle acquire(model_cache_state& st, cluster::node_id node, const std::st
 caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cluster::node_id node,
                                 model_cache_config config) {
   self->state.lru = cluster::byte_lru(config.capacity_bytes);
-  if (config.cache_dir.empty() && !config.store_dir.empty()) config.cache_dir = config.store_dir + "/.node-cache";
   self->state.config = std::move(config);
   return {
       [=](const inject_fault& f) {
@@ -129,8 +134,19 @@ caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cl
         if (clock_ns(self) < st.slow_until_ns) {  // a slow disk or network: answer later
           auto promise = self->make_response_promise<model_handle>();
           const std::string path = req.path, sha256 = req.sha256;
+          ++st.pending[cache_key(path, sha256)];
           self->delayed_send(self, std::chrono::milliseconds(st.slow_delay_ms), deferred_call{[=]() mutable {
-            promise.deliver(acquire(self->state, node, path, sha256));
+            auto& s = self->state;
+            const auto key = cache_key(path, sha256);
+            auto h = acquire(s, node, path, sha256);
+            if (--s.pending[key] == 0) s.pending.erase(key);
+            // Its replica stopped (and released) while this load waited.
+            if (h.model && s.early_releases[key] > 0) {
+              if (--s.early_releases[key] == 0) s.early_releases.erase(key);
+              s.lru.unpin(key);
+              evict_unpinned(s, node);
+            }
+            promise.deliver(std::move(h));
           }});
           return promise;
         }
@@ -138,7 +154,11 @@ caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cl
       },
       [=](const release_model& req) {
         auto& st = self->state;
-        if (!st.lru.unpin(cache_key(req.path, req.sha256))) return;
+        const auto key = cache_key(req.path, req.sha256);
+        if (!st.lru.unpin(key)) {
+          if (st.pending.count(key)) ++st.early_releases[key];  // for an acquire still waiting
+          return;
+        }
         evict_unpinned(st, node);
       },
   };

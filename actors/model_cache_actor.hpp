@@ -47,6 +47,8 @@ struct model_cache_state {
   std::shared_ptr<model::file_digest_cache> digests = std::make_shared<model::file_digest_cache>();
   std::uint64_t loads = 0;
   std::uint64_t fetches = 0;
+  std::map<std::string, std::uint32_t> pending;         // acquires delayed (slow-load fault), by key
+  std::map<std::string, std::uint32_t> early_releases;  // releases that came before those acquires
   // Fault injection: model loads take `slow_delay_ms` longer until then.
   std::int64_t slow_until_ns = 0;
   std::uint32_t slow_delay_ms = 0;

@@ -37,7 +37,7 @@ struct node_config {
   std::uint64_t model_cache_bytes = 64ull << 30;  // model files kept loaded, in bytes (in-use ones always stay)
   std::string model_dir;  // where models missing at their path are looked for (by sha256, then name)
   std::string model_store;      // operator's model store: models found nowhere on the node are fetched from it
-  std::string model_cache_dir;  // where fetched models go ("" = <model_store>/.node-cache)
+  std::string model_cache_dir;  // this node's own directory for fetched models (needed with a store)
   std::uint32_t heartbeat_interval_ms = 2000;
   std::uint32_t replica_max_restarts = 3;      // per slot, within the window
   std::uint32_t replica_restart_window_ms = 60000;

@@ -393,9 +393,13 @@ void start(self_ptr self) {
   auto& st = self->state;
   if (st.ctx.spec.engine == "sim") return start_simulated(self);
   move_to(self, replica_state::loading);
+  st.model_requested = true;
   self->request(st.ctx.model_cache, caf::infinite, acquire_model{st.ctx.spec.model_file, st.ctx.spec.model_sha256})
       .then([=](const model_handle& h) {
-        if (!h.model) return fail(self, "model load failed: " + h.error.message);
+        if (!h.model) {
+          self->state.model_requested = false;  // nothing was pinned
+          return fail(self, "model load failed: " + h.error.message);
+        }
         self->state.model = h.model;
         start_with_resources(self);
       },
@@ -482,8 +486,10 @@ replica_actor_state::~replica_actor_state() {
     cluster_metrics::series(ctx.metrics->kv_used_tokens, id)->set(0);
     cluster_metrics::series(ctx.metrics->kv_capacity_tokens, id)->set(0);
   }
-  // Unpin the model in the node's cache, however the replica ended.
-  if (model && ctx.model_cache) caf::anon_send(ctx.model_cache, release_model{ctx.spec.model_file, ctx.spec.model_sha256});
+  // Unpin the model in the node's cache, however the replica ended -- also
+  // when it was asked for and had not arrived yet (the cache pins it anyway).
+  if ((model || model_requested) && ctx.model_cache)
+    caf::anon_send(ctx.model_cache, release_model{ctx.spec.model_file, ctx.spec.model_sha256});
 }
 
 caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx) {

@@ -71,6 +71,7 @@ struct replica_actor_state {
   std::int64_t last_load_report_ns = 0;
   std::optional<cluster::degradation_detector> health;  // set at start from ctx.degradation
   bool probe_out = false;
+  bool model_requested = false;  // acquire_model sent: released at the end even if the answer never came
   bool fenced_while_draining = false;  // logged once  // a probe (warm-up id) is in the engine
   static inline const char* name = "replica";
   ~replica_actor_state();

@@ -114,7 +114,8 @@ const std::vector<flag_spec> node_flags = with_common_flags({
                         "(deployments that pin one) or by its file name"},
     {"model-store", true, "the operator's model store (a directory, e.g. a network mount): a model found nowhere on "
                           "this node is copied from it into the node's cache, checked and renamed into place"},
-    {"model-cache-dir", true, "where models fetched from the store go (default <model-store>/.node-cache)"},
+    {"model-cache-dir", true, "this node's own directory that models fetched from the store are copied to "
+                              "(required with --model-store; evicted copies are deleted from it)"},
     {"model-cache-mb", true, "model files kept loaded on this node, in MiB; least recently used ones not in use "
                              "are evicted first, never one a replica maps (default 65536)"},
     {"drain-deadline-ms", true, "on SIGTERM: the controller moves this node's slots and its in-flight "
@@ -227,6 +228,9 @@ int cmd_node(int argc, char** argv) {
   o.model_dir = a->get_or("model-dir", "");
   o.model_store = a->get_or("model-store", "");
   o.model_cache_dir = a->get_or("model-cache-dir", "");
+  if (!o.model_store.empty() && o.model_cache_dir.empty())
+    return fail("node", {errc::invalid_argument, "--model-store needs --model-cache-dir: a directory on this node's "
+                                                 "own disk that fetched models are copied to"});
   o.model_cache_bytes = static_cast<std::uint64_t>(*cache_mb) << 20;
   set_transport(*a, o);
   auto node = actors::node_process::start(std::move(o));

@@ -128,6 +128,7 @@ rollout_machine::rollout_machine(std::string old_version, std::string new_versio
                                  verdict_policy policy, std::int64_t now_ns)
     : old_version_(std::move(old_version)), new_version_(std::move(new_version)), plan_(std::move(plan)),
       policy_(policy) {
+  if (plan_.steps.empty()) plan_.steps = {100};  // validate() refuses it; never index an empty plan
   start_step(now_ns);
 }
 

@@ -86,8 +86,11 @@ expected<store_fetch> fetch_from_store(const std::string& store_dir, const std::
   const std::string source = store_dir + "/" + name;
   const std::string target = cache_dir + "/" + name;
   std::error_code ec;
-  if (!fs::is_regular_file(source, ec))
+  if (!fs::is_regular_file(source, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      return make_error(errc::io_error, "cannot read the model store at " + source + ": " + ec.message());
     return make_error(errc::not_found, "model " + name + " is not in the model store (" + source + ")");
+  }
   // What a good copy hashes to: the pinned digest, else the store file's.
   std::string want = sha256.empty() ? std::string() : normalize_sha256(sha256);
   if (want.empty()) {
@@ -108,12 +111,21 @@ expected<store_fetch> fetch_from_store(const std::string& store_dir, const std::
   }
   fs::create_directories(cache_dir, ec);
   if (ec) return make_error(errc::io_error, "cannot create the model cache " + cache_dir + ": " + ec.message());
-  const std::string tmp = cache_dir + "/." + name + ".tmp." + std::to_string(::getpid());
+  // Temporary copies of this name left by a process killed mid-copy: the
+  // cache directory is this node's own, so no one else is writing them.
+  const std::string tmp_prefix = "." + name + ".tmp.";
+  for (const auto& e : fs::directory_iterator(cache_dir, ec))
+    if (e.path().filename().string().rfind(tmp_prefix, 0) == 0) fs::remove(e.path(), ec);
+  std::string tmp_template = cache_dir + "/" + tmp_prefix + "XXXXXX";
+  const int tmp_fd = ::mkstemp(tmp_template.data());
+  if (tmp_fd < 0) return std::unexpected(io("cannot create a temporary file in", cache_dir));
+  ::close(tmp_fd);
+  const std::string tmp = tmp_template;  // unique: two fetches never write one file
   std::string last_digest;
   const std::uint32_t attempts = options.attempts ? options.attempts : 1;
   for (std::uint32_t attempt = 1; attempt <= attempts; ++attempt) {
     ++out.attempts;
-    auto bytes = copy_synced(source, tmp);
+    auto bytes = copy_synced(source, tmp);  // (re)creates tmp
     if (!bytes) {
       fs::remove(tmp, ec);
       return std::unexpected(bytes.error());

@@ -161,3 +161,26 @@ TEST_CASE("the model cache evicts by bytes, never a model in use, and fetches fr
   CHECK_FALSE(std::filesystem::exists(dir + "/cache/b.gguf"));
   caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a release that comes before its delayed load completes still unpins the model", "[actors][models]") {
+  // A replica that stops while its model is still loading releases it at
+  // once; the cache pins the model when the load completes, and must drop
+  // that pin, or the model could never be evicted.
+  const std::string& model = test::tiny_model_path();
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/model-cache-early-release";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/store");
+  std::filesystem::copy_file(model, dir + "/a.gguf");
+  std::filesystem::copy_file(model, dir + "/store/b.gguf");
+  cache_system cs;
+  auto cache = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{10},
+                             actors::model_cache_config{1, "", dir + "/store", dir + "/cache"});  // room for nothing unpinned
+  caf::anon_send(cache, actors::inject_fault{"slow_load", 0, 60000, 200});
+  caf::anon_send(cache, actors::acquire_model{"/nowhere/b.gguf", ""});  // its asker is gone by the time it loads
+  caf::anon_send(cache, actors::release_model{"/nowhere/b.gguf", ""});
+  // Queued behind b's delayed load: when a is answered, b's load is done.
+  const auto a = acquire(*cs.sys, cache, dir + "/a.gguf", "");
+  REQUIRE(a.model);
+  CHECK_FALSE(std::filesystem::exists(dir + "/cache/b.gguf"));  // fetched, then unpinned and evicted
+  caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
+}

@@ -14,8 +14,8 @@
 namespace exa::actors {
 namespace {
 
-void evict_unpinned(model_cache_state& st, cluster::node_id node) {
-  for (const auto& key : st.lru.evict()) {
+void evict_unpinned(model_cache_state& st, cluster::node_id node, std::uint64_t incoming = 0) {
+  for (const auto& key : st.lru.evict_for(incoming)) {
     auto it = st.entries.find(key);
     if (it == st.entries.end()) continue;
     spdlog::info("event=model_evicted node={} key={} file={} cache_used_bytes={} capacity_bytes={}", node, key,
@@ -74,7 +74,12 @@ expected<loaded> load(model_cache_state& st, cluster::node_id node, const std::s
   }
   bool fetched = false;
   if (!file && !st.config.store_dir.empty() && !st.config.cache_dir.empty()) {
-    // Nowhere on the node: from the store into our cache, checked on the way.
+    // Nowhere on the node: from the store into our cache, checked on the
+    // way, after room is made for it (the cache's disk may be sized to it).
+    std::error_code size_ec;
+    const auto incoming =
+        std::filesystem::file_size(st.config.store_dir + "/" + model::store_name(path, sha256), size_ec);
+    if (!size_ec) evict_unpinned(st, node, incoming);
     auto f = model::fetch_from_store(st.config.store_dir, st.config.cache_dir, path, sha256);
     if (!f) return make_error(f.error().code, "node " + std::to_string(node) + ": " + f.error().message);
     ++st.fetches;

@@ -39,9 +39,11 @@ bool byte_lru::erase(const std::string& key) {
   return true;
 }
 
-std::vector<std::string> byte_lru::evict() {
+std::vector<std::string> byte_lru::evict() { return evict_for(0); }
+
+std::vector<std::string> byte_lru::evict_for(std::uint64_t incoming) {
   std::vector<std::string> out;
-  while (used_ > capacity_) {
+  while (used_ + incoming > capacity_) {
     auto victim = entries_.end();
     for (auto it = entries_.begin(); it != entries_.end(); ++it)
       if (it->second.pins == 0 && (victim == entries_.end() || it->second.last_used < victim->second.last_used))

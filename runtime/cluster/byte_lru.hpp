@@ -30,6 +30,9 @@ class byte_lru {
   /// Keys to evict, least recently used first, so that the total is back
   /// within capacity; each is removed from the cache. Pinned entries stay.
   std::vector<std::string> evict();
+  /// The same, so that `incoming` more bytes would fit too (room made before
+  /// a new file is fetched, not after).
+  std::vector<std::string> evict_for(std::uint64_t incoming);
   /// Whether `bytes` more would fit once every unpinned entry went (a load
   /// that cannot fit even then should be refused up front).
   bool could_fit(std::uint64_t bytes) const { return pinned_bytes() + bytes <= capacity_; }

@@ -54,3 +54,14 @@ TEST_CASE("resizing and erasing keep the total right", "[cache]") {
   CHECK_FALSE(c.pin("a"));
   CHECK_FALSE(c.touch("a"));
 }
+
+TEST_CASE("room is made for a file before it arrives", "[cache]") {
+  byte_lru c(100);
+  c.insert("a", 30);
+  c.insert("b", 30);
+  c.pin("b");
+  CHECK(c.evict_for(40).empty());                         // 60 + 40 fits
+  CHECK(c.evict_for(50) == std::vector<std::string>{"a"});  // 60 + 50 does not: a goes
+  CHECK(c.evict_for(90).empty());                         // only b is left, and it is pinned
+  CHECK(c.used_bytes() == 30);
+}

@@ -500,11 +500,13 @@ void on_degraded_check(self_ptr self, const degraded_check& m) {
 
 // Validates a deploy request and reads the model's shape. Errors are the
 // caller's to fix (bad name, file, policy, counts).
-expected<controller_state::deployment> make_deployment(self_ptr self, const api::deploy_request& req) {
+expected<controller_state::deployment> make_deployment(self_ptr self, const api::deploy_request& req,
+                                                       bool allow_cold = true) {
   auto& st = self->state;
   if (auto ok = check_name(req.name); !ok) return std::unexpected(ok.error());
-  if (req.replicas == 0 || req.replicas > max_replicas_per_deployment)
-    return make_error(errc::invalid_argument, "replicas must be in [1, " + std::to_string(max_replicas_per_deployment) + "]");
+  if ((req.replicas == 0 && !allow_cold) || req.replicas > max_replicas_per_deployment)
+    return make_error(errc::invalid_argument, "replicas must be in [0, " + std::to_string(max_replicas_per_deployment) +
+                                                  "] (0: cold, started by its first request)");
   const std::string routing = req.routing.empty() ? st.config.default_routing : req.routing;
   if (auto policy = cluster::make_routing_policy(routing); !policy) return std::unexpected(policy.error());
   const std::string file = req.model_file.empty() ? st.config.default_model_file : req.model_file;
@@ -548,6 +550,14 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
   auto dep = make_deployment(self, req);
   if (!dep) return to_caf(dep.error());
   register_deployment(self, req.name, *dep);
+  if (req.replicas == 0) {  // cold from the start: its first request wakes it
+    self->send(st.router, deployment_cold{req.name, true});
+    spdlog::info("event=deployed deployment={} model={} replicas=0 cold=true", req.name, dep->model_file);
+    api::deploy_request resolved = req;
+    resolved.model_file = dep->model_file;
+    remember(self, resolved);
+    return ok_atom::value;
+  }
   std::string why;
   const std::size_t missing = place_missing(self, req.name, &why);
   spdlog::info("event=deployed deployment={} model={} replicas={} placed={} routing={}", req.name, dep->model_file,
@@ -667,13 +677,14 @@ void recover(self_ptr self) {
     st.slots->cordon(node);
   }
   for (const auto& [name, req] : durable.deployments) {
-    auto dep = make_deployment(self, req);
+    auto dep = make_deployment(self, req, /*allow_cold=*/true);  // scaled to zero before the restart
     if (!dep) {
       spdlog::error("event=deploy_failed deployment={} error=\"{}\" detail=\"recovered from the journal\"", name,
                     to_string(dep.error()));
       continue;
     }
     register_deployment(self, name, *dep);
+    if (dep->spec.replicas == 0) self->send(st.router, deployment_cold{name, true});
   }
   st.reconciling = true;
   spdlog::info("event=controller_recovered deployments={} slots={} next_replica_id={} reconcile_window_ms={}",
@@ -739,6 +750,8 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   spdlog::info("event=gateway_joined gateways={}", s.gateway_agents.size() + 1);
   for (const auto& [name, dep] : s.deployments) self->send(m.router, announce(name, dep));
   for (const auto& req : s.awaiting_nodes) self->send(m.router, deployment_starting{req.name});
+  for (const auto& [name, dep] : s.deployments)
+    if (dep.spec.replicas == 0) self->send(m.router, deployment_cold{name, true});
   for (const auto& [slot, epoch] : s.slots->epochs()) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
   for (const auto& [id, r] : s.replicas)
     if (r.handle)
@@ -753,6 +766,32 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
     s.gateway_agents.push_back(m.agent);
     self->monitor(m.agent);
   }
+}
+
+caf::result<ok_atom> on_scale(self_ptr self, const scale_msg& m) {
+  auto& s = self->state;
+  if (s.reconciling) return to_caf(reconciling_error());
+  auto it = s.deployments.find(m.name);
+  if (it == s.deployments.end()) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
+  if (m.replicas > max_replicas_per_deployment)
+    return to_caf({errc::invalid_argument, "replicas must be in [0, " +
+                                               std::to_string(max_replicas_per_deployment) +
+                                               "] (0: cold, woken by its next request); use undeploy to remove"});
+  const std::uint32_t old = it->second.spec.replicas;
+  if ((old == 0) != (m.replicas == 0)) self->send(s.router, deployment_cold{m.name, m.replicas == 0});
+  it->second.spec.replicas = m.replicas;
+  {
+    std::lock_guard lock(s.config.desired->mutex);
+    auto d = s.config.desired->deployments.find(m.name);
+    if (d != s.config.desired->deployments.end()) d->second.replicas = m.replicas;
+  }
+  persist(self, cluster::journal_record::scale(m.name, m.replicas));
+  if (m.replicas < old) stop_slots(self, m.name, m.replicas);
+  std::string why;
+  if (m.replicas > old && place_missing(self, m.name, &why) > 0)
+    spdlog::warn("event=scale_partial deployment={} wanted={} reason=\"{}\"", m.name, m.replicas, why);
+  spdlog::info("event=scaled deployment={} from={} to={}", m.name, old, m.replicas);
+  return ok_atom::value;
 }
 
 }  // namespace
@@ -857,32 +896,22 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         spdlog::info("event=undeployed deployment={}", m.name);
         return ok_atom::value;
       },
-      [=](const scale_msg& m) -> caf::result<ok_atom> {
+      [=](const wake_deployment& m) {
         auto& s = self->state;
-        if (s.reconciling) return to_caf(reconciling_error());
         auto it = s.deployments.find(m.name);
-        if (it == s.deployments.end()) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
-        if (m.replicas == 0 || m.replicas > max_replicas_per_deployment)
-          return to_caf({errc::invalid_argument, "replicas must be in [1, " +
-                                                     std::to_string(max_replicas_per_deployment) + "]; use undeploy to remove"});
-        const std::uint32_t old = it->second.spec.replicas;
-        it->second.spec.replicas = m.replicas;
-        {
-          std::lock_guard lock(s.config.desired->mutex);
-          auto d = s.config.desired->deployments.find(m.name);
-          if (d != s.config.desired->deployments.end()) d->second.replicas = m.replicas;
+        if (s.reconciling || it == s.deployments.end() || it->second.spec.replicas > 0) {
+          // Not cold (woken already, or scaled meanwhile): routers still waiting are told.
+          if (it != s.deployments.end()) self->send(s.router, deployment_cold{m.name, false});
+          return;
         }
-        persist(self, cluster::journal_record::scale(m.name, m.replicas));
-        if (m.replicas < old) stop_slots(self, m.name, m.replicas);
-        std::string why;
-        if (m.replicas > old && place_missing(self, m.name, &why) > 0)
-          spdlog::warn("event=scale_partial deployment={} wanted={} reason=\"{}\"", m.name, m.replicas, why);
-        spdlog::info("event=scaled deployment={} from={} to={}", m.name, old, m.replicas);
-        return ok_atom::value;
+        spdlog::info("event=deployment_waking deployment={} replicas=1 reason=\"a request came for it\"", m.name);
+        (void)on_scale(self, scale_msg{m.name, 1});
       },
+      [=](const scale_msg& m) -> caf::result<ok_atom> { return on_scale(self, m); },
       [=](models_atom) { return models_reply{list_models(self)}; },
       [=](ready_atom) {
         for (const auto& [name, dep] : self->state.deployments) {
+          if (dep.spec.replicas == 0) continue;  // cold: woken by its first request
           bool any = false;
           for (const auto& [id, r] : self->state.replicas) any |= r.deployment == name && cluster::serves_requests(r.state);
           if (!any) return false;

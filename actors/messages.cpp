@@ -70,6 +70,8 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<api::deploy_request>("exa.deploy_request");
   cfg.add_message_type<deployment_announce>("exa.deployment_announce");
   cfg.add_message_type<deployment_removed>("exa.deployment_removed");
+  cfg.add_message_type<deployment_cold>("exa.deployment_cold");
+  cfg.add_message_type<wake_deployment>("exa.wake_deployment");
   cfg.add_message_type<deployment_starting>("exa.deployment_starting");
   cfg.add_message_type<deploy_msg>("exa.deploy");
   cfg.add_message_type<undeploy_msg>("exa.undeploy");

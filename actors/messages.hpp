@@ -428,6 +428,25 @@ typename Inspector::result_type inspect(Inspector& f, deployment_starting& x) {
   return f(caf::meta::type_name("exa.deployment_starting"), x.name);
 }
 
+/// controller -> routers: a deployment scaled to zero is cold (kept, with
+/// no replica: a request for it wakes it and waits), or no longer cold.
+struct deployment_cold {
+  std::string name;
+  bool cold = true;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deployment_cold& x) {
+  return f(caf::meta::type_name("exa.deployment_cold"), x.name, x.cold);
+}
+/// router -> controller: a request came for a cold deployment.
+struct wake_deployment {
+  std::string name;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, wake_deployment& x) {
+  return f(caf::meta::type_name("exa.wake_deployment"), x.name);
+}
+
 struct deployment_removed {
   std::string name;
 };

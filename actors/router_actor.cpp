@@ -10,6 +10,7 @@
 #include <chrono>
 
 #include "actors/cluster_metrics.hpp"
+#include "actors/cluster_supervisor.hpp"
 #include "actors/controller_actor.hpp"
 #include "actors/request_actor.hpp"
 #include "cluster/lifecycle.hpp"
@@ -92,6 +93,22 @@ void on_route(self_ptr self, const route_request& m) {
     count_refusal(self, m.request.model, m.request.tenant);
     return refuse(m, {errc::not_found, "unknown model '" + m.request.model + "'" +
                                            (known.empty() ? std::string(" (nothing is deployed)") : " (serving: " + known + ")")});
+  }
+  if (st.cold.count(m.request.model) || st.waking.count(m.request.model)) {
+    // Scaled to zero: the first request wakes it, and every request waits
+    // for its first replica (bounded by the queue limit and the deadline).
+    auto& waiting = st.waiting_for_start[m.request.model];
+    if (waiting.size() >= st.config.admission.queued_per_model_max)
+      return refuse(m, {errc::overloaded, "model '" + m.request.model + "' is waking up and its queue is full"});
+    if (waiting.empty())
+      self->delayed_send(self, std::chrono::milliseconds(st.config.request_deadline_ms), start_timeout{m.request.model});
+    waiting.push_back(m);
+    if (st.waking.insert(m.request.model).second) {
+      spdlog::info("event=deployment_wake_requested deployment={} request_id={}", m.request.model, m.request.request_id);
+      if (auto c = caf::actor_cast<caf::actor>(self->home_system().registry().get(controller_atom::value)))
+        self->send(c, wake_deployment{m.request.model});
+    }
+    return;
   }
   if (st.requests.count(m.request.request_id))
     return refuse(m, {errc::invalid_argument, "request id '" + m.request.request_id + "' is already in flight"});
@@ -319,6 +336,16 @@ bool fence_if_stale(self_ptr self, const cluster::slot_ref& slot, cluster::epoch
   return true;
 }
 
+// A woken deployment's first replica is ready: what waited for it is routed.
+void wake_done(self_ptr self, const std::string& deployment, replica_state state) {
+  auto& st = self->state;
+  if (!cluster::accepts_requests(state) || st.cold.count(deployment) || !st.waking.erase(deployment)) return;
+  auto waiting = std::move(st.waiting_for_start[deployment]);
+  st.waiting_for_start.erase(deployment);
+  spdlog::info("event=deployment_woken deployment={} waiting={}", deployment, waiting.size());
+  for (const auto& m : waiting) on_route(self, m);
+}
+
 void on_replica_event(self_ptr self, const replica_event& ev) {
   auto& st = self->state;
   const auto state = static_cast<replica_state>(ev.state);
@@ -347,9 +374,11 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
       spdlog::warn("event=router_upsert_refused replica={} error=\"{}\"", ev.id, to_string(ok.error()));
     else if (suspect)
       (void)st.table->set_suspect(ev.id, true);
+    wake_done(self, ev.deployment, state);
     return;
   }
   (void)st.table->set_state(ev.id, state);
+  wake_done(self, ev.deployment, state);
 }
 
 void on_down(self_ptr self, const caf::down_msg& dm) {
@@ -417,12 +446,19 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         s.waiting_for_start.erase(d.name);
         for (const auto& m : waiting) on_route(self, m);
       },
+      [=](const deployment_cold& d) {
+        auto& s = self->state;
+        if (d.cold) s.cold.insert(d.name);
+        else s.cold.erase(d.name);  // still waking (if woken) until its first replica is ready
+      },
       [=](const deployment_starting& d) {
         if (!self->state.deployments.count(d.name)) self->state.starting.insert(d.name);
       },
       [=](const deployment_removed& d) {
         auto& s = self->state;
         s.deployments.erase(d.name);
+        s.cold.erase(d.name);
+        s.waking.erase(d.name);
         s.starting.erase(d.name);
         for (const auto& m : s.waiting_for_start[d.name])
           refuse(m, {errc::unavailable, "deployment '" + d.name + "' could not start"});
@@ -430,6 +466,8 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       },
       [=](const start_timeout& t) {
         auto& s = self->state;
+        if (!s.waiting_for_start.count(t.deployment)) return;  // woken and routed meanwhile
+        s.waking.erase(t.deployment);
         for (const auto& m : s.waiting_for_start[t.deployment])
           refuse(m, {errc::deadline_exceeded, "deployment '" + t.deployment + "' did not start in time"});
         s.waiting_for_start.erase(t.deployment);

@@ -98,6 +98,11 @@ struct router_state {
   /// their announce): a request for one waits for it, bounded, instead of
   /// being told it does not exist.
   std::set<std::string> starting;
+  /// Deployments scaled to zero (deployment_cold), and those woken by a
+  /// request whose first replica is not ready yet: requests wait for them
+  /// (in waiting_for_start, bounded by the queue limit and the deadline).
+  std::set<std::string> cold;
+  std::set<std::string> waking;
   std::uint64_t next_request_number = 1;
   /// Picks waiting for capacity, per deployment, in fair order.
   struct held_pick {

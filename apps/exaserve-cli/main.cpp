@@ -40,7 +40,7 @@ commands:
   deploy --name N [--model-file F] [--replicas R] [--kv-tokens K] [--routing P] [--sha256 HEX]
          [--tenant T]    (only T's API keys, and admin keys, see it; default: shared)
   undeploy NAME
-  scale NAME REPLICAS
+  scale NAME REPLICAS   (0: cold -- kept, and started again by its next request, which waits)
   drain node N | replica ID [--deadline-s S]
               no new requests; in-flight ones finish, or after S seconds (default:
               the controller's, 60) resume elsewhere token-exact; each slot is placed

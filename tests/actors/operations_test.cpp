@@ -369,3 +369,54 @@ TEST_CASE("loads are staggered: at most the limits load at once, and every repli
     if (gated) CHECK(peak_loads(later).first == 1);
   }
 }
+
+TEST_CASE("a deployment scaled to zero is woken by its next request, which waits instead of failing",
+          "[actors][cold]") {
+  test::cluster_fixture f(timed(2, 2, nullptr));
+  f.advance(100ms);
+  scale(f, 0);
+  f.advance(500ms);
+  auto s = f.status();
+  CHECK(s.replicas.empty());
+  REQUIRE(s.models.size() == 1);
+  CHECK(s.models[0].replicas_desired == 0);
+  CHECK(f.ready());  // a cold deployment does not hold readiness back
+
+  // Three requests arrive while it is cold: the first wakes it, all wait.
+  std::vector<std::shared_ptr<test::recording_sink>> sinks;
+  for (int i = 0; i < 3; ++i) sinks.push_back(f.generate(request("cold" + std::to_string(i), 8)));
+  f.run();
+  for (const auto& k : sinks) CHECK_FALSE(k->result.has_value());  // waiting, not refused
+  f.advance(1000ms);
+  for (const auto& k : sinks) {
+    REQUIRE(k->result.has_value());
+    CHECK_FALSE(k->result->err.has_value());
+    CHECK(k->result->usage.completion_tokens == 8);
+  }
+  s = f.status();
+  CHECK(ready_count(s) == 1);  // woken with one replica
+  CHECK(s.models[0].replicas_desired == 1);
+  // Warm again: requests go straight through.
+  auto warm = f.generate(request("warm", 4));
+  f.advance(200ms);
+  REQUIRE(warm->result.has_value());
+  CHECK_FALSE(warm->result->err.has_value());
+}
+
+TEST_CASE("a request for a cold deployment that cannot start in time fails with a deadline, not a hang",
+          "[actors][cold]") {
+  auto o = timed(2, 2, nullptr);
+  o.request_deadline_ms = 300;
+  test::cluster_fixture f(o);
+  f.advance(100ms);
+  scale(f, 0);
+  f.advance(200ms);
+  // Model loads take 5 s now: the woken replica cannot be ready in time.
+  for (std::uint32_t n = 0; n < 2; ++n) caf::anon_send(f.node(n), actors::inject_fault{"slow_load", 0, 60000, 5000});
+  f.run();
+  auto k = f.generate(request("nowhere", 4));
+  f.advance(1000ms);
+  REQUIRE(k->result.has_value());
+  REQUIRE(k->result->err.has_value());
+  CHECK(k->result->err->code == errc::deadline_exceeded);
+}

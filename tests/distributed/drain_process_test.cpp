@@ -7,8 +7,10 @@
 
 #include <csignal>
 
+#include "http_client.hpp"
 #include "process_cluster.hpp"
 
+using namespace exa;
 using namespace exa::test;
 using Catch::Matchers::Contains;
 
@@ -91,4 +93,29 @@ TEST_CASE("exaserve-cli drain node moves every replica, survives a controller re
   auto again = c.cli_run({"undrain", "node", "1"});
   CHECK(again.exit_code == 1);
   CHECK_THAT(again.err, Contains("not drained"));
+}
+
+TEST_CASE("a deployment scaled to zero stays cold across a controller restart, and a request wakes it",
+          "[process][cold]") {
+  process_cluster c("process-cold");
+  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
+  c.start_controller({"--wait-nodes", "2"});
+  c.start_node(1);
+  c.start_node(2);
+  c.start_gateway();
+  c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 60s, "2 ready replicas");
+  auto r = c.cli_run({"scale", "tiny", "0"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  c.wait_replicas([](const auto& rows) { return rows.empty(); }, 30s, "no replica left");
+
+  c.restart_controller();
+  c.controller().wait_for("event=reconcile_done", 30s, true);
+  CHECK(parse_replicas(c.status()).empty());  // still cold: nothing placed at the end of the reconcile
+  const auto resp = http_request(c.http_port(), "POST", "/v1/completions",
+                                 R"({"model": "tiny", "prompt": "Hello", "max_tokens": 4})");
+  INFO(resp.body << "\ngateway log:\n" << c.gateway().err());
+  CHECK(resp.status == 200);  // it waited for the woken replica
+  CHECK_THAT(c.gateway().err(), Contains("event=deployment_woken deployment=tiny"));
+  c.wait_replicas([](const auto& rows) { return all_ready(rows, 1); }, 30s, "one woken replica");
 }

@@ -17,12 +17,7 @@ using Catch::Matchers::Contains;
 TEST_CASE("SIGTERM of a node mid-stream: the stream finishes, the slots move, the process exits 0", "[process][drain]") {
   process_cluster c("process-sigterm-drain");
   const std::string model = slow_model(c.dir());
-  c.write_config(fast_timings + "[deployment slow]\nmodel = " + model + "\nreplicas = 2\n");
-  c.start_controller({"--wait-nodes", "2"});
-  c.start_node(1);
-  c.start_node(2);
-  c.start_gateway();
-  c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 60s, "2 ready replicas");
+  c.start_two_nodes("[deployment slow]\nmodel = " + model + "\nreplicas = 2\n");
 
   const unsigned tokens = 150;
   const streamed reference = stream_completion(c.http_port(), "slow", tokens);
@@ -60,12 +55,7 @@ TEST_CASE("SIGTERM of a node mid-stream: the stream finishes, the slots move, th
 TEST_CASE("exaserve-cli drain node moves every replica, survives a controller restart, and undrain lifts it",
           "[process][drain]") {
   process_cluster c("process-cli-drain");
-  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
-  c.start_controller({"--wait-nodes", "2"});
-  c.start_node(1);
-  c.start_node(2);
-  c.start_gateway();
-  c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 60s, "2 ready replicas");
+  c.start_two_nodes("[deployment tiny]\nreplicas = 2\n");
 
   auto r = c.cli_run({"drain", "node", "1", "--deadline-s", "5"});
   INFO(r.err);
@@ -98,12 +88,7 @@ TEST_CASE("exaserve-cli drain node moves every replica, survives a controller re
 TEST_CASE("a deployment scaled to zero stays cold across a controller restart, and a request wakes it",
           "[process][cold]") {
   process_cluster c("process-cold");
-  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
-  c.start_controller({"--wait-nodes", "2"});
-  c.start_node(1);
-  c.start_node(2);
-  c.start_gateway();
-  c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 60s, "2 ready replicas");
+  c.start_two_nodes("[deployment tiny]\nreplicas = 2\n");
   auto r = c.cli_run({"scale", "tiny", "0"});
   INFO(r.err);
   REQUIRE(r.exit_code == 0);

@@ -136,6 +136,11 @@ class process_cluster {
     g.rpc_port = static_cast<std::uint16_t>(*rpc);
   }
 
+  /// The usual test cluster: `deployment` (an ini section after the fast
+  /// timings) on a controller waiting for nodes 1 and 2, and gateway 0;
+  /// returns the replica table once `ready` replicas are (bounded wait).
+  std::vector<replica_row> start_two_nodes(const std::string& deployment, std::size_t ready = 2);
+
   child_process& controller() { return *controller_; }
   child_process& gateway(unsigned n = 0) { return *gateways_.at(n).process; }
   std::uint16_t http_port(unsigned n = 0) const { return gateways_.at(n).http_port; }
@@ -195,6 +200,16 @@ inline bool all_ready(const std::vector<replica_row>& rows, std::size_t n) {
   for (const auto& r : rows)
     if (r.state != "ready" && r.state != "serving") return false;
   return true;
+}
+
+inline std::vector<replica_row> process_cluster::start_two_nodes(const std::string& deployment, std::size_t ready) {
+  write_config(fast_timings + deployment);
+  start_controller({"--wait-nodes", "2"});
+  start_node(1);
+  start_node(2);
+  start_gateway();
+  return wait_replicas([ready](const auto& r) { return all_ready(r, ready); }, 60s,
+                       "every replica ready on the new cluster");
 }
 
 // Exactly n replicas, every one ready and on `node`.

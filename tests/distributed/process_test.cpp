@@ -28,12 +28,7 @@ using Catch::Matchers::Contains;
 
 TEST_CASE("controller, nodes and a gateway as processes serve and show the whole cluster", "[process]") {
   process_cluster c("process-serve");
-  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
-  c.start_controller({"--wait-nodes", "2"});
-  c.start_node(1);
-  c.start_node(2);
-  c.start_gateway();
-  auto rows = c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 30s, "2 ready replicas");
+  auto rows = c.start_two_nodes("[deployment tiny]\nreplicas = 2\n");
   // Spread over both nodes: the deployment waited for them.
   CHECK(rows[0].node != rows[1].node);
 
@@ -116,12 +111,7 @@ TEST_CASE("a node of another cluster or another build is refused at join, in bot
 TEST_CASE("kill -9 of a node mid-stream: the stream resumes on another node token-exact", "[process]") {
   process_cluster c("process-kill-node");
   const std::string model = slow_model(c.dir());
-  c.write_config(fast_timings + "[deployment slow]\nmodel = " + model + "\nreplicas = 2\n");
-  c.start_controller({"--wait-nodes", "2"});
-  c.start_node(1);
-  c.start_node(2);
-  c.start_gateway();
-  c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 60s, "2 ready replicas");
+  c.start_two_nodes("[deployment slow]\nmodel = " + model + "\nreplicas = 2\n");
 
   const unsigned tokens = 150;
   const streamed reference = stream_completion(c.http_port(), "slow", tokens);
@@ -158,12 +148,7 @@ TEST_CASE("kill -9 of a node mid-stream: the stream resumes on another node toke
 
 TEST_CASE("SIGSTOP of a node: suspected, confirmed, migrated, and after SIGCONT its stale replica stops", "[process]") {
   process_cluster c("process-freeze");
-  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
-  c.start_controller({"--wait-nodes", "2"});
-  c.start_node(1);
-  c.start_node(2);
-  c.start_gateway();
-  auto before = c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 30s, "2 ready replicas");
+  auto before = c.start_two_nodes("[deployment tiny]\nreplicas = 2\n");
   std::string frozen_replica;
   for (const auto& r : before)
     if (r.node == 1) frozen_replica = r.id;
@@ -215,12 +200,7 @@ TEST_CASE("SIGSTOP of a node: suspected, confirmed, migrated, and after SIGCONT 
 TEST_CASE("kill -9 of the controller: serving goes on, and restarted on its state dir it adopts every replica",
           "[process]") {
   process_cluster c("process-controller");
-  c.write_config(fast_timings + "[deployment tiny]\nreplicas = 2\n");
-  c.start_controller({"--wait-nodes", "2"});
-  c.start_node(1);
-  c.start_node(2);
-  c.start_gateway();
-  auto before = c.wait_replicas([](const auto& r) { return all_ready(r, 2); }, 30s, "2 ready replicas");
+  auto before = c.start_two_nodes("[deployment tiny]\nreplicas = 2\n");
 
   c.controller().signal(SIGKILL);
   c.node(1).wait_for("event=control_plane_lost", 10s, true);

@@ -228,9 +228,14 @@ void move_slot(self_ptr self, const std::string& deployment, std::uint32_t slot,
   spdlog::info("event=slot_moving deployment={} slot={} epoch={}", deployment, slot, epoch);
 }
 
+// One timer for every drain: set for the earliest deadline, and only when
+// none is set for that moment or earlier (a node drain of N replicas must
+// not start N timer chains).
 void schedule_drain_deadline(self_ptr self) {
-  const auto next = self->state.drains->next_deadline_ns();
-  if (!next) return;
+  auto& st = self->state;
+  const auto next = st.drains->next_deadline_ns();
+  if (!next || (st.drain_timer_ns && *st.drain_timer_ns <= *next)) return;
+  st.drain_timer_ns = *next;
   const auto in = std::max<std::int64_t>(0, *next - clock_ns(self));
   self->delayed_send(self, std::chrono::nanoseconds(in), drain_deadline_atom::value);
 }
@@ -423,6 +428,9 @@ std::uint32_t drain_node_replicas(self_ptr self, cluster::node_id node, cluster:
 // the replica go and resume elsewhere from the tokens they have.
 void on_drain_deadline(self_ptr self) {
   auto& st = self->state;
+  // A timer set for a later moment than this one (a deadline moved earlier
+  // since) is still out; only an on-time one clears the mark.
+  if (st.drain_timer_ns && *st.drain_timer_ns <= clock_ns(self)) st.drain_timer_ns.reset();
   for (const auto id : st.drains->expire(clock_ns(self))) {
     auto it = st.replicas.find(id);
     if (it == st.replicas.end()) {

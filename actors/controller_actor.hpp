@@ -150,6 +150,8 @@ struct controller_state {
   std::optional<cluster::load_gate> loads;
   /// Nodes stopping (SIGTERM): the process that asked, so that only a new one lifts the drain.
   std::map<cluster::node_id, caf::actor_addr> leaving_handles;
+  /// When the one drain-deadline timer fires (none set: nullopt).
+  std::optional<std::int64_t> drain_timer_ns;
   std::map<cluster::node_id, cluster::node_health> node_health;
   static inline const char* name = "controller";
 };

@@ -60,6 +60,14 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
                                       "Replicas the controller began draining, by cause (replica, node, shutdown, "
                                       "degraded).",
                                       {"cause"}));
+  m->rollout_transitions = must(r.register_counter(
+      "exaserve_rollout_transitions_total",
+      "Rollout transitions, by deployment (plain name) and what happened: started, step, paused, resumed, "
+      "complete, rolled_back, aborted.",
+      {"deployment", "phase"}));
+  m->rollout_canary_percent = must(r.register_gauge(
+      "exaserve_rollout_canary_percent", "Share of a deployment's traffic sent to the version being rolled out.",
+      {"deployment"}));
   return m;
 }
 

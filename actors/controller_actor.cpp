@@ -27,7 +27,17 @@ using drain_deadline_atom = caf::atom_constant<caf::atom("draindl")>;
 
 constexpr std::uint32_t max_replicas_per_deployment = 4096;
 
+expected<void> check_plain_name(const std::string& name);
+
+// A deployment's name: plain ("tiny"), or a version a rollout brought ("tiny@2").
 expected<void> check_name(const std::string& name) {
+  const auto v = cluster::split_version(name);
+  if (name.find('@') == std::string::npos) return check_plain_name(name);
+  if (auto ok = check_plain_name(std::string(v.base)); !ok) return ok;
+  return cluster::check_version(v.version);
+}
+
+expected<void> check_plain_name(const std::string& name) {
   if (name.empty() || name.size() > 64)
     return make_error(errc::invalid_argument, "deployment name must be 1..64 characters");
   for (const char c : name)
@@ -47,6 +57,9 @@ void persist(self_ptr self, const cluster::journal_record& r) {
 }
 
 void admit_loads(self_ptr self);
+void tell_split(self_ptr self, const std::string& base);
+void roll_back_interrupted(self_ptr self, std::map<std::string, api::deploy_request>& deployments,
+                           const std::string& base, const cluster::durable_state::rollout_entry& e);
 
 // Starts the replica of a placed slot on its node once the load gate lets
 // it: placed (its memory reserved) now, loading in its turn.
@@ -551,8 +564,14 @@ void register_deployment(self_ptr self, const std::string& name, const controlle
   self->send(self->state.router, announce(name, dep));
 }
 
-caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req) {
+caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req, bool version_of_rollout = false) {
   auto& st = self->state;
+  if (!version_of_rollout && req.name.find('@') != std::string::npos)
+    return to_caf({errc::invalid_argument, "'" + req.name + "': '@' names a version; deploy the plain name and add "
+                                           "versions with exaserve-cli rollout"});
+  if (auto cur = st.current_versions.find(req.name); !version_of_rollout && cur != st.current_versions.end())
+    return to_caf({errc::invalid_argument, "deployment '" + req.name + "' exists (its current version is " +
+                                               cur->second + "); use scale, rollout or undeploy"});
   if (st.deployments.count(req.name))
     return to_caf({errc::invalid_argument, "deployment '" + req.name + "' exists; use scale or undeploy"});
   auto dep = make_deployment(self, req);
@@ -598,10 +617,21 @@ void stop_slots(self_ptr self, const std::string& name, std::uint32_t from_slot)
 }
 
 
+// The plain name a deployment's current version is served under, or the
+// deployment itself.
+std::string current_of(const controller_state& st, const std::string& base) {
+  const auto it = st.current_versions.find(base);
+  return it == st.current_versions.end() ? base : it->second;
+}
+
 std::vector<api::model_info> list_models(self_ptr self) {
   std::vector<api::model_info> out;
   for (const auto& [name, dep] : self->state.deployments) {
-    api::model_info mi{name, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length, dep.tenant};
+    // The current version is listed under the plain name; others as NAME@V.
+    const std::string base(cluster::split_version(name).base);
+    const std::string listed = current_of(self->state, base) == name ? base : name;
+    api::model_info mi{listed, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length, dep.tenant,
+                       cluster::version_of(name)};
     for (const auto& [id, r] : self->state.replicas)
       if (r.deployment == name && cluster::serves_requests(r.state)) ++mi.replicas_ready;
     out.push_back(std::move(mi));
@@ -680,11 +710,20 @@ void recover(self_ptr self) {
   const auto& durable = st.config.journal->state();
   st.placement->reserve_replica_ids(durable.next_replica_id);
   for (const auto& [slot, epoch] : durable.epochs) st.slots->raise_epoch(slot, epoch);
+  // Copies: rolling back appends to the journal, which changes `durable`.
+  auto deployments = durable.deployments;
+  const auto rollouts = durable.rollouts;
+  st.current_versions = durable.current_versions;
+  {
+    std::lock_guard lock(st.config.desired->mutex);
+    st.config.desired->current_versions = st.current_versions;
+  }
+  for (const auto& [base, e] : rollouts) roll_back_interrupted(self, deployments, base, e);
   for (const auto node : durable.drained_nodes) {  // an operator's drain outlives the controller
     st.drains->drain_node(node, cluster::drain_cause::node);
     st.slots->cordon(node);
   }
-  for (const auto& [name, req] : durable.deployments) {
+  for (const auto& [name, req] : deployments) {
     auto dep = make_deployment(self, req, /*allow_cold=*/true);  // scaled to zero before the restart
     if (!dep) {
       spdlog::error("event=deploy_failed deployment={} error=\"{}\" detail=\"recovered from the journal\"", name,
@@ -694,6 +733,7 @@ void recover(self_ptr self) {
     register_deployment(self, name, *dep);
     if (dep->spec.replicas == 0) self->send(st.router, deployment_cold{name, true});
   }
+  for (const auto& [base, current] : st.current_versions) tell_split(self, base);
   st.reconciling = true;
   spdlog::info("event=controller_recovered deployments={} slots={} next_replica_id={} reconcile_window_ms={}",
                st.deployments.size(), durable.epochs.size(), durable.next_replica_id, st.config.reconcile_window_ms);
@@ -744,7 +784,7 @@ void on_node_join(self_ptr self, const node_join& m) {
   auto waiting = std::move(s.awaiting_nodes);
   s.awaiting_nodes.clear();
   for (const auto& req : waiting)
-    if (auto r = on_deploy(self, req); r.flag == caf::rt_error) {
+    if (auto r = on_deploy(self, req, /*version_of_rollout=*/true); r.flag == caf::rt_error) {
       // on_deploy told the router it is gone; it is still wanted.
       s.awaiting_nodes.push_back(req);
       self->send(s.router, deployment_starting{req.name});
@@ -760,6 +800,8 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   for (const auto& req : s.awaiting_nodes) self->send(m.router, deployment_starting{req.name});
   for (const auto& [name, dep] : s.deployments)
     if (dep.spec.replicas == 0) self->send(m.router, deployment_cold{name, true});
+  self->send(m.router, traffic_split{});  // forget splits a predecessor told it, then the current ones
+  for (const auto& [base, split] : s.splits_sent) self->send(m.router, split);
   for (const auto& [slot, epoch] : s.slots->epochs()) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
   for (const auto& [id, r] : s.replicas)
     if (r.handle)
@@ -776,29 +818,349 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   }
 }
 
+// ---- versions and rollouts (runtime/cluster/rollout: the decisions) ----
+
+using rollout_tick_atom = caf::atom_constant<caf::atom("rollttick")>;
+
+std::uint32_t ready_count(self_ptr self, const std::string& deployment) {
+  std::uint32_t n = 0;
+  for (const auto& [id, r] : self->state.replicas)
+    n += r.deployment == deployment && cluster::serves_requests(r.state) && !self->state.drains->draining(id);
+  return n;
+}
+
+bool rollout_active(const controller_state& st, const std::string& base) {
+  const auto it = st.rollouts.find(base);
+  return it != st.rollouts.end() && !cluster::is_final(it->second.machine->phase());
+}
+
+// The split routers should follow for `base` now. While a rollout runs, the
+// new version gets its step's share only once it has a ready replica, and
+// everything when the old one has none (replaced in place).
+traffic_split split_for(self_ptr self, const std::string& base) {
+  auto& st = self->state;
+  traffic_split out{base, current_of(st, base), "", 0};
+  if (!rollout_active(st, base)) return out;
+  const auto& r = st.rollouts.at(base);
+  out.stable = r.from;
+  out.canary = r.to;
+  out.canary_percent = r.machine->new_percent();
+  const auto ready_new = ready_count(self, r.to), ready_old = ready_count(self, r.from);
+  if (ready_new == 0) out.canary_percent = 0;
+  else if (ready_old == 0) out.canary_percent = 100;
+  return out;
+}
+
+void tell_split(self_ptr self, const std::string& base) {
+  auto& st = self->state;
+  const auto split = split_for(self, base);
+  auto& last = st.splits_sent[base];
+  if (last.base == split.base && last.stable == split.stable && last.canary == split.canary &&
+      last.canary_percent == split.canary_percent)
+    return;
+  last = split;
+  self->send(st.router, split);
+  if (st.config.metrics) cluster_metrics::series(st.config.metrics->rollout_canary_percent, base)->set(split.canary_percent);
+  if (split.stable == base && split.canary.empty()) st.splits_sent.erase(base);
+}
+
+// A deployment's replica count, as scale sets it (without the cold notice).
+void set_replicas(self_ptr self, const std::string& name, std::uint32_t replicas) {
+  auto& s = self->state;
+  auto it = s.deployments.find(name);
+  if (it == s.deployments.end()) return;
+  const std::uint32_t old = it->second.spec.replicas;
+  it->second.spec.replicas = replicas;
+  {
+    std::lock_guard lock(s.config.desired->mutex);
+    auto d = s.config.desired->deployments.find(name);
+    if (d != s.config.desired->deployments.end()) d->second.replicas = replicas;
+  }
+  persist(self, cluster::journal_record::scale(name, replicas));
+  if (replicas < old) stop_slots(self, name, replicas);
+  std::string why;
+  if (replicas > old && place_missing(self, name, &why) > 0)
+    spdlog::warn("event=scale_partial deployment={} wanted={} reason=\"{}\"", name, replicas, why);
+  spdlog::info("event=scaled deployment={} from={} to={}", name, old, replicas);
+}
+
+void remove_deployment(self_ptr self, const std::string& name) {
+  auto& s = self->state;
+  if (!s.deployments.count(name)) return;
+  stop_slots(self, name, 0);
+  s.deployments.erase(name);
+  forget(self, name);
+  self->send(s.router, deployment_removed{name});
+  spdlog::info("event=undeployed deployment={}", name);
+}
+
+void count_rollout(self_ptr self, const std::string& base, std::string_view what) {
+  if (self->state.config.metrics)
+    cluster_metrics::series(self->state.config.metrics->rollout_transitions, base, std::string(what))->inc();
+}
+
+void remember_versions(self_ptr self) {
+  auto& st = self->state;
+  std::lock_guard lock(st.config.desired->mutex);
+  st.config.desired->current_versions = st.current_versions;
+  st.config.desired->rollouts.clear();
+  for (const auto& [base, r] : st.rollouts)
+    if (!cluster::is_final(r.machine->phase())) st.config.desired->rollouts[base] = {r.from, r.to, r.total};
+}
+
+// A rollout reached a final phase: traffic moves at once, the losing
+// version drains and is removed, the winner gets the full count.
+void finish_rollout(self_ptr self, controller_state::rollout_state& r) {
+  auto& st = self->state;
+  const auto phase = r.machine->phase();
+  const bool won = phase == cluster::rollout_phase::complete;
+  const std::string& keep = won ? r.to : r.from;
+  const std::string& drop = won ? r.from : r.to;
+  if (won) {
+    if (r.to == r.base) st.current_versions.erase(r.base);
+    else st.current_versions[r.base] = r.to;
+    persist(self, cluster::journal_record::version_current(r.base, r.to));
+  }
+  tell_split(self, r.base);  // before the loser goes: no request is routed to it again
+  if (auto it = st.deployments.find(keep); it != st.deployments.end() && it->second.spec.replicas < r.total)
+    set_replicas(self, keep, r.total);
+  remove_deployment(self, drop);
+  persist(self, cluster::journal_record::rollout_end(r.base));
+  remember_versions(self);
+  count_rollout(self, r.base, cluster::to_string(phase));
+  spdlog::log(won ? spdlog::level::info : spdlog::level::warn,
+              "event=rollout_finished deployment={} phase={} serving={} removed={} status=\"{}\"", r.base,
+              cluster::to_string(phase), keep, drop, r.machine->status_line());
+}
+
+void arm_rollout_tick(self_ptr self) {
+  auto& st = self->state;
+  if (st.rollout_tick_armed) return;
+  st.rollout_tick_armed = true;
+  self->delayed_send(self, std::chrono::milliseconds(st.config.rollout_tick_ms), rollout_tick_atom::value);
+}
+
+// One move of the replica counts toward the step's targets (batch by batch).
+void move_replicas(self_ptr self, controller_state::rollout_state& r) {
+  auto& st = self->state;
+  auto from = st.deployments.find(r.from), to = st.deployments.find(r.to);
+  if (from == st.deployments.end() || to == st.deployments.end()) return;
+  const cluster::version_counts wanted{from->second.spec.replicas, to->second.spec.replicas};
+  const cluster::version_counts ready{ready_count(self, r.from), ready_count(self, r.to)};
+  const auto next = cluster::next_counts(r.total, r.machine->new_percent(), r.machine->plan(), wanted, ready);
+  if (next.new_replicas != wanted.new_replicas) set_replicas(self, r.to, next.new_replicas);
+  if (next.old_replicas != wanted.old_replicas) set_replicas(self, r.from, next.old_replicas);
+  // Slots that found no room earlier (an old replica was still draining) are tried again.
+  for (const auto& name : {r.from, r.to}) {
+    std::uint32_t placed = 0;
+    for (const auto& [id, rec] : st.replicas) placed += rec.deployment == name && !st.drains->draining(id);
+    if (placed < st.deployments.at(name).spec.replicas) (void)place_missing(self, name, nullptr);
+  }
+}
+
+void rollout_step(self_ptr self, controller_state::rollout_state& r) {
+  auto& st = self->state;
+  const auto now = clock_ns(self);
+  const auto step = r.machine->step();
+  bool changed = r.machine->tick(now);
+  // A new version that never gets a ready replica (it cannot load, it
+  // crashes) gives no evidence: past the limit, that is the verdict.
+  if (!cluster::is_final(r.machine->phase())) {
+    if (ready_count(self, r.to) > 0) r.new_unready_since_ns = 0;
+    else if (r.new_unready_since_ns == 0) r.new_unready_since_ns = now;
+    else if (now - r.new_unready_since_ns >= std::int64_t{st.config.rollout_start_timeout_ms} * 1000000) {
+      (void)r.machine->roll_back("the new version had no ready replica for " +
+                                 std::to_string(st.config.rollout_start_timeout_ms / 1000) + " s");
+      changed = true;
+    }
+  }
+  if (changed) {
+    if (cluster::is_final(r.machine->phase())) return finish_rollout(self, r);
+    if (r.machine->step() != step) {
+      count_rollout(self, r.base, "step");
+      spdlog::info("event=rollout_step deployment={} step={} canary_percent={} status=\"{}\"", r.base,
+                   r.machine->step() + 1, r.machine->new_percent(), r.machine->status_line());
+    }
+  }
+  move_replicas(self, r);
+  tell_split(self, r.base);
+}
+
+void on_rollout_tick(self_ptr self) {
+  auto& st = self->state;
+  st.rollout_tick_armed = false;
+  bool any = false;
+  for (auto& [base, r] : st.rollouts) {
+    if (cluster::is_final(r.machine->phase())) continue;
+    rollout_step(self, r);
+    any |= !cluster::is_final(r.machine->phase());
+  }
+  if (any) arm_rollout_tick(self);
+}
+
+void on_version_samples(self_ptr self, const version_samples& m) {
+  auto& st = self->state;
+  const std::string base(cluster::split_version(m.deployment).base);
+  auto it = st.rollouts.find(base);
+  if (it == st.rollouts.end() || it->second.machine->phase() != cluster::rollout_phase::in_progress) return;
+  auto& r = it->second;
+  if (m.deployment != r.from && m.deployment != r.to) return;
+  auto& window = m.deployment == r.to ? r.machine->new_window() : r.machine->old_window();
+  const auto n = std::min(m.ttft_ms.size(), m.tpot_ms.size());
+  for (std::size_t i = 0; i < n; ++i) window.add_success(m.ttft_ms[i], m.tpot_ms[i]);
+  for (std::uint32_t i = 0; i < m.failures; ++i) window.add_failure();
+}
+
+expected<std::string> start_rollout(self_ptr self, const api::rollout_request& req) {
+  auto& st = self->state;
+  const std::string base(cluster::split_version(req.name).base);
+  if (base != req.name)
+    return make_error(errc::invalid_argument, "name the deployment by its plain name ('" + base + "'), not a version");
+  const std::string from = current_of(st, base);
+  const auto old = st.deployments.find(from);
+  if (old == st.deployments.end()) return make_error(errc::not_found, "no deployment named '" + base + "'");
+  if (rollout_active(st, base))
+    return make_error(errc::invalid_argument, "a rollout of '" + base + "' is in progress (" +
+                                                  st.rollouts.at(base).machine->status_line() +
+                                                  "); promote or abort it first");
+  if (old->second.spec.replicas == 0)
+    return make_error(errc::invalid_argument, "'" + base + "' is cold (0 replicas): scale it up before a rollout");
+  if (req.model_file.empty()) return make_error(errc::invalid_argument, "a rollout needs the new version's model file");
+  cluster::rollout_plan plan;
+  if (!req.steps.empty()) {
+    auto steps = cluster::parse_steps(req.steps);
+    if (!steps) return std::unexpected(steps.error());
+    plan.steps = *steps;
+  }
+  plan.bake_s = req.bake_s ? req.bake_s : st.config.rollout_bake_s;
+  plan.max_unavailable = req.max_unavailable;
+  plan.surge = req.surge;
+  if (auto ok = cluster::validate(plan); !ok) return std::unexpected(ok.error());
+  auto policy = st.config.rollout_policy;
+  if (req.min_samples) policy.min_samples = req.min_samples;
+  std::vector<std::string> labels;
+  for (const auto& [name, dep] : st.deployments)
+    if (cluster::split_version(name).base == base) labels.push_back(cluster::version_of(name));
+  const std::string version = req.version.empty() ? cluster::next_version(labels) : req.version;
+  if (auto ok = cluster::check_version(version); !ok) return std::unexpected(ok.error());
+  const std::string to = cluster::deployment_for(base, version);
+  if (std::find(labels.begin(), labels.end(), version) != labels.end() || st.deployments.count(to))
+    return make_error(errc::invalid_argument, "version " + version + " of '" + base + "' exists");
+  api::deploy_request dreq;
+  {
+    std::lock_guard lock(st.config.desired->mutex);
+    auto d = st.config.desired->deployments.find(from);
+    if (d != st.config.desired->deployments.end()) dreq = d->second;
+  }
+  dreq.name = to;
+  dreq.model_file = req.model_file;
+  dreq.model_sha256 = req.model_sha256;
+  dreq.replicas = 0;  // the rollout grows it
+  dreq.routing = old->second.routing;
+  dreq.tenant = old->second.tenant;
+  auto dep = make_deployment(self, dreq);
+  if (!dep) return std::unexpected(dep.error());
+  register_deployment(self, to, *dep);
+  remember(self, dreq);
+  const std::uint32_t total = old->second.spec.replicas;
+  persist(self, cluster::journal_record::rollout_begin(base, from, to, total));
+  auto& r = st.rollouts[base];
+  r = controller_state::rollout_state{base, from, to, total, std::nullopt, 0};
+  r.machine.emplace(cluster::version_of(from), version, plan, policy, clock_ns(self));
+  remember_versions(self);
+  count_rollout(self, base, "started");
+  std::string steps_text;
+  for (const auto p : plan.steps) steps_text += (steps_text.empty() ? "" : ",") + std::to_string(p);
+  spdlog::info("event=rollout_started deployment={} from={} to={} model={} replicas={} steps={} bake_s={} surge={} "
+               "max_unavailable={} min_samples={}",
+               base, from, to, dep->model_file, total, steps_text, plan.bake_s, plan.surge, plan.max_unavailable,
+               policy.min_samples);
+  rollout_step(self, r);
+  arm_rollout_tick(self);
+  return r.machine->status_line();
+}
+
+caf::result<rollout_reply> on_rollout(self_ptr self, const api::rollout_request& req) {
+  auto& st = self->state;
+  if (st.reconciling) return to_caf(reconciling_error());
+  using op = api::rollout_request::op;
+  if (req.what == op::start) {
+    auto line = start_rollout(self, req);
+    if (!line) return to_caf(line.error());
+    return rollout_reply{*line};
+  }
+  const std::string base(cluster::split_version(req.name).base);
+  auto it = st.rollouts.find(base);
+  if (it == st.rollouts.end())
+    return to_caf({errc::not_found, st.deployments.count(current_of(st, base))
+                                        ? "no rollout of '" + base + "' has run since the controller started"
+                                        : "no deployment named '" + base + "'"});
+  auto& r = it->second;
+  const auto now = clock_ns(self);
+  expected<void> ok;
+  const char* what = "status";
+  switch (req.what) {
+    case op::pause: ok = r.machine->pause(), what = "paused"; break;
+    case op::resume: ok = r.machine->resume(now), what = "resumed"; break;
+    case op::abort: ok = r.machine->abort(), what = "aborted"; break;
+    case op::promote: ok = r.machine->promote(), what = "complete"; break;
+    default: return rollout_reply{r.machine->status_line()};
+  }
+  if (!ok) return to_caf(ok.error());
+  spdlog::info("event=rollout_command deployment={} command={} status=\"{}\"", base, what, r.machine->status_line());
+  if (cluster::is_final(r.machine->phase())) {
+    finish_rollout(self, r);
+  } else {
+    count_rollout(self, base, what);
+    if (req.what == op::resume) arm_rollout_tick(self);
+  }
+  return rollout_reply{r.machine->status_line()};
+}
+
+// A rollout the predecessor left unfinished is rolled back (the safe side:
+// the old version was serving before it began): the new version's
+// deployment is dropped and the old one gets its full count again.
+void roll_back_interrupted(self_ptr self, std::map<std::string, api::deploy_request>& deployments,
+                           const std::string& base, const cluster::durable_state::rollout_entry& e) {
+  spdlog::warn("event=rollout_rolled_back deployment={} from={} to={} replicas={} reason=\"the controller restarted "
+               "during the rollout\"",
+               base, e.from, e.to, e.replicas);
+  if (auto it = deployments.find(e.from); it != deployments.end() && it->second.replicas < e.replicas) {
+    it->second.replicas = e.replicas;
+    persist(self, cluster::journal_record::scale(e.from, e.replicas));
+  }
+  if (deployments.erase(e.to)) persist(self, cluster::journal_record::undeploy(e.to));
+  persist(self, cluster::journal_record::rollout_end(base));
+  // Routers that outlived the predecessor forget its split and the new version.
+  self->send(self->state.router, traffic_split{base, e.from, "", 0});
+  self->send(self->state.router, deployment_removed{e.to});
+  count_rollout(self, base, "rolled_back");
+  std::lock_guard lock(self->state.config.desired->mutex);
+  auto& d = self->state.config.desired->deployments;
+  if (auto it = d.find(e.from); it != d.end()) it->second.replicas = std::max(it->second.replicas, e.replicas);
+  d.erase(e.to);
+  self->state.config.desired->rollouts.erase(base);
+}
+
 caf::result<ok_atom> on_scale(self_ptr self, const scale_msg& m) {
   auto& s = self->state;
   if (s.reconciling) return to_caf(reconciling_error());
-  auto it = s.deployments.find(m.name);
+  // A plain name scales its current version.
+  const std::string name = m.name.find('@') == std::string::npos ? current_of(s, m.name) : m.name;
+  auto it = s.deployments.find(name);
   if (it == s.deployments.end()) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
+  const std::string base(cluster::split_version(name).base);
+  if (rollout_active(s, base))
+    return to_caf({errc::invalid_argument, "a rollout of '" + base + "' is in progress (" +
+                                               s.rollouts.at(base).machine->status_line() +
+                                               "); promote or abort it before scaling"});
   if (m.replicas > max_replicas_per_deployment)
     return to_caf({errc::invalid_argument, "replicas must be in [0, " +
                                                std::to_string(max_replicas_per_deployment) +
                                                "] (0: cold, woken by its next request); use undeploy to remove"});
   const std::uint32_t old = it->second.spec.replicas;
-  if ((old == 0) != (m.replicas == 0)) self->send(s.router, deployment_cold{m.name, m.replicas == 0});
-  it->second.spec.replicas = m.replicas;
-  {
-    std::lock_guard lock(s.config.desired->mutex);
-    auto d = s.config.desired->deployments.find(m.name);
-    if (d != s.config.desired->deployments.end()) d->second.replicas = m.replicas;
-  }
-  persist(self, cluster::journal_record::scale(m.name, m.replicas));
-  if (m.replicas < old) stop_slots(self, m.name, m.replicas);
-  std::string why;
-  if (m.replicas > old && place_missing(self, m.name, &why) > 0)
-    spdlog::warn("event=scale_partial deployment={} wanted={} reason=\"{}\"", m.name, m.replicas, why);
-  spdlog::info("event=scaled deployment={} from={} to={}", m.name, old, m.replicas);
+  if ((old == 0) != (m.replicas == 0)) self->send(s.router, deployment_cold{name, m.replicas == 0});
+  set_replicas(self, name, m.replicas);
   return ok_atom::value;
 }
 
@@ -831,23 +1193,28 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
   } else {
   // A restarted controller rebuilds the deployments its predecessor held.
   std::map<std::string, api::deploy_request> desired;
+  std::map<std::string, cluster::durable_state::rollout_entry> rollouts;
   {
     std::lock_guard lock(st.config.desired->mutex);
     desired = st.config.desired->deployments;
+    st.current_versions = st.config.desired->current_versions;
+    rollouts = st.config.desired->rollouts;
   }
+  for (const auto& [base, e] : rollouts) roll_back_interrupted(self, desired, base, e);
   for (const auto& [name, req] : desired) self->send(st.router, deployment_starting{name});
   for (const auto& [name, req] : desired)
     if (st.placement->nodes().empty()) {
       // The distributed controller starts before any node joined: deploy
       // when there is somewhere to place.
       st.awaiting_nodes.push_back(req);
-    } else if (auto r = on_deploy(self, req); r.flag == caf::rt_error) {
+    } else if (auto r = on_deploy(self, req, /*version_of_rollout=*/true); r.flag == caf::rt_error) {
       // Not startable (bad file, nothing fits): drop it, so requests waiting
       // for it fail now instead of at their deadline.
       spdlog::error("event=deploy_failed deployment={} error=\"{}\"", name, to_string(from_caf(r.err)));
       forget(self, name);
       self->send(st.router, deployment_removed{name});
     }
+  for (const auto& [base, current] : st.current_versions) tell_split(self, base);
   }
   self->set_down_handler([=](const caf::down_msg& dm) {
     auto& agents = self->state.gateway_agents;
@@ -896,12 +1263,24 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       [=](const undeploy_msg& m) -> caf::result<ok_atom> {
         auto& s = self->state;
         if (s.reconciling) return to_caf(reconciling_error());
-        if (!s.deployments.count(m.name)) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
-        stop_slots(self, m.name, 0);
-        s.deployments.erase(m.name);
-        forget(self, m.name);
-        self->send(s.router, deployment_removed{m.name});
-        spdlog::info("event=undeployed deployment={}", m.name);
+        // A plain name removes every version (and ends its rollout); NAME@V one version.
+        std::vector<std::string> names;
+        const bool plain = m.name.find('@') == std::string::npos;
+        for (const auto& [name, dep] : s.deployments)
+          if (name == m.name || (plain && cluster::split_version(name).base == m.name)) names.push_back(name);
+        if (names.empty()) return to_caf({errc::not_found, "no deployment named '" + m.name + "'"});
+        const std::string base(cluster::split_version(m.name).base);
+        if (!plain && (current_of(s, base) == m.name || rollout_active(s, base)))
+          return to_caf({errc::invalid_argument, "'" + m.name + "' serves '" + base +
+                                                     "' now; abort its rollout, or undeploy '" + base + "'"});
+        if (plain) {
+          if (rollout_active(s, base)) persist(self, cluster::journal_record::rollout_end(base));
+          s.rollouts.erase(base);
+          if (s.current_versions.erase(base)) persist(self, cluster::journal_record::version_current(base, base));
+          remember_versions(self);
+          tell_split(self, base);
+        }
+        for (const auto& name : names) remove_deployment(self, name);
         return ok_atom::value;
       },
       [=](const wake_deployment& m) {
@@ -916,6 +1295,9 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         (void)on_scale(self, scale_msg{m.name, 1});
       },
       [=](const scale_msg& m) -> caf::result<ok_atom> { return on_scale(self, m); },
+      [=](const rollout_msg& m) -> caf::result<rollout_reply> { return on_rollout(self, m.request); },
+      [=](rollout_tick_atom) { on_rollout_tick(self); },
+      [=](const version_samples& m) { on_version_samples(self, m); },
       [=](models_atom) { return models_reply{list_models(self)}; },
       [=](ready_atom) {
         for (const auto& [name, dep] : self->state.deployments) {

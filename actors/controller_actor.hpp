@@ -24,6 +24,8 @@
 #include "cluster/placement.hpp"
 #include "cluster/drain.hpp"
 #include "cluster/load_gate.hpp"
+#include "cluster/journal.hpp"
+#include "cluster/rollout.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
 #include "cluster/slot_scheduler.hpp"
@@ -42,6 +44,10 @@ struct cluster_metrics;
 struct desired_state {
   std::mutex mutex;
   std::map<std::string, api::deploy_request> deployments;  // guarded by mutex
+  // Versions, as the journal keeps them (guarded by mutex): the embedded
+  // cluster's restarted controller rolls back a rollout it finds unfinished.
+  std::map<std::string, std::string> current_versions;
+  std::map<std::string, cluster::durable_state::rollout_entry> rollouts;
 };
 
 struct controller_config {
@@ -84,6 +90,13 @@ struct controller_config {
   /// Replicas loading at once, cluster-wide and per node: every start
   /// (deploy, scale-up, replacement, drain) waits its turn.
   cluster::load_limits loads;
+  /// Rollouts: how versions are judged, how long a step bakes unless the
+  /// rollout names it, how often the controller looks, and how long the new
+  /// version may have no ready replica before the rollout gives up on it.
+  cluster::verdict_policy rollout_policy;
+  std::uint32_t rollout_bake_s = 300;
+  std::uint32_t rollout_tick_ms = 1000;
+  std::uint32_t rollout_start_timeout_ms = 300000;
 };
 
 /// controller -> controller: is this replica still degraded since `since_ns`?
@@ -153,6 +166,19 @@ struct controller_state {
   /// When the one drain-deadline timer fires (none set: nullopt).
   std::optional<std::int64_t> drain_timer_ns;
   std::map<cluster::node_id, cluster::node_health> node_health;
+  /// The latest rollout of each plain name (kept once finished, for status).
+  struct rollout_state {
+    std::string base, from, to;  // plain name; old and new version's deployments
+    std::uint32_t total = 0;     // replicas of the deployment (the old version's count at the start)
+    std::optional<cluster::rollout_machine> machine;
+    std::int64_t new_unready_since_ns = 0;  // the new version has had no ready replica since (0: it has one)
+  };
+  std::map<std::string, rollout_state> rollouts;
+  /// Plain names whose current version is another deployment (tiny -> tiny@2).
+  std::map<std::string, std::string> current_versions;
+  /// The split last told to routers, by plain name.
+  std::map<std::string, traffic_split> splits_sent;
+  bool rollout_tick_armed = false;
   static inline const char* name = "controller";
 };
 

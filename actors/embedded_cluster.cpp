@@ -79,6 +79,10 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.migration_parallelism = o.migration_parallelism;
   c.drain_deadline_ms = o.drain_deadline_ms;
   c.degraded_replace_after_ms = o.degraded_replace_after_ms;
+  c.rollout_bake_s = o.rollout_bake_s;
+  c.rollout_policy.min_samples = o.rollout_min_samples;
+  c.rollout_tick_ms = o.rollout_tick_ms;
+  c.rollout_start_timeout_ms = o.rollout_start_timeout_ms;
   c.loads.cluster_max = o.loads_max;
   c.loads.per_node_max = o.loads_per_node_max;
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;

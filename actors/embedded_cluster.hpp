@@ -56,6 +56,10 @@ struct cluster_options {
   std::uint32_t degraded_error_percent = 50;     // failed requests above this share: degraded
   std::uint32_t loads_max = 32;                  // replicas loading at once, cluster-wide
   std::uint32_t loads_per_node_max = 4;          // replicas loading at once, per node
+  std::uint32_t rollout_bake_s = 300;            // a rollout step naming no bake time runs this long
+  std::uint32_t rollout_min_samples = 100;       // requests of each version per step before a verdict
+  std::uint32_t rollout_tick_ms = 1000;          // how often the controller judges and moves a rollout
+  std::uint32_t rollout_start_timeout_ms = 300000;  // the new version with no ready replica this long: rolled back
   std::uint64_t model_cache_bytes = 64ull << 30;  // per node: model files kept loaded (in-use ones always stay)
   std::string model_store;                       // models found nowhere on a node are fetched from here
   std::string model_cache_dir;                   // fetched models go to <dir>/node-N (needed with model_store)

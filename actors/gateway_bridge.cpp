@@ -61,6 +61,11 @@ class bridge final : public api::gateway_backend {
                      [done](const error& e) { done(std::unexpected(e)); });
   }
 
+  void rollout(api::rollout_request request, std::function<void(expected<api::rollout_result>)> done) override {
+    ask<rollout_reply>(rollout_msg{std::move(request)}, [done](const rollout_reply& r) { done(api::rollout_result{r.status}); },
+                       [done](const error& e) { done(std::unexpected(e)); });
+  }
+
   void undeploy(std::string name, std::function<void(expected<void>)> done) override {
     ask<ok_atom>(undeploy_msg{std::move(name)}, [done](ok_atom) { done({}); },
                    [done](const error& e) { done(std::unexpected(e)); });

@@ -78,6 +78,12 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<scale_msg>("exa.scale");
   cfg.add_message_type<drain_msg>("exa.drain");
   cfg.add_message_type<drain_reply>("exa.drain_reply");
+  cfg.add_message_type<api::rollout_request>("exa.rollout_request");
+  cfg.add_message_type<rollout_msg>("exa.rollout");
+  cfg.add_message_type<rollout_reply>("exa.rollout_reply");
+  cfg.add_message_type<traffic_split>("exa.traffic_split");
+  cfg.add_message_type<request_sample>("exa.request_sample");
+  cfg.add_message_type<version_samples>("exa.version_samples");
   cfg.add_message_type<node_leaving>("exa.node_leaving");
   cfg.add_message_type<models_reply>("exa.models_reply");
   cfg.add_message_type<status_reply>("exa.status_reply");

@@ -37,7 +37,12 @@ namespace exa::api {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("exa.model_info"), x.name, x.model_file, x.replicas_ready, x.replicas_desired,
-           x.context_length, x.tenant);
+           x.context_length, x.tenant, x.version);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_request& x) {
+  return f(caf::meta::type_name("exa.rollout_request"), x.what, x.name, x.model_file, x.model_sha256, x.version,
+           x.steps, x.bake_s, x.max_unavailable, x.surge, x.min_samples);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_status& x) {
@@ -496,6 +501,59 @@ struct drain_reply {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, drain_reply& x) {
   return f(caf::meta::type_name("exa.drain_reply"), x.result.replicas, x.result.deadline_ms);
+}
+/// gateway -> controller: a rollout command; replies rollout_reply or an error.
+struct rollout_msg {
+  api::rollout_request request;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_msg& x) {
+  return f(caf::meta::type_name("exa.rollout"), x.request);
+}
+struct rollout_reply {
+  std::string status;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_reply& x) {
+  return f(caf::meta::type_name("exa.rollout_reply"), x.status);
+}
+/// controller -> routers: how a deployment's plain name splits between its
+/// versions. Requests naming `base` go to `canary` with `canary_percent`
+/// (sticky per conversation) and to `stable` otherwise; "base@V" pins one.
+/// stable == base with no canary: no split (the message removes one); an
+/// empty base removes every split.
+struct traffic_split {
+  std::string base;
+  std::string stable;  // the deployment serving the current version
+  std::string canary;  // "" = none
+  std::uint32_t canary_percent = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, traffic_split& x) {
+  return f(caf::meta::type_name("exa.traffic_split"), x.base, x.stable, x.canary, x.canary_percent);
+}
+/// request actor -> router: how a request of a deployment ended (the
+/// rollout's evidence). ok: it finished (stop or length).
+struct request_sample {
+  std::string deployment;
+  bool ok = true;
+  double ttft_ms = 0;
+  double tpot_ms = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_sample& x) {
+  return f(caf::meta::type_name("exa.request_sample"), x.deployment, x.ok, x.ttft_ms, x.tpot_ms);
+}
+/// router -> controller: a batch of samples of a deployment under rollout.
+struct version_samples {
+  std::string deployment;
+  std::vector<double> ttft_ms;  // one pair per finished request
+  std::vector<double> tpot_ms;
+  std::uint32_t failures = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, version_samples& x) {
+  return f(caf::meta::type_name("exa.version_samples"), x.deployment, x.ttft_ms, x.tpot_ms, x.failures);
 }
 /// node -> controller: this node's process is stopping (SIGTERM): move its
 /// slots elsewhere and drain its replicas within `deadline_ms`.

@@ -60,6 +60,13 @@ void finish(self_ptr self, api::finish_reason reason, std::optional<error> err =
   spdlog::debug("event=request_done request={} reason={} tokens={} ttft_ms={:.2f} e2e_ms={:.2f} replica={} attempts={}{}",
                 st.ctx.request.request_id, static_cast<int>(reason), st.generated.size(), r.timings.ttft_ms,
                 r.timings.e2e_ms, r.replica, st.attempts, r.err ? " error=\"" + to_string(*r.err) + "\"" : "");
+  // The evidence a rollout judges versions by (the router keeps it only for
+  // deployments under rollout). A cancelled request says nothing of either,
+  // nor does one the caller got wrong.
+  const bool callers_fault = r.err && r.err->code == errc::invalid_argument;
+  if (st.router && reason != api::finish_reason::cancelled && !callers_fault)
+    self->send(st.router, request_sample{st.ctx.request.model, reason != api::finish_reason::error, r.timings.ttft_ms,
+                                         r.timings.tpot_ms});
   st.ctx.sink->on_done(r);
   // A monitor outlives its observer in CAF: the replica would keep a
   // reference to this finished actor, and with it the actor's memory.

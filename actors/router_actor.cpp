@@ -15,6 +15,7 @@
 #include "actors/request_actor.hpp"
 #include "cluster/lifecycle.hpp"
 #include "cluster/model_ref.hpp"
+#include "cluster/rollout.hpp"
 #include "model/llama_model.hpp"
 
 namespace exa::actors {
@@ -69,6 +70,68 @@ std::shared_ptr<const model::llama_model> open_tokenizer(const deployment_announ
     return nullptr;
   }
   return *model;
+}
+
+using flush_samples_atom = caf::atom_constant<caf::atom("flushsmp")>;
+constexpr std::size_t sample_batch_max = 4096;
+
+// A uniform draw in [0, 1) from the router's seeded generator (splitmix64).
+double draw(self_ptr self) {
+  std::uint64_t z = (self->state.split_rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) / 9007199254740992.0;
+}
+
+// The deployment a request's model name means: a plain name follows its
+// traffic split (sticky per conversation); "NAME@1" is the plain NAME;
+// other pinned names are deployments of their own and route only there.
+std::string resolve_model(self_ptr self, const api::generate_request& r) {
+  auto& st = self->state;
+  if (auto it = st.splits.find(r.model); it != st.splits.end()) {
+    const auto& s = it->second;
+    if (s.canary.empty() || !st.deployments.count(s.canary)) return s.stable;
+    return cluster::goes_to_new(s.canary_percent, r.user, draw(self)) ? s.canary : s.stable;
+  }
+  const auto v = cluster::split_version(r.model);
+  if (v.version == "1") return std::string(v.base);
+  return r.model;
+}
+
+// Whether a deployment is one side of a rollout now (its samples are wanted).
+bool sampled(self_ptr self, const std::string& deployment) {
+  for (const auto& [base, s] : self->state.splits)
+    if (!s.canary.empty() && (s.stable == deployment || s.canary == deployment)) return true;
+  return false;
+}
+
+void on_sample(self_ptr self, const request_sample& m) {
+  auto& st = self->state;
+  if (!sampled(self, m.deployment)) return;
+  auto& batch = st.samples[m.deployment];
+  batch.deployment = m.deployment;
+  if (batch.ttft_ms.size() + batch.failures >= sample_batch_max) return;  // the controller is behind: drop, bounded
+  if (m.ok) {
+    batch.ttft_ms.push_back(m.ttft_ms);
+    batch.tpot_ms.push_back(m.tpot_ms);
+  } else {
+    ++batch.failures;
+  }
+  if (!st.samples_flush_due) {
+    st.samples_flush_due = true;
+    self->delayed_send(self, std::chrono::milliseconds(250), flush_samples_atom::value);
+  }
+}
+
+void flush_samples(self_ptr self) {
+  auto& st = self->state;
+  st.samples_flush_due = false;
+  auto batches = std::move(st.samples);
+  st.samples.clear();
+  auto c = caf::actor_cast<caf::actor>(self->home_system().registry().get(controller_atom::value));
+  if (!c) return;  // no controller to judge: the samples are of no use later either
+  for (auto& [d, b] : batches) self->send(c, std::move(b));
 }
 
 void on_route(self_ptr self, const route_request& m) {
@@ -536,7 +599,23 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         // count each replica once per gateway.
         (void)s.table->update_load(l.id, r);
       },
-      [=](const route_request& m) { on_route(self, m); },
+      [=](const route_request& m) {
+        auto resolved = resolve_model(self, m.request);
+        if (resolved == m.request.model) return on_route(self, m);
+        route_request r = m;
+        r.request.model = std::move(resolved);
+        on_route(self, r);
+      },
+      [=](const traffic_split& m) {
+        auto& s = self->state;
+        spdlog::info("event=traffic_split deployment={} stable={} canary={} canary_percent={}", m.base, m.stable,
+                     m.canary.empty() ? "-" : m.canary, m.canary_percent);
+        if (m.base.empty()) s.splits.clear();  // a new controller starts from none
+        else if (m.stable == m.base && m.canary.empty()) s.splits.erase(m.base);
+        else s.splits[m.base] = m;
+      },
+      [=](const request_sample& m) { on_sample(self, m); },
+      [=](flush_samples_atom) { flush_samples(self); },
       [=](deadline_atom) {
         // One sweep for every request's deadline.
         auto& s = self->state;

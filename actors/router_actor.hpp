@@ -117,6 +117,14 @@ struct router_state {
   std::map<std::string, std::map<std::string, std::uint32_t>> tenant_places;
   std::map<std::string, std::map<std::string, std::int64_t>> tenant_seen_ns;
   std::uint64_t next_hold = 1;
+  /// Plain names split between versions during (and after) rollouts, by
+  /// base name (traffic_split).
+  std::map<std::string, traffic_split> splits;
+  /// Samples of deployments under rollout, sent to the controller in
+  /// batches (bounded: at most sample_batch_max per deployment between sends).
+  std::map<std::string, version_samples> samples;
+  bool samples_flush_due = false;
+  std::uint64_t split_rng = 0x9e3779b97f4a7c15ull;  // seeded: draws for requests without a conversation key
   std::shared_ptr<cluster_metrics> metrics;
   static inline const char* name = "router";
 };

@@ -77,6 +77,10 @@ struct GenerateRequest {
   priority @9 :Priority = interactive;
   # While every replica of the deployment is busy, interactive requests are
   # served before batch ones (and tenants in fair order within each).
+
+  user @10 :Text;
+  # The conversation (as OpenAI's `user`): during a rollout, requests of one
+  # conversation stay on one version. Empty: each request is drawn alone.
 }
 
 enum Priority {
@@ -213,6 +217,10 @@ struct ModelInfo {
 
   tenant @5 :Text;
   # The tenant that owns it; empty means shared by every tenant.
+
+  version @6 :Text;
+  # Its model version: "1" for a plain deployment, what follows '@' for one
+  # a rollout brought ("tiny@2" is version "2" of "tiny").
 }
 
 struct NodeStatus {
@@ -368,6 +376,47 @@ interface Admin {
   # their tokens; each slot is placed elsewhere. undrain lifts a node's drain
   # (a draining replica cannot return: it is replaced). Returns how many
   # replicas began draining and the deadline they have.
+
+  rollout @6 (request :RolloutRequest) -> (status :Text);
+  # Starts a rollout of a new model version, or asks about or steers the one
+  # in progress. status: one line starting with the phase (in_progress,
+  # paused, complete, rolled_back, aborted), the step, the traffic split and
+  # the last verdict with its numbers.
+}
+
+struct RolloutRequest {
+  op @0 :RolloutOp;
+  name @1 :Text;
+  # The deployment, by its plain name.
+
+  modelFile @2 :Text;
+  modelSha256 @3 :Text;
+  version @4 :Text;
+  # start only: the new version's file, its digest (empty: not pinned) and
+  # label (empty: the next number).
+
+  steps @5 :Text;
+  # start only: traffic percentages ("1,10,100", the default when empty).
+
+  bakeS @6 :UInt32;
+  # start only: seconds each step runs before it may advance (0: default).
+
+  maxUnavailable @7 :UInt32 = 1;
+  surge @8 :UInt32 = 1;
+  # start only: replicas replaced at once; extra replicas started first
+  # (0: replace in place, no extra devices).
+
+  minSamples @9 :UInt32;
+  # start only: requests of each version per step before a verdict (0: default).
+}
+
+enum RolloutOp {
+  start @0;
+  status @1;
+  pause @2;
+  resume @3;
+  abort @4;
+  promote @5;
 }
 
 enum DrainTarget {

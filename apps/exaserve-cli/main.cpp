@@ -11,6 +11,7 @@
 #include <thread>
 #include <unistd.h>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -29,7 +30,7 @@ constexpr const char* usage = R"(usage: exaserve-cli [--connect HOST:PORT] [--ap
 Talks to an ExaServe server over Cap'n Proto RPC (default 127.0.0.1:7000).
 A server started with --keys-file wants an API key (--api-key, or the
 environment variable EXASERVE_API_KEY); status, models, deploy, undeploy,
-scale, drain and undrain want an admin key.
+scale, drain, undrain and rollout want an admin key.
 
 commands:
   status      nodes, devices, replicas (lifecycle state, load, KV use), deployments
@@ -46,6 +47,16 @@ commands:
               the controller's, 60) resume elsewhere token-exact; each slot is placed
               elsewhere. A drained node takes nothing new until undrained.
   undrain node N
+  rollout NAME --model-file F [--version V] [--sha256 HEX] [--steps 1,10,100] [--bake-s S]
+          [--max-unavailable N] [--surge N] [--min-samples N]
+              start a new version NAME@V: traffic moves through the steps (percent),
+              each baked S seconds (default 300) and judged against the old version
+              (TTFT p99, TPOT p99, errors); a regression rolls back at once. Surge N
+              (default 1) starts new replicas first; --surge 0 replaces in place.
+              Requests may pin a version ("model": "NAME@V"); one conversation (the
+              OpenAI `user`) stays on one version.
+  rollout status|pause|resume|abort|promote NAME
+              one line: phase, step, traffic split, last verdict with its numbers
   top [--interval-s S] [--iterations N]
               a live view, refreshed every S seconds (default 2): nodes, deployments,
               replicas by state, load and queues, the replicas worth watching;
@@ -247,6 +258,45 @@ int cmd_drain(cli::rpc_client& client, const command_args& args, bool undrain) {
   return 0;
 }
 
+// rollout NAME --model-file F [...] | rollout status|pause|resume|abort|promote NAME
+int cmd_rollout(cli::rpc_client& client, const command_args& args) {
+  static const std::map<std::string, api::rollout_request::op> ops = {
+      {"status", api::rollout_request::op::status}, {"pause", api::rollout_request::op::pause},
+      {"resume", api::rollout_request::op::resume}, {"abort", api::rollout_request::op::abort},
+      {"promote", api::rollout_request::op::promote}};
+  api::rollout_request req;
+  if (args.positional.size() == 2 && ops.count(args.positional[0])) {
+    if (!args.flags.empty()) return usage_fail("rollout", {"rollout " + args.positional[0] + " takes only NAME"});
+    req.what = ops.at(args.positional[0]);
+    req.name = args.positional[1];
+  } else if (args.positional.size() == 1) {
+    req.what = api::rollout_request::op::start;
+    req.name = args.positional[0];
+    req.model_file = args.get("model-file");
+    if (req.model_file.empty()) return usage_fail("rollout", {"rollout NAME needs --model-file F"});
+    req.version = args.get("version");
+    req.model_sha256 = args.get("sha256");
+    req.steps = args.get("steps");
+    const auto number = [&](const char* flag, std::uint32_t fallback, std::uint64_t max,
+                            std::uint32_t& out) -> std::optional<usage_error> {
+      auto v = parse_uint(std::string("--") + flag, args.get(flag, std::to_string(fallback)), max);
+      if (!v) return v.error();
+      out = static_cast<std::uint32_t>(*v);
+      return std::nullopt;
+    };
+    if (auto e = number("bake-s", 0, 7 * 24 * 3600, req.bake_s)) return usage_fail("rollout", *e);
+    if (auto e = number("max-unavailable", 1, 4096, req.max_unavailable)) return usage_fail("rollout", *e);
+    if (auto e = number("surge", 1, 4096, req.surge)) return usage_fail("rollout", *e);
+    if (auto e = number("min-samples", 0, 1u << 20, req.min_samples)) return usage_fail("rollout", *e);
+  } else {
+    return usage_fail("rollout", {"rollout takes NAME --model-file F, or status|pause|resume|abort|promote NAME"});
+  }
+  auto r = client.rollout(req);
+  if (!r) return fail("rollout", r.error());
+  std::printf("%s\n", r->status.c_str());
+  return 0;
+}
+
 int cmd_top(cli::rpc_client& client, const command_args& args) {
   if (!args.positional.empty()) return usage_fail("top", {"top takes no arguments"});
   auto interval = parse_uint("--interval-s", args.get("interval-s", "2"), 3600);
@@ -311,6 +361,7 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"drain", {"deadline-s"}},
     {"undrain", {}},
     {"top", {"interval-s", "iterations"}},
+    {"rollout", {"model-file", "version", "sha256", "steps", "bake-s", "max-unavailable", "surge", "min-samples"}},
 };
 
 int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args& args) {
@@ -322,6 +373,7 @@ int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args
   if (cmd == "drain") return cmd_drain(client, args, false);
   if (cmd == "undrain") return cmd_drain(client, args, true);
   if (cmd == "top") return cmd_top(client, args);
+  if (cmd == "rollout") return cmd_rollout(client, args);
   return cmd_scale(client, args);
 }
 

@@ -68,9 +68,9 @@ std::string replicas_table(const api::cluster_status& s) {
 std::string render_models(const std::vector<api::model_info>& models) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& m : models)
-    rows.push_back({m.name, m.model_file, fmt::format("{}/{}", m.replicas_ready, m.replicas_desired),
-                    std::to_string(m.context_length)});
-  return render_table({"NAME", "MODEL FILE", "READY/DESIRED", "CONTEXT"}, rows);
+    rows.push_back({m.name, m.version.empty() ? "-" : m.version, m.model_file,
+                    fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), std::to_string(m.context_length)});
+  return render_table({"NAME", "VERSION", "MODEL FILE", "READY/DESIRED", "CONTEXT"}, rows);
 }
 
 std::string render_status(const api::cluster_status& s) {

@@ -49,7 +49,7 @@ error from_exception(const kj::Exception& e, const std::string& where) {
 
 api::model_info to_api(rpc::ModelInfo::Reader m) {
   return {m.getName(), m.getModelFile(), m.getReplicasReady(), m.getReplicasDesired(), m.getContextLength(),
-          m.getTenant()};
+          m.getTenant(), m.getVersion()};
 }
 
 api::cluster_status to_api(rpc::ClusterStatus::Reader s) {
@@ -325,6 +325,27 @@ expected<api::drain_result> rpc_client::drain(const api::drain_request& request)
       true);
 }
 
+expected<api::rollout_result> rpc_client::rollout(const api::rollout_request& request) {
+  auto& s = *impl_;
+  return s.run<api::rollout_result>(
+      [&] {
+        auto req = admin_of(s).rolloutRequest();
+        auto r = req.initRequest();
+        r.setOp(static_cast<rpc::RolloutOp>(static_cast<std::uint16_t>(request.what)));
+        r.setName(request.name);
+        r.setModelFile(request.model_file);
+        r.setModelSha256(request.model_sha256);
+        r.setVersion(request.version);
+        r.setSteps(request.steps);
+        r.setBakeS(request.bake_s);
+        r.setMaxUnavailable(request.max_unavailable);
+        r.setSurge(request.surge);
+        r.setMinSamples(request.min_samples);
+        return req.send().then([](auto res) { return api::rollout_result{res.getStatus()}; });
+      },
+      true);
+}
+
 expected<api::generate_result> rpc_client::generate(const api::generate_request& request,
                                                     std::function<void(const api::token_chunk&)> on_chunk) {
   auto& s = *impl_;
@@ -349,6 +370,7 @@ expected<api::generate_result> rpc_client::generate(const api::generate_request&
         for (unsigned i = 0; i < stops.size(); ++i) stops.set(i, request.stop[i]);
         g.setIgnoreEos(request.ignore_eos);
         g.setPriority(request.priority == "batch" ? rpc::Priority::BATCH : rpc::Priority::INTERACTIVE);
+        g.setUser(request.user);
         req.setSink(kj::heap<sink_impl>(std::move(on_chunk)));
         return req.send().then([](auto r) { return to_api(r.getResult()); });
       },

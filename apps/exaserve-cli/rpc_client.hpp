@@ -37,6 +37,7 @@ class rpc_client {
   expected<void> undeploy(const std::string& name);
   expected<void> scale(const std::string& name, std::uint32_t replicas);
   expected<api::drain_result> drain(const api::drain_request& request);
+  expected<api::rollout_result> rollout(const api::rollout_request& request);
   /// Generates, calling `on_chunk` for each chunk as it arrives. The result
   /// may still carry an error (refused or failed request).
   expected<api::generate_result> generate(const api::generate_request& request,

@@ -78,7 +78,11 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"loads_per_node_max", uint_setter(c.loads_per_node_max, 1, 4096)},
           {"degraded_step_ms", uint_setter(c.degraded_step_ms, 0, 3600000)},
           {"degraded_error_percent", uint_setter(c.degraded_error_percent, 1, 101)},
-          {"degraded_replace_after_ms", uint_setter(c.degraded_replace_after_ms, 0, 86400000)}};
+          {"degraded_replace_after_ms", uint_setter(c.degraded_replace_after_ms, 0, 86400000)},
+          {"rollout_bake_s", uint_setter(c.rollout_bake_s, 1, 7 * 86400)},
+          {"rollout_min_samples", uint_setter(c.rollout_min_samples, 1, 1u << 20)},
+          {"rollout_tick_ms", uint_setter(c.rollout_tick_ms, 10, 60000)},
+          {"rollout_start_timeout_ms", uint_setter(c.rollout_start_timeout_ms, 1000, 86400000)}};
 }
 
 std::map<std::string, setter> server_keys(frontdoor_config& s) {

@@ -216,6 +216,13 @@ check read_options(const json& body, openai_request& req) {
       return field_error("priority", "'priority' must be \"interactive\" or \"batch\"");
     req.gen.priority = p->get<std::string>();
   }
+  // OpenAI's end-user id: the conversation key that keeps one user on one
+  // version during a rollout.
+  if (const json* u = find_field(body, "user")) {
+    if (!u->is_string() || u->get_ref<const std::string&>().size() > 256)
+      return field_error("user", "'user' must be a string of at most 256 characters");
+    req.gen.user = u->get<std::string>();
+  }
   return std::nullopt;
 }
 
@@ -368,7 +375,8 @@ json model_json(const api::model_info& m, std::int64_t created) {
           {"root", m.model_file},
           {"max_model_len", m.context_length},
           {"replicas_ready", m.replicas_ready},
-          {"replicas_desired", m.replicas_desired}};
+          {"replicas_desired", m.replicas_desired},
+          {"version", m.version}};
 }
 }  // namespace
 

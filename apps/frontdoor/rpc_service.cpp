@@ -40,6 +40,7 @@ api::generate_request from_rpc(rpc::GenerateRequest::Reader r) {
   out.ignore_eos = r.getIgnoreEos();
   out.deadline_ms = r.getDeadlineMs();
   if (r.getPriority() == rpc::Priority::BATCH) out.priority = "batch";
+  out.user = r.getUser();
   return out;
 }
 
@@ -86,6 +87,7 @@ void fill(rpc::ModelInfo::Builder out, const api::model_info& m) {
   out.setName(m.name);
   out.setModelFile(m.model_file);
   out.setReplicasReady(m.replicas_ready);
+  out.setVersion(m.version);
   out.setReplicasDesired(m.replicas_desired);
   out.setContextLength(m.context_length);
   out.setTenant(m.tenant);
@@ -324,6 +326,35 @@ class admin_impl final : public rpc::Admin::Server {
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->scale(params.getName(), params.getReplicas(), std::move(cb.callback));
     return acknowledge(kj::mv(cb.promise), "scale");
+  }
+
+  kj::Promise<void> rollout(RolloutContext context) override {
+    auto in = context.getParams().getRequest();
+    api::rollout_request req;
+    req.what = static_cast<api::rollout_request::op>(static_cast<std::uint8_t>(in.getOp()));
+    if (req.what > api::rollout_request::op::promote)
+      return to_rpc_exception(error{errc::invalid_argument, "unknown rollout operation"});
+    req.name = in.getName();
+    req.model_file = in.getModelFile();
+    req.model_sha256 = in.getModelSha256();
+    req.version = in.getVersion();
+    req.steps = in.getSteps();
+    req.bake_s = in.getBakeS();
+    req.max_unavailable = in.getMaxUnavailable();
+    req.surge = in.getSurge();
+    req.min_samples = in.getMinSamples();
+    auto cb = make_cross_thread_callback<expected<api::rollout_result>>();
+    ctx_->backend->rollout(req, std::move(cb.callback));
+    const auto op = static_cast<int>(req.what);
+    return deadline(kj::mv(cb.promise), "rollout")
+        .then([context, name = req.name, op](expected<api::rollout_result> r) mutable -> kj::Promise<void> {
+          static constexpr const char* ops[] = {"start", "status", "pause", "resume", "abort", "promote"};
+          spdlog::info("event=rpc_admin op=rollout_{} deployment={} ok={}{}", ops[op], name, r.has_value(),
+                       r ? std::string() : " error=\"" + to_string(r.error()) + "\"");
+          if (!r) return to_rpc_exception(r.error());
+          context.getResults().setStatus(r->status);
+          return kj::READY_NOW;
+        });
   }
 
   kj::Promise<void> drain(DrainContext context) override {

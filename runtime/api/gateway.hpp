@@ -60,6 +60,9 @@ struct generate_request {
   std::string priority;
   /// The tenant's fair-share weight (its keys file entry; 1 without one).
   double tenant_weight = 1;
+  /// The conversation (the OpenAI `user` field, or an X-Session-Id header):
+  /// during a rollout, one conversation stays on one version. "": none.
+  std::string user;
 };
 
 /// Tokens produced since the last chunk, with their text. Text is valid UTF-8:
@@ -109,6 +112,7 @@ struct model_info {
   std::uint32_t replicas_desired = 0;
   std::uint32_t context_length = 0;
   std::string tenant;  // who owns it; "": shared by every tenant
+  std::string version;  // "1" for a plain deployment; what follows '@' for a rollout's
 };
 
 struct replica_status {
@@ -185,6 +189,28 @@ struct drain_result {
   std::uint32_t deadline_ms = 0;  // the deadline they have
 };
 
+/// A rollout of a new model version (exaserve-cli rollout): start it, or
+/// ask about or steer the one in progress.
+struct rollout_request {
+  enum class op : std::uint8_t { start, status, pause, resume, abort, promote };
+  op what = op::status;
+  std::string name;        // the deployment (its plain name)
+  // start only:
+  std::string model_file;
+  std::string model_sha256;  // "" = not pinned
+  std::string version;       // "" = the next number
+  std::string steps;         // "" = 1,10,100
+  std::uint32_t bake_s = 0;  // 0 = the controller's default
+  std::uint32_t max_unavailable = 1;
+  std::uint32_t surge = 1;
+  std::uint32_t min_samples = 0;  // per version per step before a verdict; 0 = the default
+  bool operator==(const rollout_request&) const = default;
+};
+
+struct rollout_result {
+  std::string status;  // one line, starting with the phase
+};
+
 class gateway_backend {
  public:
   virtual ~gateway_backend() = default;
@@ -207,6 +233,7 @@ class gateway_backend {
   virtual void undeploy(std::string name, std::function<void(expected<void>)> done) = 0;
   virtual void scale(std::string name, std::uint32_t replicas, std::function<void(expected<void>)> done) = 0;
   virtual void drain(drain_request request, std::function<void(expected<drain_result>)> done) = 0;
+  virtual void rollout(rollout_request request, std::function<void(expected<rollout_result>)> done) = 0;
 };
 
 }  // namespace exa::api

@@ -54,6 +54,10 @@ json to_json(const journal_record& r) {
     case journal_record::kind::replica: return {{"op", "replica"}, {"id", r.replica}};
     case journal_record::kind::node_drain: return {{"op", "drain_node"}, {"node", r.node}};
     case journal_record::kind::node_undrain: return {{"op", "undrain_node"}, {"node", r.node}};
+    case journal_record::kind::version_current: return {{"op", "version_current"}, {"name", r.name}, {"to", r.to}};
+    case journal_record::kind::rollout_begin:
+      return {{"op", "rollout_begin"}, {"name", r.name}, {"from", r.from}, {"to", r.to}, {"replicas", r.replicas}};
+    case journal_record::kind::rollout_end: return {{"op", "rollout_end"}, {"name", r.name}};
   }
   return {};
 }
@@ -70,6 +74,12 @@ journal_record record_from(const json& j) {
   if (op == "replica") return journal_record::replica_taken(j.at("id").get<replica_id>());
   if (op == "drain_node") return journal_record::drain_node(j.at("node").get<node_id>());
   if (op == "undrain_node") return journal_record::undrain_node(j.at("node").get<node_id>());
+  if (op == "version_current")
+    return journal_record::version_current(j.at("name").get<std::string>(), j.at("to").get<std::string>());
+  if (op == "rollout_begin")
+    return journal_record::rollout_begin(j.at("name").get<std::string>(), j.at("from").get<std::string>(),
+                                         j.at("to").get<std::string>(), j.at("replicas").get<std::uint32_t>());
+  if (op == "rollout_end") return journal_record::rollout_end(j.at("name").get<std::string>());
   throw std::invalid_argument("unknown op '" + op + "'");
 }
 
@@ -78,11 +88,16 @@ json state_to_json(const durable_state& s) {
   for (const auto& [name, d] : s.deployments) deployments.push_back(to_json(d));
   json epochs = json::array();
   for (const auto& [slot, e] : s.epochs) epochs.push_back({{"name", slot.deployment}, {"slot", slot.index}, {"epoch", e}});
+  json rollouts = json::array();
+  for (const auto& [base, r] : s.rollouts)
+    rollouts.push_back({{"name", base}, {"from", r.from}, {"to", r.to}, {"replicas", r.replicas}});
   return {{"version", 1},
           {"deployments", deployments},
           {"epochs", epochs},
           {"next_replica_id", s.next_replica_id},
-          {"drained_nodes", s.drained_nodes}};
+          {"drained_nodes", s.drained_nodes},
+          {"current_versions", s.current_versions},
+          {"rollouts", rollouts}};
 }
 
 durable_state state_from(const json& j) {
@@ -97,6 +112,12 @@ durable_state state_from(const json& j) {
   s.next_replica_id = j.at("next_replica_id").get<replica_id>();
   if (j.contains("drained_nodes"))  // snapshots written before drains have none
     for (const auto& n : j.at("drained_nodes")) s.drained_nodes.insert(n.get<node_id>());
+  if (j.contains("current_versions"))  // nor versions
+    s.current_versions = j.at("current_versions").get<std::map<std::string, std::string>>();
+  if (j.contains("rollouts"))
+    for (const auto& r : j.at("rollouts"))
+      s.rollouts[r.at("name").get<std::string>()] = {r.at("from").get<std::string>(), r.at("to").get<std::string>(),
+                                                     r.at("replicas").get<std::uint32_t>()};
   return s;
 }
 
@@ -223,6 +244,30 @@ journal_record journal_record::undrain_node(node_id node) {
   return out;
 }
 
+journal_record journal_record::version_current(std::string base, std::string deployment) {
+  journal_record out;
+  out.type = kind::version_current;
+  out.name = std::move(base);
+  out.to = std::move(deployment);
+  return out;
+}
+journal_record journal_record::rollout_begin(std::string base, std::string from, std::string to,
+                                             std::uint32_t replicas) {
+  journal_record out;
+  out.type = kind::rollout_begin;
+  out.name = std::move(base);
+  out.from = std::move(from);
+  out.to = std::move(to);
+  out.replicas = replicas;
+  return out;
+}
+journal_record journal_record::rollout_end(std::string base) {
+  journal_record out;
+  out.type = kind::rollout_end;
+  out.name = std::move(base);
+  return out;
+}
+
 void apply(durable_state& s, const journal_record& r) {
   switch (r.type) {
     case journal_record::kind::deploy: s.deployments[r.deployment.name] = r.deployment; break;
@@ -242,6 +287,12 @@ void apply(durable_state& s, const journal_record& r) {
     case journal_record::kind::replica: s.next_replica_id = std::max(s.next_replica_id, r.replica + 1); break;
     case journal_record::kind::node_drain: s.drained_nodes.insert(r.node); break;
     case journal_record::kind::node_undrain: s.drained_nodes.erase(r.node); break;
+    case journal_record::kind::version_current:
+      if (r.to == r.name) s.current_versions.erase(r.name);
+      else s.current_versions[r.name] = r.to;
+      break;
+    case journal_record::kind::rollout_begin: s.rollouts[r.name] = {r.from, r.to, r.replicas}; break;
+    case journal_record::kind::rollout_end: s.rollouts.erase(r.name); break;
   }
 }
 

@@ -29,12 +29,24 @@ struct durable_state {
   std::map<slot_ref, epoch_t> epochs;
   replica_id next_replica_id = 1;  // ids below it were handed out
   std::set<node_id> drained_nodes;  // drained by an operator: nothing is placed there
+  /// Versions: the deployment serving each plain name whose current version
+  /// is not the plain deployment itself (after a completed rollout).
+  std::map<std::string, std::string> current_versions;
+  /// Rollouts begun and not ended: a restarted controller rolls them back.
+  struct rollout_entry {
+    std::string from, to;       // the old and the new version's deployments
+    std::uint32_t replicas = 0;  // the old version's count when it began
+    bool operator==(const rollout_entry&) const = default;
+  };
+  std::map<std::string, rollout_entry> rollouts;  // by plain name
   bool operator==(const durable_state&) const = default;
 };
 
 /// One change to the durable state.
 struct journal_record {
-  enum class kind : std::uint8_t { deploy, undeploy, scale, epoch, replica, node_drain, node_undrain };
+  enum class kind : std::uint8_t {
+    deploy, undeploy, scale, epoch, replica, node_drain, node_undrain, version_current, rollout_begin, rollout_end
+  };
   kind type = kind::deploy;
   api::deploy_request deployment;  // deploy
   std::string name;                // undeploy, scale, epoch: the deployment
@@ -43,6 +55,7 @@ struct journal_record {
   epoch_t epoch = 0;               // epoch
   replica_id replica = 0;          // replica: this id is taken
   node_id node = 0;                // node_drain, node_undrain
+  std::string from, to;            // version_current: to; rollout_begin: both (name: the plain name)
 
   static journal_record deploy(api::deploy_request r);
   static journal_record undeploy(std::string name);
@@ -51,6 +64,9 @@ struct journal_record {
   static journal_record replica_taken(replica_id id);
   static journal_record drain_node(node_id node);
   static journal_record undrain_node(node_id node);
+  static journal_record version_current(std::string base, std::string deployment);
+  static journal_record rollout_begin(std::string base, std::string from, std::string to, std::uint32_t replicas);
+  static journal_record rollout_end(std::string base);
 };
 
 /// Applies one record: the same function replays the log and serves appends.

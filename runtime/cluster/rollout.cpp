@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cctype>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -113,6 +114,87 @@ bool goes_to_new(std::uint32_t new_percent, std::string_view key, double draw) {
   return h % 10000 < std::uint64_t{new_percent} * 100;
 }
 
+versioned_name split_version(std::string_view name) noexcept {
+  const auto at = name.rfind('@');
+  if (at == std::string_view::npos) return {name, {}};
+  return {name.substr(0, at), name.substr(at + 1)};
+}
+
+std::string version_of(std::string_view deployment) {
+  const auto v = split_version(deployment).version;
+  return v.empty() ? std::string("1") : std::string(v);
+}
+
+std::string deployment_for(std::string_view base, std::string_view version) {
+  if (version.empty() || version == "1") return std::string(base);
+  return std::string(base) + "@" + std::string(version);
+}
+
+expected<void> check_version(std::string_view version) {
+  if (version.empty() || version.size() > 32)
+    return make_error(errc::invalid_argument, "a version must be 1..32 characters, got '" + std::string(version) + "'");
+  for (const char c : version)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
+      return make_error(errc::invalid_argument,
+                        "version '" + std::string(version) + "' may use only letters, digits, '-', '_' and '.'");
+  return {};
+}
+
+std::string next_version(const std::vector<std::string>& existing) {
+  std::uint64_t highest = 0;
+  for (const auto& v : existing) {
+    std::uint64_t n = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec == std::errc{} && p == v.data() + v.size()) highest = std::max(highest, n);
+  }
+  return std::to_string(std::max<std::uint64_t>(highest, 1) + 1);
+}
+
+version_counts step_targets(std::uint32_t total, std::uint32_t new_percent, const rollout_plan& plan) {
+  if (total == 0) return {};
+  if (new_percent >= 100) return {0, total};
+  const auto share = static_cast<std::uint32_t>((std::uint64_t{total} * new_percent + 99) / 100);
+  const std::uint32_t n = std::clamp<std::uint32_t>(share, 1, total);
+  std::uint32_t o = total - n;
+  if (o == 0 && plan.surge > 0) o = 1;  // the old version keeps serving its share
+  return {o, n};
+}
+
+version_counts next_counts(std::uint32_t total, std::uint32_t new_percent, const rollout_plan& plan,
+                           version_counts wanted, version_counts ready) {
+  const auto target = step_targets(total, new_percent, plan);
+  version_counts out = wanted;
+  if (wanted.old_replicas < target.old_replicas && target.new_replicas <= wanted.new_replicas) {
+    out.old_replicas = target.old_replicas;  // back up (a resumed or shrunk step)
+    return out;
+  }
+  const std::uint32_t unavailable =
+      total > ready.old_replicas + ready.new_replicas ? total - ready.old_replicas - ready.new_replicas : 0;
+  const bool new_caught_up = ready.new_replicas >= wanted.new_replicas;
+  if (plan.surge > 0) {
+    const std::uint32_t in_use = wanted.old_replicas + wanted.new_replicas;
+    const std::uint32_t room = total + plan.surge > in_use ? total + plan.surge - in_use : 0;
+    if (wanted.new_replicas < target.new_replicas && room > 0 && new_caught_up) {
+      out.new_replicas += std::min({room, plan.surge, target.new_replicas - wanted.new_replicas});
+      return out;
+    }
+    if (wanted.old_replicas > target.old_replicas && new_caught_up) {
+      const std::uint32_t batch = std::max<std::uint32_t>(plan.max_unavailable, 1);
+      out.old_replicas -= std::min(batch, wanted.old_replicas - target.old_replicas);
+    }
+    return out;
+  }
+  // Zero surge: free a place, then fill it, never more than max_unavailable down.
+  if (wanted.new_replicas < target.new_replicas && wanted.old_replicas + wanted.new_replicas < total) {
+    out.new_replicas += std::min(total - wanted.old_replicas - wanted.new_replicas,
+                                 target.new_replicas - wanted.new_replicas);
+    return out;
+  }
+  if (wanted.old_replicas > target.old_replicas && new_caught_up && unavailable < plan.max_unavailable)
+    out.old_replicas -= std::min(plan.max_unavailable - unavailable, wanted.old_replicas - target.old_replicas);
+  return out;
+}
+
 std::string_view to_string(rollout_phase p) noexcept {
   switch (p) {
     case rollout_phase::in_progress: return "in_progress";
@@ -134,9 +216,25 @@ rollout_machine::rollout_machine(std::string old_version, std::string new_versio
 
 void rollout_machine::start_step(std::int64_t now_ns) {
   step_started_ns_ = now_ns;
-  old_.clear();
+  // At 100 % the old version gets no traffic: its last window is the baseline.
+  if (plan_.steps[step_] < 100) old_.clear();
   new_.clear();
 }
+
+namespace {
+// The new version judged without a baseline: its error rate only.
+verdict judge_alone(const version_window& n, const verdict_policy& p) {
+  if (n.samples() < p.min_samples)
+    return {verdict::kind::insufficient,
+            fmt::format("{} new samples, {} needed (no old samples to compare)", n.samples(), p.min_samples)};
+  const std::string numbers = fmt::format("no old samples to compare; ttft p99 {:.1f} ms, tpot p99 {:.1f} ms, errors {:.1f}%",
+                                          n.ttft_p99_ms(), n.tpot_p99_ms(), n.error_rate() * 100);
+  if (n.error_rate() > p.error_rate_slack)
+    return {verdict::kind::regression,
+            fmt::format("error rate {:.1f}% above {:.1f}%; {}", n.error_rate() * 100, p.error_rate_slack * 100, numbers)};
+  return {verdict::kind::pass, numbers};
+}
+}  // namespace
 
 std::uint32_t rollout_machine::new_percent() const noexcept {
   if (phase_ == rollout_phase::complete) return 100;
@@ -146,7 +244,8 @@ std::uint32_t rollout_machine::new_percent() const noexcept {
 
 bool rollout_machine::tick(std::int64_t now_ns) {
   if (phase_ != rollout_phase::in_progress) return false;
-  last_ = judge(old_, new_, policy_);
+  last_ = plan_.steps[step_] >= 100 && old_.samples() < policy_.min_samples ? judge_alone(new_, policy_)
+                                                                            : judge(old_, new_, policy_);
   // A regression rolls back at once; a pass moves on only after the bake.
   if (last_.result == verdict::kind::regression) {
     phase_ = rollout_phase::rolled_back;
@@ -189,6 +288,14 @@ expected<void> rollout_machine::promote() {
   if (is_final(phase_))
     return make_error(errc::invalid_argument, "cannot promote a rollout that is " + std::string(to_string(phase_)));
   phase_ = rollout_phase::complete;
+  return {};
+}
+
+expected<void> rollout_machine::roll_back(std::string reason) {
+  if (is_final(phase_))
+    return make_error(errc::invalid_argument, "cannot roll back a rollout that is " + std::string(to_string(phase_)));
+  phase_ = rollout_phase::rolled_back;
+  last_ = {verdict::kind::regression, std::move(reason)};
   return {};
 }
 

@@ -17,8 +17,14 @@
 // tolerance (a ratio plus an absolute slack, so that tiny latencies do not
 // flap), or its error rate above the old one's by more than the tolerance.
 //
-// Not wired to the controller yet (issue 12 §2): versions do not exist in
-// the routing path, so nothing creates a rollout today.
+// A step at 100 % leaves the old version no traffic to compare: its window
+// keeps the previous step's old samples as the baseline, and with none at
+// all (a one-step plan) the new version is judged alone on its error rate.
+//
+// Versions: a deployment's first version is named plainly ("tiny", version
+// "1"); the versions a rollout brings are deployments of their own named
+// "tiny@2". Requests name "tiny" (the traffic split decides) or pin
+// "tiny@2". The controller wires this (actors/controller_actor.cpp).
 
 #include <cstdint>
 #include <optional>
@@ -88,6 +94,39 @@ verdict judge(const version_window& old_version, const version_window& new_versi
 /// on it at 50 %); without a key, `draw` (uniform in [0, 1)) decides.
 bool goes_to_new(std::uint32_t new_percent, std::string_view conversation_key, double draw);
 
+/// "tiny@2" -> {"tiny", "2"}; "tiny" -> {"tiny", ""}.
+struct versioned_name {
+  std::string_view base;
+  std::string_view version;  // "" when the name pins none
+};
+versioned_name split_version(std::string_view name) noexcept;
+/// The version label of a deployment: what follows '@', else "1".
+std::string version_of(std::string_view deployment);
+/// The deployment that serves `version` of `base` ("1" is the plain name).
+std::string deployment_for(std::string_view base, std::string_view version);
+/// A version label: 1..32 letters, digits, '-', '_' or '.'; invalid_argument otherwise.
+expected<void> check_version(std::string_view version);
+/// The label after the highest numeric one of `existing` ("2" after {"1"}).
+std::string next_version(const std::vector<std::string>& existing);
+
+/// Replica counts of the old and the new version.
+struct version_counts {
+  std::uint32_t old_replicas = 0;
+  std::uint32_t new_replicas = 0;
+  bool operator==(const version_counts&) const = default;
+};
+/// What a step wants: the new version's share of `total` replicas (at least
+/// one, all at 100 %), the old one the rest (one kept while surging below
+/// 100 % if the rest is none).
+version_counts step_targets(std::uint32_t total, std::uint32_t new_percent, const rollout_plan& plan);
+/// One move toward the step's targets, batch by batch. Surge: new replicas
+/// start first (at most total + surge wanted at once) and old ones stop only
+/// once the new ones are ready. Zero surge ("no extra GPUs"): an old replica
+/// stops first and a new one takes its place, with at most max_unavailable
+/// of `total` not ready at any time. Returns `wanted` when nothing may move.
+version_counts next_counts(std::uint32_t total, std::uint32_t new_percent, const rollout_plan& plan,
+                           version_counts wanted, version_counts ready);
+
 enum class rollout_phase : std::uint8_t { in_progress, paused, complete, rolled_back, aborted };
 std::string_view to_string(rollout_phase p) noexcept;
 constexpr bool is_final(rollout_phase p) noexcept {
@@ -121,6 +160,9 @@ class rollout_machine {
   expected<void> abort();
   /// Straight to 100 %, complete.
   expected<void> promote();
+  /// Rolled back for a reason found outside the windows (the new version
+  /// never became ready), kept as the last verdict.
+  expected<void> roll_back(std::string reason);
 
   /// One line, starting with the phase: "in_progress step 2/3 split 1=90% 2=10%
   /// verdict pass ttft p99 ...".

@@ -103,7 +103,7 @@ api::cluster_status cluster_fixture::status() {
   backend_->status([&](expected<api::cluster_status> s) { out = std::move(s); });
   run();
   REQUIRE(out.has_value());
-  REQUIRE(out->has_value());
+  if (!out->has_value()) FAIL("status failed: " << to_string(out->error()));
   return **out;
 }
 

@@ -212,3 +212,30 @@ TEST_CASE("drained nodes survive the log and the snapshot", "[journal]") {
   CHECK(rep.records_replayed == 0);
   CHECK(j->state().drained_nodes == std::set<node_id>{5, 7});
 }
+
+TEST_CASE("current versions and unfinished rollouts survive the log and the snapshot", "[journal]") {
+  const auto dir = fresh_dir("versions");
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j);
+    REQUIRE(j->append(journal_record::rollout_begin("tiny", "tiny", "tiny@2", 3)));
+    REQUIRE(j->append(journal_record::version_current("tiny", "tiny@2")));
+    REQUIRE(j->append(journal_record::rollout_end("tiny")));
+    REQUIRE(j->append(journal_record::rollout_begin("tiny", "tiny@2", "tiny@3", 4)));
+    REQUIRE(j->append(journal_record::rollout_begin("big", "big", "big@7", 1)));
+    REQUIRE(j->append(journal_record::version_current("big", "big")));  // back to the plain name: no entry
+  }
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j);
+    CHECK(j->state().current_versions == std::map<std::string, std::string>{{"tiny", "tiny@2"}});
+    REQUIRE(j->state().rollouts.size() == 2);
+    CHECK(j->state().rollouts.at("tiny") == durable_state::rollout_entry{"tiny@2", "tiny@3", 4});
+    REQUIRE(j->snapshot());
+  }
+  auto j = journal::open(dir);
+  REQUIRE(j);
+  CHECK(j->state().current_versions.at("tiny") == "tiny@2");
+  CHECK(j->state().rollouts.at("big") == durable_state::rollout_entry{"big", "big@7", 1});
+  CHECK(j->state().rollouts.at("tiny").to == "tiny@3");
+}

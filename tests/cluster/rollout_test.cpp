@@ -148,3 +148,106 @@ TEST_CASE("a regression rolls back at once, and commands fit the phase", "[rollo
   CHECK(a.new_percent() == 0);
   CHECK_THAT(a.status_line(), Catch::StartsWith("aborted"));
 }
+
+TEST_CASE("at 100 % the old window is the previous step's baseline, and a one-step plan judges errors alone",
+          "[rollout]") {
+  rollout_plan plan;
+  plan.steps = {50, 100};
+  plan.bake_s = 0;
+  verdict_policy pol;
+  pol.min_samples = 20;
+  rollout_machine m("1", "2", plan, pol, 0);
+  fill(m.old_window(), 30, 100, 20);
+  fill(m.new_window(), 30, 100, 20);
+  REQUIRE(m.tick(s_ns));
+  REQUIRE(m.new_percent() == 100);
+  CHECK(m.old_window().samples() == 30);  // kept as the baseline
+  CHECK(m.new_window().samples() == 0);
+  fill(m.new_window(), 30, 400, 20);      // slower than the baseline: rolled back even at 100 %
+  CHECK(m.tick(2 * s_ns));
+  CHECK(m.phase() == rollout_phase::rolled_back);
+
+  plan.steps = {100};
+  rollout_machine alone("1", "2", plan, pol, 0);
+  fill(alone.new_window(), 19, 100, 20);
+  CHECK_FALSE(alone.tick(s_ns));
+  CHECK_THAT(alone.last_verdict().reason, Catch::Contains("no old samples"));
+  fill(alone.new_window(), 1, 100, 20);
+  CHECK(alone.tick(s_ns));
+  CHECK(alone.phase() == rollout_phase::complete);
+  rollout_machine failing("1", "2", plan, pol, 0);
+  fill(failing.new_window(), 20, 100, 20, 5);
+  CHECK(failing.tick(s_ns));
+  CHECK(failing.phase() == rollout_phase::rolled_back);
+}
+
+TEST_CASE("version names: plain is version 1, tiny@2 pins, labels are checked and counted up", "[rollout]") {
+  CHECK(split_version("tiny@2").base == "tiny");
+  CHECK(split_version("tiny@2").version == "2");
+  CHECK(split_version("tiny").version.empty());
+  CHECK(version_of("tiny") == "1");
+  CHECK(version_of("tiny@v2") == "v2");
+  CHECK(deployment_for("tiny", "1") == "tiny");
+  CHECK(deployment_for("tiny", "3") == "tiny@3");
+  CHECK(check_version("2025-01.b"));
+  CHECK_THAT(check_version("a b").error().message, Catch::Contains("'a b'"));
+  CHECK_FALSE(check_version(""));
+  CHECK(next_version({"1"}) == "2");
+  CHECK(next_version({"1", "7", "canary"}) == "8");
+  CHECK(next_version({}) == "2");
+}
+
+TEST_CASE("step targets keep the old version serving below 100 %", "[rollout]") {
+  rollout_plan surge;
+  CHECK(step_targets(10, 1, surge) == version_counts{9, 1});
+  CHECK(step_targets(10, 10, surge) == version_counts{9, 1});
+  CHECK(step_targets(10, 25, surge) == version_counts{7, 3});
+  CHECK(step_targets(10, 100, surge) == version_counts{0, 10});
+  CHECK(step_targets(1, 10, surge) == version_counts{1, 1});  // surging: the old one stays
+  rollout_plan in_place;
+  in_place.surge = 0;
+  CHECK(step_targets(1, 10, in_place) == version_counts{0, 1});
+}
+
+TEST_CASE("surge: new replicas start first and old ones stop once they are ready", "[rollout]") {
+  rollout_plan plan;
+  plan.surge = 1;
+  plan.max_unavailable = 1;
+  version_counts wanted{4, 0}, ready{4, 0};
+  std::uint32_t most = 0, moves = 0;
+  while (!(wanted == version_counts{0, 4})) {
+    const auto next = next_counts(4, 100, plan, wanted, ready);
+    REQUIRE(++moves < 32);
+    if (next == wanted) {  // waiting for the new ones to be ready
+      ready.new_replicas = wanted.new_replicas;
+      continue;
+    }
+    CHECK(next.old_replicas + next.new_replicas <= 5);  // never past total + surge
+    most = std::max(most, next.old_replicas + next.new_replicas);
+    wanted = next;
+    ready.old_replicas = std::min(ready.old_replicas, wanted.old_replicas);
+  }
+  CHECK(most == 5);
+}
+
+TEST_CASE("zero surge: an old replica stops first and never more than max_unavailable are down", "[rollout]") {
+  rollout_plan plan;
+  plan.surge = 0;
+  plan.max_unavailable = 1;
+  version_counts wanted{3, 0}, ready{3, 0};
+  std::uint32_t moves = 0;
+  while (!(wanted == version_counts{0, 3})) {
+    const auto next = next_counts(3, 100, plan, wanted, ready);
+    REQUIRE(++moves < 32);
+    if (next == wanted) {
+      ready.new_replicas = wanted.new_replicas;
+      continue;
+    }
+    CHECK(next.old_replicas + next.new_replicas <= 3);  // no extra GPUs
+    if (next.old_replicas < wanted.old_replicas) CHECK(ready.old_replicas + ready.new_replicas == 3);
+    wanted = next;
+    ready.old_replicas = std::min(ready.old_replicas, wanted.old_replicas);
+  }
+  // Nothing moves while a replacement is not ready.
+  CHECK(next_counts(3, 100, plan, {2, 1}, {2, 0}) == version_counts{2, 1});
+}

@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include "fake_backend.hpp"
 
 #include <algorithm>
@@ -301,6 +303,23 @@ void fake_backend::drain(api::drain_request request, std::function<void(expected
       return done(std::unexpected(error{errc::not_found, std::string("no ") + (node ? "node " : "replica ") +
                                                              std::to_string(request.id)}));
     done(api::drain_result{request.undrain ? 0u : 1u, request.deadline_ms ? request.deadline_ms : 60000u});
+  });
+}
+
+void fake_backend::rollout(api::rollout_request request, std::function<void(expected<api::rollout_result>)> done) {
+  post([this, request, done = std::move(done)] {
+    static constexpr const char* ops[] = {"start", "status", "pause", "resume", "abort", "promote"};
+    {
+      std::lock_guard lock(mu_);
+      admin_log_.push_back(fmt::format("rollout {} name={} file={} version={} steps={} bake_s={} max_unavailable={} "
+                                       "surge={} min_samples={}",
+                                       ops[static_cast<int>(request.what)], request.name, request.model_file,
+                                       request.version, request.steps, request.bake_s, request.max_unavailable,
+                                       request.surge, request.min_samples));
+    }
+    if (request.name != "tiny")
+      return done(std::unexpected(error{errc::not_found, "no deployment named '" + request.name + "'"}));
+    done(api::rollout_result{"in_progress step 1/3 split 1=99% 2=1% verdict none yet"});
   });
 }
 

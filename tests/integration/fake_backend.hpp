@@ -78,6 +78,7 @@ class fake_backend final : public api::gateway_backend {
   void undeploy(std::string name, std::function<void(expected<void>)> done) override;
   void scale(std::string name, std::uint32_t replicas, std::function<void(expected<void>)> done) override;
   void drain(api::drain_request request, std::function<void(expected<api::drain_result>)> done) override;
+  void rollout(api::rollout_request request, std::function<void(expected<api::rollout_result>)> done) override;
 
  private:
   struct job;

@@ -60,6 +60,7 @@ void admit_loads(self_ptr self);
 void tell_split(self_ptr self, const std::string& base);
 void roll_back_interrupted(self_ptr self, std::map<std::string, api::deploy_request>& deployments,
                            const std::string& base, const cluster::durable_state::rollout_entry& e);
+void drop_leftover_versions(self_ptr self, std::map<std::string, api::deploy_request>& deployments);
 
 // Starts the replica of a placed slot on its node once the load gate lets
 // it: placed (its memory reserved) now, loading in its turn.
@@ -714,11 +715,14 @@ void recover(self_ptr self) {
   auto deployments = durable.deployments;
   const auto rollouts = durable.rollouts;
   st.current_versions = durable.current_versions;
+  st.used_versions = durable.used_versions;
   {
     std::lock_guard lock(st.config.desired->mutex);
     st.config.desired->current_versions = st.current_versions;
+    st.config.desired->used_versions = st.used_versions;
   }
   for (const auto& [base, e] : rollouts) roll_back_interrupted(self, deployments, base, e);
+  drop_leftover_versions(self, deployments);
   for (const auto node : durable.drained_nodes) {  // an operator's drain outlives the controller
     st.drains->drain_node(node, cluster::drain_cause::node);
     st.slots->cordon(node);
@@ -798,8 +802,12 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   spdlog::info("event=gateway_joined gateways={}", s.gateway_agents.size() + 1);
   for (const auto& [name, dep] : s.deployments) self->send(m.router, announce(name, dep));
   for (const auto& req : s.awaiting_nodes) self->send(m.router, deployment_starting{req.name});
-  for (const auto& [name, dep] : s.deployments)
-    if (dep.spec.replicas == 0) self->send(m.router, deployment_cold{name, true});
+  for (const auto& [name, dep] : s.deployments) {
+    // A version at 0 replicas inside a rollout is not cold: the rollout sizes it.
+    const auto r = s.rollouts.find(std::string(cluster::split_version(name).base));
+    const bool rolling = r != s.rollouts.end() && (!cluster::is_final(r->second.machine->phase()) || r->second.finishing);
+    if (dep.spec.replicas == 0 && !rolling) self->send(m.router, deployment_cold{name, true});
+  }
   self->send(m.router, traffic_split{});  // forget splits a predecessor told it, then the current ones
   for (const auto& [base, split] : s.splits_sent) self->send(m.router, split);
   for (const auto& [slot, epoch] : s.slots->epochs()) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
@@ -835,19 +843,35 @@ bool rollout_active(const controller_state& st, const std::string& base) {
 }
 
 // The split routers should follow for `base` now. While a rollout runs, the
-// new version gets its step's share only once it has a ready replica, and
-// everything when the old one has none (replaced in place).
+// new version gets its step's share, but never more than its share of the
+// ready replicas (a step whose replicas are still starting would overload
+// them), nothing before it has one and everything when the old one has none.
+// Once finished, the kept version, or the loser while the kept one has no
+// ready replica yet (replaced in place).
 traffic_split split_for(self_ptr self, const std::string& base) {
   auto& st = self->state;
   traffic_split out{base, current_of(st, base), "", 0};
-  if (!rollout_active(st, base)) return out;
-  const auto& r = st.rollouts.at(base);
+  const auto it = st.rollouts.find(base);
+  if (it == st.rollouts.end()) return out;
+  const auto& r = it->second;
+  if (cluster::is_final(r.machine->phase())) {
+    if (r.finishing && st.deployments.count(r.drop) && ready_count(self, r.keep) == 0 && ready_count(self, r.drop) > 0)
+      out.stable = r.drop;
+    return out;
+  }
   out.stable = r.from;
   out.canary = r.to;
-  out.canary_percent = r.machine->new_percent();
-  const auto ready_new = ready_count(self, r.to), ready_old = ready_count(self, r.from);
-  if (ready_new == 0) out.canary_percent = 0;
-  else if (ready_old == 0) out.canary_percent = 100;
+  // Old replicas the step does not keep are on their way out: not capacity.
+  const auto target = cluster::step_targets(r.total, r.machine->new_percent(), r.machine->plan());
+  const auto ready_new = ready_count(self, r.to);
+  const auto ready_old = std::min(ready_count(self, r.from), target.old_replicas);
+  if (ready_new == 0) return out;
+  if (ready_old == 0) {
+    out.canary_percent = 100;
+    return out;
+  }
+  const auto capacity = static_cast<std::uint32_t>(std::uint64_t{100} * ready_new / (ready_new + ready_old));
+  out.canary_percent = std::min(r.machine->new_percent(), std::max<std::uint32_t>(capacity, 1));
   return out;
 }
 
@@ -903,34 +927,74 @@ void remember_versions(self_ptr self) {
   auto& st = self->state;
   std::lock_guard lock(st.config.desired->mutex);
   st.config.desired->current_versions = st.current_versions;
+  st.config.desired->used_versions = st.used_versions;
   st.config.desired->rollouts.clear();
   for (const auto& [base, r] : st.rollouts)
     if (!cluster::is_final(r.machine->phase())) st.config.desired->rollouts[base] = {r.from, r.to, r.total};
 }
 
-// A rollout reached a final phase: traffic moves at once, the losing
-// version drains and is removed, the winner gets the full count.
+void arm_rollout_tick(self_ptr self);
+
+// A rollout reached a final phase: traffic moves at once (to the loser only
+// while the kept version has no ready replica), the kept version is asked
+// for its full count, and the loser is removed once every router has the
+// new split (finish_step).
 void finish_rollout(self_ptr self, controller_state::rollout_state& r) {
   auto& st = self->state;
   const auto phase = r.machine->phase();
   const bool won = phase == cluster::rollout_phase::complete;
-  const std::string& keep = won ? r.to : r.from;
-  const std::string& drop = won ? r.from : r.to;
+  r.keep = won ? r.to : r.from;
+  r.drop = won ? r.from : r.to;
   if (won) {
     if (r.to == r.base) st.current_versions.erase(r.base);
     else st.current_versions[r.base] = r.to;
     persist(self, cluster::journal_record::version_current(r.base, r.to));
   }
-  tell_split(self, r.base);  // before the loser goes: no request is routed to it again
-  if (auto it = st.deployments.find(keep); it != st.deployments.end() && it->second.spec.replicas < r.total)
-    set_replicas(self, keep, r.total);
-  remove_deployment(self, drop);
+  r.finishing = true;
+  r.drop_after_ns = clock_ns(self) + 2 * std::int64_t{st.config.rollout_tick_ms} * 1000000;
+  tell_split(self, r.base);
+  if (auto it = st.deployments.find(r.keep); it != st.deployments.end() && it->second.spec.replicas < r.total)
+    set_replicas(self, r.keep, r.total);
   persist(self, cluster::journal_record::rollout_end(r.base));
   remember_versions(self);
   count_rollout(self, r.base, cluster::to_string(phase));
   spdlog::log(won ? spdlog::level::info : spdlog::level::warn,
               "event=rollout_finished deployment={} phase={} serving={} removed={} status=\"{}\"", r.base,
-              cluster::to_string(phase), keep, drop, r.machine->status_line());
+              cluster::to_string(phase), r.keep, r.drop, r.machine->status_line());
+  arm_rollout_tick(self);
+}
+
+std::uint32_t placed_count(self_ptr self, const std::string& deployment) {
+  std::uint32_t n = 0;
+  for (const auto& [id, rec] : self->state.replicas) n += rec.deployment == deployment && !self->state.drains->draining(id);
+  return n;
+}
+
+// After the end: the loser goes once routers had time to take the new split
+// and the kept version serves (or, bounded, when it cannot start while the
+// loser holds its room); then the kept version is placed up to its count.
+// Returns true while there is more to do.
+bool finish_step(self_ptr self, controller_state::rollout_state& r) {
+  auto& st = self->state;
+  const auto now = clock_ns(self);
+  if (st.deployments.count(r.drop)) {
+    const bool keep_serves = ready_count(self, r.keep) > 0 || !st.deployments.count(r.keep);
+    const auto give_up_ns = r.drop_after_ns + std::int64_t{st.config.rollout_start_timeout_ms} * 1000000 / 10;
+    if (now < r.drop_after_ns || (!keep_serves && now < give_up_ns)) return true;
+    remove_deployment(self, r.drop);
+    tell_split(self, r.base);
+  }
+  auto keep = st.deployments.find(r.keep);
+  if (keep != st.deployments.end() && placed_count(self, r.keep) < keep->second.spec.replicas) {
+    std::string why;
+    if (place_missing(self, r.keep, &why) > 0) {
+      if (now - r.drop_after_ns < std::int64_t{st.config.rollout_start_timeout_ms} * 1000000) return true;
+      spdlog::warn("event=rollout_finish_partial deployment={} kept={} wanted={} reason=\"{}\"", r.base, r.keep,
+                   keep->second.spec.replicas, why);
+    }
+  }
+  r.finishing = false;
+  return false;
 }
 
 void arm_rollout_tick(self_ptr self) {
@@ -947,29 +1011,48 @@ void move_replicas(self_ptr self, controller_state::rollout_state& r) {
   if (from == st.deployments.end() || to == st.deployments.end()) return;
   const cluster::version_counts wanted{from->second.spec.replicas, to->second.spec.replicas};
   const cluster::version_counts ready{ready_count(self, r.from), ready_count(self, r.to)};
-  const auto next = cluster::next_counts(r.total, r.machine->new_percent(), r.machine->plan(), wanted, ready);
+  auto next = cluster::next_counts(r.total, r.machine->new_percent(), r.machine->plan(), wanted, ready);
+  // The last old replicas stop only once routers were told to send the old
+  // version nothing (a tick earlier): a request routed there meanwhile
+  // would find no replica.
+  const auto sent = st.splits_sent.find(r.base);
+  if (next.old_replicas == 0 && wanted.old_replicas > 0 && (sent == st.splits_sent.end() || sent->second.canary_percent < 100))
+    next.old_replicas = wanted.old_replicas;
   if (next.new_replicas != wanted.new_replicas) set_replicas(self, r.to, next.new_replicas);
   if (next.old_replicas != wanted.old_replicas) set_replicas(self, r.from, next.old_replicas);
   // Slots that found no room earlier (an old replica was still draining) are tried again.
-  for (const auto& name : {r.from, r.to}) {
-    std::uint32_t placed = 0;
-    for (const auto& [id, rec] : st.replicas) placed += rec.deployment == name && !st.drains->draining(id);
-    if (placed < st.deployments.at(name).spec.replicas) (void)place_missing(self, name, nullptr);
-  }
+  for (const auto& name : {r.from, r.to})
+    if (placed_count(self, name) < st.deployments.at(name).spec.replicas) (void)place_missing(self, name, nullptr);
+}
+
+// Whether the replica counts are where the step wants them and all ready.
+bool settled(self_ptr self, const controller_state::rollout_state& r) {
+  auto& st = self->state;
+  const auto from = st.deployments.find(r.from), to = st.deployments.find(r.to);
+  if (from == st.deployments.end() || to == st.deployments.end()) return true;
+  const auto target = cluster::step_targets(r.total, r.machine->new_percent(), r.machine->plan());
+  return from->second.spec.replicas == target.old_replicas && to->second.spec.replicas == target.new_replicas &&
+         ready_count(self, r.from) >= target.old_replicas && ready_count(self, r.to) >= target.new_replicas;
 }
 
 void rollout_step(self_ptr self, controller_state::rollout_state& r) {
   auto& st = self->state;
   const auto now = clock_ns(self);
   const auto step = r.machine->step();
-  bool changed = r.machine->tick(now);
-  // A new version that never gets a ready replica (it cannot load, it
-  // crashes) gives no evidence: past the limit, that is the verdict.
-  if (!cluster::is_final(r.machine->phase())) {
-    if (ready_count(self, r.to) > 0) r.new_unready_since_ns = 0;
-    else if (r.new_unready_since_ns == 0) r.new_unready_since_ns = now;
-    else if (now - r.new_unready_since_ns >= std::int64_t{st.config.rollout_start_timeout_ms} * 1000000) {
-      (void)r.machine->roll_back("the new version had no ready replica for " +
+  // A step is judged, and bakes, only once its replicas are in place: until
+  // then it is not yet what it says (its samples still count).
+  bool changed = false;
+  if (settled(self, r)) changed = r.machine->tick(now);
+  else if (r.machine->phase() == cluster::rollout_phase::in_progress) r.machine->hold(now);
+  // New replicas that do not become ready (they cannot load, they crash,
+  // there is no room) give no evidence: past the limit, that is the verdict.
+  if (r.machine->phase() == cluster::rollout_phase::in_progress) {
+    const auto to = st.deployments.find(r.to);
+    const bool missing = to != st.deployments.end() && ready_count(self, r.to) < to->second.spec.replicas;
+    if (!missing) r.unsettled_since_ns = 0;
+    else if (r.unsettled_since_ns == 0) r.unsettled_since_ns = now;
+    else if (now - r.unsettled_since_ns >= std::int64_t{st.config.rollout_start_timeout_ms} * 1000000) {
+      (void)r.machine->roll_back("the new version's replicas were not ready within " +
                                  std::to_string(st.config.rollout_start_timeout_ms / 1000) + " s");
       changed = true;
     }
@@ -991,9 +1074,9 @@ void on_rollout_tick(self_ptr self) {
   st.rollout_tick_armed = false;
   bool any = false;
   for (auto& [base, r] : st.rollouts) {
-    if (cluster::is_final(r.machine->phase())) continue;
-    rollout_step(self, r);
-    any |= !cluster::is_final(r.machine->phase());
+    if (!cluster::is_final(r.machine->phase())) rollout_step(self, r);
+    else if (r.finishing) finish_step(self, r);
+    any |= !cluster::is_final(r.machine->phase()) || r.finishing;
   }
   if (any) arm_rollout_tick(self);
 }
@@ -1009,6 +1092,20 @@ void on_version_samples(self_ptr self, const version_samples& m) {
   const auto n = std::min(m.ttft_ms.size(), m.tpot_ms.size());
   for (std::size_t i = 0; i < n; ++i) window.add_success(m.ttft_ms[i], m.tpot_ms[i]);
   for (std::uint32_t i = 0; i < m.failures; ++i) window.add_failure();
+}
+
+// The machine's line, and what routers do now when that differs from the
+// step's share (the new version's replicas are still starting).
+std::string status_line(self_ptr self, const controller_state::rollout_state& r) {
+  auto line = r.machine->status_line();
+  if (cluster::is_final(r.machine->phase())) return r.finishing ? line + " (finishing: " + r.drop + " drains)" : line;
+  const auto split = split_for(self, r.base);
+  if (split.canary_percent != r.machine->new_percent())
+    line += fmt::format(" (routing {}% to {} now: {} of {} of its replicas ready)", split.canary_percent, r.to,
+                        ready_count(self, r.to), self->state.deployments.count(r.to)
+                                                     ? self->state.deployments.at(r.to).spec.replicas
+                                                     : 0);
+  return line;
 }
 
 expected<std::string> start_rollout(self_ptr self, const api::rollout_request& req) {
@@ -1038,14 +1135,20 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   if (auto ok = cluster::validate(plan); !ok) return std::unexpected(ok.error());
   auto policy = st.config.rollout_policy;
   if (req.min_samples) policy.min_samples = req.min_samples;
+  if (old->second.spec.replicas == 1 && plan.surge == 0 && plan.steps.front() < 100)
+    return make_error(errc::invalid_argument, "a deployment of one replica cannot split its traffic in place: use "
+                                              "--surge 1 (one extra replica), or --steps 100");
+  // Labels in use, and every label a rollout ever used: a pinned NAME@V never changes meaning.
   std::vector<std::string> labels;
   for (const auto& [name, dep] : st.deployments)
     if (cluster::split_version(name).base == base) labels.push_back(cluster::version_of(name));
+  if (auto used = st.used_versions.find(base); used != st.used_versions.end())
+    labels.insert(labels.end(), used->second.begin(), used->second.end());
   const std::string version = req.version.empty() ? cluster::next_version(labels) : req.version;
   if (auto ok = cluster::check_version(version); !ok) return std::unexpected(ok.error());
   const std::string to = cluster::deployment_for(base, version);
   if (std::find(labels.begin(), labels.end(), version) != labels.end() || st.deployments.count(to))
-    return make_error(errc::invalid_argument, "version " + version + " of '" + base + "' exists");
+    return make_error(errc::invalid_argument, "version " + version + " of '" + base + "' exists or was used before");
   api::deploy_request dreq;
   {
     std::lock_guard lock(st.config.desired->mutex);
@@ -1060,10 +1163,13 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   dreq.tenant = old->second.tenant;
   auto dep = make_deployment(self, dreq);
   if (!dep) return std::unexpected(dep.error());
-  register_deployment(self, to, *dep);
-  remember(self, dreq);
+  // The rollout first: a restart between the two finds a rollout to roll
+  // back, never a stray version deployment.
   const std::uint32_t total = old->second.spec.replicas;
   persist(self, cluster::journal_record::rollout_begin(base, from, to, total));
+  st.used_versions[base].insert(version);
+  register_deployment(self, to, *dep);
+  remember(self, dreq);
   auto& r = st.rollouts[base];
   r = controller_state::rollout_state{base, from, to, total, std::nullopt, 0};
   r.machine.emplace(cluster::version_of(from), version, plan, policy, clock_ns(self));
@@ -1077,7 +1183,7 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
                policy.min_samples);
   rollout_step(self, r);
   arm_rollout_tick(self);
-  return r.machine->status_line();
+  return status_line(self, r);
 }
 
 caf::result<rollout_reply> on_rollout(self_ptr self, const api::rollout_request& req) {
@@ -1104,7 +1210,7 @@ caf::result<rollout_reply> on_rollout(self_ptr self, const api::rollout_request&
     case op::resume: ok = r.machine->resume(now), what = "resumed"; break;
     case op::abort: ok = r.machine->abort(), what = "aborted"; break;
     case op::promote: ok = r.machine->promote(), what = "complete"; break;
-    default: return rollout_reply{r.machine->status_line()};
+    default: return rollout_reply{status_line(self, r)};
   }
   if (!ok) return to_caf(ok.error());
   spdlog::info("event=rollout_command deployment={} command={} status=\"{}\"", base, what, r.machine->status_line());
@@ -1114,32 +1220,61 @@ caf::result<rollout_reply> on_rollout(self_ptr self, const api::rollout_request&
     count_rollout(self, base, what);
     if (req.what == op::resume) arm_rollout_tick(self);
   }
-  return rollout_reply{r.machine->status_line()};
+  return rollout_reply{status_line(self, r)};
 }
 
 // A rollout the predecessor left unfinished is rolled back (the safe side:
-// the old version was serving before it began): the new version's
-// deployment is dropped and the old one gets its full count again.
+// the old version was serving before it began) -- unless it had already
+// won (its version was made current), which is carried through. The losing
+// deployment is dropped and the kept one gets its full count again.
 void roll_back_interrupted(self_ptr self, std::map<std::string, api::deploy_request>& deployments,
                            const std::string& base, const cluster::durable_state::rollout_entry& e) {
-  spdlog::warn("event=rollout_rolled_back deployment={} from={} to={} replicas={} reason=\"the controller restarted "
-               "during the rollout\"",
-               base, e.from, e.to, e.replicas);
-  if (auto it = deployments.find(e.from); it != deployments.end() && it->second.replicas < e.replicas) {
+  auto& st = self->state;
+  const bool won = current_of(st, base) == e.to;
+  const std::string& keep = won ? e.to : e.from;
+  const std::string& drop = won ? e.from : e.to;
+  spdlog::warn("event={} deployment={} from={} to={} replicas={} reason=\"the controller restarted during the "
+               "rollout{}\"",
+               won ? "rollout_completed" : "rollout_rolled_back", base, e.from, e.to, e.replicas,
+               won ? ", after it was promoted" : "");
+  if (auto it = deployments.find(keep); it != deployments.end() && it->second.replicas < e.replicas) {
     it->second.replicas = e.replicas;
-    persist(self, cluster::journal_record::scale(e.from, e.replicas));
+    persist(self, cluster::journal_record::scale(keep, e.replicas));
   }
-  if (deployments.erase(e.to)) persist(self, cluster::journal_record::undeploy(e.to));
+  if (deployments.erase(drop)) persist(self, cluster::journal_record::undeploy(drop));
   persist(self, cluster::journal_record::rollout_end(base));
-  // Routers that outlived the predecessor forget its split and the new version.
-  self->send(self->state.router, traffic_split{base, e.from, "", 0});
-  self->send(self->state.router, deployment_removed{e.to});
-  count_rollout(self, base, "rolled_back");
-  std::lock_guard lock(self->state.config.desired->mutex);
-  auto& d = self->state.config.desired->deployments;
-  if (auto it = d.find(e.from); it != d.end()) it->second.replicas = std::max(it->second.replicas, e.replicas);
-  d.erase(e.to);
-  self->state.config.desired->rollouts.erase(base);
+  // Routers that outlived the predecessor forget its split and the loser.
+  self->send(st.router, traffic_split{base, keep, "", 0});
+  self->send(st.router, deployment_removed{drop});
+  count_rollout(self, base, won ? "complete" : "rolled_back");
+  std::lock_guard lock(st.config.desired->mutex);
+  auto& d = st.config.desired->deployments;
+  if (auto it = d.find(keep); it != d.end()) it->second.replicas = std::max(it->second.replicas, e.replicas);
+  d.erase(drop);
+  st.config.desired->rollouts.erase(base);
+}
+
+// After the rollouts are settled, each plain name has one version: its
+// current one. Another left behind (the predecessor stopped before it had
+// removed a finished rollout's loser) is removed now.
+void drop_leftover_versions(self_ptr self, std::map<std::string, api::deploy_request>& deployments) {
+  auto& st = self->state;
+  for (auto it = deployments.begin(); it != deployments.end();) {
+    const std::string base(cluster::split_version(it->first).base);
+    const bool grouped = it->first != base || st.current_versions.count(base);
+    if (!grouped || current_of(st, base) == it->first) {
+      ++it;
+      continue;
+    }
+    spdlog::warn("event=version_leftover_removed deployment={} current={}", it->first, current_of(st, base));
+    persist(self, cluster::journal_record::undeploy(it->first));
+    self->send(st.router, deployment_removed{it->first});
+    {
+      std::lock_guard lock(st.config.desired->mutex);
+      st.config.desired->deployments.erase(it->first);
+    }
+    it = deployments.erase(it);
+  }
 }
 
 caf::result<ok_atom> on_scale(self_ptr self, const scale_msg& m) {
@@ -1198,9 +1333,11 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
     std::lock_guard lock(st.config.desired->mutex);
     desired = st.config.desired->deployments;
     st.current_versions = st.config.desired->current_versions;
+    st.used_versions = st.config.desired->used_versions;
     rollouts = st.config.desired->rollouts;
   }
   for (const auto& [base, e] : rollouts) roll_back_interrupted(self, desired, base, e);
+  drop_leftover_versions(self, desired);
   for (const auto& [name, req] : desired) self->send(st.router, deployment_starting{name});
   for (const auto& [name, req] : desired)
     if (st.placement->nodes().empty()) {

@@ -48,6 +48,7 @@ struct desired_state {
   // cluster's restarted controller rolls back a rollout it finds unfinished.
   std::map<std::string, std::string> current_versions;
   std::map<std::string, cluster::durable_state::rollout_entry> rollouts;
+  std::map<std::string, std::set<std::string>> used_versions;
 };
 
 struct controller_config {
@@ -171,11 +172,20 @@ struct controller_state {
     std::string base, from, to;  // plain name; old and new version's deployments
     std::uint32_t total = 0;     // replicas of the deployment (the old version's count at the start)
     std::optional<cluster::rollout_machine> machine;
-    std::int64_t new_unready_since_ns = 0;  // the new version has had no ready replica since (0: it has one)
+    /// Since when the new version has had replicas asked for and not ready (0: none missing).
+    std::int64_t unsettled_since_ns = 0;
+    /// Final, and still finishing: the losing version serves until the
+    /// split has reached every router (drop_after_ns) and the kept one has a
+    /// ready replica; then it goes, and the kept one is placed up to `total`.
+    bool finishing = false;
+    std::int64_t drop_after_ns = 0;
+    std::string keep, drop;
   };
   std::map<std::string, rollout_state> rollouts;
   /// Plain names whose current version is another deployment (tiny -> tiny@2).
   std::map<std::string, std::string> current_versions;
+  /// Version labels rollouts have used, by plain name (never reused).
+  std::map<std::string, std::set<std::string>> used_versions;
   /// The split last told to routers, by plain name.
   std::map<std::string, traffic_split> splits_sent;
   bool rollout_tick_armed = false;

@@ -81,6 +81,9 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.degraded_replace_after_ms = o.degraded_replace_after_ms;
   c.rollout_bake_s = o.rollout_bake_s;
   c.rollout_policy.min_samples = o.rollout_min_samples;
+  c.rollout_policy.latency_ratio = o.rollout_latency_percent / 100.0;
+  c.rollout_policy.latency_slack_ms = o.rollout_latency_slack_ms;
+  c.rollout_policy.error_rate_slack = o.rollout_error_points / 100.0;
   c.rollout_tick_ms = o.rollout_tick_ms;
   c.rollout_start_timeout_ms = o.rollout_start_timeout_ms;
   c.loads.cluster_max = o.loads_max;

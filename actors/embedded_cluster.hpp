@@ -58,6 +58,11 @@ struct cluster_options {
   std::uint32_t loads_per_node_max = 4;          // replicas loading at once, per node
   std::uint32_t rollout_bake_s = 300;            // a rollout step naming no bake time runs this long
   std::uint32_t rollout_min_samples = 100;       // requests of each version per step before a verdict
+  // The tolerance: the new version's p99 may exceed the old one's by this
+  // ratio plus this slack, its error rate the old one's by these points.
+  std::uint32_t rollout_latency_percent = 20;
+  std::uint32_t rollout_latency_slack_ms = 5;
+  std::uint32_t rollout_error_points = 1;
   std::uint32_t rollout_tick_ms = 1000;          // how often the controller judges and moves a rollout
   std::uint32_t rollout_start_timeout_ms = 300000;  // the new version with no ready replica this long: rolled back
   std::uint64_t model_cache_bytes = 64ull << 30;  // per node: model files kept loaded (in-use ones always stay)

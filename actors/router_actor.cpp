@@ -87,12 +87,22 @@ double draw(self_ptr self) {
 // The deployment a request's model name means: a plain name follows its
 // traffic split (sticky per conversation); "NAME@1" is the plain NAME;
 // other pinned names are deployments of their own and route only there.
+struct places_count;
+places_count deployment_places(self_ptr self, const std::string& deployment);
+bool has_places(self_ptr self, const std::string& deployment);
+
 std::string resolve_model(self_ptr self, const api::generate_request& r) {
   auto& st = self->state;
   if (auto it = st.splits.find(r.model); it != st.splits.end()) {
     const auto& s = it->second;
     if (s.canary.empty() || !st.deployments.count(s.canary)) return s.stable;
-    return cluster::goes_to_new(s.canary_percent, r.user, draw(self)) ? s.canary : s.stable;
+    const bool to_canary = cluster::goes_to_new(s.canary_percent, r.user, draw(self));
+    const std::string& chosen = to_canary ? s.canary : s.stable;
+    const std::string& other = to_canary ? s.stable : s.canary;
+    // This router's own view wins over a split that lags it: a side with no
+    // ready replica (its last one draining) is passed over for one with some.
+    if (!has_places(self, chosen) && st.deployments.count(other) && has_places(self, other)) return other;
+    return chosen;
   }
   const auto v = cluster::split_version(r.model);
   if (v.version == "1") return std::string(v.base);
@@ -235,6 +245,8 @@ places_count deployment_places(self_ptr self, const std::string& deployment) {
   }
   return out;
 }
+
+bool has_places(self_ptr self, const std::string& deployment) { return deployment_places(self, deployment).slots > 0; }
 
 // Whether `tenant` holds its share of the deployment's `slots` places while
 // other tenants are active there (tenant_slot_limit).

@@ -82,6 +82,9 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"rollout_bake_s", uint_setter(c.rollout_bake_s, 1, 7 * 86400)},
           {"rollout_min_samples", uint_setter(c.rollout_min_samples, 1, 1u << 20)},
           {"rollout_tick_ms", uint_setter(c.rollout_tick_ms, 10, 60000)},
+          {"rollout_latency_percent", uint_setter(c.rollout_latency_percent, 0, 1000)},
+          {"rollout_latency_slack_ms", uint_setter(c.rollout_latency_slack_ms, 0, 600000)},
+          {"rollout_error_points", uint_setter(c.rollout_error_points, 0, 100)},
           {"rollout_start_timeout_ms", uint_setter(c.rollout_start_timeout_ms, 1000, 86400000)}};
 }
 

@@ -1,4 +1,5 @@
 #include "cluster/journal.hpp"
+#include "cluster/rollout.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -97,7 +98,8 @@ json state_to_json(const durable_state& s) {
           {"next_replica_id", s.next_replica_id},
           {"drained_nodes", s.drained_nodes},
           {"current_versions", s.current_versions},
-          {"rollouts", rollouts}};
+          {"rollouts", rollouts},
+          {"used_versions", s.used_versions}};
 }
 
 durable_state state_from(const json& j) {
@@ -114,6 +116,8 @@ durable_state state_from(const json& j) {
     for (const auto& n : j.at("drained_nodes")) s.drained_nodes.insert(n.get<node_id>());
   if (j.contains("current_versions"))  // nor versions
     s.current_versions = j.at("current_versions").get<std::map<std::string, std::string>>();
+  if (j.contains("used_versions"))
+    s.used_versions = j.at("used_versions").get<std::map<std::string, std::set<std::string>>>();
   if (j.contains("rollouts"))
     for (const auto& r : j.at("rollouts"))
       s.rollouts[r.at("name").get<std::string>()] = {r.at("from").get<std::string>(), r.at("to").get<std::string>(),
@@ -291,7 +295,10 @@ void apply(durable_state& s, const journal_record& r) {
       if (r.to == r.name) s.current_versions.erase(r.name);
       else s.current_versions[r.name] = r.to;
       break;
-    case journal_record::kind::rollout_begin: s.rollouts[r.name] = {r.from, r.to, r.replicas}; break;
+    case journal_record::kind::rollout_begin:
+      s.rollouts[r.name] = {r.from, r.to, r.replicas};
+      s.used_versions[r.name].insert(version_of(r.to));
+      break;
     case journal_record::kind::rollout_end: s.rollouts.erase(r.name); break;
   }
 }

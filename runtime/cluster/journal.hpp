@@ -39,6 +39,9 @@ struct durable_state {
     bool operator==(const rollout_entry&) const = default;
   };
   std::map<std::string, rollout_entry> rollouts;  // by plain name
+  /// Every version label a rollout ever began, by plain name: never reused,
+  /// so a client pinning NAME@V never meets another model under that name.
+  std::map<std::string, std::set<std::string>> used_versions;
   bool operator==(const durable_state&) const = default;
 };
 

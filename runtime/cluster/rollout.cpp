@@ -156,7 +156,11 @@ version_counts step_targets(std::uint32_t total, std::uint32_t new_percent, cons
   const auto share = static_cast<std::uint32_t>((std::uint64_t{total} * new_percent + 99) / 100);
   const std::uint32_t n = std::clamp<std::uint32_t>(share, 1, total);
   std::uint32_t o = total - n;
-  if (o == 0 && plan.surge > 0) o = 1;  // the old version keeps serving its share
+  // Below 100 % the old version keeps serving its share (and giving the
+  // verdict its baseline): surging, on an extra replica; in place, on one of
+  // the total when there are two or more.
+  if (o == 0 && plan.surge > 0) o = 1;
+  else if (o == 0 && total >= 2) return {1, total - 1};
   return {o, n};
 }
 
@@ -179,8 +183,10 @@ version_counts next_counts(std::uint32_t total, std::uint32_t new_percent, const
       return out;
     }
     if (wanted.old_replicas > target.old_replicas && new_caught_up) {
+      // Never below `total` serving: old ones stop only for ready new ones.
       const std::uint32_t batch = std::max<std::uint32_t>(plan.max_unavailable, 1);
-      out.old_replicas -= std::min(batch, wanted.old_replicas - target.old_replicas);
+      const std::uint32_t floor = total > ready.new_replicas ? total - ready.new_replicas : 0;
+      out.old_replicas = std::max({target.old_replicas, floor, wanted.old_replicas - std::min(batch, wanted.old_replicas)});
     }
     return out;
   }
@@ -222,16 +228,21 @@ void rollout_machine::start_step(std::int64_t now_ns) {
 }
 
 namespace {
-// The new version judged without a baseline: its error rate only.
-verdict judge_alone(const version_window& n, const verdict_policy& p) {
+// At 100 % there is no old traffic in the same window to compare latency
+// with (a baseline from an earlier window would compare different loads):
+// the new version is judged on its error rate, against the baseline's when
+// there is one.
+verdict judge_alone(const version_window& o, const version_window& n, const verdict_policy& p) {
   if (n.samples() < p.min_samples)
     return {verdict::kind::insufficient,
-            fmt::format("{} new samples, {} needed (no old samples to compare)", n.samples(), p.min_samples)};
-  const std::string numbers = fmt::format("no old samples to compare; ttft p99 {:.1f} ms, tpot p99 {:.1f} ms, errors {:.1f}%",
-                                          n.ttft_p99_ms(), n.tpot_p99_ms(), n.error_rate() * 100);
-  if (n.error_rate() > p.error_rate_slack)
-    return {verdict::kind::regression,
-            fmt::format("error rate {:.1f}% above {:.1f}%; {}", n.error_rate() * 100, p.error_rate_slack * 100, numbers)};
+            fmt::format("{} new samples, {} needed (all traffic on it: errors only)", n.samples(), p.min_samples)};
+  const double base = o.samples() > 0 ? o.error_rate() : 0.0;
+  const std::string numbers = fmt::format(
+      "all traffic on it: errors {:.1f}% vs {:.1f}% before; ttft p99 {:.1f} ms, tpot p99 {:.1f} ms (not compared)",
+      n.error_rate() * 100, base * 100, n.ttft_p99_ms(), n.tpot_p99_ms());
+  if (n.error_rate() > base + p.error_rate_slack)
+    return {verdict::kind::regression, fmt::format("error rate {:.1f}% above {:.1f}% + {:.1f} points; {}",
+                                                   n.error_rate() * 100, base * 100, p.error_rate_slack * 100, numbers)};
   return {verdict::kind::pass, numbers};
 }
 }  // namespace
@@ -244,8 +255,7 @@ std::uint32_t rollout_machine::new_percent() const noexcept {
 
 bool rollout_machine::tick(std::int64_t now_ns) {
   if (phase_ != rollout_phase::in_progress) return false;
-  last_ = plan_.steps[step_] >= 100 && old_.samples() < policy_.min_samples ? judge_alone(new_, policy_)
-                                                                            : judge(old_, new_, policy_);
+  last_ = plan_.steps[step_] >= 100 ? judge_alone(old_, new_, policy_) : judge(old_, new_, policy_);
   // A regression rolls back at once; a pass moves on only after the bake.
   if (last_.result == verdict::kind::regression) {
     phase_ = rollout_phase::rolled_back;
@@ -290,6 +300,8 @@ expected<void> rollout_machine::promote() {
   phase_ = rollout_phase::complete;
   return {};
 }
+
+void rollout_machine::hold(std::int64_t now_ns) { step_started_ns_ = now_ns; }
 
 expected<void> rollout_machine::roll_back(std::string reason) {
   if (is_final(phase_))

@@ -17,9 +17,10 @@
 // tolerance (a ratio plus an absolute slack, so that tiny latencies do not
 // flap), or its error rate above the old one's by more than the tolerance.
 //
-// A step at 100 % leaves the old version no traffic to compare: its window
-// keeps the previous step's old samples as the baseline, and with none at
-// all (a one-step plan) the new version is judged alone on its error rate.
+// A step at 100 % leaves the old version no traffic in the same window, so
+// latency is not compared there (a window from an earlier step saw another
+// load): the new version is judged on its error rate, against the previous
+// step's old error rate (kept as the baseline) plus the slack.
 //
 // Versions: a deployment's first version is named plainly ("tiny", version
 // "1"); the versions a rollout brings are deployments of their own named
@@ -116,8 +117,9 @@ struct version_counts {
   bool operator==(const version_counts&) const = default;
 };
 /// What a step wants: the new version's share of `total` replicas (at least
-/// one, all at 100 %), the old one the rest (one kept while surging below
-/// 100 % if the rest is none).
+/// one, all at 100 %), the old one the rest; below 100 % the old version
+/// keeps one (an extra one while surging; in place, one of the total, so a
+/// one-replica deployment cannot be compared in place).
 version_counts step_targets(std::uint32_t total, std::uint32_t new_percent, const rollout_plan& plan);
 /// One move toward the step's targets, batch by batch. Surge: new replicas
 /// start first (at most total + surge wanted at once) and old ones stop only
@@ -160,6 +162,9 @@ class rollout_machine {
   expected<void> abort();
   /// Straight to 100 %, complete.
   expected<void> promote();
+  /// The step's bake starts again from now (its samples stay): while
+  /// replicas are still being replaced, a step is not yet what it says.
+  void hold(std::int64_t now_ns);
   /// Rolled back for a reason found outside the windows (the new version
   /// never became ready), kept as the last verdict.
   expected<void> roll_back(std::string reason);

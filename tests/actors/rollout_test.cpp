@@ -97,7 +97,9 @@ std::set<std::string> replicas_of(const api::cluster_status& s, const std::strin
 }
 
 void check_all_served(const std::vector<std::shared_ptr<test::recording_sink>>& sinks) {
-  for (const auto& k : sinks) {
+  for (std::size_t i = 0; i < sinks.size(); ++i) {
+    const auto& k = sinks[i];
+    INFO("request r" << i);
     REQUIRE(k->result.has_value());
     INFO("request error: " << (k->result->err ? to_string(*k->result->err) : std::string()));
     CHECK_FALSE(k->result->err.has_value());

@@ -238,4 +238,5 @@ TEST_CASE("current versions and unfinished rollouts survive the log and the snap
   CHECK(j->state().current_versions.at("tiny") == "tiny@2");
   CHECK(j->state().rollouts.at("big") == durable_state::rollout_entry{"big", "big@7", 1});
   CHECK(j->state().rollouts.at("tiny").to == "tiny@3");
+  CHECK(j->state().used_versions.at("tiny") == std::set<std::string>{"2", "3"});  // even once ended
 }

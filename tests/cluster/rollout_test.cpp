@@ -149,36 +149,41 @@ TEST_CASE("a regression rolls back at once, and commands fit the phase", "[rollo
   CHECK_THAT(a.status_line(), Catch::StartsWith("aborted"));
 }
 
-TEST_CASE("at 100 % the old window is the previous step's baseline, and a one-step plan judges errors alone",
-          "[rollout]") {
+TEST_CASE("at 100 % only errors are judged, against the previous step's old error rate", "[rollout]") {
   rollout_plan plan;
   plan.steps = {50, 100};
   plan.bake_s = 0;
   verdict_policy pol;
   pol.min_samples = 20;
   rollout_machine m("1", "2", plan, pol, 0);
-  fill(m.old_window(), 30, 100, 20);
-  fill(m.new_window(), 30, 100, 20);
+  fill(m.old_window(), 30, 100, 20, 3);  // 10 % errors before
+  fill(m.new_window(), 30, 100, 20, 3);
   REQUIRE(m.tick(s_ns));
   REQUIRE(m.new_percent() == 100);
-  CHECK(m.old_window().samples() == 30);  // kept as the baseline
+  CHECK(m.old_window().samples() == 33);  // kept as the baseline
   CHECK(m.new_window().samples() == 0);
-  fill(m.new_window(), 30, 400, 20);      // slower than the baseline: rolled back even at 100 %
+  fill(m.new_window(), 19, 400, 20);
+  CHECK_FALSE(m.tick(2 * s_ns));
+  CHECK_THAT(m.last_verdict().reason, Catch::Contains("errors only"));
+  fill(m.new_window(), 1, 400, 20);  // slower, but no control group to compare with: not judged
   CHECK(m.tick(2 * s_ns));
-  CHECK(m.phase() == rollout_phase::rolled_back);
+  CHECK(m.phase() == rollout_phase::complete);
+  CHECK_THAT(m.last_verdict().reason, Catch::Contains("not compared"));
 
-  plan.steps = {100};
+  rollout_machine failing("1", "2", plan, pol, 0);
+  fill(failing.old_window(), 30, 100, 20);
+  fill(failing.new_window(), 30, 100, 20);
+  REQUIRE(failing.tick(s_ns));
+  fill(failing.new_window(), 20, 100, 20, 5);  // 20 % errors against 0 % before
+  CHECK(failing.tick(2 * s_ns));
+  CHECK(failing.phase() == rollout_phase::rolled_back);
+  CHECK_THAT(failing.last_verdict().reason, Catch::Contains("error rate 20.0% above 0.0%"));
+
+  plan.steps = {100};  // one step: no baseline at all
   rollout_machine alone("1", "2", plan, pol, 0);
-  fill(alone.new_window(), 19, 100, 20);
-  CHECK_FALSE(alone.tick(s_ns));
-  CHECK_THAT(alone.last_verdict().reason, Catch::Contains("no old samples"));
-  fill(alone.new_window(), 1, 100, 20);
+  fill(alone.new_window(), 20, 100, 20);
   CHECK(alone.tick(s_ns));
   CHECK(alone.phase() == rollout_phase::complete);
-  rollout_machine failing("1", "2", plan, pol, 0);
-  fill(failing.new_window(), 20, 100, 20, 5);
-  CHECK(failing.tick(s_ns));
-  CHECK(failing.phase() == rollout_phase::rolled_back);
 }
 
 TEST_CASE("version names: plain is version 1, tiny@2 pins, labels are checked and counted up", "[rollout]") {
@@ -207,6 +212,8 @@ TEST_CASE("step targets keep the old version serving below 100 %", "[rollout]") 
   rollout_plan in_place;
   in_place.surge = 0;
   CHECK(step_targets(1, 10, in_place) == version_counts{0, 1});
+  CHECK(step_targets(2, 90, in_place) == version_counts{1, 1});  // the old one keeps serving its share
+  CHECK(step_targets(2, 100, in_place) == version_counts{0, 2});
 }
 
 TEST_CASE("surge: new replicas start first and old ones stop once they are ready", "[rollout]") {
@@ -228,6 +235,9 @@ TEST_CASE("surge: new replicas start first and old ones stop once they are ready
     ready.old_replicas = std::min(ready.old_replicas, wanted.old_replicas);
   }
   CHECK(most == 5);
+  // A batch larger than the surge never leaves fewer than `total` serving.
+  plan.max_unavailable = 3;
+  CHECK(next_counts(4, 100, plan, {4, 1}, {4, 1}) == version_counts{3, 1});
 }
 
 TEST_CASE("zero surge: an old replica stops first and never more than max_unavailable are down", "[rollout]") {

@@ -113,6 +113,33 @@ TEST_CASE("cli drain and undrain reach the admin API and report what they did", 
   CHECK(s.backend->admin_log().size() == 4);
 }
 
+TEST_CASE("cli rollout carries its plan over RPC and prints the status line", "[cli]") {
+  test_server s;
+  auto r = run_cli(s.rpc_port(), {"rollout", "tiny", "--model-file", "v2.gguf", "--version", "2", "--steps", "5,50,100",
+                                  "--bake-s", "60", "--surge", "0", "--max-unavailable", "2", "--min-samples", "40"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "in_progress step 1/3 split 1=99% 2=1% verdict none yet\n");
+  r = run_cli(s.rpc_port(), {"rollout", "tiny", "--model-file", "v3.gguf"});  // the defaults
+  CHECK(r.exit_code == 0);
+  r = run_cli(s.rpc_port(), {"rollout", "pause", "tiny"});
+  CHECK(r.exit_code == 0);
+  r = run_cli(s.rpc_port(), {"rollout", "status", "nope"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("not_found: no deployment named 'nope'") != std::string::npos);
+  const auto log = s.backend->admin_log();
+  REQUIRE(log.size() == 4);
+  CHECK(log[0] == "rollout start name=tiny file=v2.gguf version=2 steps=5,50,100 bake_s=60 max_unavailable=2 surge=0 "
+                  "min_samples=40");
+  CHECK(log[1] == "rollout start name=tiny file=v3.gguf version= steps= bake_s=0 max_unavailable=1 surge=1 min_samples=0");
+  CHECK(log[2] == "rollout pause name=tiny file= version= steps= bake_s=0 max_unavailable=1 surge=1 min_samples=0");
+  // Usage errors never reach the server.
+  CHECK(run_cli(s.rpc_port(), {"rollout", "tiny"}).exit_code == 2);                       // no --model-file
+  CHECK(run_cli(s.rpc_port(), {"rollout", "status", "tiny", "--surge", "1"}).exit_code == 2);
+  CHECK(run_cli(s.rpc_port(), {"rollout", "tiny", "--model-file", "f", "--surge", "x"}).exit_code == 2);
+  CHECK(run_cli(s.rpc_port(), {"rollout"}).exit_code == 2);
+  CHECK(s.backend->admin_log().size() == 4);
+}
+
 TEST_CASE("cli top shows deployments, nodes and the replicas to watch, a bounded number of times", "[cli]") {
   test_server s;
   auto r = run_cli(s.rpc_port(), {"top", "--iterations", "2", "--interval-s", "1"});

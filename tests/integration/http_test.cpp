@@ -96,7 +96,7 @@ TEST_CASE("completion: defaults and sampling fields and stop and token-id prompt
                  {"top_k", 40},
                  {"seed", 7},
                  {"ignore_eos", false},
-                 {"user", "ignored"},
+                 {"user", "conversation-9"},
                  {"frobnicate", {1, 2}}});
   REQUIRE(r.status == 200);
   auto j = parse(r);
@@ -108,6 +108,7 @@ TEST_CASE("completion: defaults and sampling fields and stop and token-id prompt
   CHECK(req.sampling.top_p == Approx(0.9));
   CHECK(req.sampling.top_k == 40);
   CHECK(req.sampling.seed == 7);
+  CHECK(req.user == "conversation-9");  // keeps a conversation on one version during a rollout
 
   r = post(s.http_port(), "/v1/completions", {{"model", "fake"}, {"prompt", "hello"}, {"stop", "l"}});
   j = parse(r);
@@ -285,6 +286,8 @@ TEST_CASE("bad input gets OpenAI-style errors naming the problem and the server 
        "invalid_request_error", "'priority' must be \"interactive\" or \"batch\"", "priority"},
       {"priority type", "/v1/completions", R"({"model":"fake","prompt":"x","priority":1})", 400,
        "invalid_request_error", "'priority' must be \"interactive\" or \"batch\"", "priority"},
+      {"user type", "/v1/completions", R"({"model":"fake","prompt":"x","user":7})", 400, "invalid_request_error",
+       "'user' must be a string of at most 256 characters", "user"},
       {"chat without messages", "/v1/chat/completions", R"({"model":"fake"})", 400, "invalid_request_error",
        "'messages' is required", "messages"},
       {"chat bad role", "/v1/chat/completions", R"({"model":"fake","messages":[{"role":"robot","content":"x"}]})", 400,

@@ -801,6 +801,13 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   auto& s = self->state;
   spdlog::info("event=gateway_joined gateways={}", s.gateway_agents.size() + 1);
   for (const auto& [name, dep] : s.deployments) self->send(m.router, announce(name, dep));
+  {
+    // What it knew beyond these (from a controller before a restart) is gone.
+    deployment_set known;
+    for (const auto& [name, dep] : s.deployments) known.names.push_back(name);
+    for (const auto& req : s.awaiting_nodes) known.names.push_back(req.name);
+    self->send(m.router, std::move(known));
+  }
   for (const auto& req : s.awaiting_nodes) self->send(m.router, deployment_starting{req.name});
   for (const auto& [name, dep] : s.deployments) {
     // A version at 0 replicas inside a rollout is not cold: the rollout sizes it.
@@ -855,8 +862,16 @@ traffic_split split_for(self_ptr self, const std::string& base) {
   if (it == st.rollouts.end()) return out;
   const auto& r = it->second;
   if (cluster::is_final(r.machine->phase())) {
-    if (r.finishing && st.deployments.count(r.drop) && ready_count(self, r.keep) == 0 && ready_count(self, r.drop) > 0)
-      out.stable = r.drop;
+    // Finishing: the loser still takes the share the kept version cannot
+    // yet (its replicas are still starting), weighted by ready replicas.
+    if (!r.finishing || !st.deployments.count(r.drop)) return out;
+    const auto ready_keep = ready_count(self, r.keep), ready_drop = ready_count(self, r.drop);
+    const auto wanted_keep = st.deployments.count(r.keep) ? st.deployments.at(r.keep).spec.replicas : 0;
+    if (ready_drop == 0 || ready_keep >= wanted_keep) return out;
+    out.stable = r.drop;
+    out.canary = r.keep;
+    out.canary_percent =
+        ready_keep == 0 ? 0 : static_cast<std::uint32_t>(std::uint64_t{100} * ready_keep / (ready_keep + ready_drop));
     return out;
   }
   out.stable = r.from;
@@ -865,6 +880,13 @@ traffic_split split_for(self_ptr self, const std::string& base) {
   const auto target = cluster::step_targets(r.total, r.machine->new_percent(), r.machine->plan());
   const auto ready_new = ready_count(self, r.to);
   const auto ready_old = std::min(ready_count(self, r.from), target.old_replicas);
+  // The step keeps no old replica (in place, at 100 %): routers are told so
+  // at once, so that the old ones may stop and make room; until the new
+  // ones are ready, each router still sends to whichever side has replicas.
+  if (target.old_replicas == 0) {
+    out.canary_percent = 100;
+    return out;
+  }
   if (ready_new == 0) return out;
   if (ready_old == 0) {
     out.canary_percent = 100;
@@ -951,7 +973,10 @@ void finish_rollout(self_ptr self, controller_state::rollout_state& r) {
     persist(self, cluster::journal_record::version_current(r.base, r.to));
   }
   r.finishing = true;
-  r.drop_after_ns = clock_ns(self) + 2 * std::int64_t{st.config.rollout_tick_ms} * 1000000;
+  // Requests routed to the loser before the split changed, and waiting for
+  // one of its replicas in a router, get a grace to be served there.
+  r.drop_after_ns = clock_ns(self) + std::max<std::int64_t>(2 * std::int64_t{st.config.rollout_tick_ms} * 1000000,
+                                                            std::int64_t{st.config.rollout_drop_grace_ms} * 1000000);
   tell_split(self, r.base);
   if (auto it = st.deployments.find(r.keep); it != st.deployments.end() && it->second.spec.replicas < r.total)
     set_replicas(self, r.keep, r.total);
@@ -977,23 +1002,38 @@ std::uint32_t placed_count(self_ptr self, const std::string& deployment) {
 bool finish_step(self_ptr self, controller_state::rollout_state& r) {
   auto& st = self->state;
   const auto now = clock_ns(self);
+  auto keep = st.deployments.find(r.keep);
+  const std::uint32_t wanted_keep = keep == st.deployments.end() ? 0 : keep->second.spec.replicas;
   if (st.deployments.count(r.drop)) {
-    const bool keep_serves = ready_count(self, r.keep) > 0 || !st.deployments.count(r.keep);
+    // The loser goes once the grace is over and the kept version serves at
+    // its full count -- or, bounded, when the kept version cannot get there
+    // while the loser holds the room (replaced in place).
+    const bool keep_full = keep == st.deployments.end() || ready_count(self, r.keep) >= wanted_keep;
     const auto give_up_ns = r.drop_after_ns + std::int64_t{st.config.rollout_start_timeout_ms} * 1000000 / 10;
-    if (now < r.drop_after_ns || (!keep_serves && now < give_up_ns)) return true;
+    if (keep != st.deployments.end() && placed_count(self, r.keep) < wanted_keep) (void)place_missing(self, r.keep, nullptr);
+    const bool stuck = keep != st.deployments.end() && placed_count(self, r.keep) < wanted_keep;
+    if (now < r.drop_after_ns) return true;
+    // Placed and still starting: wait for them (bounded). Not placeable:
+    // the loser's room is what they need.
+    if (!keep_full && !stuck && now < give_up_ns) return true;
     remove_deployment(self, r.drop);
     tell_split(self, r.base);
   }
-  auto keep = st.deployments.find(r.keep);
-  if (keep != st.deployments.end() && placed_count(self, r.keep) < keep->second.spec.replicas) {
+  // The kept version up to its count, as the loser's room frees (retried
+  // every tick until placed).
+  if (keep != st.deployments.end() && placed_count(self, r.keep) < wanted_keep) {
     std::string why;
     if (place_missing(self, r.keep, &why) > 0) {
-      if (now - r.drop_after_ns < std::int64_t{st.config.rollout_start_timeout_ms} * 1000000) return true;
-      spdlog::warn("event=rollout_finish_partial deployment={} kept={} wanted={} reason=\"{}\"", r.base, r.keep,
-                   keep->second.spec.replicas, why);
+      if (!r.finish_warned && now - r.drop_after_ns > std::int64_t{st.config.rollout_start_timeout_ms} * 1000000) {
+        r.finish_warned = true;
+        spdlog::warn("event=rollout_finish_partial deployment={} kept={} wanted={} reason=\"{}\" detail=\"still trying\"",
+                     r.base, r.keep, wanted_keep, why);
+      }
+      return true;
     }
   }
   r.finishing = false;
+  tell_split(self, r.base);
   return false;
 }
 
@@ -1047,12 +1087,17 @@ void rollout_step(self_ptr self, controller_state::rollout_state& r) {
   // New replicas that do not become ready (they cannot load, they crash,
   // there is no room) give no evidence: past the limit, that is the verdict.
   if (r.machine->phase() == cluster::rollout_phase::in_progress) {
-    const auto to = st.deployments.find(r.to);
-    const bool missing = to != st.deployments.end() && ready_count(self, r.to) < to->second.spec.replicas;
+    // Either version short of ready replicas (in place, an old one down
+    // holds every move) for too long: the rollout cannot go on.
+    const auto short_of = [&](const std::string& name) {
+      const auto d = st.deployments.find(name);
+      return d != st.deployments.end() && ready_count(self, name) < d->second.spec.replicas;
+    };
+    const bool new_short = short_of(r.to), missing = new_short || short_of(r.from);
     if (!missing) r.unsettled_since_ns = 0;
     else if (r.unsettled_since_ns == 0) r.unsettled_since_ns = now;
     else if (now - r.unsettled_since_ns >= std::int64_t{st.config.rollout_start_timeout_ms} * 1000000) {
-      (void)r.machine->roll_back("the new version's replicas were not ready within " +
+      (void)r.machine->roll_back(std::string(new_short ? "the new" : "the old") + " version's replicas were not ready within " +
                                  std::to_string(st.config.rollout_start_timeout_ms / 1000) + " s");
       changed = true;
     }
@@ -1116,6 +1161,10 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   const std::string from = current_of(st, base);
   const auto old = st.deployments.find(from);
   if (old == st.deployments.end()) return make_error(errc::not_found, "no deployment named '" + base + "'");
+  if (auto prev = st.rollouts.find(base); prev != st.rollouts.end() && prev->second.finishing &&
+                                          st.deployments.count(prev->second.drop))
+    return make_error(errc::unavailable, "the last rollout of '" + base + "' is finishing (" + prev->second.drop +
+                                             " drains); retry in a few seconds");
   if (rollout_active(st, base))
     return make_error(errc::invalid_argument, "a rollout of '" + base + "' is in progress (" +
                                                   st.rollouts.at(base).machine->status_line() +
@@ -1146,6 +1195,8 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
     labels.insert(labels.end(), used->second.begin(), used->second.end());
   const std::string version = req.version.empty() ? cluster::next_version(labels) : req.version;
   if (auto ok = cluster::check_version(version); !ok) return std::unexpected(ok.error());
+  if (version == "1")
+    return make_error(errc::invalid_argument, "version 1 is the plain deployment '" + base + "': name another");
   const std::string to = cluster::deployment_for(base, version);
   if (std::find(labels.begin(), labels.end(), version) != labels.end() || st.deployments.count(to))
     return make_error(errc::invalid_argument, "version " + version + " of '" + base + "' exists or was used before");
@@ -1163,6 +1214,13 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   dreq.tenant = old->second.tenant;
   auto dep = make_deployment(self, dreq);
   if (!dep) return std::unexpected(dep.error());
+  // Requests move between the versions with their tokens (a conversation
+  // may switch at a step): the vocabulary must be the same.
+  if (dep->spec.model.vocab_size != old->second.spec.model.vocab_size)
+    return make_error(errc::invalid_argument,
+                      fmt::format("the new version's vocabulary has {} tokens, the old one's {}: a version keeps its "
+                                  "tokenizer (deploy another model under another name)",
+                                  dep->spec.model.vocab_size, old->second.spec.model.vocab_size));
   // The rollout first: a restart between the two finds a rollout to roll
   // back, never a stray version deployment.
   const std::uint32_t total = old->second.spec.replicas;
@@ -1351,6 +1409,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       forget(self, name);
       self->send(st.router, deployment_removed{name});
     }
+  self->send(st.router, traffic_split{});  // routers that outlived the predecessor forget its splits
   for (const auto& [base, current] : st.current_versions) tell_split(self, base);
   }
   self->set_down_handler([=](const caf::down_msg& dm) {

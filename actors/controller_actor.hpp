@@ -98,6 +98,9 @@ struct controller_config {
   std::uint32_t rollout_bake_s = 300;
   std::uint32_t rollout_tick_ms = 1000;
   std::uint32_t rollout_start_timeout_ms = 300000;
+  /// After a rollout ends, the losing version keeps serving this long for
+  /// requests already routed to it.
+  std::uint32_t rollout_drop_grace_ms = 5000;
 };
 
 /// controller -> controller: is this replica still degraded since `since_ns`?
@@ -180,6 +183,7 @@ struct controller_state {
     bool finishing = false;
     std::int64_t drop_after_ns = 0;
     std::string keep, drop;
+    bool finish_warned = false;
   };
   std::map<std::string, rollout_state> rollouts;
   /// Plain names whose current version is another deployment (tiny -> tiny@2).

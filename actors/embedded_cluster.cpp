@@ -86,6 +86,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.rollout_policy.error_rate_slack = o.rollout_error_points / 100.0;
   c.rollout_tick_ms = o.rollout_tick_ms;
   c.rollout_start_timeout_ms = o.rollout_start_timeout_ms;
+  c.rollout_drop_grace_ms = o.rollout_drop_grace_ms;
   c.loads.cluster_max = o.loads_max;
   c.loads.per_node_max = o.loads_per_node_max;
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;

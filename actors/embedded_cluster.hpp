@@ -64,7 +64,8 @@ struct cluster_options {
   std::uint32_t rollout_latency_slack_ms = 5;
   std::uint32_t rollout_error_points = 1;
   std::uint32_t rollout_tick_ms = 1000;          // how often the controller judges and moves a rollout
-  std::uint32_t rollout_start_timeout_ms = 300000;  // the new version with no ready replica this long: rolled back
+  std::uint32_t rollout_start_timeout_ms = 300000;  // replicas of a step not ready this long: rolled back
+  std::uint32_t rollout_drop_grace_ms = 5000;    // the losing version serves this long after the end
   std::uint64_t model_cache_bytes = 64ull << 30;  // per node: model files kept loaded (in-use ones always stay)
   std::string model_store;                       // models found nowhere on a node are fetched from here
   std::string model_cache_dir;                   // fetched models go to <dir>/node-N (needed with model_store)

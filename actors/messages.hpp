@@ -532,6 +532,15 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, traffic_split& x) {
   return f(caf::meta::type_name("exa.traffic_split"), x.base, x.stable, x.canary, x.canary_percent);
 }
+/// controller -> a joining gateway's router: every deployment there is (or
+/// is starting); the router forgets any other, as if removed.
+struct deployment_set {
+  std::vector<std::string> names;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deployment_set& x) {
+  return f(caf::meta::type_name("exa.deployment_set"), x.names);
+}
 /// request actor -> router: how a request of a deployment ended (the
 /// rollout's evidence). ok: it finished (stop or length).
 struct request_sample {

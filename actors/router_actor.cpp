@@ -279,6 +279,10 @@ bool tenant_at_share(self_ptr self, const std::string& deployment, const std::st
 // or the request's tenant holds its share while others are active.
 expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const caf::actor_addr& requester) {
   auto& st = self->state;
+  // Removed while the request waited (a version a rollout dropped, an
+  // undeploy): it ends now with not_found instead of waiting out its deadline.
+  if (!st.deployments.count(m.deployment) && !st.starting.count(m.deployment))
+    return make_error(errc::not_found, "model '" + m.deployment + "' is not deployed (any more)");
   // The tenant's share is checked before route(), which charges the chosen
   // replica with the request until its next load report.
   const auto rid = st.request_ids.find(requester);
@@ -528,6 +532,17 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       },
       [=](const deployment_starting& d) {
         if (!self->state.deployments.count(d.name)) self->state.starting.insert(d.name);
+      },
+      [=](const deployment_set& m) {
+        auto& s = self->state;
+        const std::set<std::string> known(m.names.begin(), m.names.end());
+        std::vector<std::string> gone;
+        for (const auto& [name, d] : s.deployments)
+          if (!known.count(name)) gone.push_back(name);
+        for (const auto& name : gone) {
+          spdlog::info("event=router_deployment_forgotten deployment={} reason=\"the controller no longer has it\"", name);
+          self->send(self, deployment_removed{name});
+        }
       },
       [=](const deployment_removed& d) {
         auto& s = self->state;

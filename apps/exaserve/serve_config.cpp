@@ -85,7 +85,8 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"rollout_latency_percent", uint_setter(c.rollout_latency_percent, 0, 1000)},
           {"rollout_latency_slack_ms", uint_setter(c.rollout_latency_slack_ms, 0, 600000)},
           {"rollout_error_points", uint_setter(c.rollout_error_points, 0, 100)},
-          {"rollout_start_timeout_ms", uint_setter(c.rollout_start_timeout_ms, 1000, 86400000)}};
+          {"rollout_start_timeout_ms", uint_setter(c.rollout_start_timeout_ms, 1000, 86400000)},
+          {"rollout_drop_grace_ms", uint_setter(c.rollout_drop_grace_ms, 0, 3600000)}};
 }
 
 std::map<std::string, setter> server_keys(frontdoor_config& s) {

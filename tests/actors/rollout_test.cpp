@@ -26,6 +26,7 @@ actors::cluster_options timed(std::uint32_t replicas) {
   o.request_deadline_ms = 60000;
   o.rollout_tick_ms = 100;
   o.rollout_min_samples = 10;
+  o.rollout_drop_grace_ms = 500;
   return o;
 }
 
@@ -200,7 +201,7 @@ TEST_CASE("rollout commands fit the phase, and bad rollouts name the problem", "
   CHECK_THAT(rollout(f, pinned).error().message, Catch::Contains("plain name"));
   auto same = start("100");
   same.version = "1";
-  CHECK_THAT(rollout(f, same).error().message, Catch::Contains("exists"));
+  CHECK_THAT(rollout(f, same).error().message, Catch::Contains("plain deployment"));
   auto missing = start("100");
   missing.model_file = "/nonexistent/model.gguf";
   CHECK_FALSE(rollout(f, missing));
@@ -220,6 +221,10 @@ TEST_CASE("rollout commands fit the phase, and bad rollouts name the problem", "
   REQUIRE(promoted);
   CHECK_THAT(promoted->status, Catch::StartsWith("complete"));
   CHECK_THAT(rollout(f, command(api::rollout_request::op::abort)).error().message, Catch::Contains("complete"));
+  // The loser still drains: the next rollout waits for it.
+  auto too_soon = rollout(f, start("50,100"));
+  REQUIRE_FALSE(too_soon);
+  CHECK_THAT(too_soon.error().message, Catch::Contains("finishing"));
   f.advance(3000ms);
   CHECK(replicas_of(f.status(), "tiny@2").size() == 2);
   // The next rollout counts on from version 2 and rolls back on abort.
@@ -234,6 +239,13 @@ TEST_CASE("rollout commands fit the phase, and bad rollouts name the problem", "
   const auto after = f.status();
   CHECK(replicas_of(after, "tiny@3").empty());
   CHECK(replicas_of(after, "tiny@2").size() == 2);
+  // A label is never used twice: the next one is 4, and 3 cannot be named.
+  auto reuse = start("50,100");
+  reuse.version = "3";
+  CHECK_THAT(rollout(f, reuse).error().message, Catch::Contains("used before"));
+  auto fourth = rollout(f, start("50,100"));
+  REQUIRE(fourth);
+  CHECK_THAT(fourth->status, Catch::Contains("2=50% 4=50%"));
 }
 
 TEST_CASE("a controller restarted during a rollout rolls it back", "[actors][rollout]") {

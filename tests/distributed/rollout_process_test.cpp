@@ -25,7 +25,8 @@ namespace {
 const std::string rollout_timings =
     "rollout_tick_ms = 100\n"
     "rollout_min_samples = 100\n"
-    "rollout_latency_slack_ms = 10\n";
+    "rollout_latency_slack_ms = 10\n"
+    "rollout_drop_grace_ms = 1000\n";
 
 std::string model_like_default(const std::string& dir) {
   const std::string path = dir + "/tiny-v2.gguf";

@@ -1534,6 +1534,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
           status.replicas.push_back(std::move(rs));
         }
         status.models = list_models(self);
+        for (const auto& [base, r] : s.rollouts) status.rollouts.push_back({base, status_line(self, r)});
         return status_reply{std::move(status)};
       },
   };

@@ -60,7 +60,11 @@ typename Inspector::result_type inspect(Inspector& f, node_status& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {
-  return f(caf::meta::type_name("exa.cluster_status"), x.nodes, x.devices, x.replicas, x.models);
+  return f(caf::meta::type_name("exa.cluster_status"), x.nodes, x.devices, x.replicas, x.models, x.rollouts);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_status& x) {
+  return f(caf::meta::type_name("exa.rollout_status"), x.name, x.status);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {

@@ -320,6 +320,17 @@ struct ClusterStatus {
 
   models @3 :List(ModelInfo);
   # Every deployment.
+
+  rollouts @4 :List(RolloutStatus);
+  # The latest rollout of each deployment that had one (kept once finished).
+}
+
+struct RolloutStatus {
+  name @0 :Text;
+  # The deployment's plain name.
+
+  status @1 :Text;
+  # The line `exaserve-cli rollout status` prints (phase first).
 }
 
 struct DeployRequest {

@@ -84,6 +84,10 @@ std::string render_status(const api::cluster_status& s) {
   out += fmt::format("\nDEVICES ({})\n", s.devices.size()) + devices_table(s);
   out += fmt::format("\nREPLICAS ({})\n", s.replicas.size()) + replicas_table(s);
   out += fmt::format("\nDEPLOYMENTS ({})\n", s.models.size()) + render_models(s.models);
+  if (!s.rollouts.empty()) {
+    out += fmt::format("\nROLLOUTS ({})\n", s.rollouts.size());
+    for (const auto& r : s.rollouts) out += r.name + "  " + r.status + "\n";
+  }
   return out;
 }
 
@@ -102,6 +106,14 @@ std::string by_state(const std::map<std::string, std::size_t>& counts) {
 
 }  // namespace
 
+namespace {
+// The deployment a listed model is: "tiny" at version 2 is tiny@2.
+std::string deployment_of(const api::model_info& m) {
+  if (m.name.find('@') != std::string::npos || m.version.empty() || m.version == "1") return m.name;
+  return m.name + "@" + m.version;
+}
+}  // namespace
+
 std::string render_top(const api::cluster_status& s, const std::string& now, std::size_t replica_rows) {
   std::map<std::string, std::size_t> all_states;
   for (const auto& r : s.replicas) ++all_states[r.state];
@@ -118,19 +130,23 @@ std::string render_top(const api::cluster_status& s, const std::string& now, std
     std::map<std::string, std::size_t> states;
     std::uint64_t running = 0, queued = 0, kv_used = 0, kv_total = 0;
     for (const auto& r : s.replicas) {
-      if (r.deployment != m.name) continue;
+      if (r.deployment != deployment_of(m)) continue;
       ++states[r.state];
       running += r.running;
       queued += r.queued;
       kv_used += r.kv_used_tokens;
       kv_total += r.kv_capacity_tokens;
     }
-    deps.push_back({m.name, fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), by_state(states),
+    deps.push_back({m.name, m.version.empty() ? "-" : m.version, fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), by_state(states),
                     std::to_string(running), std::to_string(queued), percent(kv_used, kv_total),
                     m.tenant.empty() ? "-" : m.tenant});
   }
   out += "DEPLOYMENTS\n" +
-         render_table({"NAME", "READY/DESIRED", "REPLICAS", "RUNNING", "QUEUED", "KV USE", "TENANT"}, deps);
+         render_table({"NAME", "VERSION", "READY/DESIRED", "REPLICAS", "RUNNING", "QUEUED", "KV USE", "TENANT"}, deps);
+  if (!s.rollouts.empty()) {
+    out += "\nROLLOUTS\n";
+    for (const auto& r : s.rollouts) out += r.name + "  " + r.status + "\n";
+  }
 
   std::vector<std::vector<std::string>> nodes;
   for (const auto& n : s.nodes) {

@@ -63,6 +63,7 @@ api::cluster_status to_api(rpc::ClusterStatus::Reader s) {
                             r.getDevice(), r.getRunning(), r.getQueued(), r.getKvUsedTokens(),
                             r.getKvCapacityTokens()});
   for (auto m : s.getModels()) out.models.push_back(to_api(m));
+  for (auto r : s.getRollouts()) out.rollouts.push_back({r.getName(), r.getStatus()});
   return out;
 }
 

@@ -130,6 +130,11 @@ void fill(rpc::ClusterStatus::Builder out, const api::cluster_status& s) {
   for (unsigned i = 0; i < replicas.size(); ++i) fill(replicas[i], s.replicas[i]);
   auto models = out.initModels(static_cast<unsigned>(s.models.size()));
   for (unsigned i = 0; i < models.size(); ++i) fill(models[i], s.models[i]);
+  auto rollouts = out.initRollouts(static_cast<unsigned>(s.rollouts.size()));
+  for (unsigned i = 0; i < rollouts.size(); ++i) {
+    rollouts[i].setName(s.rollouts[i].name);
+    rollouts[i].setStatus(s.rollouts[i].status);
+  }
 }
 
 // --- Gateway -----------------------------------------------------------------

@@ -148,11 +148,18 @@ struct node_status {
   std::string drained;
 };
 
+/// The latest rollout of a deployment (kept once finished).
+struct rollout_status {
+  std::string name;    // the deployment's plain name
+  std::string status;  // the line `rollout status` prints
+};
+
 struct cluster_status {
   std::vector<node_status> nodes;
   std::vector<device_status> devices;
   std::vector<replica_status> replicas;
   std::vector<model_info> models;
+  std::vector<rollout_status> rollouts;
 };
 
 struct deploy_request {

@@ -151,6 +151,7 @@ TEST_CASE("a rollout of a version as fast as the old one is promoted, losing no 
                                    R"({"model": "tiny@2", "prompt": "Hello", "max_tokens": 2})");
   CHECK(pinned.status == 200);
   CHECK_THAT(c.controller().err(), Contains("event=rollout_finished deployment=tiny phase=complete serving=tiny@2"));
+  CHECK_THAT(c.status(), Contains("ROLLOUTS (1)\ntiny  complete step 2/2"));
 }
 
 TEST_CASE("a rollout of a clearly slower version is rolled back, losing no request", "[process][rollout]") {

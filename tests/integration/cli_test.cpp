@@ -138,6 +138,12 @@ TEST_CASE("cli rollout carries its plan over RPC and prints the status line", "[
   CHECK(run_cli(s.rpc_port(), {"rollout", "tiny", "--model-file", "f", "--surge", "x"}).exit_code == 2);
   CHECK(run_cli(s.rpc_port(), {"rollout"}).exit_code == 2);
   CHECK(s.backend->admin_log().size() == 4);
+  // status and top show the rollout, and top each deployment's version.
+  r = run_cli(s.rpc_port(), {"status"});
+  CHECK(r.out.find("ROLLOUTS (1)\ntiny  in_progress step 1/3") != std::string::npos);
+  r = run_cli(s.rpc_port(), {"top"});
+  CHECK(r.out.find("ROLLOUTS\ntiny  in_progress step 1/3") != std::string::npos);
+  CHECK(r.out.find("VERSION") != std::string::npos);
 }
 
 TEST_CASE("cli top shows deployments, nodes and the replicas to watch, a bounded number of times", "[cli]") {

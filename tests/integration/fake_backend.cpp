@@ -235,6 +235,7 @@ void fake_backend::status(std::function<void(expected<api::cluster_status>)> don
       for (std::uint32_t r = 0; r < m.replicas_desired; ++r)
         s.replicas.push_back({m.name + "/" + std::to_string(r), m.name, r, 1, "ready", 0, 0, 0, 0, 128, 4096});
     s.models = models_;
+    s.rollouts = rollouts_;
     lock.unlock();
     done(std::move(s));
   });
@@ -319,7 +320,12 @@ void fake_backend::rollout(api::rollout_request request, std::function<void(expe
     }
     if (request.name != "tiny")
       return done(std::unexpected(error{errc::not_found, "no deployment named '" + request.name + "'"}));
-    done(api::rollout_result{"in_progress step 1/3 split 1=99% 2=1% verdict none yet"});
+    const std::string line = "in_progress step 1/3 split 1=99% 2=1% verdict none yet";
+    {
+      std::lock_guard lock(mu_);
+      rollouts_ = {{request.name, line}};
+    }
+    done(api::rollout_result{line});
   });
 }
 

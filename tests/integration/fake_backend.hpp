@@ -95,6 +95,7 @@ class fake_backend final : public api::gateway_backend {
   std::vector<api::generate_request> requests_;
   std::vector<std::string> cancels_;
   std::vector<std::string> admin_log_;
+  std::vector<api::rollout_status> rollouts_;  // shown in status once a rollout started
   std::map<std::string, std::shared_ptr<job>> jobs_;  // in flight, by request id
   std::size_t active_ = 0;
   std::vector<std::thread> threads_;

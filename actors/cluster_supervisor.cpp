@@ -46,7 +46,7 @@ caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self
     const auto id = static_cast<cluster::node_id>(std::stoul(name.substr(5)));  // "node-<id>"
     const auto& nc = configs.at(id);
     // In this process the router itself is the node's hub.
-    self->send(controller, node_join{id, nc.rack, nc.devices, nc.device.memory_bytes, nc.address, handle, router});
+    self->send(controller, node_join{id, nc.rack, nc.devices, nc.device.memory_bytes, nc.address, handle, router, {}, nc.region});
   };
   for (const auto& nc : plan.nodes) {
     node_context ctx{nc, controller, router, health};

@@ -762,6 +762,10 @@ void on_node_join(self_ptr self, const node_join& m) {
   }
   s.nodes[m.node] = m.handle;
   s.contacts[m.node] = {m.address, m.hub};
+  if (!m.region.empty()) {
+    s.node_regions[m.node] = m.region;
+    self->send(s.router, node_region{m.node, m.region});
+  }
   self->monitor(m.handle);
   for (const auto& r : m.replicas) reconcile_replica(self, m, r);
   for (auto& [id, r] : s.replicas)
@@ -817,6 +821,7 @@ void on_gateway_join(self_ptr self, const gateway_join& m) {
   }
   self->send(m.router, traffic_split{});  // forget splits a predecessor told it, then the current ones
   for (const auto& [base, split] : s.splits_sent) self->send(m.router, split);
+  for (const auto& [node, region] : s.node_regions) self->send(m.router, node_region{node, region});
   for (const auto& [slot, epoch] : s.slots->epochs()) self->send(m.router, fence_slot{slot.deployment, slot.index, epoch});
   for (const auto& [id, r] : s.replicas)
     if (r.handle)
@@ -1229,7 +1234,11 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   register_deployment(self, to, *dep);
   remember(self, dreq);
   auto& r = st.rollouts[base];
-  r = controller_state::rollout_state{base, from, to, total, std::nullopt, 0};
+  r = controller_state::rollout_state{};
+  r.base = base;
+  r.from = from;
+  r.to = to;
+  r.total = total;
   r.machine.emplace(cluster::version_of(from), version, plan, policy, clock_ns(self));
   remember_versions(self);
   count_rollout(self, base, "started");

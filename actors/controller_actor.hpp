@@ -130,6 +130,7 @@ struct controller_state {
     caf::actor hub;       // where routers subscribe to it
   };
   std::map<cluster::node_id, node_contact> contacts;
+  std::map<cluster::node_id, std::string> node_regions;  // nodes that joined with a region
   std::map<cluster::node_id, std::int64_t> clock_offsets_ns;  // from the health monitor
   std::vector<caf::actor> gateway_agents;  // told of every node that joins
   std::vector<api::deploy_request> awaiting_nodes;  // configured deployments waiting for a node

@@ -440,6 +440,7 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   node_config nc;
   nc.id = o.node;
   nc.rack = o.rack;
+  nc.region = o.region;
   nc.devices = o.devices;
   nc.device.memory_bytes = o.device_memory_bytes;
   nc.device.threads = o.device_threads;
@@ -505,6 +506,7 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   auto metrics = cluster_metrics::create();
   router_config rc;
   rc.table.default_policy = o.default_routing;
+  rc.region = o.region;
   rc.admission.queued_per_model_max = o.queued_per_model_max;
   rc.admission.queued_global_max = o.queued_global_max;
   rc.request_deadline_ms = o.request_deadline_ms;

@@ -96,6 +96,7 @@ struct node_options {
   host_port listen{"127.0.0.1", 0};        // where gateways reach this node
   std::uint32_t node = 0;
   std::uint32_t rack = 0;
+  std::string region;  // "" = none
   std::uint32_t devices = 1;
   std::uint64_t device_memory_bytes = 1ull << 30;
   std::string engine;  // "" = the controller's; "cpu" or "null" overrides
@@ -146,6 +147,7 @@ struct gateway_options {
   std::uint32_t max_attempts = 4;
   std::string default_routing = "least_outstanding";
   std::shared_ptr<cluster::event_log> event_log;  // --event-log: what the router detects
+  std::string region;  // "" = none: replicas of this region first, others when those are saturated or down
 };
 
 class gateway_process {

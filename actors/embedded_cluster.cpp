@@ -69,6 +69,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.router.fair_across_tenants = o.fair_across_tenants;
   plan.router.tenant_headroom_slots = o.tenant_headroom_slots;
   plan.router.table.default_policy = o.default_routing;
+  plan.router.region = o.gateway_region;
   auto& c = plan.controller;
   c.engine = o.engine;
   c.default_kv_tokens = o.default_kv_tokens;
@@ -97,6 +98,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     node_config nc;
     nc.id = n;
     nc.rack = rack;
+    if (o.regions) nc.region = "r" + std::to_string(n % o.regions);
     nc.devices = o.devices_per_node;
     nc.device.memory_bytes = memory_bytes;
     nc.device.sim = sim;

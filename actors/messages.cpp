@@ -83,6 +83,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<rollout_reply>("exa.rollout_reply");
   cfg.add_message_type<traffic_split>("exa.traffic_split");
   cfg.add_message_type<deployment_set>("exa.deployment_set");
+  cfg.add_message_type<node_region>("exa.node_region");
   cfg.add_message_type<request_sample>("exa.request_sample");
   cfg.add_message_type<version_samples>("exa.version_samples");
   cfg.add_message_type<node_leaving>("exa.node_leaving");

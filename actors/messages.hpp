@@ -656,11 +656,23 @@ struct node_join {
   caf::actor handle;    // the node actor
   caf::actor hub;       // where routers subscribe for replica events and loads
   std::vector<running_replica> replicas;  // what it runs (empty on a fresh start)
+  std::string region;                     // "" = none
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_join& x) {
   return f(caf::meta::type_name("exa.node_join"), x.node, x.rack, x.devices, x.device_memory_bytes, x.address,
-           x.handle, x.hub, x.replicas);
+           x.handle, x.hub, x.replicas, x.region);
+}
+/// controller -> routers: the region a node is in (routers of a region
+/// prefer its replicas, and spill over to others when those are saturated
+/// or down).
+struct node_region {
+  cluster::node_id node = 0;
+  std::string region;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_region& x) {
+  return f(caf::meta::type_name("exa.node_region"), x.node, x.region);
 }
 
 /// controller -> gateway agents: a node to connect to directly (the data

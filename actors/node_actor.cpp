@@ -190,7 +190,7 @@ void on_control_plane_change(self_ptr self, const control_plane_state& m) {
   // wants and stops the rest.
   const auto& cfg = st.ctx.config;
   node_join join{cfg.id, cfg.rack, cfg.devices, cfg.device.memory_bytes, cfg.address,
-                 caf::actor_cast<caf::actor>(self), st.ctx.router, {}};
+                 caf::actor_cast<caf::actor>(self), st.ctx.router, {}, cfg.region};
   for (const auto& [id, r] : st.replicas)
     if (r.handle) join.replicas.push_back({r.spec, r.handle});
   self->send(st.ctx.controller, join);

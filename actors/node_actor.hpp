@@ -31,6 +31,7 @@ struct cluster_metrics;
 struct node_config {
   cluster::node_id id = 0;
   cluster::rack_id rack = 0;
+  std::string region;  // "" = none
   std::uint32_t devices = 1;
   device_config device;         // template: node and index are filled in
   bool detached_devices = true; // own threads in production; inline under the test scheduler

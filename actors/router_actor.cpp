@@ -293,7 +293,17 @@ expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const ca
       return make_error(errc::overloaded, "tenant '" + entry.tenant + "' holds its share of '" + entry.deployment +
                                               "' while other tenants wait");
   }
-  auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, m.exclude);
+  // A gateway of a region passes over the replicas of other regions while
+  // one of its own can serve; route() takes them as the last resort.
+  auto exclude = m.exclude;
+  if (!st.config.region.empty()) {
+    std::vector<std::pair<cluster::replica_id, cluster::node_id>> members;
+    for (const auto& [id, w] : st.where)
+      if (w.slot.deployment == m.deployment) members.emplace_back(id, w.node);
+    const auto remote = cluster::outside_region(st.config.region, members, st.node_regions);
+    exclude.insert(exclude.end(), remote.begin(), remote.end());
+  }
+  auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, exclude);
   if (!chosen) return std::unexpected(chosen.error());
   const auto id = (*chosen)->id;
   const auto epoch = (*chosen)->epoch;
@@ -642,6 +652,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         else s.splits[m.base] = m;
       },
       [=](const request_sample& m) { on_sample(self, m); },
+      [=](const node_region& m) { self->state.node_regions[m.node] = m.region; },
       [=](flush_samples_atom) { flush_samples(self); },
       [=](deadline_atom) {
         // One sweep for every request's deadline.

@@ -52,6 +52,10 @@ struct router_config {
   /// or sent one within this window.
   std::uint32_t tenant_active_window_ms = 10000;
   cluster::error_rate_config error_rate;  // request-level replica health
+  /// This gateway's region ("" = none): replicas on nodes of the region
+  /// are chosen first; others only when none of those can take a request
+  /// (saturated, down, suspect).
+  std::string region;
   chaos_hooks hooks;
 };
 
@@ -120,6 +124,7 @@ struct router_state {
   /// Plain names split between versions during (and after) rollouts, by
   /// base name (traffic_split).
   std::map<std::string, traffic_split> splits;
+  std::map<cluster::node_id, std::string> node_regions;
   /// Samples of deployments under rollout, sent to the controller in
   /// batches (bounded: at most sample_batch_max per deployment between sends).
   std::map<std::string, version_samples> samples;

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "actors/distributed.hpp"
+#include "cluster/routing.hpp"
 #include "cluster/event_log.hpp"
 #include "args.hpp"
 #include "cli_util.hpp"
@@ -104,6 +105,7 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"join", true, "HOST:PORT of the controller (required)"},
     {"node-id", true, "this node's id, unique in the cluster (required)"},
     {"rack", true, "rack (failure domain) of this node (default 0)"},
+    {"region", true, "region of this node (default none): gateways of a region prefer its replicas"},
     {"devices", true, "CPU devices on this node (default 1)"},
     {"device-memory", true, "memory budget of each device in bytes (default 1073741824)"},
     {"engine", true, "cpu or null: overrides the controller's engine on this node"},
@@ -130,6 +132,7 @@ const std::vector<flag_spec> gateway_flags = with_common_flags({
     {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
     {"request-deadline-ms", true, "deadline of a request that names none (default 120000)"},
+    {"region", true, "this gateway's region (default none): its replicas first, others when those are saturated or down"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     keys_file_flag(),
     no_auth_flag(),
@@ -219,6 +222,8 @@ int cmd_node(int argc, char** argv) {
   o.listen = *listen;
   o.node = static_cast<std::uint32_t>(*id);
   o.rack = static_cast<std::uint32_t>(*rack);
+  o.region = a->get_or("region", "");
+  if (auto ok = cluster::check_region(o.region); !ok) return fail("node", ok.error());
   o.devices = static_cast<std::uint32_t>(*devices);
   o.device_memory_bytes = static_cast<std::uint64_t>(*memory);
   o.device_threads = static_cast<std::uint32_t>(*threads);
@@ -284,6 +289,8 @@ int cmd_gateway(int argc, char** argv) {
   o.identity = identity(*a);
   o.join = *join;
   o.request_deadline_ms = static_cast<std::uint32_t>(*deadline);
+  o.region = a->get_or("region", "");
+  if (auto ok = cluster::check_region(o.region); !ok) return fail("gateway", ok.error());
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   o.event_log = *events;
   set_transport(*a, o);

@@ -59,6 +59,8 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
   return {{"nodes", uint_setter(c.nodes, 1, 1024)},
           {"devices_per_node", uint_setter(c.devices_per_node, 1, 64)},
           {"racks", uint_setter(c.racks, 1, 1024)},
+          {"regions", uint_setter(c.regions, 0, 64)},
+          {"gateway_region", string_setter(c.gateway_region)},
           {"device_memory_mb", uint_setter(c.device_memory_bytes, 16, 1 << 22, 1ull << 20)},
           {"kv_page_kb", uint_setter(c.kv_page_bytes, 4, 65536, 1024)},
           {"device_threads", uint_setter(c.device_threads, 1, 256)},

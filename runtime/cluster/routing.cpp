@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <numeric>
 
@@ -491,6 +492,26 @@ constexpr std::array<std::string_view, 4> policy_names = {"round_robin", "least_
 }  // namespace
 
 std::span<const std::string_view> routing_policy_names() noexcept { return policy_names; }
+
+expected<void> check_region(std::string_view region) {
+  if (region.size() > 64) return make_error(errc::invalid_argument, "a region name has at most 64 characters");
+  for (const char c : region)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
+      return make_error(errc::invalid_argument,
+                        "region '" + std::string(region) + "' may use only letters, digits, '-', '_' and '.'");
+  return {};
+}
+
+std::vector<replica_id> outside_region(std::string_view region, std::span<const std::pair<replica_id, node_id>> members,
+                                       const std::map<node_id, std::string>& node_regions) {
+  std::vector<replica_id> out;
+  if (region.empty()) return out;
+  for (const auto& [id, node] : members) {
+    const auto r = node_regions.find(node);
+    if (r == node_regions.end() || r->second != region) out.push_back(id);
+  }
+  return out;
+}
 
 expected<std::unique_ptr<routing_policy>> make_routing_policy(std::string_view name,
                                                               const predictive_config& config) {

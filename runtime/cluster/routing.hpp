@@ -127,6 +127,20 @@ class predictive_policy final : public routing_policy {
   predictive_config config_;
 };
 
+/// A region name: "" (none), or 1..64 letters, digits, '-', '_' or '.';
+/// invalid_argument naming it otherwise.
+expected<void> check_region(std::string_view region);
+
+/// Geographic affinity: the replicas (of `members`, each with its node) a
+/// gateway of `region` passes over while one of its own region can serve
+/// -- those on nodes of another region or of none. replica_table::route()
+/// takes them as its `exclude`, which already means "only when nothing
+/// else can": saturated or down local replicas spill over to the others.
+/// A gateway of no region prefers none.
+std::vector<replica_id> outside_region(std::string_view region,
+                                       std::span<const std::pair<replica_id, node_id>> members,
+                                       const std::map<node_id, std::string>& node_regions);
+
 /// Names the factory accepts, in a stable order.
 std::span<const std::string_view> routing_policy_names() noexcept;
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <optional>
 
 #include "cluster_fixture.hpp"
 
@@ -146,4 +147,35 @@ TEST_CASE("a tenant's deployment does not exist for another tenant's requests", 
   REQUIRE(unknown.err.has_value());
   CHECK(other.err->message == "unknown model 'tiny' (serving: shared)");
   CHECK(unknown.err->message == "unknown model 'nonexistent' (serving: shared)");
+}
+
+TEST_CASE("a gateway of a region uses its region's replicas and spills over when they are down", "[actors][routing]") {
+  auto o = test::cluster_fixture::defaults(2);
+  o.regions = 2;  // node 0 in r0, node 1 in r1; one replica on each
+  o.gateway_region = "r1";
+  test::cluster_fixture f(o);
+  const auto s = f.status();
+  std::string local, remote;
+  for (const auto& r : s.replicas) (r.node == 1 ? local : remote) = r.id;
+  REQUIRE_FALSE(local.empty());
+  REQUIRE_FALSE(remote.empty());
+  // Sequential and concurrent alike: all on the replica of its own region.
+  auto count = spread(f, 8);
+  CHECK(count[local] == 8);
+  CHECK(count.count(remote) == 0);
+  // Its region has no replica left (its node drained): the other region serves.
+  std::optional<expected<api::drain_result>> drained;
+  f.backend().drain({api::drain_request::target::node, 1, 0, false},
+                    [&](expected<api::drain_result> r) { drained = std::move(r); });
+  f.run();
+  REQUIRE(drained.has_value());
+  REQUIRE(drained->has_value());
+  auto spilled = f.generate(request("spill"));
+  f.run();
+  REQUIRE(spilled->result.has_value());
+  CHECK_FALSE(spilled->result->err.has_value());
+  std::uint32_t served_on = 99;
+  for (const auto& r : f.status().replicas)
+    if (r.id == spilled->result->replica) served_on = r.node;
+  CHECK(served_on == 0);
 }

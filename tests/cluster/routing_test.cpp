@@ -609,3 +609,16 @@ TEST_CASE("a retry passes over the replicas it already failed on, unless only th
     }
   }
 }
+
+TEST_CASE("region names are checked, and a gateway passes over replicas outside its region", "[routing][region]") {
+  CHECK(check_region(""));
+  CHECK(check_region("eu-west.1"));
+  CHECK_THAT(check_region("eu west").error().message, Catch::Contains("'eu west'"));
+  CHECK_FALSE(check_region(std::string(65, 'a')));
+  const std::map<node_id, std::string> regions{{1, "eu"}, {2, "us"}};
+  const std::vector<std::pair<replica_id, node_id>> members{{10, 1}, {11, 2}, {12, 3}};  // node 3: no region
+  CHECK(outside_region("eu", members, regions) == std::vector<replica_id>{11, 12});
+  CHECK(outside_region("us", members, regions) == std::vector<replica_id>{10, 12});
+  CHECK(outside_region("", members, regions).empty());  // no region: no preference
+  CHECK(outside_region("ap", members, regions).size() == 3);  // none local: all are the last resort, so all serve
+}

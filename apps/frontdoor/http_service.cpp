@@ -173,6 +173,7 @@ struct http_service::exchange {
   std::string request_id;
   std::string tenant;  // of the API key, when keys are checked and it is not an admin key
   std::string tenant_label;  // the key's tenant, admin or not, for the log line
+  std::string session;       // X-Session-Id: the conversation, when the body names no `user`
   unsigned status = 0;
   steady::time_point start;
 };
@@ -230,6 +231,11 @@ kj::Promise<void> http_service::route(exchange& ex, kj::HttpMethod method, const
                   r.id == route_id::model;
   if (v1)
     if (auto denied = check_key(ex, headers)) return send_error(ex, response, *denied);
+  KJ_IF_MAYBE(v, headers.get(ids_.session_id)) {
+    if (v->size() > 256)
+      return send_error(ex, response, error{errc::invalid_argument, "X-Session-Id has more than 256 characters"});
+    ex.session = std::string(v->cStr(), v->size());
+  }
   switch (r.id) {
     case route_id::completions:
     case route_id::chat:
@@ -274,6 +280,7 @@ kj::Promise<void> http_service::handle_generate(exchange& ex, bool chat, kj::May
     if (!req) return send_error(ex, response, req.error().err, req.error().param);
     if (auto bad = validate_generate(req->gen, ctx_->config.limits)) return send_error(ex, response, *bad);
     req->gen.tenant = ex.tenant;  // the backend answers another tenant's deployment as unknown
+    if (req->gen.user.empty()) req->gen.user = ex.session;  // keeps a conversation on one version
     response_meta meta{kind, {}, req->gen.model, unix_now_s(), req->return_token_ids};
     auto started = start_limited(ctx_, std::move(req->gen), ex.tenant_label);
     if (!started) {

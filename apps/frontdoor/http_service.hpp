@@ -24,13 +24,15 @@ struct http_header_ids {
         request_id(builder.add("X-Request-Id")),
         cache_control(builder.add("Cache-Control")),
         authorization(builder.add("Authorization")),
-        www_authenticate(builder.add("WWW-Authenticate")) {}
+        www_authenticate(builder.add("WWW-Authenticate")),
+        session_id(builder.add("X-Session-Id")) {}
   kj::HttpHeaderId retry_after;
   kj::HttpHeaderId allow;
   kj::HttpHeaderId request_id;
   kj::HttpHeaderId cache_control;
   kj::HttpHeaderId authorization;
   kj::HttpHeaderId www_authenticate;
+  kj::HttpHeaderId session_id;  // a conversation key, as the body's `user`
 };
 
 class http_service final : public kj::HttpService {

@@ -121,6 +121,12 @@ TEST_CASE("completion: defaults and sampling fields and stop and token-id prompt
   CHECK(j["choices"][0]["text"] == "dcb");
   CHECK(j["usage"]["prompt_tokens"] == 3);
   CHECK(s.backend->requests().at(2).prompt_ids == std::optional<std::vector<api::token_id>>({1, 2, 3}));
+  {
+    http_connection c(s.http_port());
+    c.send_request("POST", "/v1/completions", R"({"model":"fake","prompt":"abc"})", "X-Session-Id: chat-42\r\n");
+    CHECK(c.read_response().status == 200);
+    CHECK(s.backend->requests().back().user == "chat-42");  // the header, when the body names no user
+  }
 }
 
 TEST_CASE("completion: a stream is SSE with one event per chunk and equals the non-stream text", "[http]") {

@@ -297,11 +297,16 @@ expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const ca
   // one of its own can serve; route() takes them as the last resort.
   auto exclude = m.exclude;
   if (!st.config.region.empty()) {
-    std::vector<std::pair<cluster::replica_id, cluster::node_id>> members;
-    for (const auto& [id, w] : st.where)
-      if (w.slot.deployment == m.deployment) members.emplace_back(id, w.node);
-    const auto remote = cluster::outside_region(st.config.region, members, st.node_regions);
-    exclude.insert(exclude.end(), remote.begin(), remote.end());
+    auto cached = st.outside_region.find(m.deployment);
+    if (cached == st.outside_region.end()) {
+      std::vector<std::pair<cluster::replica_id, cluster::node_id>> members;
+      for (const auto& [id, w] : st.where)
+        if (w.slot.deployment == m.deployment) members.emplace_back(id, w.node);
+      cached = st.outside_region
+                   .emplace(m.deployment, cluster::outside_region(st.config.region, members, st.node_regions))
+                   .first;
+    }
+    exclude.insert(exclude.end(), cached->second.begin(), cached->second.end());
   }
   auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, exclude);
   if (!chosen) return std::unexpected(chosen.error());
@@ -442,10 +447,12 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     (void)st.table->remove(ev.id);
     st.replicas.erase(ev.id);
     st.loads.erase(ev.id);
-    st.where.erase(ev.id);
+    if (st.where.erase(ev.id)) st.outside_region.erase(ev.deployment);
     return;
   }
   if (fence_if_stale(self, {ev.deployment, ev.slot}, ev.epoch, ev.handle)) return;
+  if (auto w = st.where.find(ev.id); w == st.where.end() || w->second.node != ev.node)
+    st.outside_region.erase(ev.deployment);
   st.where[ev.id] = {ev.node, {ev.deployment, ev.slot}, ev.epoch};
   if (ev.handle && st.replicas[ev.id] != ev.handle) {
     st.replicas[ev.id] = ev.handle;
@@ -495,7 +502,10 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
   for (auto it = st.replicas.begin(); it != st.replicas.end(); ++it)
     if (it->second.address() == dm.source) {  // crashed: stop routing to it now
       (void)st.table->set_state(it->first, replica_state::failed);
-      st.where.erase(it->first);
+      if (auto w = st.where.find(it->first); w != st.where.end()) {
+        st.outside_region.erase(w->second.slot.deployment);
+        st.where.erase(w);
+      }
       st.replicas.erase(it);
       return;
     }
@@ -652,7 +662,10 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         else s.splits[m.base] = m;
       },
       [=](const request_sample& m) { on_sample(self, m); },
-      [=](const node_region& m) { self->state.node_regions[m.node] = m.region; },
+      [=](const node_region& m) {
+        self->state.node_regions[m.node] = m.region;
+        self->state.outside_region.clear();
+      },
       [=](flush_samples_atom) { flush_samples(self); },
       [=](deadline_atom) {
         // One sweep for every request's deadline.

@@ -125,6 +125,10 @@ struct router_state {
   /// base name (traffic_split).
   std::map<std::string, traffic_split> splits;
   std::map<cluster::node_id, std::string> node_regions;
+  /// Per deployment, the replicas outside this gateway's region (computed
+  /// on a pick, dropped when a replica appears, moves or goes, or a node's
+  /// region is learned): picks do not scan every replica.
+  std::map<std::string, std::vector<cluster::replica_id>> outside_region;
   /// Samples of deployments under rollout, sent to the controller in
   /// batches (bounded: at most sample_batch_max per deployment between sends).
   std::map<std::string, version_samples> samples;

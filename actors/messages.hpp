@@ -23,6 +23,8 @@
 
 namespace exa::engine {
 class inference_engine;
+class block_pool;
+class thread_pool;
 struct step_result;
 }  // namespace exa::engine
 namespace exa::model {
@@ -711,8 +713,13 @@ typename Inspector::result_type inspect(Inspector& f, subscribe_msg& x) {
 // ------------------------------------------------- local-only (pointers)
 
 /// replica -> device: run one step of this engine on the device's thread
-/// (shared: the engine outlives a replica killed mid-step).
+/// (shared: the engine outlives a replica killed mid-step). The job holds
+/// the pool and threads the engine uses, declared first so that they go
+/// after it: a job still in a killed device's mailbox is the engine's last
+/// owner, and its KV cache returns its blocks to the pool as it goes.
 struct step_job {
+  std::shared_ptr<engine::block_pool> pool;
+  std::shared_ptr<engine::thread_pool> threads;
   std::shared_ptr<engine::inference_engine> engine;
 };
 /// device -> replica: the step's outcome.

@@ -260,11 +260,11 @@ void maybe_step(self_ptr self) {
   // timer is cancelled when the step returns. 0 (deterministic runs, where
   // steps take modeled virtual time): no timer, the device check covers it.
   if (st.ctx.step_timeout_ms == 0) {
-    self->request(st.ctx.device, caf::infinite, step_job{st.engine})
+    self->request(st.ctx.device, caf::infinite, step_job{st.pool, st.threads, st.engine})
         .then([=](const step_done& done) { on_step_done(self, done); }, on_error);
     return;
   }
-  self->request(st.ctx.device, std::chrono::milliseconds(st.ctx.step_timeout_ms), step_job{st.engine})
+  self->request(st.ctx.device, std::chrono::milliseconds(st.ctx.step_timeout_ms), step_job{st.pool, st.threads, st.engine})
       .then([=](const step_done& done) { on_step_done(self, done); }, on_error);
 }
 

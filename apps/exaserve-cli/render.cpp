@@ -95,7 +95,7 @@ namespace {
 
 // "ready 3, serving 1, draining 1" for the states present, in lifecycle order.
 std::string by_state(const std::map<std::string, std::size_t>& counts) {
-  static const char* order[] = {"creating", "loading", "warming", "ready", "serving", "degraded", "draining",
+  static const char* order[] = {"creating", "loading", "warming", "standby", "ready", "serving", "degraded", "draining",
                                 "stopped", "failed"};
   std::string out;
   for (const char* st : order)

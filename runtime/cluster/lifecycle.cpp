@@ -21,13 +21,14 @@ using rs = replica_state;
 constexpr std::array<std::uint16_t, replica_state_count> successors = {
     /* creating */ bit(rs::loading) | bit(rs::failed),
     /* loading  */ bit(rs::warming) | bit(rs::failed),
-    /* warming  */ bit(rs::ready) | bit(rs::failed),
-    /* ready    */ bit(rs::serving) | bit(rs::draining) | bit(rs::degraded) | bit(rs::failed),
+    /* warming  */ bit(rs::ready) | bit(rs::standby) | bit(rs::failed),
+    /* ready    */ bit(rs::serving) | bit(rs::draining) | bit(rs::degraded) | bit(rs::standby) | bit(rs::failed),
     /* serving  */ bit(rs::ready) | bit(rs::draining) | bit(rs::degraded) | bit(rs::failed),
     /* draining */ bit(rs::stopped) | bit(rs::failed),
     /* stopped  */ 0,
     /* degraded */ bit(rs::ready) | bit(rs::serving) | bit(rs::draining) | bit(rs::failed),
     /* failed   */ 0,
+    /* standby  */ bit(rs::ready) | bit(rs::draining) | bit(rs::failed),
 };
 
 }  // namespace
@@ -43,6 +44,7 @@ std::string_view to_string(replica_state state) noexcept {
     case rs::stopped: return "stopped";
     case rs::degraded: return "degraded";
     case rs::failed: return "failed";
+    case rs::standby: return "standby";
   }
   return "unknown";
 }

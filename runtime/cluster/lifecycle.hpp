@@ -8,6 +8,7 @@
 //
 //   creating → loading → warming → ready ⇄ serving → draining → stopped
 //   ready/serving → degraded → ready/serving/draining      (slow or erroring, recovered)
+//   warming/ready → standby → ready/draining                (the warm pool: loaded, no traffic)
 //   every non-terminal state → failed;  stopped and failed are terminal.
 
 #include <array>
@@ -41,15 +42,20 @@ enum class replica_state : std::uint8_t {
   degraded,
   /// Crashed, fenced or lost. Terminal: a replacement is a new replica.
   failed,
+  /// Loaded and warmed but taking no traffic: the deployment's warm pool.
+  /// The controller moves it to ready when it is needed (a failure, a
+  /// scale-up) and back when it is not (runtime/cluster/warm_pool).
+  standby,
 };
 
-inline constexpr std::size_t replica_state_count = 9;
+inline constexpr std::size_t replica_state_count = 10;
 
 /// Every state, in declaration order (for tables and exhaustive tests).
 inline constexpr std::array<replica_state, replica_state_count> all_replica_states = {
     replica_state::creating, replica_state::loading,  replica_state::warming,
     replica_state::ready,    replica_state::serving,  replica_state::draining,
     replica_state::stopped,  replica_state::degraded, replica_state::failed,
+    replica_state::standby,
 };
 
 /// Stable lower-case name, used in logs, metrics labels and error messages.

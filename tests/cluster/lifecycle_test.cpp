@@ -25,6 +25,8 @@ const std::set<std::pair<rs, rs>>& allowed() {
       {rs::degraded, rs::draining}, {rs::creating, rs::failed},  {rs::loading, rs::failed},
       {rs::warming, rs::failed},   {rs::ready, rs::failed},      {rs::serving, rs::failed},
       {rs::draining, rs::failed},  {rs::degraded, rs::failed},
+      {rs::warming, rs::standby},  {rs::ready, rs::standby},    {rs::standby, rs::ready},
+      {rs::standby, rs::draining}, {rs::standby, rs::failed},
   };
   return moves;
 }
@@ -48,7 +50,7 @@ TEST_CASE("every pair of states is allowed or refused as the diagram says", "[li
       }
     }
   }
-  CHECK(valid == 20);
+  CHECK(valid == 25);
 }
 
 TEST_CASE("an invalid transition names both states", "[lifecycle]") {

@@ -65,6 +65,10 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
       "Rollout transitions, by deployment (plain name) and what happened: started, step, paused, resumed, "
       "complete, rolled_back, aborted.",
       {"deployment", "phase"}));
+  m->autoscale_decisions = must(r.register_counter(
+      "exaserve_autoscale_decisions_total",
+      "Replica count changes the autoscaler made, by deployment and direction (up, down).",
+      {"deployment", "direction"}));
   m->rollout_canary_percent = must(r.register_gauge(
       "exaserve_rollout_canary_percent", "Share of a deployment's traffic sent to the version being rolled out.",
       {"deployment"}));

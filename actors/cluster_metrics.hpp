@@ -31,6 +31,7 @@ struct cluster_metrics {
   metrics::counter_family* node_health_changes = nullptr;  // {to}: suspect, confirmed, healthy
   metrics::gauge_family* device_memory = nullptr;      // {node, device, kind}: reserved, used
   metrics::counter_family* drains = nullptr;           // {cause}: replicas the controller began draining
+  metrics::counter_family* autoscale_decisions = nullptr;  // {deployment, direction}: up, down
   metrics::counter_family* rollout_transitions = nullptr;  // {deployment, phase}: started, step, complete, ...
   metrics::gauge_family* rollout_canary_percent = nullptr;  // {deployment}: traffic on the new version now
 

@@ -58,6 +58,18 @@ void persist(self_ptr self, const cluster::journal_record& r) {
 
 void admit_loads(self_ptr self);
 void tell_split(self_ptr self, const std::string& base);
+bool rollout_active(const controller_state& st, const std::string& base);
+void rebalance_pool(self_ptr self, const std::string& name);
+
+// The warm pool a deployment keeps now: none while its plain name is in a
+// rollout (the rollout counts replicas as they serve), else its share.
+std::uint32_t pool_size(const controller_state& st, const std::string& name,
+                        const controller_state::deployment& dep) {
+  const std::string base(cluster::split_version(name).base);
+  if (rollout_active(st, base)) return 0;
+  if (auto r = st.rollouts.find(base); r != st.rollouts.end() && r->second.finishing) return 0;
+  return cluster::warm_count(dep.serving, dep.warm_percent);
+}
 void roll_back_interrupted(self_ptr self, std::map<std::string, api::deploy_request>& deployments,
                            const std::string& base, const cluster::durable_state::rollout_entry& e);
 void drop_leftover_versions(self_ptr self, std::map<std::string, api::deploy_request>& deployments);
@@ -77,6 +89,12 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   spec.kv_tokens = static_cast<std::uint32_t>(dep.spec.replica.kv_tokens);
   spec.engine = st.config.engine;
   spec.model_sha256 = dep.model_sha256;
+  // Serving places first; once the deployment has its serving count, a new
+  // replica stands by (the warm pool), whatever its slot.
+  std::uint32_t serving = 0;
+  for (const auto& [id, r] : st.replicas)
+    serving += r.deployment == p.slot.deployment && !r.standby && !st.drains->draining(id);
+  spec.standby = serving >= dep.serving;
   // Durable before any node hears of it: a restarted controller must never
   // meet an epoch or a replica id it does not know.
   if (st.slots->raise_epoch(p.slot, epoch))
@@ -85,8 +103,10 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   auto& rec = st.replicas[p.replica];
   rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, false,
          spec};
-  spdlog::info("event=replica_placed replica={} deployment={} slot={} epoch={} node={} device={} bytes={}", p.replica,
-               spec.deployment, spec.slot, epoch, p.node, spec.device, p.per_device.total_bytes());
+  rec.standby = rec.told_standby = spec.standby;
+  spdlog::info("event=replica_placed replica={} deployment={} slot={} epoch={} node={} device={} bytes={}{}", p.replica,
+               spec.deployment, spec.slot, epoch, p.node, spec.device, p.per_device.total_bytes(),
+               spec.standby ? " standby=true" : "");
   if (auto q = st.loads->enqueue(p.replica, p.node); !q) {
     // The queue bound: start it anyway rather than leave a placed slot dark.
     spdlog::error("event=replica_load_queue_full replica={} error=\"{}\"", p.replica, to_string(q.error()));
@@ -126,7 +146,8 @@ void admit_loads(self_ptr self) {
 }
 
 deployment_announce announce(const std::string& name, const controller_state::deployment& dep) {
-  return {name, dep.model_file, dep.spec.model.vocab_size, dep.spec.model.context_length, dep.routing, dep.tenant};
+  return {name,       dep.model_file, dep.spec.model.vocab_size, dep.spec.model.context_length,
+          dep.routing, dep.tenant,     dep.autoscale.enabled()};
 }
 
 void remember(self_ptr self, const api::deploy_request& req) {
@@ -153,12 +174,21 @@ std::size_t place_missing(self_ptr self, const std::string& name, std::string* w
   auto plan = cluster::place(*st.placement, {dep.spec}, {cordoned.begin(), cordoned.end()});
   if (!plan) {
     if (why) *why = plan.error().message;
-    return dep.spec.replicas;
+    return dep.serving;
   }
   for (const auto& p : plan->placed) start_slot(self, p, st.slots->epoch(p.slot) + 1);
-  for (const auto& u : plan->unplaced) spdlog::warn("event=replica_unplaced deployment={} slot={} reason=\"{}\"", name, u.slot.index, u.reason);
+  // The warm pool's places are the first to go short: only replicas
+  // missing beyond them are missing serving replicas.
+  const std::size_t pool = dep.spec.replicas - dep.serving;
+  const std::size_t missing = plan->unplaced.size() > pool ? plan->unplaced.size() - pool : 0;
+  if (!plan->unplaced.empty() && missing == 0)
+    spdlog::info("event=warm_pool_short deployment={} standby_wanted={} unplaced={} reason=\"{}\"", name, pool,
+                 plan->unplaced.size(), plan->unplaced.front().reason);
+  else
+    for (const auto& u : plan->unplaced)
+      spdlog::warn("event=replica_unplaced deployment={} slot={} reason=\"{}\"", name, u.slot.index, u.reason);
   if (why && !plan->unplaced.empty()) *why = plan->unplaced.front().reason;
-  return plan->unplaced.size();
+  return missing;
 }
 
 // Places queued slots, at most `migration_parallelism` warming at a time.
@@ -228,6 +258,39 @@ void update_replica_gauge(self_ptr self) {
     cluster_metrics::series(st.config.metrics->replicas, cluster::to_string(s))->set(static_cast<double>(counts[s]));
 }
 
+// Which live replicas of a deployment serve and which stand by
+// (runtime/cluster/warm_pool): after a failure, a drain, a scale or a
+// replica coming up. Nothing to do for a deployment without a pool.
+void rebalance_pool(self_ptr self, const std::string& name) {
+  auto& st = self->state;
+  auto dep = st.deployments.find(name);
+  if (dep == st.deployments.end()) return;
+  std::vector<cluster::pool_member> members;
+  bool any_standby = false;
+  for (const auto& [id, r] : st.replicas) {
+    if (r.deployment != name || st.drains->draining(id) || cluster::is_terminal(r.state)) continue;
+    members.push_back({id, r.standby, r.state, 0});
+    any_standby |= r.standby;
+  }
+  if (!any_standby && dep->second.warm_percent == 0) return;
+  const auto changes = cluster::rebalance(members, dep->second.serving);
+  const auto tell = [&](cluster::replica_id id, bool standby) {
+    auto& r = st.replicas.at(id);
+    r.standby = standby;
+    r.spec.standby = standby;  // a replica not spawned yet starts that way
+    spdlog::info("event={} replica={} deployment={} slot={} state={}", standby ? "warm_pool_return" : "warm_pool_take",
+                 id, name, r.slot, cluster::to_string(r.state));
+    if (r.handle && r.told_standby != standby) {
+      r.told_standby = standby;
+      self->send(r.handle, set_standby{id, standby});
+    } else if (!r.spawned) {
+      r.told_standby = standby;
+    }
+  };
+  for (const auto id : changes.activate) tell(id, false);
+  for (const auto id : changes.deactivate) tell(id, true);
+}
+
 // Queues the slot's placement elsewhere now (make before break): a planned
 // move, so it has a new epoch but spends no crash budget.
 void move_slot(self_ptr self, const std::string& deployment, std::uint32_t slot,
@@ -270,6 +333,7 @@ expected<bool> begin_drain(self_ptr self, cluster::replica_id id, cluster::drain
                id, r.deployment, r.slot, r.node, cluster::to_string(r.state), cluster::to_string(cause),
                deadline.count());
   if (st.config.metrics) cluster_metrics::series(st.config.metrics->drains, std::string(cluster::to_string(cause)))->inc();
+  rebalance_pool(self, r.deployment);  // a standby serves in its stead now
   if (!r.spawned) {  // never started (waiting for its turn or its node): nothing to drain
     drain_moved(self, id);
     forget_replica(self, id);
@@ -315,6 +379,11 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   it->second.state = state;
   it->second.reason = ev.reason;
   if (ev.handle) it->second.handle = ev.handle;
+  if (it->second.handle && it->second.standby != it->second.told_standby && !cluster::is_terminal(state)) {
+    // Designated while its handle was not known yet: told now.
+    it->second.told_standby = it->second.standby;
+    self->send(it->second.handle, set_standby{ev.id, it->second.standby});
+  }
   if (cluster::accepts_requests(state) && st.slots->settled(ev.id)) pump_migrations(self);
   if (cluster::serves_requests(state) && st.loads->finished(ev.id)) admit_loads(self);  // loaded: the next may go
   if (state == replica_state::degraded && before != replica_state::degraded) {
@@ -340,11 +409,17 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     pump_migrations(self);
   } else if (state == replica_state::failed) {
     const auto rec = it->second;
+    const bool was_draining = forget_replica(self, ev.id).has_value();
+    // A standby takes its place at once; the replacement loads as a standby.
+    rebalance_pool(self, rec.deployment);
     // A draining replica's slot was placed again when the drain began.
-    if (forget_replica(self, ev.id)) pump_migrations(self);
+    if (was_draining) pump_migrations(self);
     // A crash loop on one node: try the others first.
     else replace_slot(self, rec.deployment, rec.slot, {rec.node});
   }
+  if (state != before && (state == replica_state::standby || state == replica_state::ready ||
+                          state == replica_state::stopped || state == replica_state::draining))
+    rebalance_pool(self, ev.deployment);
   update_replica_gauge(self);
 }
 
@@ -552,7 +627,27 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   }
   dep.routing = routing;
   dep.spec.name = req.name;
-  dep.spec.replicas = req.replicas;
+  dep.serving = req.replicas;
+  dep.warm_percent = std::min(req.warm_pool_percent, cluster::max_warm_pool_percent);
+  dep.spec.replicas = req.replicas + cluster::warm_count(dep.serving, dep.warm_percent);
+  if (req.autoscale_max > 0) {
+    auto& a = dep.autoscale;
+    a = st.config.autoscale;
+    a.min_replicas = req.autoscale_min;
+    a.max_replicas = req.autoscale_max;
+    if (!req.autoscale_metric.empty()) {
+      auto m = cluster::scale_metric_from_string(req.autoscale_metric);
+      if (!m) return std::unexpected(m.error());
+      a.metric = *m;
+    } else {
+      a.metric = cluster::scale_metric::queue_depth;
+    }
+    a.target = req.autoscale_target > 0 ? req.autoscale_target : cluster::default_target(a.metric);
+    a.idle_to_zero_ms = req.idle_to_zero_s * 1000;
+    if (a.idle_to_zero_ms > 0 && a.min_replicas > 0)
+      return make_error(errc::invalid_argument, "idle_to_zero_s needs autoscale_min 0 (it scales to zero)");
+    if (auto ok = cluster::validate(a); !ok) return std::unexpected(ok.error());
+  }
   if (req.max_replicas_per_node) dep.spec.max_replicas_per_node = req.max_replicas_per_node;
   dep.spec.replica.kv_tokens = req.kv_tokens ? req.kv_tokens : st.config.default_kv_tokens;
   dep.spec.replica.max_batch_tokens = st.config.max_batch_tokens;
@@ -560,8 +655,16 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   return dep;
 }
 
+void arm_autoscale_tick(self_ptr self);
+
 void register_deployment(self_ptr self, const std::string& name, const controller_state::deployment& dep) {
   self->state.deployments[name] = dep;
+  if (dep.autoscale.enabled()) {
+    self->state.scalers.insert_or_assign(name, cluster::autoscaler(dep.autoscale));
+    arm_autoscale_tick(self);
+  } else {
+    self->state.scalers.erase(name);
+  }
   self->send(self->state.router, announce(name, dep));
 }
 
@@ -631,7 +734,7 @@ std::vector<api::model_info> list_models(self_ptr self) {
     // The current version is listed under the plain name; others as NAME@V.
     const std::string base(cluster::split_version(name).base);
     const std::string listed = current_of(self->state, base) == name ? base : name;
-    api::model_info mi{listed, dep.model_file, 0, dep.spec.replicas, dep.spec.model.context_length, dep.tenant,
+    api::model_info mi{listed, dep.model_file, 0, dep.serving, dep.spec.model.context_length, dep.tenant,
                        cluster::version_of(name)};
     for (const auto& [id, r] : self->state.replicas)
       if (r.deployment == name && cluster::serves_requests(r.state)) ++mi.replicas_ready;
@@ -678,6 +781,7 @@ void reconcile_replica(self_ptr self, const node_join& m, const running_replica&
   auto& rec = st.replicas[r.spec.id];
   rec = {r.spec.id, ref.deployment, ref.index, r.spec.epoch, m.node, r.spec.device, cluster::replica_state::ready,
          "adopted", true, true, r.spec, r.handle};
+  rec.standby = rec.told_standby = r.spec.standby;
   spdlog::info("event=replica_adopted replica={} deployment={} slot={} epoch={} node={}", r.spec.id, ref.deployment,
                ref.index, r.spec.epoch, m.node);
   self->send(st.router, replica_event{rec.id, rec.deployment, rec.slot, rec.epoch, rec.node, rec.device,
@@ -915,24 +1019,42 @@ void tell_split(self_ptr self, const std::string& base) {
   if (split.stable == base && split.canary.empty()) st.splits_sent.erase(base);
 }
 
+// Slots for the serving count plus the pool it keeps now: the highest
+// slots stop, or the missing ones are placed -- after the pool was
+// rebalanced, so that standbys take new serving places before anything
+// loads. Returns how many serving replicas could not be placed.
+std::size_t resize_pool(self_ptr self, const std::string& name, std::string* why) {
+  auto& s = self->state;
+  auto it = s.deployments.find(name);
+  if (it == s.deployments.end()) return 0;
+  auto& dep = it->second;
+  const std::uint32_t old = dep.spec.replicas;
+  dep.spec.replicas = dep.serving + pool_size(s, name, dep);
+  if (dep.spec.replicas < old) stop_slots(self, name, dep.spec.replicas);
+  rebalance_pool(self, name);
+  std::uint32_t live = 0;
+  for (const auto& [id, r] : s.replicas) live += r.deployment == name && !s.drains->draining(id);
+  return live < dep.spec.replicas ? place_missing(self, name, why) : 0;
+}
+
 // A deployment's replica count, as scale sets it (without the cold notice).
 void set_replicas(self_ptr self, const std::string& name, std::uint32_t replicas) {
   auto& s = self->state;
   auto it = s.deployments.find(name);
   if (it == s.deployments.end()) return;
-  const std::uint32_t old = it->second.spec.replicas;
-  it->second.spec.replicas = replicas;
+  const std::uint32_t old = it->second.serving;
+  it->second.serving = replicas;
   {
     std::lock_guard lock(s.config.desired->mutex);
     auto d = s.config.desired->deployments.find(name);
     if (d != s.config.desired->deployments.end()) d->second.replicas = replicas;
   }
   persist(self, cluster::journal_record::scale(name, replicas));
-  if (replicas < old) stop_slots(self, name, replicas);
   std::string why;
-  if (replicas > old && place_missing(self, name, &why) > 0)
+  if (resize_pool(self, name, &why) > 0)
     spdlog::warn("event=scale_partial deployment={} wanted={} reason=\"{}\"", name, replicas, why);
-  spdlog::info("event=scaled deployment={} from={} to={}", name, old, replicas);
+  spdlog::info("event=scaled deployment={} from={} to={} standby={}", name, old, replicas,
+               it->second.spec.replicas - replicas);
 }
 
 void remove_deployment(self_ptr self, const std::string& name) {
@@ -940,6 +1062,8 @@ void remove_deployment(self_ptr self, const std::string& name) {
   if (!s.deployments.count(name)) return;
   stop_slots(self, name, 0);
   s.deployments.erase(name);
+  s.scalers.erase(name);
+  s.loads_seen.erase(name);
   forget(self, name);
   self->send(s.router, deployment_removed{name});
   spdlog::info("event=undeployed deployment={}", name);
@@ -1039,6 +1163,7 @@ bool finish_step(self_ptr self, controller_state::rollout_state& r) {
   }
   r.finishing = false;
   tell_split(self, r.base);
+  (void)resize_pool(self, r.keep, nullptr);  // its warm pool again
   return false;
 }
 
@@ -1174,7 +1299,7 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
     return make_error(errc::invalid_argument, "a rollout of '" + base + "' is in progress (" +
                                                   st.rollouts.at(base).machine->status_line() +
                                                   "); promote or abort it first");
-  if (old->second.spec.replicas == 0)
+  if (old->second.serving == 0)
     return make_error(errc::invalid_argument, "'" + base + "' is cold (0 replicas): scale it up before a rollout");
   if (req.model_file.empty()) return make_error(errc::invalid_argument, "a rollout needs the new version's model file");
   cluster::rollout_plan plan;
@@ -1189,7 +1314,7 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   if (auto ok = cluster::validate(plan); !ok) return std::unexpected(ok.error());
   auto policy = st.config.rollout_policy;
   if (req.min_samples) policy.min_samples = req.min_samples;
-  if (old->second.spec.replicas == 1 && plan.surge == 0 && plan.steps.front() < 100)
+  if (old->second.serving == 1 && plan.surge == 0 && plan.steps.front() < 100)
     return make_error(errc::invalid_argument, "a deployment of one replica cannot split its traffic in place: use "
                                               "--surge 1 (one extra replica), or --steps 100");
   // Labels in use, and every label a rollout ever used: a pinned NAME@V never changes meaning.
@@ -1228,7 +1353,7 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
                                   dep->spec.model.vocab_size, old->second.spec.model.vocab_size));
   // The rollout first: a restart between the two finds a rollout to roll
   // back, never a stray version deployment.
-  const std::uint32_t total = old->second.spec.replicas;
+  const std::uint32_t total = old->second.serving;
   persist(self, cluster::journal_record::rollout_begin(base, from, to, total));
   st.used_versions[base].insert(version);
   register_deployment(self, to, *dep);
@@ -1240,6 +1365,8 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   r.to = to;
   r.total = total;
   r.machine.emplace(cluster::version_of(from), version, plan, policy, clock_ns(self));
+  // No warm pool while the versions trade places: the rollout counts what serves.
+  (void)resize_pool(self, from, nullptr);
   remember_versions(self);
   count_rollout(self, base, "started");
   std::string steps_text;
@@ -1360,10 +1487,86 @@ caf::result<ok_atom> on_scale(self_ptr self, const scale_msg& m) {
     return to_caf({errc::invalid_argument, "replicas must be in [0, " +
                                                std::to_string(max_replicas_per_deployment) +
                                                "] (0: cold, woken by its next request); use undeploy to remove"});
-  const std::uint32_t old = it->second.spec.replicas;
+  const std::uint32_t old = it->second.serving;
   if ((old == 0) != (m.replicas == 0)) self->send(s.router, deployment_cold{name, m.replicas == 0});
   set_replicas(self, name, m.replicas);
+  // Whoever scaled it, the autoscaler's cooldowns and windows start again.
+  if (auto a = s.scalers.find(name); a != s.scalers.end() && m.replicas != old)
+    a->second.scaled(clock_ns(self), m.replicas > old);
   return ok_atom::value;
+}
+
+using autoscale_tick_atom = caf::atom_constant<caf::atom("autotick")>;
+
+void arm_autoscale_tick(self_ptr self) {
+  auto& st = self->state;
+  if (st.autoscale_tick_armed || st.scalers.empty()) return;
+  st.autoscale_tick_armed = true;
+  self->delayed_send(self, std::chrono::milliseconds(st.config.autoscale_tick_ms), autoscale_tick_atom::value);
+}
+
+void on_deployment_loads(self_ptr self, const deployment_loads& m) {
+  auto& st = self->state;
+  const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  const auto now = clock_ns(self);
+  for (const auto& l : m.loads) {
+    if (!st.scalers.count(l.deployment)) continue;
+    auto& seen = st.loads_seen[l.deployment];
+    seen.by_router[from] = {now, l};
+    seen.arrivals += l.arrivals;
+    seen.ttft_p99_ms = std::max(seen.ttft_p99_ms, l.ttft_p99_ms);
+  }
+}
+
+// One decision per autoscaled deployment: the routers' reports since the
+// last tick make one sample (replica loads: the fullest report, as every
+// router hears the same replicas; arrivals: summed; TTFT p99: the worst).
+void on_autoscale_tick(self_ptr self) {
+  auto& st = self->state;
+  st.autoscale_tick_armed = false;
+  const auto now = clock_ns(self);
+  const std::int64_t fresh_ns = 3 * std::int64_t{st.config.autoscale_tick_ms} * 1000000 + 2000000000;
+  std::vector<std::pair<std::string, std::uint32_t>> moves;
+  for (auto& [name, scaler] : st.scalers) {
+    auto dep = st.deployments.find(name);
+    if (dep == st.deployments.end()) continue;
+    auto& seen = st.loads_seen[name];
+    cluster::load_sample s;
+    s.at_ns = now;
+    bool any = false;
+    for (auto it = seen.by_router.begin(); it != seen.by_router.end();) {
+      if (now - it->second.first > fresh_ns) {  // a router gone quiet
+        it = seen.by_router.erase(it);
+        continue;
+      }
+      const auto& l = it->second.second;
+      any = true;
+      s.replicas = std::max(s.replicas, l.replicas);
+      s.outstanding = std::max<double>(s.outstanding, l.outstanding);
+      if (l.kv_capacity > 0) s.kv_fraction = std::max(s.kv_fraction, static_cast<double>(l.kv_used) / l.kv_capacity);
+      ++it;
+    }
+    s.arrivals = seen.arrivals;
+    s.ttft_p99_ms = seen.ttft_p99_ms;
+    seen.arrivals = 0;
+    seen.ttft_p99_ms = -1;
+    if (!any) continue;  // no router reports it: nothing is known of its load
+    scaler.observe(s);
+    const std::string base(cluster::split_version(name).base);
+    if (st.reconciling || rollout_active(st, base) || pool_size(st, name, dep->second) != cluster::warm_count(dep->second.serving, dep->second.warm_percent))
+      continue;  // a rollout (or its finish) owns the counts
+    const auto d = scaler.decide(now, dep->second.serving);
+    if (!d.changed) continue;
+    spdlog::info("event=autoscale deployment={} from={} to={} reason=\"{}\"", name, dep->second.serving, d.replicas,
+                 d.reason);
+    if (st.config.metrics)
+      cluster_metrics::series(st.config.metrics->autoscale_decisions, name,
+                              d.replicas > dep->second.serving ? "up" : "down")
+          ->inc();
+    moves.emplace_back(name, d.replicas);
+  }
+  for (const auto& [name, n] : moves) (void)on_scale(self, scale_msg{name, n});
+  arm_autoscale_tick(self);
 }
 
 }  // namespace
@@ -1491,7 +1694,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       [=](const wake_deployment& m) {
         auto& s = self->state;
         auto it = s.deployments.find(m.name);
-        if (s.reconciling || it == s.deployments.end() || it->second.spec.replicas > 0) {
+        if (s.reconciling || it == s.deployments.end() || it->second.serving > 0) {
           // Not cold (woken already, or scaled meanwhile): routers still waiting are told.
           if (it != s.deployments.end()) self->send(s.router, deployment_cold{m.name, false});
           return;
@@ -1503,6 +1706,8 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       [=](const rollout_msg& m) -> caf::result<rollout_reply> { return on_rollout(self, m.request); },
       [=](rollout_tick_atom) { on_rollout_tick(self); },
       [=](const version_samples& m) { on_version_samples(self, m); },
+      [=](const deployment_loads& m) { on_deployment_loads(self, m); },
+      [=](autoscale_tick_atom) { on_autoscale_tick(self); },
       [=](models_atom) { return models_reply{list_models(self)}; },
       [=](ready_atom) {
         for (const auto& [name, dep] : self->state.deployments) {

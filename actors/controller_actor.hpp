@@ -26,6 +26,8 @@
 #include "cluster/load_gate.hpp"
 #include "cluster/journal.hpp"
 #include "cluster/rollout.hpp"
+#include "cluster/autoscaler.hpp"
+#include "cluster/warm_pool.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
 #include "cluster/slot_scheduler.hpp"
@@ -101,6 +103,11 @@ struct controller_config {
   /// After a rollout ends, the losing version keeps serving this long for
   /// requests already routed to it.
   std::uint32_t rollout_drop_grace_ms = 5000;
+  /// Autoscaling: windows, cooldowns and step limits of every autoscaled
+  /// deployment (each names its own min, max, metric and target), and how
+  /// often the controller decides.
+  cluster::autoscale_policy autoscale;
+  std::uint32_t autoscale_tick_ms = 1000;
 };
 
 /// controller -> controller: is this replica still degraded since `since_ns`?
@@ -141,6 +148,11 @@ struct controller_state {
     std::string model_sha256;  // "" = not pinned
     std::string routing;
     std::string tenant;  // "" = shared
+    /// Replicas taking traffic, as deploy, scale and the autoscaler set
+    /// them; spec.replicas is this plus the warm pool (pool_size).
+    std::uint32_t serving = 0;
+    std::uint32_t warm_percent = 0;        // api::deploy_request::warm_pool_percent
+    cluster::autoscale_policy autoscale;   // enabled() false: a fixed count
   };
   std::map<std::string, deployment> deployments;
   struct replica_record {
@@ -157,6 +169,8 @@ struct controller_state {
     replica_spec spec;
     caf::actor handle;  // the replica actor, once it reported (for gateways joining later)
     std::int64_t degraded_since_ns = 0;  // when it last became degraded
+    bool standby = false;       // designated to stand by in the warm pool
+    bool told_standby = false;  // what the replica was last told (at spawn: spec.standby)
   };
   std::map<cluster::replica_id, replica_record> replicas;
   /// Epochs, replacement budgets, the migration queue and cordons: the
@@ -194,6 +208,17 @@ struct controller_state {
   /// The split last told to routers, by plain name.
   std::map<std::string, traffic_split> splits_sent;
   bool rollout_tick_armed = false;
+  /// Autoscaled deployments: their autoscaler, and what routers reported
+  /// of them since the last tick (each router's latest report; arrivals
+  /// and the worst TTFT p99 summed up over reports).
+  std::map<std::string, cluster::autoscaler> scalers;
+  struct load_seen {
+    std::map<caf::actor_addr, std::pair<std::int64_t, deployment_load>> by_router;
+    std::uint64_t arrivals = 0;
+    double ttft_p99_ms = -1;
+  };
+  std::map<std::string, load_seen> loads_seen;
+  bool autoscale_tick_armed = false;
   static inline const char* name = "controller";
 };
 

@@ -88,6 +88,14 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.rollout_tick_ms = o.rollout_tick_ms;
   c.rollout_start_timeout_ms = o.rollout_start_timeout_ms;
   c.rollout_drop_grace_ms = o.rollout_drop_grace_ms;
+  c.autoscale.up_window_ms = o.autoscale_up_window_s * 1000;
+  c.autoscale.down_window_ms = o.autoscale_down_window_s * 1000;
+  c.autoscale.up_cooldown_ms = o.autoscale_up_cooldown_s * 1000;
+  c.autoscale.down_cooldown_ms = o.autoscale_down_cooldown_s * 1000;
+  c.autoscale.tolerance = o.autoscale_tolerance_percent / 100.0;
+  c.autoscale.max_down_percent = o.autoscale_max_down_percent;
+  c.autoscale_tick_ms = o.autoscale_tick_ms;
+  plan.router.load_report_ms = o.autoscale_tick_ms;
   c.loads.cluster_max = o.loads_max;
   c.loads.per_node_max = o.loads_per_node_max;
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;

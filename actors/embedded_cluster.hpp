@@ -68,6 +68,17 @@ struct cluster_options {
   std::uint32_t rollout_tick_ms = 1000;          // how often the controller judges and moves a rollout
   std::uint32_t rollout_start_timeout_ms = 300000;  // replicas of a step not ready this long: rolled back
   std::uint32_t rollout_drop_grace_ms = 5000;    // the losing version serves this long after the end
+  // Autoscaling (deployments name min, max, metric and target): the mean
+  // over the up window scales up, the peak over the down window scales
+  // down, each at most once per its cooldown; a change within the
+  // tolerance is none.
+  std::uint32_t autoscale_up_window_s = 10;
+  std::uint32_t autoscale_down_window_s = 300;
+  std::uint32_t autoscale_up_cooldown_s = 10;
+  std::uint32_t autoscale_down_cooldown_s = 120;
+  std::uint32_t autoscale_tolerance_percent = 10;
+  std::uint32_t autoscale_max_down_percent = 25;  // of the replicas, per decision
+  std::uint32_t autoscale_tick_ms = 1000;
   std::uint64_t model_cache_bytes = 64ull << 30;  // per node: model files kept loaded (in-use ones always stay)
   std::string model_store;                       // models found nowhere on a node are fetched from here
   std::string model_cache_dir;                   // fetched models go to <dir>/node-N (needed with model_store)

@@ -86,6 +86,10 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<node_region>("exa.node_region");
   cfg.add_message_type<request_sample>("exa.request_sample");
   cfg.add_message_type<version_samples>("exa.version_samples");
+  cfg.add_message_type<set_standby>("exa.set_standby");
+  cfg.add_message_type<deployment_load>("exa.deployment_load");
+  cfg.add_message_type<std::vector<deployment_load>>("exa.deployment_load_list");
+  cfg.add_message_type<deployment_loads>("exa.deployment_loads");
   cfg.add_message_type<node_leaving>("exa.node_leaving");
   cfg.add_message_type<models_reply>("exa.models_reply");
   cfg.add_message_type<status_reply>("exa.status_reply");

@@ -128,12 +128,24 @@ struct replica_spec {
   std::uint32_t kv_tokens = 0;  // KV capacity granted by the ledger
   std::string engine = "cpu";   // "cpu" or "null"
   std::string model_sha256;     // "" = not pinned (api::deploy_request::model_sha256)
+  bool standby = false;         // warmed, it stands by (the warm pool) instead of taking traffic
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_spec& x) {
   return f(caf::meta::type_name("exa.replica_spec"), x.id, x.deployment, x.slot, x.epoch, x.model_file,
-           x.device, x.kv_tokens, x.engine, x.model_sha256);
+           x.device, x.kv_tokens, x.engine, x.model_sha256, x.standby);
+}
+
+/// controller -> replica: stand by (the warm pool: loaded, no traffic) or
+/// serve. A busy replica told to stand by does so once its requests end.
+struct set_standby {
+  cluster::replica_id id = 0;
+  bool standby = false;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, set_standby& x) {
+  return f(caf::meta::type_name("exa.set_standby"), x.id, x.standby);
 }
 
 /// controller -> node: start a replica.
@@ -420,11 +432,12 @@ struct deployment_announce {
   std::uint32_t context_length = 0;
   std::string routing;  // policy name
   std::string tenant;   // "": shared (api::deploy_request::tenant)
+  bool autoscaled = false;  // routers report its load to the controller (deployment_loads)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deployment_announce& x) {
   return f(caf::meta::type_name("exa.deployment_announce"), x.name, x.model_file, x.vocab_size, x.context_length,
-           x.routing, x.tenant);
+           x.routing, x.tenant, x.autoscaled);
 }
 
 /// controller -> routers: a deployment is gone.
@@ -570,6 +583,30 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, version_samples& x) {
   return f(caf::meta::type_name("exa.version_samples"), x.deployment, x.ttft_ms, x.tpot_ms, x.failures);
 }
+/// router -> controller, every second: what one router sees of each
+/// autoscaled deployment (the autoscaler's input, runtime/cluster/autoscaler).
+struct deployment_load {
+  std::string deployment;
+  std::uint32_t replicas = 0;       // replicas taking traffic (ready, busy, degraded)
+  std::uint32_t outstanding = 0;    // requests running + queued on them (their load reports)
+  std::uint64_t kv_used = 0;        // KV tokens used and granted on them
+  std::uint64_t kv_capacity = 0;
+  std::uint64_t arrivals = 0;       // requests this router routed to it since its last report
+  double ttft_p99_ms = -1;          // over the requests that finished since; < 0: none
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deployment_load& x) {
+  return f(caf::meta::type_name("exa.deployment_load"), x.deployment, x.replicas, x.outstanding, x.kv_used,
+           x.kv_capacity, x.arrivals, x.ttft_p99_ms);
+}
+struct deployment_loads {
+  std::vector<deployment_load> loads;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, deployment_loads& x) {
+  return f(caf::meta::type_name("exa.deployment_loads"), x.loads);
+}
+
 /// node -> controller: this node's process is stopping (SIGTERM): move its
 /// slots elsewhere and drain its replicas within `deadline_ms`.
 struct node_leaving {

@@ -197,7 +197,7 @@ void on_step_done(self_ptr self, const step_done& done) {
         if (st.health) st.health->observe_request(false);
         continue;
       }
-      if (move_to(self, replica_state::ready)) report_load(self, true);
+      if (move_to(self, st.ctx.spec.standby ? replica_state::standby : replica_state::ready)) report_load(self, true);
       continue;
     }
     auto it = st.active.find(f.id);
@@ -217,6 +217,8 @@ void on_step_done(self_ptr self, const step_done& done) {
   for (auto& fn : deferred) fn();
   st.step_in_flight = false;
   if (st.state == replica_state::serving && st.active.empty()) move_to(self, replica_state::ready);
+  // Told to stand by while it was busy: now that it is idle.
+  if (st.ctx.spec.standby && st.state == replica_state::ready && st.active.empty()) move_to(self, replica_state::standby);
   judge_health(self);
   if (st.state == replica_state::draining && st.active.empty()) {
     move_to(self, replica_state::stopped, "drained");
@@ -543,6 +545,16 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
           }
       },
       [=](probe_atom) { on_probe(self); },
+      [=](const set_standby& m) {
+        auto& s = self->state;
+        if (m.id != s.ctx.spec.id || s.ctx.spec.standby == m.standby) return;
+        s.ctx.spec.standby = m.standby;
+        if (!m.standby && s.state == replica_state::standby) {
+          if (move_to(self, replica_state::ready, "taken from the warm pool")) report_load(self, true);
+        } else if (m.standby && s.state == replica_state::ready && s.active.empty()) {
+          move_to(self, replica_state::standby, "back to the warm pool");
+        }  // busy: once its requests end; loading: when warmed
+      },
       [=](const stop_replica& m) {
         if (!m.drain && self->state.state == replica_state::draining) {
           // A drain past its deadline: what is in flight resumes elsewhere
@@ -556,7 +568,7 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
         if (!m.drain) {
           // Said in the lifecycle's own steps (ready -> stopped is not one):
           // a stop nobody hears of looks like a replica still serving.
-          if (cluster::serves_requests(self->state.state)) {
+          if (cluster::serves_requests(self->state.state) || self->state.state == replica_state::standby) {
             move_to(self, replica_state::draining, "stop without draining");
             move_to(self, replica_state::stopped, "stopped without draining");
           } else {
@@ -566,7 +578,8 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
           return;
         }
         if (self->state.state == replica_state::draining) return;  // draining already
-        if (!cluster::serves_requests(self->state.state)) {  // not ready yet: nothing to drain
+        if (!cluster::serves_requests(self->state.state) && self->state.state != replica_state::standby) {
+          // not ready yet: nothing to drain
           move_to(self, replica_state::failed, "stopped before it was ready");
           self->quit();
           return;

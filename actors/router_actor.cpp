@@ -116,8 +116,69 @@ bool sampled(self_ptr self, const std::string& deployment) {
   return false;
 }
 
+using load_report_atom = caf::atom_constant<caf::atom("loadrep")>;
+
+bool autoscaled(self_ptr self, const std::string& deployment) {
+  auto it = self->state.deployments.find(deployment);
+  return it != self->state.deployments.end() && it->second.info.autoscaled;
+}
+
+void arm_load_report(self_ptr self) {
+  auto& st = self->state;
+  if (st.load_report_armed) return;
+  st.load_report_armed = true;
+  self->delayed_send(self, std::chrono::milliseconds(st.config.load_report_ms), load_report_atom::value);
+}
+
+// The load of every autoscaled deployment as this router sees it, to the
+// controller; re-armed while any deployment is autoscaled.
+void report_loads(self_ptr self) {
+  auto& st = self->state;
+  st.load_report_armed = false;
+  std::map<std::string, deployment_load> out;
+  for (const auto& [name, d] : st.deployments)
+    if (d.info.autoscaled) out[name].deployment = name;
+  if (out.empty()) {
+    st.autoscale.clear();
+    return;
+  }
+  for (const auto& [id, w] : st.where) {
+    auto o = out.find(w.slot.deployment);
+    if (o == out.end()) continue;
+    const auto* c = st.table->find(id);
+    if (!c || !cluster::serves_requests(c->state)) continue;
+    ++o->second.replicas;
+    if (auto l = st.loads.find(id); l != st.loads.end()) {
+      o->second.outstanding += l->second.running + l->second.queued;
+      o->second.kv_used += l->second.kv_used_tokens;
+      o->second.kv_capacity += l->second.kv_capacity_tokens;
+    }
+  }
+  deployment_loads msg;
+  for (auto& [name, l] : out) {
+    if (auto w = st.autoscale.find(name); w != st.autoscale.end()) {
+      l.arrivals = w->second.arrivals;
+      auto& t = w->second.ttft_ms;
+      if (!t.empty()) {
+        const std::size_t k = std::min(t.size() - 1, static_cast<std::size_t>(t.size() * 0.99));
+        std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(k), t.end());
+        l.ttft_p99_ms = t[k];
+      }
+    }
+    msg.loads.push_back(std::move(l));
+  }
+  st.autoscale.clear();
+  if (auto c = caf::actor_cast<caf::actor>(self->home_system().registry().get(controller_atom::value)))
+    self->send(c, std::move(msg));
+  arm_load_report(self);
+}
+
 void on_sample(self_ptr self, const request_sample& m) {
   auto& st = self->state;
+  if (m.ok && autoscaled(self, m.deployment)) {
+    auto& t = st.autoscale[m.deployment].ttft_ms;
+    if (t.size() < sample_batch_max) t.push_back(m.ttft_ms);
+  }
   if (!sampled(self, m.deployment)) return;
   auto& batch = st.samples[m.deployment];
   batch.deployment = m.deployment;
@@ -538,6 +599,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         auto& entry = s.deployments[d.name];
         if (entry.info.model_file != d.model_file || !entry.model) entry.model = open_tokenizer(d);
         entry.info = d;
+        if (d.autoscaled) arm_load_report(self);
         if (auto ok = s.table->set_policy(d.name, d.routing); !ok)
           spdlog::warn("event=routing_policy_refused deployment={} error=\"{}\"", d.name, to_string(ok.error()));
         s.starting.erase(d.name);
@@ -648,6 +710,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       },
       [=](const route_request& m) {
         auto resolved = resolve_model(self, m.request);
+        if (autoscaled(self, resolved)) ++self->state.autoscale[resolved].arrivals;
         if (resolved == m.request.model) return on_route(self, m);
         route_request r = m;
         r.request.model = std::move(resolved);
@@ -667,6 +730,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         self->state.outside_region.clear();
       },
       [=](flush_samples_atom) { flush_samples(self); },
+      [=](load_report_atom) { report_loads(self); },
       [=](deadline_atom) {
         // One sweep for every request's deadline.
         auto& s = self->state;

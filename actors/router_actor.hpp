@@ -56,6 +56,8 @@ struct router_config {
   /// are chosen first; others only when none of those can take a request
   /// (saturated, down, suspect).
   std::string region;
+  /// How often the load of autoscaled deployments goes to the controller.
+  std::uint32_t load_report_ms = 1000;
   chaos_hooks hooks;
 };
 
@@ -133,6 +135,14 @@ struct router_state {
   /// batches (bounded: at most sample_batch_max per deployment between sends).
   std::map<std::string, version_samples> samples;
   bool samples_flush_due = false;
+  /// Autoscaled deployments: arrivals and TTFTs since the last load report
+  /// (TTFTs bounded: at most sample_batch_max per deployment between reports).
+  struct autoscale_window {
+    std::uint64_t arrivals = 0;
+    std::vector<double> ttft_ms;
+  };
+  std::map<std::string, autoscale_window> autoscale;
+  bool load_report_armed = false;
   std::uint64_t split_rng = 0x9e3779b97f4a7c15ull;  // seeded: draws for requests without a conversation key
   std::shared_ptr<cluster_metrics> metrics;
   static inline const char* name = "router";

@@ -358,6 +358,23 @@ struct DeployRequest {
   tenant @6 :Text;
   # The tenant that owns it: only that tenant's API keys (and admin keys)
   # see and reach it. Empty means shared by every tenant.
+
+  warmPoolPercent @7 :UInt32 = 10;
+  # Replicas kept loaded and standing by, taking no traffic, as a percent of
+  # `replicas` (floor, at most 50): failures and scale-ups take them first.
+
+  autoscaleMin @8 :UInt32 = 1;
+  autoscaleMax @9 :UInt32 = 0;
+  # Autoscaling within [min, max]; off while max is 0.
+
+  autoscaleMetric @10 :Text;
+  # queue_depth (empty), ttft_p99_ms or kv_utilization.
+
+  autoscaleTarget @11 :Float64 = 0;
+  # The metric's target; 0 means its default (4 requests, 1000 ms, 0.8).
+
+  idleToZeroS @12 :UInt32 = 0;
+  # With autoscaleMin 0: idle this long, it scales to zero (0: never).
 }
 
 interface Admin {

@@ -40,6 +40,9 @@ commands:
               max tokens: 64)
   deploy --name N [--model-file F] [--replicas R] [--kv-tokens K] [--routing P] [--sha256 HEX]
          [--tenant T]    (only T's API keys, and admin keys, see it; default: shared)
+         [--warm-pool-percent P]   (replicas standing by, loaded, for failures and scale-ups; default 10)
+         [--autoscale-min N --autoscale-max M [--autoscale-metric queue_depth|ttft_p99_ms|kv_utilization]
+          [--autoscale-target X] [--idle-to-zero-s S]]   (autoscaling; off without --autoscale-max)
   undeploy NAME
   scale NAME REPLICAS   (0: cold -- kept, and started again by its next request, which waits)
   drain node N | replica ID [--deadline-s S]
@@ -209,6 +212,26 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
                           static_cast<std::uint32_t>(*kv), args.get("routing")};
   req.model_sha256 = args.get("sha256");
   req.tenant = args.get("tenant");
+  auto warm = parse_uint("--warm-pool-percent", args.get("warm-pool-percent", "10"), 50);
+  if (!warm) return usage_fail("deploy", warm.error());
+  req.warm_pool_percent = static_cast<std::uint32_t>(*warm);
+  auto amin = parse_uint("--autoscale-min", args.get("autoscale-min", "1"), 1u << 16);
+  if (!amin) return usage_fail("deploy", amin.error());
+  auto amax = parse_uint("--autoscale-max", args.get("autoscale-max", "0"), 1u << 16);
+  if (!amax) return usage_fail("deploy", amax.error());
+  auto idle = parse_uint("--idle-to-zero-s", args.get("idle-to-zero-s", "0"), 604800);
+  if (!idle) return usage_fail("deploy", idle.error());
+  req.autoscale_min = static_cast<std::uint32_t>(*amin);
+  req.autoscale_max = static_cast<std::uint32_t>(*amax);
+  req.idle_to_zero_s = static_cast<std::uint32_t>(*idle);
+  req.autoscale_metric = args.get("autoscale-metric");
+  if (args.has("autoscale-target")) {
+    const std::string t = args.get("autoscale-target");
+    char* end = nullptr;
+    req.autoscale_target = std::strtod(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size() || !(req.autoscale_target > 0))
+      return usage_fail("deploy", {"--autoscale-target: expected a number above 0, got '" + t + "'"});
+  }
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -355,7 +378,8 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"status", {}},
     {"models", {}},
     {"generate", {"model", "max-tokens", "temperature", "seed", "priority"}},
-    {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant"}},
+    {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant", "warm-pool-percent",
+                "autoscale-min", "autoscale-max", "autoscale-metric", "autoscale-target", "idle-to-zero-s"}},
     {"undeploy", {}},
     {"scale", {}},
     {"drain", {"deadline-s"}},

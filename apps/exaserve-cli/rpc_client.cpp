@@ -278,6 +278,12 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setRouting(request.routing);
         d.setModelSha256(request.model_sha256);
         d.setTenant(request.tenant);
+        d.setWarmPoolPercent(request.warm_pool_percent);
+        d.setAutoscaleMin(request.autoscale_min);
+        d.setAutoscaleMax(request.autoscale_max);
+        d.setAutoscaleMetric(request.autoscale_metric);
+        d.setAutoscaleTarget(request.autoscale_target);
+        d.setIdleToZeroS(request.idle_to_zero_s);
         return req.send().then([](auto) { return true; });
       },
       true);

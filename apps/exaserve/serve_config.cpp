@@ -40,6 +40,17 @@ setter uint_setter(T& dst, std::uint64_t min, std::uint64_t max, std::uint64_t s
   };
 }
 
+setter positive_double_setter(double& dst) {
+  return [&dst](const std::string& v, const std::string& what) -> expected<void> {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || x > 1e9)
+      return make_error(errc::invalid_argument, what + ": expected a number above 0, got '" + v + "'");
+    dst = x;
+    return {};
+  };
+}
+
 setter string_setter(std::string& dst) {
   return [&dst](const std::string& v, const std::string&) -> expected<void> {
     dst = v;
@@ -88,7 +99,14 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"rollout_latency_slack_ms", uint_setter(c.rollout_latency_slack_ms, 0, 600000)},
           {"rollout_error_points", uint_setter(c.rollout_error_points, 0, 100)},
           {"rollout_start_timeout_ms", uint_setter(c.rollout_start_timeout_ms, 1000, 86400000)},
-          {"rollout_drop_grace_ms", uint_setter(c.rollout_drop_grace_ms, 0, 3600000)}};
+          {"rollout_drop_grace_ms", uint_setter(c.rollout_drop_grace_ms, 0, 3600000)},
+          {"autoscale_up_window_s", uint_setter(c.autoscale_up_window_s, 1, 3600)},
+          {"autoscale_down_window_s", uint_setter(c.autoscale_down_window_s, 1, 86400)},
+          {"autoscale_up_cooldown_s", uint_setter(c.autoscale_up_cooldown_s, 0, 3600)},
+          {"autoscale_down_cooldown_s", uint_setter(c.autoscale_down_cooldown_s, 0, 86400)},
+          {"autoscale_tolerance_percent", uint_setter(c.autoscale_tolerance_percent, 0, 99)},
+          {"autoscale_max_down_percent", uint_setter(c.autoscale_max_down_percent, 1, 100)},
+          {"autoscale_tick_ms", uint_setter(c.autoscale_tick_ms, 10, 60000)}};
 }
 
 std::map<std::string, setter> server_keys(frontdoor_config& s) {
@@ -104,7 +122,13 @@ std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
           {"kv_tokens", uint_setter(d.kv_tokens, 16, 1u << 24)},
           {"routing", string_setter(d.routing)},
           {"sha256", string_setter(d.model_sha256)},
-          {"tenant", string_setter(d.tenant)}};
+          {"tenant", string_setter(d.tenant)},
+          {"warm_pool_percent", uint_setter(d.warm_pool_percent, 0, 50)},
+          {"autoscale_min", uint_setter(d.autoscale_min, 0, 4096)},
+          {"autoscale_max", uint_setter(d.autoscale_max, 0, 4096)},
+          {"autoscale_metric", string_setter(d.autoscale_metric)},
+          {"autoscale_target", positive_double_setter(d.autoscale_target)},
+          {"idle_to_zero_s", uint_setter(d.idle_to_zero_s, 0, 604800)}};
 }
 
 }  // namespace

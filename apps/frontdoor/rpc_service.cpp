@@ -314,6 +314,12 @@ class admin_impl final : public rpc::Admin::Server {
     api::deploy_request req{r.getName(), r.getModelFile(), r.getReplicas(), r.getKvTokens(), r.getRouting()};
     req.model_sha256 = r.getModelSha256();
     req.tenant = r.getTenant();
+    req.warm_pool_percent = r.getWarmPoolPercent();
+    req.autoscale_min = r.getAutoscaleMin();
+    req.autoscale_max = r.getAutoscaleMax();
+    req.autoscale_metric = r.getAutoscaleMetric();
+    req.autoscale_target = r.getAutoscaleTarget();
+    req.idle_to_zero_s = r.getIdleToZeroS();
     if (req.name.empty()) return to_rpc_exception(error{errc::invalid_argument, "deployment name must be given"});
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->deploy(std::move(req), std::move(cb.callback));

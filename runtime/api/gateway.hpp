@@ -176,6 +176,19 @@ struct deploy_request {
   /// The tenant that owns it: only that tenant's keys (and admin keys) see
   /// and reach it. "": shared by every tenant.
   std::string tenant;
+  /// The warm pool: floor(replicas × percent / 100) more replicas (at most
+  /// half) are loaded and stand by, taking no traffic, so that a failure or
+  /// a scale-up takes a warm replica at once. 0: none.
+  std::uint32_t warm_pool_percent = 10;
+  /// Autoscaling, off while autoscale_max is 0 (runtime/cluster/autoscaler):
+  /// the replica count moves within [autoscale_min, autoscale_max] to keep
+  /// the metric at its target. 0 min with idle_to_zero_s: scaled to zero
+  /// when idle, woken by the next request.
+  std::uint32_t autoscale_min = 1;
+  std::uint32_t autoscale_max = 0;
+  std::string autoscale_metric;  // queue_depth (""), ttft_p99_ms or kv_utilization
+  double autoscale_target = 0;   // 0: the metric's default
+  std::uint32_t idle_to_zero_s = 0;
   bool operator==(const deploy_request&) const = default;
 };
 

@@ -29,7 +29,10 @@ error io_failure(const std::string& what, const std::string& path) {
 json to_json(const api::deploy_request& d) {
   return {{"name", d.name},       {"model_file", d.model_file}, {"replicas", d.replicas},
           {"kv_tokens", d.kv_tokens}, {"routing", d.routing},   {"max_replicas_per_node", d.max_replicas_per_node},
-          {"model_sha256", d.model_sha256}, {"tenant", d.tenant}};
+          {"model_sha256", d.model_sha256}, {"tenant", d.tenant}, {"warm_pool_percent", d.warm_pool_percent},
+          {"autoscale_min", d.autoscale_min}, {"autoscale_max", d.autoscale_max},
+          {"autoscale_metric", d.autoscale_metric}, {"autoscale_target", d.autoscale_target},
+          {"idle_to_zero_s", d.idle_to_zero_s}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -42,6 +45,12 @@ api::deploy_request deploy_from(const json& j) {
   d.max_replicas_per_node = j.at("max_replicas_per_node").get<std::uint32_t>();
   d.model_sha256 = j.value("model_sha256", std::string());  // journals written before it have none
   d.tenant = j.value("tenant", std::string());              // the same
+  d.warm_pool_percent = j.value("warm_pool_percent", d.warm_pool_percent);
+  d.autoscale_min = j.value("autoscale_min", d.autoscale_min);
+  d.autoscale_max = j.value("autoscale_max", d.autoscale_max);
+  d.autoscale_metric = j.value("autoscale_metric", std::string());
+  d.autoscale_target = j.value("autoscale_target", 0.0);
+  d.idle_to_zero_s = j.value("idle_to_zero_s", 0u);
   return d;
 }
 

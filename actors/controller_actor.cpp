@@ -379,11 +379,27 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   it->second.state = state;
   it->second.reason = ev.reason;
   if (ev.handle) it->second.handle = ev.handle;
-  if (it->second.handle && it->second.standby != it->second.told_standby && !cluster::is_terminal(state)) {
-    // Designated while its handle was not known yet: told now.
+  bool swapped = false;
+  if (cluster::serves_requests(before) && (state == replica_state::creating || state == replica_state::loading) &&
+      !it->second.standby) {
+    // Restarted in place by its node: it reloads. A warm standby of the
+    // deployment serves meanwhile, and this one joins the pool when warm.
+    for (const auto& [id, r] : st.replicas)
+      if (r.deployment == ev.deployment && r.standby && r.state == replica_state::standby && !st.drains->draining(id)) {
+        it->second.standby = it->second.spec.standby = true;
+        swapped = true;
+        break;
+      }
+  }
+  const bool starting = state == replica_state::creating || state == replica_state::loading;
+  if (it->second.handle && !cluster::is_terminal(state) &&
+      (starting || it->second.standby != it->second.told_standby)) {
+    // A (re)started replica runs the spec it was spawned with; one designated
+    // before its handle was known has not heard: told now.
     it->second.told_standby = it->second.standby;
     self->send(it->second.handle, set_standby{ev.id, it->second.standby});
   }
+  if (swapped) rebalance_pool(self, ev.deployment);
   if (cluster::accepts_requests(state) && st.slots->settled(ev.id)) pump_migrations(self);
   if (cluster::serves_requests(state) && st.loads->finished(ev.id)) admit_loads(self);  // loaded: the next may go
   if (state == replica_state::degraded && before != replica_state::degraded) {
@@ -431,6 +447,7 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
   for (const auto& [id, r] : st.replicas)
     if (r.node == node) lost.push_back(r);
   spdlog::error("event=node_lost node={} replicas={} reason=\"{}\"", node, lost.size(), why);
+  std::vector<controller_state::replica_record> to_replace;
   for (const auto& r : lost) {
     const replica_event ev{r.id, r.deployment, r.slot, r.epoch, node, r.device,
                            static_cast<std::uint8_t>(replica_state::failed), why, caf::actor{}};
@@ -445,8 +462,15 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
     e.detail = "failed";
     log_event(self, st.config.hooks, e);
     if (auto d = forget_replica(self, r.id); d && d->slot_moved) continue;  // placed elsewhere already
-    replace_slot(self, r.deployment, r.slot, {node});
+    to_replace.push_back(r);
   }
+  // Standbys elsewhere serve in their stead at once (all of the node's
+  // replicas forgotten first, so that none of its own standbys is taken);
+  // the replacements then load as standbys.
+  std::set<std::string> deployments;
+  for (const auto& r : lost) deployments.insert(r.deployment);
+  for (const auto& d : deployments) rebalance_pool(self, d);
+  for (const auto& r : to_replace) replace_slot(self, r.deployment, r.slot, {node});
   pump_migrations(self);
 }
 

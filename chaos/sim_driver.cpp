@@ -27,7 +27,7 @@ std::string model_ref_of(const sim_deployment& d) {
   return cluster::preset_ref(d.model, *cluster::precision_from_string(d.precision), d.context_length);
 }
 
-actors::cluster_options options_for(const scenario& s, const std::string& policy,
+actors::cluster_options options_for(const scenario& s, const std::string& policy, bool fixed_fleet,
                                     std::shared_ptr<cluster::fault_injector> inj, std::shared_ptr<event_log> log,
                                     std::shared_ptr<std::atomic<std::uint64_t>> busy) {
   actors::cluster_options o;
@@ -44,6 +44,10 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
   o.loads_max = s.timing.loads_max;
   o.loads_per_node_max = s.timing.loads_per_node_max;
   o.request_deadline_ms = s.timing.request_deadline_ms;
+  o.autoscale_up_window_s = s.timing.autoscale_up_window_s;
+  o.autoscale_down_window_s = s.timing.autoscale_down_window_s;
+  o.autoscale_up_cooldown_s = s.timing.autoscale_up_cooldown_s;
+  o.autoscale_down_cooldown_s = s.timing.autoscale_down_cooldown_s;
   o.device_check_interval_ms = 30000;
   o.step_timeout_ms = 600000;  // modeled steps never hang; generous for long prefills
   o.queued_global_max = 1u << 20;
@@ -59,10 +63,20 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
     api::deploy_request r;
     r.name = d.name;
     r.model_file = model_ref_of(d);
-    r.replicas = d.replicas;
+    // An autoscaled deployment starts the run at its minimum (the night
+    // before); `replicas` is the fixed fleet's size.
+    r.replicas = !fixed_fleet && d.autoscale_max > 0 ? std::max<std::uint32_t>(d.autoscale_min, 1) : d.replicas;
     r.kv_tokens = d.kv_tokens;
     r.routing = policy.empty() ? d.routing : policy;
     r.max_replicas_per_node = d.max_replicas_per_node.value_or(0);
+    r.warm_pool_percent = d.warm_pool_percent;
+    if (!fixed_fleet) {
+      r.autoscale_min = d.autoscale_min;
+      r.autoscale_max = d.autoscale_max;
+      r.autoscale_metric = d.autoscale_metric;
+      r.autoscale_target = d.autoscale_target;
+      r.idle_to_zero_s = d.idle_to_zero_s;
+    }
     o.deployments.push_back(r);
   }
   return o;
@@ -212,10 +226,11 @@ void inject_rack_loss(detail::cluster_access& ca, cluster::fault_injector& inj, 
   log.append(e);
 }
 
-expected<sim_run> run_once(const run_inputs& in, const std::string& policy) {
+expected<sim_run> run_once(const run_inputs& in, const std::string& policy, bool fixed_fleet) {
   const scenario& s = in.s;
   sim_run run;
   run.policy = policy.empty() ? s.deployments.front().routing : policy;
+  if (s.compare_fixed_fleet) run.policy += fixed_fleet ? "+fixed" : "+autoscaled";
   auto placement = measure_placement_ms(s);
   if (!placement) return std::unexpected(placement.error());
   run.placement_ms = *placement;
@@ -223,7 +238,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy) {
   auto log = std::make_shared<event_log>();
   auto busy = std::make_shared<std::atomic<std::uint64_t>>(0);
   const auto wall0 = clock_type::now();
-  auto cluster = actors::embedded_cluster::start(options_for(s, policy, inj, log, busy));
+  auto cluster = actors::embedded_cluster::start(options_for(s, policy, fixed_fleet, inj, log, busy));
   if (!cluster) return std::unexpected(cluster.error());
   auto* sched = (*cluster)->test_scheduler();
   auto& clk = sched->clock();
@@ -355,11 +370,14 @@ expected<sim_report> run_simulation(const sim_config& config) {
   std::vector<std::string> policies = s.compare_policies;
   if (policies.empty()) policies.push_back("");
   for (const auto& p : policies) {
-    spdlog::info("event=sim_run_start scenario={} policy={} requests={} faults={}", s.name, p.empty() ? "default" : p,
-                 workload->size(), faults.size());
-    auto run = run_once(in, p);
-    if (!run) return std::unexpected(run.error());
-    report.runs.push_back(std::move(*run));
+    for (const bool fixed : {false, true}) {
+      if (fixed && !s.compare_fixed_fleet) continue;
+      spdlog::info("event=sim_run_start scenario={} policy={} fleet={} requests={} faults={}", s.name,
+                   p.empty() ? "default" : p, fixed ? "fixed" : "as deployed", workload->size(), faults.size());
+      auto run = run_once(in, p, fixed);
+      if (!run) return std::unexpected(run.error());
+      report.runs.push_back(std::move(*run));
+    }
   }
   return report;
 }

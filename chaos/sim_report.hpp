@@ -68,6 +68,11 @@ struct sim_summary {
   double throughput_tokens_per_s = 0;
   double mean_device_utilization = 0;
   double mean_queued = 0, max_queued = 0;
+  /// Replicas holding devices (every state but stopped and failed: loading
+  /// and standing by count), integrated over the samples, in hours; and the
+  /// most of them at once.
+  double replica_hours = 0;
+  double peak_replicas = 0;
   /// Per tenant, when the workload names tenants.
   struct tenant_summary {
     std::uint64_t requests = 0, completed = 0;

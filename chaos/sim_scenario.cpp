@@ -12,6 +12,7 @@
 
 #include "chaos/plan_json.hpp"
 #include "chaos/sim_workload.hpp"
+#include "cluster/autoscaler.hpp"
 #include "cluster/hardware.hpp"
 #include "cluster/ledger.hpp"
 #include "cluster/model_shape.hpp"
@@ -124,7 +125,28 @@ void check_fit(const object_reader& r, const sim_topology& t, const sim_deployme
 
 void parse_deployment(const object_reader& r, const sim_topology& t, sim_deployment& d) {
   r.known_keys({"name", "model", "precision", "replicas", "kv_tokens", "context_length", "max_replicas_per_node",
-                "routing"});
+                "routing", "warm_pool_percent", "autoscale"});
+  r.u32("warm_pool_percent", 0, 50, d.warm_pool_percent);
+  if (is_object_field(r, "autoscale")) {
+    const object_reader a(r.at("autoscale"), r.field("autoscale"), r.errors());
+    a.known_keys({"min", "max", "metric", "target", "idle_to_zero_s"});
+    a.require("max");
+    a.u32("min", 0, max_replicas, d.autoscale_min);
+    a.u32("max", 1, max_replicas, d.autoscale_max);
+    a.string("metric", 32, d.autoscale_metric);
+    a.number("target", 0, true, 1e9, d.autoscale_target);
+    a.u32("idle_to_zero_s", 0, 604800, d.idle_to_zero_s);
+    if (!r.errors().failed() && d.autoscale_min > d.autoscale_max)
+      r.errors().fail(a.field("min"), fmt::format("{} is above max ({})", d.autoscale_min, d.autoscale_max));
+    if (!r.errors().failed()) {
+      auto m = cluster::scale_metric_from_string(d.autoscale_metric);
+      if (!m) r.errors().fail(a.field("metric"), m.error().message);
+      else if (*m == cluster::scale_metric::kv_utilization && d.autoscale_target > 1)
+        r.errors().fail(a.field("target"), "a kv_utilization target is a fraction: at most 1");
+    }
+    if (!r.errors().failed() && d.idle_to_zero_s > 0 && d.autoscale_min > 0)
+      r.errors().fail(a.field("idle_to_zero_s"), "needs min 0 (it scales to zero)");
+  }
   r.require("name");
   r.string("name", max_plan_name_chars, d.name);
   if (!r.errors().failed() && !json_detail::valid_name(d.name))
@@ -179,7 +201,7 @@ void parse_deployments(const object_reader& top, scenario& s) {
 }
 
 void parse_trace_workload(const object_reader& r, sim_workload_spec& w) {
-  r.known_keys({"kind", "trace", "rate_multiplier"});
+  r.known_keys({"kind", "trace", "rate_multiplier", "diurnal"});
   r.require("trace", "required for trace workloads");
   r.string("trace", max_trace_path_chars, w.trace);
   if (!r.errors().failed() && w.trace.empty()) r.errors().fail(r.field("trace"), "must not be empty");
@@ -188,10 +210,10 @@ void parse_trace_workload(const object_reader& r, sim_workload_spec& w) {
 
 void parse_synthetic_workload(const object_reader& r, double duration_s, sim_workload_spec& w) {
   if (w.kind == sim_workload_kind::poisson)
-    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "tenants", "start_s"});
+    r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "tenants", "start_s", "diurnal"});
   else
     r.known_keys({"kind", "rate_per_s", "prompt_tokens", "max_tokens", "burst_factor", "burst_period_s", "tenants",
-                  "start_s"});
+                  "start_s", "diurnal"});
   r.number("start_s", 0, false, duration_s, w.start_s);
   // "tenants": [{"name": "quiet", "rate_per_s": 2}, ...]: one stream each.
   if (!r.errors().failed() && r.has("tenants")) {
@@ -225,7 +247,17 @@ void parse_synthetic_workload(const object_reader& r, double duration_s, sim_wor
                                                        expected_requests, max_workload_rows));
 }
 
+void parse_diurnal(const object_reader& r, sim_workload_spec& w) {
+  if (!is_object_field(r, "diurnal")) return;
+  const object_reader d(r.at("diurnal"), r.field("diurnal"), r.errors());
+  d.known_keys({"period_s", "trough"});
+  d.require("period_s");
+  d.number("period_s", 0, true, max_duration_s, w.diurnal_period_s);
+  d.number("trough", 0, false, 1, w.diurnal_trough);
+}
+
 void parse_workload(const object_reader& r, double duration_s, sim_workload_spec& w) {
+  parse_diurnal(r, w);
   std::string kind = r.has("trace") ? "trace" : "";
   if (kind.empty()) r.require("kind", "required: \"poisson\" or \"bursty\" (or give \"trace\")");
   r.string("kind", 16, kind);
@@ -243,7 +275,12 @@ void parse_workload(const object_reader& r, double duration_s, sim_workload_spec
 void parse_timing(const object_reader& r, sim_timing& t) {
   r.known_keys({"heartbeat_interval_ms", "suspect_after_missed", "observation_window_ms", "migration_parallelism",
                 "request_deadline_ms", "in_flight_per_replica_max", "fair_admission", "tenant_headroom_slots",
-                "loads_max", "loads_per_node_max"});
+                "loads_max", "loads_per_node_max", "autoscale_up_window_s", "autoscale_down_window_s",
+                "autoscale_up_cooldown_s", "autoscale_down_cooldown_s"});
+  r.u32("autoscale_up_window_s", 1, 3600, t.autoscale_up_window_s);
+  r.u32("autoscale_down_window_s", 1, 86400, t.autoscale_down_window_s);
+  r.u32("autoscale_up_cooldown_s", 0, 3600, t.autoscale_up_cooldown_s);
+  r.u32("autoscale_down_cooldown_s", 0, 86400, t.autoscale_down_cooldown_s);
   r.u32("loads_max", 1, 1u << 20, t.loads_max);
   r.u32("loads_per_node_max", 1, 4096, t.loads_per_node_max);
   r.u32("tenant_headroom_slots", 0, 1u << 20, t.tenant_headroom_slots);
@@ -344,6 +381,10 @@ void parse_sections(const object_reader& top, const json& doc, scenario& s) {
   if (is_object_field(top, "slo")) parse_slo(object_reader(doc.at("slo"), "slo", errs), s.slo);
   parse_faults(top, s);
   parse_policies(top, s);
+  if (!errs.failed() && top.has("compare_fixed_fleet")) {
+    if (!top.at("compare_fixed_fleet").is_boolean()) errs.fail("compare_fixed_fleet", "must be true or false");
+    else s.compare_fixed_fleet = top.at("compare_fixed_fleet").get<bool>();
+  }
   top.number("sample_interval_s", 0, true, s.duration_s, s.sample_interval_s);
   if (!errs.failed() && s.duration_s / s.sample_interval_s > max_samples)
     errs.fail("sample_interval_s", fmt::format("{} s over {} s is more than {:.0f} samples", s.sample_interval_s,
@@ -361,7 +402,7 @@ expected<scenario> parse_scenario(const std::string& json_text) {
   field_errors errs;
   const object_reader top(doc, "", errs);
   top.known_keys({"name", "description", "seed", "topology", "deployments", "workload", "duration_s", "timing", "slo",
-                  "faults", "compare_policies", "sample_interval_s"});
+                  "faults", "compare_policies", "compare_fixed_fleet", "sample_interval_s"});
   top.require("name");
   top.string("name", max_plan_name_chars, s.name);
   if (!errs.failed() && !json_detail::valid_name(s.name)) errs.fail("name", "must be letters, digits, '.', '_' or '-'");

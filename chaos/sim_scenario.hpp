@@ -53,6 +53,17 @@ struct sim_deployment {
   std::optional<std::uint32_t> context_length;  // overrides the preset's
   std::optional<std::uint32_t> max_replicas_per_node;
   std::string routing = "least_outstanding";
+  /// Replicas standing by, as in api::deploy_request (default 10 %).
+  std::uint32_t warm_pool_percent = 10;
+  /// "autoscale": {"min": 4, "max": 64, "metric": "queue_depth", "target": 8,
+  /// "idle_to_zero_s": 0}: off while max is 0. An autoscaled run starts at
+  /// max(min, 1) replicas; `replicas` is the fixed fleet's size (the run
+  /// without autoscaling, compare_fixed_fleet).
+  std::uint32_t autoscale_min = 1;
+  std::uint32_t autoscale_max = 0;
+  std::string autoscale_metric = "queue_depth";
+  double autoscale_target = 0;  // 0: the metric's default
+  std::uint32_t idle_to_zero_s = 0;
 };
 
 enum class sim_workload_kind : std::uint8_t { trace, poisson, bursty };
@@ -76,6 +87,12 @@ struct sim_workload_spec {
   /// Synthetic workloads: the first arrival comes no earlier than this
   /// (time for the replicas to load, so latencies measure serving only).
   double start_s = 0;
+  /// "diurnal": {"period_s": 600, "trough": 0.2}: the rate follows a day
+  /// compressed into period_s -- full at mid-period, `trough` of it at the
+  /// start and end (a raised cosine) -- by keeping each arrival with that
+  /// probability (seeded). period 0: off.
+  double diurnal_period_s = 0;
+  double diurnal_trough = 1;
 };
 
 struct sim_timing {
@@ -95,6 +112,11 @@ struct sim_timing {
   /// here only delay loads that would not really contend.
   std::uint32_t loads_max = 1u << 20;
   std::uint32_t loads_per_node_max = 4096;
+  /// Autoscaling windows and cooldowns (actors::cluster_options autoscale_*).
+  std::uint32_t autoscale_up_window_s = 10;
+  std::uint32_t autoscale_down_window_s = 300;
+  std::uint32_t autoscale_up_cooldown_s = 10;
+  std::uint32_t autoscale_down_cooldown_s = 120;
 };
 
 struct sim_slo {
@@ -123,6 +145,10 @@ struct scenario {
   std::vector<fault_spec> faults;       // chaos kinds, validated against the topology
   std::vector<std::pair<double, std::uint32_t>> rack_losses;  // (at_s, rack)
   std::vector<std::string> compare_policies;  // empty: run once with each deployment's routing
+  /// Run each policy twice: autoscaled as the deployments say, and as a
+  /// fixed fleet of `replicas` with autoscaling off (replica-hours against
+  /// SLO attainment, docs/OPERATIONS.md).
+  bool compare_fixed_fleet = false;
   double sample_interval_s = 10;
 };
 

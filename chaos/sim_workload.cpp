@@ -269,7 +269,28 @@ std::vector<sim_request> synthetic_workload(const sim_workload_spec& w, double d
   return out;
 }
 
-expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_t seed) {
+double diurnal_factor(const sim_workload_spec& w, double t_s) {
+  if (!(w.diurnal_period_s > 0)) return 1;
+  const double pi = 3.14159265358979323846;
+  const double day = 0.5 - 0.5 * std::cos(2 * pi * std::fmod(t_s, w.diurnal_period_s) / w.diurnal_period_s);
+  return w.diurnal_trough + (1 - w.diurnal_trough) * day;
+}
+
+namespace {
+
+// Keeps each arrival with the diurnal curve's probability at its time (its
+// own seeded stream: the kept arrivals do not depend on anything else).
+std::vector<sim_request> diurnal(const sim_workload_spec& w, std::vector<sim_request> in, std::uint64_t seed) {
+  if (!(w.diurnal_period_s > 0)) return in;
+  splitmix64_stream keep(derive_seed(seed, 77));
+  std::vector<sim_request> out;
+  out.reserve(in.size());
+  for (auto& r : in)
+    if (keep.uniform() < diurnal_factor(w, r.at_s)) out.push_back(std::move(r));
+  return out;
+}
+
+expected<std::vector<sim_request>> make_flat_workload(const scenario& s, std::uint64_t seed) {
   if (s.workload.kind == sim_workload_kind::trace)
     return load_azure_trace(s.workload.trace, s.workload.rate_multiplier, s.duration_s);
   const double start = std::min(s.workload.start_s, s.duration_s);
@@ -291,6 +312,14 @@ expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_
   std::stable_sort(out.begin(), out.end(), [](const sim_request& a, const sim_request& b) { return a.at_s < b.at_s; });
   if (out.size() > max_workload_rows) out.resize(max_workload_rows);
   return out;
+}
+
+}  // namespace
+
+expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_t seed) {
+  auto flat = make_flat_workload(s, seed);
+  if (!flat) return flat;
+  return diurnal(s.workload, std::move(*flat), seed);
 }
 
 }  // namespace exa::chaos

@@ -50,7 +50,11 @@ expected<std::vector<sim_request>> load_azure_trace(const std::string& path, dou
 /// bursty is Poisson. At most max_workload_rows requests.
 std::vector<sim_request> synthetic_workload(const sim_workload_spec& w, double duration_s, std::uint64_t seed);
 
-/// The workload of a scenario, whichever kind it is.
+/// The diurnal curve at `t_s` (sim_workload_spec::diurnal_*): 1 without one.
+double diurnal_factor(const sim_workload_spec& w, double t_s);
+
+/// The workload of a scenario, whichever kind it is, thinned by its diurnal
+/// curve when it has one.
 expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_t seed);
 
 }  // namespace exa::chaos

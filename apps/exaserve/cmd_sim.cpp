@@ -44,7 +44,7 @@ int cmd_sim(int argc, char** argv) {
   if (!a) return fail("sim", a.error());
   if (a->has("help") || a->positional().size() != 1) {
     std::printf("usage: exaserve sim SCENARIO [--seed N] [--rate-multiplier X] [--duration-s S] "
-                "[--report-json FILE] [--plot FILE]\n%sScenarios: chaos/scenarios/*.json (reference, ci)\n",
+                "[--report-json FILE] [--plot FILE]\n%sScenarios: chaos/scenarios/*.json (reference, ci, diurnal)\n",
                 describe_flags(flags).c_str());
     return a->has("help") ? 0 : 2;
   }

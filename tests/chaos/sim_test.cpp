@@ -213,6 +213,69 @@ TEST_CASE("deployment fields are validated by name", "[sim]") {
   require_field_error(two, "deployments[1].name", "two deployments");
 }
 
+TEST_CASE("warm pool and autoscale fields parse and are validated by name", "[sim]") {
+  json j = base_scenario();
+  j["deployments"][0]["warm_pool_percent"] = 20;
+  j["deployments"][0]["autoscale"] = {{"min", 0}, {"max", 16}, {"metric", "ttft_p99_ms"}, {"target", 800},
+                                      {"idle_to_zero_s", 60}};
+  j["compare_fixed_fleet"] = true;
+  const auto s = parse_scenario(j.dump());
+  REQUIRE(s.has_value());
+  const auto& d = s->deployments.front();
+  CHECK(d.warm_pool_percent == 20);
+  CHECK(d.autoscale_min == 0);
+  CHECK(d.autoscale_max == 16);
+  CHECK(d.autoscale_metric == "ttft_p99_ms");
+  CHECK(d.autoscale_target == Approx(800));
+  CHECK(d.idle_to_zero_s == 60);
+  CHECK(s->compare_fixed_fleet);
+  CHECK(parse_scenario(base_scenario().dump())->deployments.front().warm_pool_percent == 10);
+  require_field_error(with("/deployments/0/warm_pool_percent", 60), "deployments[0].warm_pool_percent");
+  require_field_error(with("/deployments/0/autoscale", json{{"min", 4}}), "deployments[0].autoscale.max", "required");
+  require_field_error(with("/deployments/0/autoscale", json{{"min", 9}, {"max", 4}}), "deployments[0].autoscale.min",
+                      "above max");
+  require_field_error(with("/deployments/0/autoscale", json{{"max", 4}, {"metric", "qps"}}),
+                      "deployments[0].autoscale.metric", "queue_depth");
+  require_field_error(with("/deployments/0/autoscale", json{{"max", 4}, {"min", 1}, {"idle_to_zero_s", 5}}),
+                      "deployments[0].autoscale.idle_to_zero_s", "min 0");
+  require_field_error(with("/deployments/0/autoscale", json{{"max", 4}, {"speed", 1}}), "deployments[0].autoscale.speed",
+                      "unknown key");
+  require_field_error(with("/compare_fixed_fleet", "yes"), "compare_fixed_fleet", "true or false");
+}
+
+TEST_CASE("a diurnal curve thins arrivals to its trough at night and keeps them at noon", "[sim]") {
+  sim_workload_spec w;
+  w.diurnal_period_s = 1000;
+  w.diurnal_trough = 0.2;
+  CHECK(diurnal_factor(w, 0) == Approx(0.2));
+  CHECK(diurnal_factor(w, 500) == Approx(1.0));
+  CHECK(diurnal_factor(w, 250) == Approx(0.6));
+  CHECK(diurnal_factor(w, 1500) == Approx(1.0));  // the next day
+  CHECK(diurnal_factor(sim_workload_spec{}, 123) == 1);
+  auto j = with("/workload", json{{"kind", "poisson"}, {"rate_per_s", 50}, {"prompt_tokens", 100}, {"max_tokens", 10},
+                                  {"diurnal", {{"period_s", 1000}, {"trough", 0.2}}}});
+  j["duration_s"] = 1000;
+  j["faults"] = json::array();
+  const auto s = parse_scenario(j.dump());
+  REQUIRE(s.has_value());
+  const auto a = make_workload(*s, 7);
+  REQUIRE(a.has_value());
+  std::size_t night = 0, noon = 0;
+  for (const auto& r : *a) {
+    night += r.at_s < 100 || r.at_s >= 900;
+    noon += r.at_s >= 450 && r.at_s < 550;
+  }
+  // Expected: noon ~ 50/s × 100 s × ~0.99; night (200 s) ~ 50 × 200 × ~0.24.
+  CHECK(noon == Approx(4950).epsilon(0.06));
+  CHECK(night == Approx(2390).epsilon(0.1));
+  CHECK(a->size() == Approx(50 * 1000 * 0.6).epsilon(0.03));  // the curve's mean is (1 + trough) / 2
+  const auto b = make_workload(*s, 7);
+  REQUIRE(b.has_value());
+  CHECK(b->size() == a->size());  // seeded
+  require_field_error(with("/workload/diurnal", json{{"trough", 0.5}}), "workload.diurnal.period_s", "required");
+  require_field_error(with("/workload/diurnal", json{{"period_s", 100}, {"trough", 1.5}}), "workload.diurnal.trough");
+}
+
 TEST_CASE("deployments must fit the nodes by the ledger's formulas", "[sim]") {
   // Llama-2-13B int4 with 32768 KV tokens is about 32 GiB: two per 80 GB GPU,
   // sixteen per node of eight.
@@ -538,6 +601,9 @@ TEST_CASE("summaries take exact percentiles, SLO attainment and goodput", "[sim]
   CHECK(s.mean_device_utilization == Approx(0.5));
   CHECK(s.mean_queued == Approx(2));
   CHECK(s.max_queued == Approx(4));
+  // Replicas holding devices: 12, 14 and 10 over 5 s each = 180 replica-seconds.
+  CHECK(s.replica_hours == Approx(180.0 / 3600));
+  CHECK(s.peak_replicas == Approx(14));
 }
 
 TEST_CASE("nearest-rank percentiles pick a sample, not an interpolation", "[sim]") {

@@ -1,0 +1,236 @@
+// The warm pool and the autoscaler on the deterministic scheduler, in
+// virtual time: a standby takes a failed replica's place at once and its
+// replacement loads as a standby; a scale-up takes the pool first; load
+// above target scales a deployment up, quiet scales it down and, with min 0,
+// to zero -- and the next request wakes it and is served.
+
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+
+#include <caf/send.hpp>
+
+#include "cluster_fixture.hpp"
+
+using namespace exa;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::map<std::string, std::string> states_of(const api::cluster_status& s, const std::string& deployment) {
+  std::map<std::string, std::string> out;
+  for (const auto& r : s.replicas)
+    if (r.deployment == deployment) out[r.id] = r.state;
+  return out;
+}
+
+std::size_t count_state(const std::map<std::string, std::string>& states, const std::string& state) {
+  std::size_t n = 0;
+  for (const auto& [id, s] : states) n += s == state;
+  return n;
+}
+
+std::uint32_t node_of(const api::cluster_status& s, const std::string& id) {
+  for (const auto& r : s.replicas)
+    if (r.id == id) return r.node;
+  FAIL("no replica " << id);
+  return 0;
+}
+
+api::generate_request request(std::string id, std::uint32_t max_tokens = 4) {
+  api::generate_request r;
+  r.request_id = std::move(id);
+  r.model = "tiny";
+  r.prompt_text = "warm";
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+std::uint32_t serving_replicas(test::cluster_fixture& f) {
+  for (const auto& m : f.status().models)
+    if (m.name == "tiny") return m.replicas_desired;
+  FAIL("tiny is not listed");
+  return 0;
+}
+
+expected<void> scale(test::cluster_fixture& f, std::uint32_t n) {
+  std::optional<expected<void>> out;
+  f.backend().scale("tiny", n, [&](expected<void> r) { out = std::move(r); });
+  f.run();
+  REQUIRE(out.has_value());
+  return *out;
+}
+
+}  // namespace
+
+TEST_CASE("a standby replica takes a crashed one's place at once and the restarted one joins the pool",
+          "[actors][warm_pool]") {
+  auto o = test::cluster_fixture::defaults(2);
+  o.deployments[0].warm_pool_percent = 50;
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  auto before = states_of(f.status(), "tiny");
+  REQUIRE(before.size() == 3);
+  REQUIRE(count_state(before, "standby") == 1);
+  std::string standby, victim;
+  for (const auto& [id, s] : before) {
+    if (s == "standby") standby = id;
+    else victim = id;
+  }
+  // Traffic goes to serving replicas only.
+  for (int i = 0; i < 6; ++i) {
+    auto k = f.generate(request("w" + std::to_string(i)));
+    f.advance(50ms);
+    REQUIRE(k->result.has_value());
+    CHECK_FALSE(k->result->err.has_value());
+    CHECK(k->result->replica != standby);
+  }
+  // The node restarts the crashed replica in place (it reloads); the
+  // standby serves in its stead without waiting for that.
+  f.kill_replica(node_of(f.status(), victim), std::stoull(victim));
+  auto now = states_of(f.status(), "tiny");
+  REQUIRE(now.count(standby) == 1);
+  CHECK(now[standby] == "ready");
+  auto k = f.generate(request("after"));
+  f.advance(200ms);
+  REQUIRE(k->result.has_value());
+  CHECK_FALSE(k->result->err.has_value());
+  // The pool is whole again: two serving, the restarted one standing by.
+  auto after = states_of(f.status(), "tiny");
+  CHECK(after.size() == 3);
+  CHECK(count_state(after, "standby") == 1);
+  CHECK(count_state(after, "ready") == 2);
+  CHECK(after[standby] == "ready");
+  CHECK(after[victim] == "standby");
+}
+
+TEST_CASE("a lost node's serving replica is replaced by a standby at once and the pool refills elsewhere",
+          "[actors][warm_pool]") {
+  auto o = test::cluster_fixture::defaults(2);
+  o.deployments[0].warm_pool_percent = 50;
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  const auto s = f.status();
+  std::string standby;
+  for (const auto& r : s.replicas)
+    if (r.state == "standby") standby = r.id;
+  REQUIRE_FALSE(standby.empty());
+  const std::uint32_t keep = node_of(s, standby);
+  std::uint32_t lost = keep;
+  for (const auto& r : s.replicas)
+    if (r.node != keep) lost = r.node;
+  REQUIRE(lost != keep);
+  caf::anon_send_exit(f.node(lost), caf::exit_reason::user_shutdown);
+  f.run();
+  auto now = states_of(f.status(), "tiny");
+  CHECK(now[standby] == "ready");
+  f.advance(200ms);
+  const auto after = f.status();
+  auto states = states_of(after, "tiny");
+  CHECK(count_state(states, "ready") == 2);
+  CHECK(count_state(states, "standby") == 1);
+  for (const auto& r : after.replicas) CHECK(r.node == keep);
+  auto k = f.generate(request("after-node"));
+  f.advance(200ms);
+  REQUIRE(k->result.has_value());
+  CHECK_FALSE(k->result->err.has_value());
+}
+
+TEST_CASE("a scale-up takes the warm pool first and a scale-down sends the extra back to it", "[actors][warm_pool]") {
+  auto o = test::cluster_fixture::defaults(2);
+  o.deployments[0].warm_pool_percent = 50;
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  std::string standby;
+  for (const auto& [id, s] : states_of(f.status(), "tiny"))
+    if (s == "standby") standby = id;
+  REQUIRE_FALSE(standby.empty());
+  REQUIRE(scale(f, 3));
+  auto now = states_of(f.status(), "tiny");  // no time passed
+  CHECK(now[standby] == "ready");
+  f.advance(200ms);
+  auto grown = states_of(f.status(), "tiny");
+  CHECK(count_state(grown, "ready") == 3);
+  CHECK(count_state(grown, "standby") == 1);  // floor(3 × 50 %)
+  CHECK(serving_replicas(f) == 3);
+  REQUIRE(scale(f, 2));
+  f.advance(200ms);
+  auto shrunk = states_of(f.status(), "tiny");
+  CHECK(count_state(shrunk, "ready") == 2);
+  CHECK(count_state(shrunk, "standby") == 1);
+  CHECK(shrunk.size() == 3);
+}
+
+TEST_CASE("the autoscaler follows load up, down, to zero, and the next request wakes it", "[actors][autoscale]") {
+  auto o = test::cluster_fixture::defaults(1);
+  o.model_step_time = true;
+  o.request_deadline_ms = 60000;
+  o.autoscale_tick_ms = 100;
+  o.autoscale_up_window_s = 1;
+  o.autoscale_up_cooldown_s = 1;
+  o.autoscale_down_window_s = 3;
+  o.autoscale_down_cooldown_s = 1;
+  o.autoscale_max_down_percent = 100;
+  auto& d = o.deployments[0];
+  d.warm_pool_percent = 0;
+  d.autoscale_min = 0;
+  d.autoscale_max = 3;
+  d.autoscale_metric = "queue_depth";
+  d.autoscale_target = 2;
+  d.idle_to_zero_s = 5;
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  REQUIRE(serving_replicas(f) == 1);
+
+  // Eight long requests at a time: 8 outstanding at a target of 2 wants 4, capped at 3.
+  std::vector<std::shared_ptr<test::recording_sink>> sinks;
+  std::uint32_t peak = 0;
+  for (int t = 0; t < 60; ++t) {
+    std::size_t open = 0;
+    for (const auto& k : sinks) open += !k->result.has_value();
+    while (open++ < 8) sinks.push_back(f.generate(request("l" + std::to_string(sinks.size()), 64)));
+    f.advance(100ms, 5ms);
+    peak = std::max(peak, serving_replicas(f));
+  }
+  CHECK(peak == 3);
+  // Quiet: down within the window and cooldowns, then to zero once idle.
+  f.advance(30000ms, 50ms);
+  for (const auto& k : sinks) {
+    REQUIRE(k->result.has_value());
+    CHECK_FALSE(k->result->err.has_value());
+  }
+  CHECK(serving_replicas(f) == 0);
+  CHECK(states_of(f.status(), "tiny").empty());
+  // Cold: a request wakes it, waits, and is served.
+  auto woke = f.generate(request("wake"));
+  f.advance(2000ms, 10ms);
+  REQUIRE(woke->result.has_value());
+  CHECK_FALSE(woke->result->err.has_value());
+  CHECK(serving_replicas(f) == 1);
+}
+
+TEST_CASE("a deployment whose autoscaling cannot work is refused with the reason", "[actors][autoscale]") {
+  auto o = test::cluster_fixture::defaults(1);
+  test::cluster_fixture f(o);
+  api::deploy_request d;
+  d.name = "bad";
+  d.replicas = 1;
+  d.autoscale_min = 4;
+  d.autoscale_max = 2;
+  std::optional<expected<void>> out;
+  f.backend().deploy(d, [&](expected<void> r) { out = std::move(r); });
+  f.run();
+  REQUIRE(out.has_value());
+  REQUIRE_FALSE(*out);
+  CHECK_THAT(out->error().message, Catch::Contains("min_replicas"));
+  d.autoscale_min = 1;
+  d.autoscale_metric = "qps";
+  out.reset();
+  f.backend().deploy(d, [&](expected<void> r) { out = std::move(r); });
+  f.run();
+  REQUIRE(out.has_value());
+  REQUIRE_FALSE(*out);
+  CHECK_THAT(out->error().message, Catch::Contains("queue_depth"));
+}

@@ -74,6 +74,14 @@ void roll_back_interrupted(self_ptr self, std::map<std::string, api::deploy_requ
                            const std::string& base, const cluster::durable_state::rollout_entry& e);
 void drop_leftover_versions(self_ptr self, std::map<std::string, api::deploy_request>& deployments);
 
+// Whether a replica counts toward its deployment's serving count and pool:
+// not draining or stopping (a drain, a slot above the count), not ended.
+bool in_pool(const controller_state& st, cluster::replica_id id, const controller_state::replica_record& r) {
+  if (cluster::is_terminal(r.state) || r.state == replica_state::draining || st.drains->draining(id)) return false;
+  const auto dep = st.deployments.find(r.deployment);
+  return dep != st.deployments.end() && r.slot < dep->second.spec.replicas;
+}
+
 // Starts the replica of a placed slot on its node once the load gate lets
 // it: placed (its memory reserved) now, loading in its turn.
 void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t epoch) {
@@ -93,7 +101,7 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   // replica stands by (the warm pool), whatever its slot.
   std::uint32_t serving = 0;
   for (const auto& [id, r] : st.replicas)
-    serving += r.deployment == p.slot.deployment && !r.standby && !st.drains->draining(id);
+    serving += r.deployment == p.slot.deployment && !r.standby && in_pool(st, id, r);
   spec.standby = serving >= dep.serving;
   // Durable before any node hears of it: a restarted controller must never
   // meet an epoch or a replica id it does not know.
@@ -268,7 +276,7 @@ void rebalance_pool(self_ptr self, const std::string& name) {
   std::vector<cluster::pool_member> members;
   bool any_standby = false;
   for (const auto& [id, r] : st.replicas) {
-    if (r.deployment != name || st.drains->draining(id) || cluster::is_terminal(r.state)) continue;
+    if (r.deployment != name || !in_pool(st, id, r)) continue;
     members.push_back({id, r.standby, r.state, 0});
     any_standby |= r.standby;
   }
@@ -400,8 +408,12 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     self->send(it->second.handle, set_standby{ev.id, it->second.standby});
   }
   if (swapped) rebalance_pool(self, ev.deployment);
-  if (cluster::accepts_requests(state) && st.slots->settled(ev.id)) pump_migrations(self);
-  if (cluster::serves_requests(state) && st.loads->finished(ev.id)) admit_loads(self);  // loaded: the next may go
+  // Loaded and warm (serving or standing by): its migration place and its
+  // turn to load are done.
+  const bool warm = cluster::serves_requests(state) || state == replica_state::standby;
+  if ((cluster::accepts_requests(state) || state == replica_state::standby) && st.slots->settled(ev.id))
+    pump_migrations(self);
+  if (warm && st.loads->finished(ev.id)) admit_loads(self);  // loaded: the next may go
   if (state == replica_state::degraded && before != replica_state::degraded) {
     // Replaced if it does not recover in time (checked against this entry time).
     it->second.degraded_since_ns = clock_ns(self);
@@ -433,8 +445,11 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     // A crash loop on one node: try the others first.
     else replace_slot(self, rec.deployment, rec.slot, {rec.node});
   }
-  if (state != before && (state == replica_state::standby || state == replica_state::ready ||
-                          state == replica_state::stopped || state == replica_state::draining))
+  const bool routine = (before == replica_state::ready && state == replica_state::serving) ||
+                       (before == replica_state::serving && state == replica_state::ready);
+  if (state != before && !routine &&
+      (state == replica_state::standby || state == replica_state::ready || state == replica_state::serving ||
+       state == replica_state::stopped || state == replica_state::draining))
     rebalance_pool(self, ev.deployment);
   update_replica_gauge(self);
 }
@@ -654,6 +669,10 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   dep.serving = req.replicas;
   dep.warm_percent = std::min(req.warm_pool_percent, cluster::max_warm_pool_percent);
   dep.spec.replicas = req.replicas + cluster::warm_count(dep.serving, dep.warm_percent);
+  if (req.autoscale_max > max_replicas_per_deployment || req.idle_to_zero_s > 604800)
+    return make_error(errc::invalid_argument, "autoscale_max must be at most " +
+                                                  std::to_string(max_replicas_per_deployment) +
+                                                  " and idle_to_zero_s at most 604800 (a week)");
   if (req.autoscale_max > 0) {
     auto& a = dep.autoscale;
     a = st.config.autoscale;
@@ -762,6 +781,18 @@ std::vector<api::model_info> list_models(self_ptr self) {
                        cluster::version_of(name)};
     for (const auto& [id, r] : self->state.replicas)
       if (r.deployment == name && cluster::serves_requests(r.state)) ++mi.replicas_ready;
+    // The worst of what the gateways saw over the last minute.
+    if (auto seen = self->state.loads_seen.find(name); seen != self->state.loads_seen.end()) {
+      const auto now = clock_ns(self);
+      for (const auto& [router, report] : seen->second.by_router) {
+        if (now - report.first > std::int64_t{10'000'000'000}) continue;  // a gateway gone quiet
+        const auto& l = report.second;
+        mi.ttft_p50_ms = std::max(mi.ttft_p50_ms, l.recent_ttft_p50_ms);
+        mi.ttft_p99_ms = std::max(mi.ttft_p99_ms, l.recent_ttft_p99_ms);
+        mi.tpot_p50_ms = std::max(mi.tpot_p50_ms, l.recent_tpot_p50_ms);
+        mi.tpot_p99_ms = std::max(mi.tpot_p99_ms, l.recent_tpot_p99_ms);
+      }
+    }
     out.push_back(std::move(mi));
   }
   return out;
@@ -805,7 +836,11 @@ void reconcile_replica(self_ptr self, const node_join& m, const running_replica&
   auto& rec = st.replicas[r.spec.id];
   rec = {r.spec.id, ref.deployment, ref.index, r.spec.epoch, m.node, r.spec.device, cluster::replica_state::ready,
          "adopted", true, true, r.spec, r.handle};
+  // It was spawned so; it may have been told otherwise since. Told again
+  // (it then says which state it is in), and rebalanced with the rest.
   rec.standby = rec.told_standby = r.spec.standby;
+  if (rec.handle) self->send(rec.handle, set_standby{rec.id, rec.standby, true});
+  if (!st.reconciling) rebalance_pool(self, ref.deployment);
   spdlog::info("event=replica_adopted replica={} deployment={} slot={} epoch={} node={}", r.spec.id, ref.deployment,
                ref.index, r.spec.epoch, m.node);
   self->send(st.router, replica_event{rec.id, rec.deployment, rec.slot, rec.epoch, rec.node, rec.device,
@@ -827,6 +862,7 @@ void end_reconcile(self_ptr self) {
   for (const auto& [node, cause] : st.drains->drained_nodes())
     if (cause == cluster::drain_cause::node)
       drain_node_replicas(self, node, cause, std::chrono::milliseconds(st.config.drain_deadline_ms));
+  for (const auto& [name, dep] : st.deployments) rebalance_pool(self, name);
   for (const auto& [name, dep] : st.deployments) (void)place_missing(self, name, nullptr);
   spdlog::info("event=reconcile_done adopted={} placed={} nodes={}", adopted, st.replicas.size() - adopted,
                st.nodes.size());
@@ -1057,7 +1093,7 @@ std::size_t resize_pool(self_ptr self, const std::string& name, std::string* why
   if (dep.spec.replicas < old) stop_slots(self, name, dep.spec.replicas);
   rebalance_pool(self, name);
   std::uint32_t live = 0;
-  for (const auto& [id, r] : s.replicas) live += r.deployment == name && !s.drains->draining(id);
+  for (const auto& [id, r] : s.replicas) live += r.deployment == name && in_pool(s, id, r);
   return live < dep.spec.replicas ? place_missing(self, name, why) : 0;
 }
 
@@ -1495,6 +1531,8 @@ void drop_leftover_versions(self_ptr self, std::map<std::string, api::deploy_req
   }
 }
 
+void scale_deployment(self_ptr self, const std::string& name, std::uint32_t replicas);
+
 caf::result<ok_atom> on_scale(self_ptr self, const scale_msg& m) {
   auto& s = self->state;
   if (s.reconciling) return to_caf(reconciling_error());
@@ -1511,13 +1549,21 @@ caf::result<ok_atom> on_scale(self_ptr self, const scale_msg& m) {
     return to_caf({errc::invalid_argument, "replicas must be in [0, " +
                                                std::to_string(max_replicas_per_deployment) +
                                                "] (0: cold, woken by its next request); use undeploy to remove"});
-  const std::uint32_t old = it->second.serving;
-  if ((old == 0) != (m.replicas == 0)) self->send(s.router, deployment_cold{name, m.replicas == 0});
-  set_replicas(self, name, m.replicas);
-  // Whoever scaled it, the autoscaler's cooldowns and windows start again.
-  if (auto a = s.scalers.find(name); a != s.scalers.end() && m.replicas != old)
-    a->second.scaled(clock_ns(self), m.replicas > old);
+  scale_deployment(self, name, m.replicas);
   return ok_atom::value;
+}
+
+// One deployment (by its own name, not resolved) to `replicas`, with the
+// cold notice when it crosses zero; the autoscaler's cooldowns and windows
+// start again whoever scaled it.
+void scale_deployment(self_ptr self, const std::string& name, std::uint32_t replicas) {
+  auto& s = self->state;
+  auto it = s.deployments.find(name);
+  if (it == s.deployments.end()) return;
+  const std::uint32_t old = it->second.serving;
+  if ((old == 0) != (replicas == 0)) self->send(s.router, deployment_cold{name, replicas == 0});
+  set_replicas(self, name, replicas);
+  if (auto a = s.scalers.find(name); a != s.scalers.end() && replicas != old) a->second.scaled(clock_ns(self), replicas > old);
 }
 
 using autoscale_tick_atom = caf::atom_constant<caf::atom("autotick")>;
@@ -1534,7 +1580,7 @@ void on_deployment_loads(self_ptr self, const deployment_loads& m) {
   const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
   const auto now = clock_ns(self);
   for (const auto& l : m.loads) {
-    if (!st.scalers.count(l.deployment)) continue;
+    if (!st.deployments.count(l.deployment)) continue;
     auto& seen = st.loads_seen[l.deployment];
     seen.by_router[from] = {now, l};
     seen.arrivals += l.arrivals;
@@ -1577,8 +1623,9 @@ void on_autoscale_tick(self_ptr self) {
     if (!any) continue;  // no router reports it: nothing is known of its load
     scaler.observe(s);
     const std::string base(cluster::split_version(name).base);
-    if (st.reconciling || rollout_active(st, base) || pool_size(st, name, dep->second) != cluster::warm_count(dep->second.serving, dep->second.warm_percent))
+    if (st.reconciling || st.rollouts.count(base) && (rollout_active(st, base) || st.rollouts.at(base).finishing))
       continue;  // a rollout (or its finish) owns the counts
+    if (current_of(st, base) != name) continue;  // a version not serving the plain name
     const auto d = scaler.decide(now, dep->second.serving);
     if (!d.changed) continue;
     spdlog::info("event=autoscale deployment={} from={} to={} reason=\"{}\"", name, dep->second.serving, d.replicas,
@@ -1589,7 +1636,7 @@ void on_autoscale_tick(self_ptr self) {
           ->inc();
     moves.emplace_back(name, d.replicas);
   }
-  for (const auto& [name, n] : moves) (void)on_scale(self, scale_msg{name, n});
+  for (const auto& [name, n] : moves) scale_deployment(self, name, n);
   arm_autoscale_tick(self);
 }
 

@@ -137,15 +137,18 @@ typename Inspector::result_type inspect(Inspector& f, replica_spec& x) {
            x.device, x.kv_tokens, x.engine, x.model_sha256, x.standby);
 }
 
-/// controller -> replica: stand by (the warm pool: loaded, no traffic) or
-/// serve. A busy replica told to stand by does so once its requests end.
+/// controller -> replica: stand by (the warm pool: loaded, no new traffic)
+/// or serve. A busy replica stands by at once; what it runs finishes.
 struct set_standby {
   cluster::replica_id id = 0;
   bool standby = false;
+  /// Say the current state again even when nothing changes (a restarted
+  /// controller adopting the replica does not know it).
+  bool announce = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, set_standby& x) {
-  return f(caf::meta::type_name("exa.set_standby"), x.id, x.standby);
+  return f(caf::meta::type_name("exa.set_standby"), x.id, x.standby, x.announce);
 }
 
 /// controller -> node: start a replica.
@@ -584,7 +587,8 @@ typename Inspector::result_type inspect(Inspector& f, version_samples& x) {
   return f(caf::meta::type_name("exa.version_samples"), x.deployment, x.ttft_ms, x.tpot_ms, x.failures);
 }
 /// router -> controller, every second: what one router sees of each
-/// autoscaled deployment (the autoscaler's input, runtime/cluster/autoscaler).
+/// deployment (the autoscaler's input, runtime/cluster/autoscaler, and the
+/// latency status and top show).
 struct deployment_load {
   std::string deployment;
   std::uint32_t replicas = 0;       // replicas taking traffic (ready, busy, degraded)
@@ -593,11 +597,15 @@ struct deployment_load {
   std::uint64_t kv_capacity = 0;
   std::uint64_t arrivals = 0;       // requests this router routed to it since its last report
   double ttft_p99_ms = -1;          // over the requests that finished since; < 0: none
+  /// Over the last minute's requests (for status and top); < 0: none.
+  double recent_ttft_p50_ms = -1, recent_ttft_p99_ms = -1;
+  double recent_tpot_p50_ms = -1, recent_tpot_p99_ms = -1;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deployment_load& x) {
   return f(caf::meta::type_name("exa.deployment_load"), x.deployment, x.replicas, x.outstanding, x.kv_used,
-           x.kv_capacity, x.arrivals, x.ttft_p99_ms);
+           x.kv_capacity, x.arrivals, x.ttft_p99_ms, x.recent_ttft_p50_ms, x.recent_ttft_p99_ms,
+           x.recent_tpot_p50_ms, x.recent_tpot_p99_ms);
 }
 struct deployment_loads {
   std::vector<deployment_load> loads;

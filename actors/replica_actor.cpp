@@ -37,6 +37,8 @@ void count_state(const replica_actor_state& st, replica_state state, int delta) 
       ->add(delta);
 }
 
+void announce_state(self_ptr self, const std::string& reason);
+
 // Moves to `to` if the lifecycle allows it and tells the controller and
 // router. Returns false (and changes nothing) for an invalid move.
 bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
@@ -58,6 +60,14 @@ bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
   count_state(st, st.state, -1);
   count_state(st, to, +1);
   st.state = to;
+  announce_state(self, reason);
+  return true;
+}
+
+// Tells the controller and the router (and the event log) the state it is in.
+void announce_state(self_ptr self, const std::string& reason) {
+  auto& st = self->state;
+  const auto to = st.state;
   const replica_event ev{st.ctx.spec.id, st.ctx.spec.deployment, st.ctx.spec.slot, st.ctx.spec.epoch, st.ctx.node,
                          st.ctx.spec.device, static_cast<std::uint8_t>(to), reason, caf::actor_cast<caf::actor>(self)};
   control_send(self, st.ctx.hooks, st.ctx.node, cluster::message_class::control, st.ctx.controller, ev);
@@ -72,7 +82,6 @@ bool move_to(self_ptr self, replica_state to, const std::string& reason = {}) {
   e.device = st.ctx.spec.device;
   e.detail = std::string(cluster::to_string(to));
   log_event(self, st.ctx.hooks, e);
-  return true;
 }
 
 // Crashes on purpose: the node (its supervisor) decides between a restart
@@ -217,8 +226,6 @@ void on_step_done(self_ptr self, const step_done& done) {
   for (auto& fn : deferred) fn();
   st.step_in_flight = false;
   if (st.state == replica_state::serving && st.active.empty()) move_to(self, replica_state::ready);
-  // Told to stand by while it was busy: now that it is idle.
-  if (st.ctx.spec.standby && st.state == replica_state::ready && st.active.empty()) move_to(self, replica_state::standby);
   judge_health(self);
   if (st.state == replica_state::draining && st.active.empty()) {
     move_to(self, replica_state::stopped, "drained");
@@ -547,13 +554,22 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
       [=](probe_atom) { on_probe(self); },
       [=](const set_standby& m) {
         auto& s = self->state;
-        if (m.id != s.ctx.spec.id || s.ctx.spec.standby == m.standby) return;
-        s.ctx.spec.standby = m.standby;
-        if (!m.standby && s.state == replica_state::standby) {
-          if (move_to(self, replica_state::ready, "taken from the warm pool")) report_load(self, true);
-        } else if (m.standby && s.state == replica_state::ready && s.active.empty()) {
-          move_to(self, replica_state::standby, "back to the warm pool");
-        }  // busy: once its requests end; loading: when warmed
+        if (m.id != s.ctx.spec.id) return;
+        if (s.ctx.spec.standby != m.standby) {
+          s.ctx.spec.standby = m.standby;
+          if (!m.standby && s.state == replica_state::standby) {
+            // Requests a deferred submit started meanwhile keep it busy.
+            if (move_to(self, s.active.empty() ? replica_state::ready : replica_state::serving, "taken from the warm pool"))
+              report_load(self, true);
+            return;
+          }
+          if (m.standby && (s.state == replica_state::ready || s.state == replica_state::serving)) {
+            // No new requests from now; what runs finishes here.
+            move_to(self, replica_state::standby, "back to the warm pool");
+            return;
+          }  // loading: it stands by (or not) when warmed
+        }
+        if (m.announce) announce_state(self, "announced again");
       },
       [=](const stop_replica& m) {
         if (!m.drain && self->state.state == replica_state::draining) {

@@ -118,9 +118,19 @@ bool sampled(self_ptr self, const std::string& deployment) {
 
 using load_report_atom = caf::atom_constant<caf::atom("loadrep")>;
 
-bool autoscaled(self_ptr self, const std::string& deployment) {
-  auto it = self->state.deployments.find(deployment);
-  return it != self->state.deployments.end() && it->second.info.autoscaled;
+bool known(self_ptr self, const std::string& deployment) {
+  return self->state.deployments.count(deployment) > 0;
+}
+
+constexpr std::size_t latency_window_max = 1024;
+constexpr std::int64_t latency_window_ns = 60'000'000'000;
+
+// Nearest-rank percentile of `v` (reordered); < 0 for none.
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return -1;
+  const std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(v.size() * p));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
 }
 
 void arm_load_report(self_ptr self) {
@@ -130,17 +140,38 @@ void arm_load_report(self_ptr self) {
   self->delayed_send(self, std::chrono::milliseconds(st.config.load_report_ms), load_report_atom::value);
 }
 
-// The load of every autoscaled deployment as this router sees it, to the
-// controller; re-armed while any deployment is autoscaled.
+// The load of every deployment as this router sees it, to the controller
+// (the autoscaler's input, and the latency status shows); re-armed while
+// there is any deployment.
 void report_loads(self_ptr self) {
   auto& st = self->state;
   st.load_report_armed = false;
   std::map<std::string, deployment_load> out;
-  for (const auto& [name, d] : st.deployments)
-    if (d.info.autoscaled) out[name].deployment = name;
+  for (const auto& [name, d] : st.deployments) out[name].deployment = name;
   if (out.empty()) {
     st.autoscale.clear();
+    st.latencies.clear();
     return;
+  }
+  const auto now = static_cast<std::int64_t>(now_ns(self));
+  for (auto it = st.latencies.begin(); it != st.latencies.end();) {
+    auto& q = it->second;
+    while (!q.empty() && now - q.front().at_ns > latency_window_ns) q.pop_front();
+    if (q.empty() || !out.count(it->first)) {
+      it = st.latencies.erase(it);
+      continue;
+    }
+    std::vector<double> ttft, tpot;
+    for (const auto& s : q) {
+      ttft.push_back(s.ttft_ms);
+      if (s.tpot_ms > 0) tpot.push_back(s.tpot_ms);
+    }
+    auto& l = out[it->first];
+    l.recent_ttft_p50_ms = percentile(ttft, 0.5);
+    l.recent_ttft_p99_ms = percentile(ttft, 0.99);
+    l.recent_tpot_p50_ms = percentile(tpot, 0.5);
+    l.recent_tpot_p99_ms = percentile(tpot, 0.99);
+    ++it;
   }
   for (const auto& [id, w] : st.where) {
     auto o = out.find(w.slot.deployment);
@@ -158,12 +189,7 @@ void report_loads(self_ptr self) {
   for (auto& [name, l] : out) {
     if (auto w = st.autoscale.find(name); w != st.autoscale.end()) {
       l.arrivals = w->second.arrivals;
-      auto& t = w->second.ttft_ms;
-      if (!t.empty()) {
-        const std::size_t k = std::min(t.size() - 1, static_cast<std::size_t>(t.size() * 0.99));
-        std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(k), t.end());
-        l.ttft_p99_ms = t[k];
-      }
+      l.ttft_p99_ms = percentile(w->second.ttft_ms, 0.99);
     }
     msg.loads.push_back(std::move(l));
   }
@@ -175,9 +201,12 @@ void report_loads(self_ptr self) {
 
 void on_sample(self_ptr self, const request_sample& m) {
   auto& st = self->state;
-  if (m.ok && autoscaled(self, m.deployment)) {
+  if (m.ok && known(self, m.deployment)) {
     auto& t = st.autoscale[m.deployment].ttft_ms;
     if (t.size() < sample_batch_max) t.push_back(m.ttft_ms);
+    auto& q = st.latencies[m.deployment];
+    q.push_back({static_cast<std::int64_t>(now_ns(self)), m.ttft_ms, m.tpot_ms});
+    if (q.size() > latency_window_max) q.pop_front();
   }
   if (!sampled(self, m.deployment)) return;
   auto& batch = st.samples[m.deployment];
@@ -599,7 +628,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         auto& entry = s.deployments[d.name];
         if (entry.info.model_file != d.model_file || !entry.model) entry.model = open_tokenizer(d);
         entry.info = d;
-        if (d.autoscaled) arm_load_report(self);
+        arm_load_report(self);
         if (auto ok = s.table->set_policy(d.name, d.routing); !ok)
           spdlog::warn("event=routing_policy_refused deployment={} error=\"{}\"", d.name, to_string(ok.error()));
         s.starting.erase(d.name);
@@ -710,7 +739,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       },
       [=](const route_request& m) {
         auto resolved = resolve_model(self, m.request);
-        if (autoscaled(self, resolved)) ++self->state.autoscale[resolved].arrivals;
+        if (known(self, resolved)) ++self->state.autoscale[resolved].arrivals;
         if (resolved == m.request.model) return on_route(self, m);
         route_request r = m;
         r.request.model = std::move(resolved);

@@ -9,6 +9,7 @@
 #include <caf/fwd.hpp>
 #include <caf/response_promise.hpp>
 
+#include <deque>
 #include <map>
 #include <set>
 #include <memory>
@@ -135,13 +136,19 @@ struct router_state {
   /// batches (bounded: at most sample_batch_max per deployment between sends).
   std::map<std::string, version_samples> samples;
   bool samples_flush_due = false;
-  /// Autoscaled deployments: arrivals and TTFTs since the last load report
-  /// (TTFTs bounded: at most sample_batch_max per deployment between reports).
+  /// Per deployment: arrivals and TTFTs since the last load report (TTFTs
+  /// bounded: at most sample_batch_max per deployment between reports), and
+  /// the last minute's latencies (at most latency_window_max) for status.
   struct autoscale_window {
     std::uint64_t arrivals = 0;
     std::vector<double> ttft_ms;
   };
   std::map<std::string, autoscale_window> autoscale;
+  struct latency_sample {
+    std::int64_t at_ns = 0;
+    double ttft_ms = 0, tpot_ms = 0;
+  };
+  std::map<std::string, std::deque<latency_sample>> latencies;
   bool load_report_armed = false;
   std::uint64_t split_rng = 0x9e3779b97f4a7c15ull;  // seeded: draws for requests without a conversation key
   std::shared_ptr<cluster_metrics> metrics;

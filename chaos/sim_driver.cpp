@@ -69,7 +69,9 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
     r.kv_tokens = d.kv_tokens;
     r.routing = policy.empty() ? d.routing : policy;
     r.max_replicas_per_node = d.max_replicas_per_node.value_or(0);
-    r.warm_pool_percent = d.warm_pool_percent;
+    // The fixed fleet, sized for the peak, keeps no pool: its replica-hours
+    // are its `replicas`, the baseline the autoscaled run is held against.
+    r.warm_pool_percent = fixed_fleet ? 0 : d.warm_pool_percent;
     if (!fixed_fleet) {
       r.autoscale_min = d.autoscale_min;
       r.autoscale_max = d.autoscale_max;

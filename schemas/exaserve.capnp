@@ -221,6 +221,14 @@ struct ModelInfo {
   version @6 :Text;
   # Its model version: "1" for a plain deployment, what follows '@' for one
   # a rollout brought ("tiny@2" is version "2" of "tiny").
+
+  ttftP50Ms @7 :Float64 = -1;
+  ttftP99Ms @8 :Float64 = -1;
+  tpotP50Ms @9 :Float64 = -1;
+  tpotP99Ms @10 :Float64 = -1;
+  # Time to first token and per output token of its requests over the last
+  # minute, in ms, as the gateways saw them (the worst gateway's); -1: no
+  # request finished in that time.
 }
 
 struct NodeStatus {

@@ -107,6 +107,13 @@ std::string by_state(const std::map<std::string, std::size_t>& counts) {
 }  // namespace
 
 namespace {
+// "12/80" in ms over the last minute; "-" when no request finished in it.
+std::string latency_pair(double p50, double p99) {
+  if (p50 < 0 && p99 < 0) return "-";
+  const auto one = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.0f}", v); };
+  return one(p50) + "/" + one(p99);
+}
+
 // The deployment a listed model is: "tiny" at version 2 is tiny@2.
 std::string deployment_of(const api::model_info& m) {
   if (m.name.find('@') != std::string::npos || m.version.empty() || m.version == "1") return m.name;
@@ -139,10 +146,12 @@ std::string render_top(const api::cluster_status& s, const std::string& now, std
     }
     deps.push_back({m.name, m.version.empty() ? "-" : m.version, fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), by_state(states),
                     std::to_string(running), std::to_string(queued), percent(kv_used, kv_total),
+                    latency_pair(m.ttft_p50_ms, m.ttft_p99_ms), latency_pair(m.tpot_p50_ms, m.tpot_p99_ms),
                     m.tenant.empty() ? "-" : m.tenant});
   }
-  out += "DEPLOYMENTS\n" +
-         render_table({"NAME", "VERSION", "READY/DESIRED", "REPLICAS", "RUNNING", "QUEUED", "KV USE", "TENANT"}, deps);
+  out += "DEPLOYMENTS\n" + render_table({"NAME", "VERSION", "READY/DESIRED", "REPLICAS", "RUNNING", "QUEUED", "KV USE",
+                                         "TTFT P50/P99 MS", "TPOT P50/P99 MS", "TENANT"},
+                                        deps);
   if (!s.rollouts.empty()) {
     out += "\nROLLOUTS\n";
     for (const auto& r : s.rollouts) out += r.name + "  " + r.status + "\n";

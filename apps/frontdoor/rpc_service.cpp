@@ -91,6 +91,10 @@ void fill(rpc::ModelInfo::Builder out, const api::model_info& m) {
   out.setReplicasDesired(m.replicas_desired);
   out.setContextLength(m.context_length);
   out.setTenant(m.tenant);
+  out.setTtftP50Ms(m.ttft_p50_ms);
+  out.setTtftP99Ms(m.ttft_p99_ms);
+  out.setTpotP50Ms(m.tpot_p50_ms);
+  out.setTpotP99Ms(m.tpot_p99_ms);
 }
 
 void fill(rpc::ReplicaStatus::Builder out, const api::replica_status& r) {

@@ -113,6 +113,10 @@ struct model_info {
   std::uint32_t context_length = 0;
   std::string tenant;  // who owns it; "": shared by every tenant
   std::string version;  // "1" for a plain deployment; what follows '@' for a rollout's
+  /// Latency of its requests over the last minute, as the gateways saw it
+  /// (the worst gateway's); < 0: no request finished in that time.
+  double ttft_p50_ms = -1, ttft_p99_ms = -1;
+  double tpot_p50_ms = -1, tpot_p99_ms = -1;
 };
 
 struct replica_status {

@@ -121,7 +121,11 @@ scale_decision autoscaler::decide(std::int64_t now_ns, std::uint32_t current) co
   const std::int64_t ms = 1000000;
 
   // Idle: to zero (min 0), never below one replica otherwise.
-  if (p.min_replicas == 0 && p.idle_to_zero_ms > 0 && current > 0 && seen_any_) {
+  // Not while replicas it asked for are still loading: a woken deployment's
+  // first request waits at the router, where it is neither an arrival nor
+  // outstanding on a replica.
+  if (p.min_replicas == 0 && p.idle_to_zero_ms > 0 && current > 0 && seen_any_ &&
+      samples_.back().replicas >= current) {
     const std::int64_t idle_from = std::max({last_arrival_ns_, first_ns_, last_scale_ns_});
     if (now_ns - idle_from >= std::int64_t{p.idle_to_zero_ms} * ms)
       return to(0, fmt::format("idle for {} ms (idle_to_zero_ms {})", (now_ns - idle_from) / ms, p.idle_to_zero_ms));

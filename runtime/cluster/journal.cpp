@@ -45,7 +45,8 @@ api::deploy_request deploy_from(const json& j) {
   d.max_replicas_per_node = j.at("max_replicas_per_node").get<std::uint32_t>();
   d.model_sha256 = j.value("model_sha256", std::string());  // journals written before it have none
   d.tenant = j.value("tenant", std::string());              // the same
-  d.warm_pool_percent = j.value("warm_pool_percent", d.warm_pool_percent);
+  // Journals written before warm pools keep none: a restart adds no replicas.
+  d.warm_pool_percent = j.value("warm_pool_percent", 0u);
   d.autoscale_min = j.value("autoscale_min", d.autoscale_min);
   d.autoscale_max = j.value("autoscale_max", d.autoscale_max);
   d.autoscale_metric = j.value("autoscale_metric", std::string());

@@ -23,12 +23,12 @@ constexpr std::array<std::uint16_t, replica_state_count> successors = {
     /* loading  */ bit(rs::warming) | bit(rs::failed),
     /* warming  */ bit(rs::ready) | bit(rs::standby) | bit(rs::failed),
     /* ready    */ bit(rs::serving) | bit(rs::draining) | bit(rs::degraded) | bit(rs::standby) | bit(rs::failed),
-    /* serving  */ bit(rs::ready) | bit(rs::draining) | bit(rs::degraded) | bit(rs::failed),
+    /* serving  */ bit(rs::ready) | bit(rs::draining) | bit(rs::degraded) | bit(rs::standby) | bit(rs::failed),
     /* draining */ bit(rs::stopped) | bit(rs::failed),
     /* stopped  */ 0,
     /* degraded */ bit(rs::ready) | bit(rs::serving) | bit(rs::draining) | bit(rs::failed),
     /* failed   */ 0,
-    /* standby  */ bit(rs::ready) | bit(rs::draining) | bit(rs::failed),
+    /* standby  */ bit(rs::ready) | bit(rs::serving) | bit(rs::draining) | bit(rs::failed),
 };
 
 }  // namespace

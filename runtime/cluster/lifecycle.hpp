@@ -8,7 +8,8 @@
 //
 //   creating → loading → warming → ready ⇄ serving → draining → stopped
 //   ready/serving → degraded → ready/serving/draining      (slow or erroring, recovered)
-//   warming/ready → standby → ready/draining                (the warm pool: loaded, no traffic)
+//   warming/ready/serving → standby → ready/serving/draining (the warm pool: no new traffic;
+//                                                            what runs when it is sent back finishes)
 //   every non-terminal state → failed;  stopped and failed are terminal.
 
 #include <array>

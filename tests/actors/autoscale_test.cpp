@@ -110,6 +110,7 @@ TEST_CASE("a lost node's serving replica is replaced by a standby at once and th
           "[actors][warm_pool]") {
   auto o = test::cluster_fixture::defaults(2);
   o.deployments[0].warm_pool_percent = 50;
+  o.loads_max = 1;  // one load at a time: a warmed standby must give its turn back
   test::cluster_fixture f(o);
   f.advance(200ms);
   const auto s = f.status();
@@ -136,6 +137,18 @@ TEST_CASE("a lost node's serving replica is replaced by a standby at once and th
   f.advance(200ms);
   REQUIRE(k->result.has_value());
   CHECK_FALSE(k->result->err.has_value());
+}
+
+TEST_CASE("warmed standbys give their turn to load back, so the whole pool loads one at a time", "[actors][warm_pool]") {
+  auto o = test::cluster_fixture::defaults(4);
+  o.deployments[0].warm_pool_percent = 50;  // 4 serving, 2 standing by
+  o.loads_max = 1;
+  test::cluster_fixture f(o);
+  f.advance(500ms);
+  const auto states = states_of(f.status(), "tiny");
+  CHECK(states.size() == 6);
+  CHECK(count_state(states, "ready") == 4);
+  CHECK(count_state(states, "standby") == 2);
 }
 
 TEST_CASE("a scale-up takes the warm pool first and a scale-down sends the extra back to it", "[actors][warm_pool]") {
@@ -195,6 +208,17 @@ TEST_CASE("the autoscaler follows load up, down, to zero, and the next request w
     peak = std::max(peak, serving_replicas(f));
   }
   CHECK(peak == 3);
+  // Status carries the last minute's latency as the router saw it (for top).
+  bool listed = false;
+  for (const auto& m : f.status().models)
+    if (m.name == "tiny") {
+      listed = true;
+      CHECK(m.ttft_p50_ms > 0);
+      CHECK(m.ttft_p99_ms >= m.ttft_p50_ms);
+      CHECK(m.tpot_p50_ms > 0);
+      CHECK(m.tpot_p99_ms >= m.tpot_p50_ms);
+    }
+  CHECK(listed);
   // Quiet: down within the window and cooldowns, then to zero once idle.
   f.advance(30000ms, 50ms);
   for (const auto& k : sinks) {
@@ -233,4 +257,46 @@ TEST_CASE("a deployment whose autoscaling cannot work is refused with the reason
   REQUIRE(out.has_value());
   REQUIRE_FALSE(*out);
   CHECK_THAT(out->error().message, Catch::Contains("queue_depth"));
+}
+
+TEST_CASE("an autoscaled deployment keeps its count through a rollout and the new version after it",
+          "[actors][autoscale]") {
+  auto o = test::cluster_fixture::defaults(2);
+  o.model_step_time = true;
+  o.request_deadline_ms = 60000;
+  o.rollout_tick_ms = 100;
+  o.rollout_min_samples = 5;
+  o.rollout_drop_grace_ms = 300;
+  o.autoscale_tick_ms = 100;
+  auto& d = o.deployments[0];
+  d.autoscale_min = 1;
+  d.autoscale_max = 4;
+  d.autoscale_target = 1000;  // never up; down only after the (long) default window
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  api::rollout_request r;
+  r.what = api::rollout_request::op::start;
+  r.name = "tiny";
+  r.model_file = test::tiny_model_path();
+  r.steps = "100";
+  r.bake_s = 1;
+  r.surge = 1;
+  std::optional<expected<api::rollout_result>> begun;
+  f.backend().rollout(r, [&](expected<api::rollout_result> x) { begun = std::move(x); });
+  f.run();
+  REQUIRE(begun.has_value());
+  REQUIRE(*begun);
+  for (int i = 0; i < 80; ++i) {
+    auto k = f.generate(request("r" + std::to_string(i)));
+    f.advance(100ms, 5ms);
+  }
+  f.advance(5000ms, 20ms);
+  std::uint32_t new_ready = 0, old_left = 0;
+  for (const auto& x : f.status().replicas) {
+    new_ready += x.deployment == "tiny@2" && x.state == "ready";
+    old_left += x.deployment == "tiny";
+  }
+  CHECK(old_left == 0);
+  CHECK(new_ready == 2);  // the autoscaler did not take the new version for a cold one
+  CHECK(serving_replicas(f) == 2);
 }

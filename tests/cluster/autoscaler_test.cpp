@@ -131,6 +131,11 @@ TEST_CASE("with min 0 an idle deployment goes to zero and a cold one stays cold"
   // Woken (scaled to one): the idle clock starts again from the wake.
   a.scaled(50 * s_ns, true);
   CHECK(a.decide(60 * s_ns, 1).replicas == 1);
+  // Woken, but its replica still loading (the waking request waits at the
+  // router, no arrival and nothing outstanding): not idle, however long.
+  a.scaled(100 * s_ns, true);
+  for (int t = 100; t < 200; ++t) a.observe(queue(t, 0, 0, 0));
+  CHECK(a.decide(200 * s_ns, 1).replicas == 1);
   p.idle_to_zero_ms = 0;  // never idle out without it
   autoscaler b(p);
   for (int t = 0; t < 500; ++t) b.observe(queue(t, 2, 0, 0));

@@ -26,7 +26,8 @@ const std::set<std::pair<rs, rs>>& allowed() {
       {rs::warming, rs::failed},   {rs::ready, rs::failed},      {rs::serving, rs::failed},
       {rs::draining, rs::failed},  {rs::degraded, rs::failed},
       {rs::warming, rs::standby},  {rs::ready, rs::standby},    {rs::standby, rs::ready},
-      {rs::standby, rs::draining}, {rs::standby, rs::failed},
+      {rs::standby, rs::draining}, {rs::standby, rs::failed},   {rs::serving, rs::standby},
+      {rs::standby, rs::serving},
   };
   return moves;
 }
@@ -50,7 +51,7 @@ TEST_CASE("every pair of states is allowed or refused as the diagram says", "[li
       }
     }
   }
-  CHECK(valid == 25);
+  CHECK(valid == 27);
 }
 
 TEST_CASE("an invalid transition names both states", "[lifecycle]") {

@@ -153,6 +153,10 @@ TEST_CASE("cli top shows deployments, nodes and the replicas to watch, a bounded
   CHECK(r.out.find("exaserve top") != std::string::npos);
   CHECK(r.out.find("nodes 1 (not healthy 0, drained 0)  replicas 1 (ready 1)") != std::string::npos);
   CHECK(r.out.find("DEPLOYMENTS") != std::string::npos);
+  // Each deployment's TTFT and TPOT p50/p99 over the last minute, through the RPC.
+  CHECK(r.out.find("TTFT P50/P99 MS") != std::string::npos);
+  CHECK(r.out.find("12/80") != std::string::npos);
+  CHECK(r.out.find("3/9") != std::string::npos);
   CHECK(r.out.find("NODES") != std::string::npos);
   CHECK(r.out.find("REPLICAS TO WATCH (0 of 0") != std::string::npos);
   // Two screens, not cleared (stdout is not a terminal).

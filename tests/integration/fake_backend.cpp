@@ -53,6 +53,11 @@ struct fake_backend::job {
 
 fake_backend::fake_backend() {
   models_.push_back({"fake", "fake.gguf", 1, 1, 2048});
+  // Latency as the gateways saw it over the last minute (for top).
+  models_.back().ttft_p50_ms = 12;
+  models_.back().ttft_p99_ms = 80;
+  models_.back().tpot_p50_ms = 3;
+  models_.back().tpot_p99_ms = 9;
   helper_ = std::thread([this] {
     std::unique_lock lock(mu_);
     for (;;) {

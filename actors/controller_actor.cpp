@@ -174,6 +174,8 @@ void forget(self_ptr self, const std::string& name) {
   persist(self, cluster::journal_record::undeploy(name));
 }
 
+bool try_defrag(self_ptr self, const std::string& name);
+
 // Places every missing slot of a deployment; returns how many are still missing.
 std::size_t place_missing(self_ptr self, const std::string& name, std::string* why) {
   auto& st = self->state;
@@ -196,6 +198,7 @@ std::size_t place_missing(self_ptr self, const std::string& name, std::string* w
     for (const auto& u : plan->unplaced)
       spdlog::warn("event=replica_unplaced deployment={} slot={} reason=\"{}\"", name, u.slot.index, u.reason);
   if (why && !plan->unplaced.empty()) *why = plan->unplaced.front().reason;
+  if (missing > 0 && st.config.defragment) try_defrag(self, name);
   return missing;
 }
 
@@ -264,6 +267,93 @@ void update_replica_gauge(self_ptr self) {
   for (const auto& [id, r] : st.replicas) ++counts[r.state];
   for (const auto s : cluster::all_replica_states)
     cluster_metrics::series(st.config.metrics->replicas, cluster::to_string(s))->set(static_cast<double>(counts[s]));
+}
+
+// A replica of `name` fits nowhere: if moving a few others (within the
+// migration limit) makes room, they drain toward their planned nodes and
+// the slot is placed as they stop (defrag_progress). True when begun or
+// already under way.
+expected<bool> begin_drain(self_ptr self, cluster::replica_id id, cluster::drain_cause cause,
+                           std::chrono::milliseconds deadline, const std::vector<cluster::node_id>& avoid);
+
+bool try_defrag(self_ptr self, const std::string& name) {
+  auto& st = self->state;
+  if (st.defrag_waiting.count(name)) return true;
+  // A rollout's versions trade room by their own steps (an in-place
+  // replacement waits for the old replica to stop): nothing moves for them.
+  const std::string base(cluster::split_version(name).base);
+  if (auto r = st.rollouts.find(base); r != st.rollouts.end() && (rollout_active(st, base) || r->second.finishing))
+    return false;
+  const auto& dep = st.deployments.at(name);
+  auto per = cluster::estimate(dep.spec.model, dep.spec.replica);
+  if (!per) return false;
+  cluster::defrag_request req;
+  req.bytes_per_device = per->total_bytes();
+  req.tensor_parallel = dep.spec.replica.tensor_parallel;
+  req.max_moves = st.config.migration_parallelism;
+  for (const auto n : st.slots->cordoned_nodes()) req.excluded.insert(n);
+  for (const auto& n : st.placement->nodes()) {
+    const auto h = st.nodes.find(n.id);
+    if (h == st.nodes.end() || !h->second || st.drains->node_cause(n.id)) req.excluded.insert(n.id);
+  }
+  // Only replicas that serve or stand by, settled, move.
+  for (const auto& [id, r] : st.replicas)
+    if (!(cluster::accepts_requests(r.state) || r.state == replica_state::standby) || !in_pool(st, id, r))
+      req.pinned.insert(id);
+  req.may_host = [&st](const cluster::placed_slot& p, cluster::node_id node) {
+    const auto d = st.deployments.find(p.slot.deployment);
+    if (d == st.deployments.end() || !d->second.spec.max_replicas_per_node) return true;
+    std::uint32_t there = 0;
+    for (const auto& [id, r] : st.replicas) there += r.deployment == p.slot.deployment && r.node == node && id != p.replica;
+    return there < *d->second.spec.max_replicas_per_node;
+  };
+  auto plan = cluster::plan_defrag(*st.placement, req);
+  if (!plan) {
+    spdlog::debug("event=defrag_none deployment={} reason=\"{}\"", name, plan.error().message);
+    return false;
+  }
+  if (plan->moves.empty()) return false;  // room exists: what failed was not memory (anti-affinity)
+  spdlog::info("event=defrag_plan deployment={} node={} moves={} bytes_moved={}", name, plan->node,
+               plan->moves.size(), plan->bytes_moved);
+  auto& movers = st.defrag_waiting[name];
+  for (const auto& m : plan->moves) {
+    std::vector<cluster::node_id> avoid;  // everywhere but its planned node
+    for (const auto& n : st.placement->nodes())
+      if (n.id != m.to_node) avoid.push_back(n.id);
+    spdlog::info("event=defrag_move deployment={} replica={} from_node={} from_device={} to_node={} to_device={}",
+                 name, m.replica, m.from_node, m.from_device, m.to_node, m.to_device);
+    auto begun = begin_drain(self, m.replica, cluster::drain_cause::defrag,
+                             std::chrono::milliseconds(st.config.drain_deadline_ms), avoid);
+    if (begun && *begun) movers.insert(m.replica);
+  }
+  if (movers.empty()) st.defrag_waiting.erase(name);
+  return !movers.empty();
+}
+
+// A replica moving out of the way stopped (its memory is free): the
+// deployments waiting for it try their slots again; once none of their
+// movers is left, what still does not fit is reported.
+void defrag_progress(self_ptr self, cluster::replica_id gone) {
+  auto& st = self->state;
+  std::vector<std::string> names;
+  for (auto& [name, movers] : st.defrag_waiting)
+    if (movers.erase(gone)) names.push_back(name);
+  for (const auto& name : names) {
+    if (!st.deployments.count(name)) {
+      st.defrag_waiting.erase(name);
+      continue;
+    }
+    const bool last = st.defrag_waiting[name].empty();
+    std::string why;
+    const auto missing = place_missing(self, name, &why);
+    if (missing == 0) {
+      spdlog::info("event=defrag_done deployment={}", name);
+      st.defrag_waiting.erase(name);
+    } else if (last) {
+      spdlog::warn("event=defrag_incomplete deployment={} missing={} reason=\"{}\"", name, missing, why);
+      st.defrag_waiting.erase(name);
+    }
+  }
 }
 
 // Which live replicas of a deployment serve and which stand by
@@ -445,6 +535,7 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     // A crash loop on one node: try the others first.
     else replace_slot(self, rec.deployment, rec.slot, {rec.node});
   }
+  if (cluster::is_terminal(state)) defrag_progress(self, ev.id);  // its memory is free now
   const bool routine = (before == replica_state::ready && state == replica_state::serving) ||
                        (before == replica_state::serving && state == replica_state::ready);
   if (state != before && !routine &&
@@ -486,6 +577,7 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
   for (const auto& r : lost) deployments.insert(r.deployment);
   for (const auto& d : deployments) rebalance_pool(self, d);
   for (const auto& r : to_replace) replace_slot(self, r.deployment, r.slot, {node});
+  for (const auto& r : lost) defrag_progress(self, r.id);
   pump_migrations(self);
 }
 
@@ -736,7 +828,9 @@ caf::result<ok_atom> on_deploy(self_ptr self, const api::deploy_request& req, bo
   const std::size_t missing = place_missing(self, req.name, &why);
   spdlog::info("event=deployed deployment={} model={} replicas={} placed={} routing={}", req.name, dep->model_file,
                req.replicas, req.replicas - missing, dep->routing);
-  if (missing == req.replicas) {  // nothing fits: refuse rather than keep an empty deployment
+  // Nothing fits: refuse rather than keep an empty deployment -- unless
+  // replicas are moving out of the way to make room for it.
+  if (missing == req.replicas && !st.defrag_waiting.count(req.name)) {  // nothing fits: refuse rather than keep an empty deployment
     st.deployments.erase(req.name);
     self->send(st.router, deployment_removed{req.name});
     return to_caf({errc::unavailable, "cannot place any replica of '" + req.name + "': " + why});

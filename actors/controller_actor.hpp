@@ -28,6 +28,7 @@
 #include "cluster/rollout.hpp"
 #include "cluster/autoscaler.hpp"
 #include "cluster/warm_pool.hpp"
+#include "cluster/defrag.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
 #include "cluster/slot_scheduler.hpp"
@@ -108,6 +109,9 @@ struct controller_config {
   /// often the controller decides.
   cluster::autoscale_policy autoscale;
   std::uint32_t autoscale_tick_ms = 1000;
+  /// A new replica that fits nowhere though the memory is free in total:
+  /// move at most migration_parallelism others (drains) to make room.
+  bool defragment = true;
 };
 
 /// controller -> controller: is this replica still degraded since `since_ns`?
@@ -219,6 +223,9 @@ struct controller_state {
   };
   std::map<std::string, load_seen> loads_seen;
   bool autoscale_tick_armed = false;
+  /// Deployments waiting for room that defragmentation is making: the
+  /// replicas moving out of the way (placed again as each stops).
+  std::map<std::string, std::set<cluster::replica_id>> defrag_waiting;
   static inline const char* name = "controller";
 };
 

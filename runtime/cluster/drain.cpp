@@ -10,6 +10,7 @@ std::string_view to_string(drain_cause cause) noexcept {
     case drain_cause::node: return "node";
     case drain_cause::shutdown: return "shutdown";
     case drain_cause::degraded: return "degraded";
+    case drain_cause::defrag: return "defrag";
   }
   return "unknown";
 }

@@ -35,6 +35,7 @@ enum class drain_cause : std::uint8_t {
   node,      // an operator drained its node
   shutdown,  // its node process is stopping (SIGTERM)
   degraded,  // it stayed degraded past its limit and is replaced
+  defrag,    // it moves to make room for a replica that fits nowhere (runtime/cluster/defrag)
 };
 
 std::string_view to_string(drain_cause cause) noexcept;

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <set>
 #include <string>
 
 #include <caf/send.hpp>
@@ -299,4 +300,88 @@ TEST_CASE("an autoscaled deployment keeps its count through a rollout and the ne
   CHECK(old_left == 0);
   CHECK(new_ready == 2);  // the autoscaler did not take the new version for a cold one
   CHECK(serving_replicas(f) == 2);
+}
+
+namespace {
+
+actors::cluster_options two_single_device_nodes(std::uint64_t device_bytes) {
+  auto o = test::cluster_fixture::defaults(2);
+  o.devices_per_node = 1;
+  o.device_memory_bytes = device_bytes;
+  o.deployments[0].name = "a";
+  o.deployments[0].kv_tokens = 2048;
+  o.deployments[0].max_replicas_per_node = 2;
+  o.deployments[0].warm_pool_percent = 0;
+  return o;
+}
+
+expected<void> deploy(test::cluster_fixture& f, const api::deploy_request& d) {
+  std::optional<expected<void>> out;
+  f.backend().deploy(d, [&](expected<void> r) { out = std::move(r); });
+  f.run();
+  REQUIRE(out.has_value());
+  return *out;
+}
+
+api::deploy_request big_one() {
+  api::deploy_request d;
+  d.name = "b";
+  d.replicas = 1;
+  d.kv_tokens = 3072;
+  d.warm_pool_percent = 0;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("a replica that fits nowhere gets room: another moves to the other node first", "[actors][defrag]") {
+  // Measure one replica of each on roomy devices.
+  std::uint64_t a_bytes = 0, b_bytes = 0;
+  {
+    test::cluster_fixture probe(two_single_device_nodes(64ull << 20));
+    probe.advance(200ms);
+    REQUIRE(deploy(probe, big_one()));
+    probe.advance(200ms);
+    std::uint64_t lo = UINT64_MAX, hi = 0;
+    for (const auto& d : probe.status().devices) {
+      lo = std::min(lo, d.memory_used_bytes);
+      hi = std::max(hi, d.memory_used_bytes);
+    }
+    a_bytes = lo;
+    b_bytes = hi - lo;
+  }
+  REQUIRE(b_bytes > a_bytes);
+  REQUIRE(b_bytes < 3 * a_bytes);
+  // Devices that hold two a's, or one b, but not an a and a b: each a sits
+  // on its own node, and b fits nowhere, though there is room in total.
+  const std::uint64_t device = 2 * a_bytes + (b_bytes - a_bytes) / 2;
+  test::cluster_fixture f(two_single_device_nodes(device));
+  f.advance(200ms);
+  auto before = f.status();
+  std::set<std::uint32_t> a_nodes;
+  for (const auto& r : before.replicas) a_nodes.insert(r.node);
+  REQUIRE(a_nodes.size() == 2);
+  REQUIRE(deploy(f, big_one()));  // kept: room is being made
+  f.advance(1000ms);
+  const auto after = f.status();
+  std::map<std::string, std::set<std::uint32_t>> nodes_of;
+  std::map<std::string, std::size_t> ready;
+  for (const auto& r : after.replicas) {
+    nodes_of[r.deployment].insert(r.node);
+    ready[r.deployment] += r.state == "ready";
+  }
+  CHECK(ready["a"] == 2);
+  CHECK(ready["b"] == 1);
+  REQUIRE(nodes_of["a"].size() == 1);  // both a's packed on one node
+  REQUIRE(nodes_of["b"].size() == 1);
+  CHECK(*nodes_of["a"].begin() != *nodes_of["b"].begin());
+  auto k = f.generate(request("to-b"));
+  k = f.generate([] {
+    auto r = request("to-b");
+    r.model = "b";
+    return r;
+  }());
+  f.advance(200ms);
+  REQUIRE(k->result.has_value());
+  CHECK_FALSE(k->result->err.has_value());
 }

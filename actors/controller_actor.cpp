@@ -176,6 +176,20 @@ void forget(self_ptr self, const std::string& name) {
 
 bool try_defrag(self_ptr self, const std::string& name);
 
+// The model cache's key for a deployment's file (model_cache_actor keys
+// by content when a digest is pinned).
+std::string model_key(const controller_state::deployment& dep) {
+  return dep.model_sha256.empty() ? "path:" + dep.model_file : "sha256:" + dep.model_sha256;
+}
+
+// Every deployment of that file learns where it is cached (placement's cached_on).
+void note_cached(self_ptr self, const std::string& key) {
+  auto& st = self->state;
+  const auto it = st.cached_models.find(key);
+  for (auto& [name, dep] : st.deployments)
+    if (model_key(dep) == key) dep.spec.cached_on = it == st.cached_models.end() ? std::set<cluster::node_id>{} : it->second;
+}
+
 // Places every missing slot of a deployment; returns how many are still missing.
 std::size_t place_missing(self_ptr self, const std::string& name, std::string* why) {
   auto& st = self->state;
@@ -307,6 +321,18 @@ bool try_defrag(self_ptr self, const std::string& name) {
     for (const auto& [id, r] : st.replicas) there += r.deployment == p.slot.deployment && r.node == node && id != p.replica;
     return there < *d->second.spec.max_replicas_per_node;
   };
+  // Its own anti-affinity on the target node (as placement counts it).
+  std::uint32_t limit = dep.spec.max_replicas_per_node.value_or(0);
+  if (limit == 0) {
+    const std::uint32_t usable = std::max<std::uint32_t>(
+        1, static_cast<std::uint32_t>(st.placement->nodes().size() - std::min(st.placement->nodes().size(), req.excluded.size())));
+    limit = (dep.spec.replicas + usable - 1) / usable;
+  }
+  req.may_target = [&st, &name, limit](cluster::node_id node) {
+    std::uint32_t there = 0;
+    for (const auto& [id, r] : st.replicas) there += r.deployment == name && r.node == node;
+    return there < limit;
+  };
   auto plan = cluster::plan_defrag(*st.placement, req);
   if (!plan) {
     spdlog::debug("event=defrag_none deployment={} reason=\"{}\"", name, plan.error().message);
@@ -317,9 +343,9 @@ bool try_defrag(self_ptr self, const std::string& name) {
                plan->moves.size(), plan->bytes_moved);
   auto& movers = st.defrag_waiting[name];
   for (const auto& m : plan->moves) {
-    std::vector<cluster::node_id> avoid;  // everywhere but its planned node
-    for (const auto& n : st.placement->nodes())
-      if (n.id != m.to_node) avoid.push_back(n.id);
+    // Off the target node, placed again by placement's own rules (the plan
+    // proved a destination exists): never back into the room being made.
+    const std::vector<cluster::node_id> avoid = {plan->node};
     spdlog::info("event=defrag_move deployment={} replica={} from_node={} from_device={} to_node={} to_device={}",
                  name, m.replica, m.from_node, m.from_device, m.to_node, m.to_device);
     auto begun = begin_drain(self, m.replica, cluster::drain_cause::defrag,
@@ -344,14 +370,17 @@ void defrag_progress(self_ptr self, cluster::replica_id gone) {
       continue;
     }
     const bool last = st.defrag_waiting[name].empty();
+    if (!last) continue;  // the rest of the room is still being made
+    st.defrag_waiting.erase(name);
     std::string why;
-    const auto missing = place_missing(self, name, &why);
+    const auto missing = place_missing(self, name, &why);  // may plan the next replica's room
     if (missing == 0) {
       spdlog::info("event=defrag_done deployment={}", name);
-      st.defrag_waiting.erase(name);
-    } else if (last) {
+      st.defrag_rounds.erase(name);
+    } else if (!st.defrag_waiting.count(name) || ++st.defrag_rounds[name] > 8) {
       spdlog::warn("event=defrag_incomplete deployment={} missing={} reason=\"{}\"", name, missing, why);
       st.defrag_waiting.erase(name);
+      st.defrag_rounds.erase(name);
     }
   }
 }
@@ -501,6 +530,12 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   // Loaded and warm (serving or standing by): its migration place and its
   // turn to load are done.
   const bool warm = cluster::serves_requests(state) || state == replica_state::standby;
+  if (warm && before != state) {
+    if (auto dep = st.deployments.find(it->second.deployment); dep != st.deployments.end()) {
+      const auto key = model_key(dep->second);
+      if (st.cached_models[key].insert(it->second.node).second) note_cached(self, key);
+    }
+  }
   if ((cluster::accepts_requests(state) || state == replica_state::standby) && st.slots->settled(ev.id))
     pump_migrations(self);
   if (warm && st.loads->finished(ev.id)) admit_loads(self);  // loaded: the next may go
@@ -515,7 +550,9 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   if (cluster::is_terminal(state)) drain_moved(self, ev.id);  // ended before it said it drains
   if (state == replica_state::stopped) {
     const auto rec = it->second;
-    if (auto d = forget_replica(self, ev.id)) {
+    auto drained = forget_replica(self, ev.id);
+    defrag_progress(self, ev.id);  // the room it made goes to the deployment waiting for it first
+    if (auto d = drained) {
       spdlog::info("event=replica_drained replica={} deployment={} slot={} node={} cause={} forced={} ms={}", ev.id,
                    d->slot.deployment, d->slot.index, d->node, cluster::to_string(d->cause), d->forced,
                    (clock_ns(self) - d->started_ns) / 1000000);
@@ -528,6 +565,7 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   } else if (state == replica_state::failed) {
     const auto rec = it->second;
     const bool was_draining = forget_replica(self, ev.id).has_value();
+    defrag_progress(self, ev.id);
     // A standby takes its place at once; the replacement loads as a standby.
     rebalance_pool(self, rec.deployment);
     // A draining replica's slot was placed again when the drain began.
@@ -535,7 +573,6 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     // A crash loop on one node: try the others first.
     else replace_slot(self, rec.deployment, rec.slot, {rec.node});
   }
-  if (cluster::is_terminal(state)) defrag_progress(self, ev.id);  // its memory is free now
   const bool routine = (before == replica_state::ready && state == replica_state::serving) ||
                        (before == replica_state::serving && state == replica_state::ready);
   if (state != before && !routine &&
@@ -553,6 +590,8 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
   for (const auto& [id, r] : st.replicas)
     if (r.node == node) lost.push_back(r);
   spdlog::error("event=node_lost node={} replicas={} reason=\"{}\"", node, lost.size(), why);
+  for (auto& [key, nodes] : st.cached_models)
+    if (nodes.erase(node)) note_cached(self, key);
   std::vector<controller_state::replica_record> to_replace;
   for (const auto& r : lost) {
     const replica_event ev{r.id, r.deployment, r.slot, r.epoch, node, r.device,
@@ -794,6 +833,8 @@ void arm_autoscale_tick(self_ptr self);
 
 void register_deployment(self_ptr self, const std::string& name, const controller_state::deployment& dep) {
   self->state.deployments[name] = dep;
+  if (auto c = self->state.cached_models.find(model_key(dep)); c != self->state.cached_models.end())
+    self->state.deployments[name].spec.cached_on = c->second;
   if (dep.autoscale.enabled()) {
     self->state.scalers.insert_or_assign(name, cluster::autoscaler(dep.autoscale));
     arm_autoscale_tick(self);
@@ -878,8 +919,10 @@ std::vector<api::model_info> list_models(self_ptr self) {
     // The worst of what the gateways saw over the last minute.
     if (auto seen = self->state.loads_seen.find(name); seen != self->state.loads_seen.end()) {
       const auto now = clock_ns(self);
+      std::erase_if(seen->second.by_router, [&](const auto& e) {
+        return now - e.second.first > std::int64_t{10'000'000'000};  // a gateway gone quiet
+      });
       for (const auto& [router, report] : seen->second.by_router) {
-        if (now - report.first > std::int64_t{10'000'000'000}) continue;  // a gateway gone quiet
         const auto& l = report.second;
         mi.ttft_p50_ms = std::max(mi.ttft_p50_ms, l.recent_ttft_p50_ms);
         mi.ttft_p99_ms = std::max(mi.ttft_p99_ms, l.recent_ttft_p99_ms);
@@ -1218,6 +1261,8 @@ void remove_deployment(self_ptr self, const std::string& name) {
   s.deployments.erase(name);
   s.scalers.erase(name);
   s.loads_seen.erase(name);
+  s.defrag_waiting.erase(name);
+  s.defrag_rounds.erase(name);
   forget(self, name);
   self->send(s.router, deployment_removed{name});
   spdlog::info("event=undeployed deployment={}", name);
@@ -1677,6 +1722,7 @@ void on_deployment_loads(self_ptr self, const deployment_loads& m) {
     if (!st.deployments.count(l.deployment)) continue;
     auto& seen = st.loads_seen[l.deployment];
     seen.by_router[from] = {now, l};
+    if (!st.scalers.count(l.deployment)) continue;  // only the autoscaler consumes these
     seen.arrivals += l.arrivals;
     seen.ttft_p99_ms = std::max(seen.ttft_p99_ms, l.ttft_p99_ms);
   }

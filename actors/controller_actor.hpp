@@ -226,6 +226,11 @@ struct controller_state {
   /// Deployments waiting for room that defragmentation is making: the
   /// replicas moving out of the way (placed again as each stops).
   std::map<std::string, std::set<cluster::replica_id>> defrag_waiting;
+  std::map<std::string, std::uint32_t> defrag_rounds;  // rooms made in a row for one deployment (bounded)
+  /// Nodes that loaded each model (by "sha256:<hex>" or "path:<file>"):
+  /// their caches are likely to hold it still, so placement prefers them.
+  /// A node that is lost forgets; a stale entry only breaks a tie.
+  std::map<std::string, std::set<cluster::node_id>> cached_models;
   static inline const char* name = "controller";
 };
 

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 
 #include "actors/cluster_metrics.hpp"
@@ -128,7 +129,9 @@ constexpr std::int64_t latency_window_ns = 60'000'000'000;
 // Nearest-rank percentile of `v` (reordered); < 0 for none.
 double percentile(std::vector<double>& v, double p) {
   if (v.empty()) return -1;
-  const std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(v.size() * p));
+  // The smallest sample with at least p of them at or below it: ceil(n p) - 1.
+  const auto rank = static_cast<std::size_t>(std::ceil(static_cast<double>(v.size()) * p));
+  const std::size_t k = std::min(v.size() - 1, rank == 0 ? 0 : rank - 1);
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
   return v[k];
 }

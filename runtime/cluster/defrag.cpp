@@ -56,6 +56,7 @@ expected<defrag_plan> plan_defrag(const cluster_state& state, const defrag_reque
   std::vector<std::string> whys;  // one reason per node that could not take it
   for (const auto& n : state.nodes()) {
     if (req.excluded.count(n.id) || n.devices < req.tensor_parallel) continue;
+    if (req.may_target && !req.may_target(n.id)) continue;
     std::vector<device_cost> costs;
     for (std::uint32_t d = 0; d < n.devices; ++d) {
       device_cost c;
@@ -124,8 +125,7 @@ expected<defrag_plan> plan_defrag(const cluster_state& state, const defrag_reque
         const std::uint64_t b = shard_bytes(*p);
         std::optional<device_ref> dest;
         for (const auto& [d, f] : room) {
-          if (d.node == n.id && target.count(d.device)) continue;
-          if (d.node == p->node && d.device == p->devices.front()) continue;
+          if (d.node == n.id) continue;  // off the target node: drained from it, placed elsewhere
           if (f < b || (req.may_host && !req.may_host(*p, d.node))) continue;
           if (!dest || f < room[*dest]) dest = d;
         }

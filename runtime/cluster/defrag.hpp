@@ -8,9 +8,11 @@
 // For each node that could take the replica (not excluded, tp devices or
 // more): each device's shortfall is covered by moving its largest movable
 // single-device replicas first (the fewest moves that free enough), the tp
-// cheapest devices are its target, and every mover needs a destination --
-// a device off the target with room, best fit (the smallest hole that
-// holds it, keeping large holes whole), on a node it may live on. The node
+// cheapest devices are its target, and every mover needs a destination on
+// another node -- a device with room, best fit (the smallest hole that
+// holds it, keeping large holes whole), on a node it may live on. (Movers
+// are drained off the target node and placed again by placement's own
+// rules; a destination here proves one exists.) The node
 // with the fewest moves wins; ties: fewer bytes moved, then the lower node
 // id. Deterministic. Cost: O(nodes × replicas log replicas + moves × devices).
 
@@ -49,6 +51,8 @@ struct defrag_request {
   std::set<replica_id> pinned;         // replicas not to move (loading, draining, degraded...)
   /// Whether a moved replica may live on `node` (anti-affinity); null: anywhere.
   std::function<bool(const placed_slot& replica, node_id node)> may_host;
+  /// Whether the replica to place may go to `node` (its own anti-affinity); null: anywhere.
+  std::function<bool(node_id node)> may_target;
 };
 
 /// The plan with the fewest moves, or not_found naming why there is none

@@ -239,12 +239,18 @@ prepared placer::prepare(const deployment_spec& spec, const memory_breakdown& m,
 }
 
 // True when node `a` is a better home than node `b` for the next replica of
-// `p`: fewer of its replicas in the rack, then on the node, then a smaller
-// used fraction of memory, then the lower id (nodes are sorted by id).
+// `p`: fewer of its replicas in the rack, then on the node, then one whose
+// cache holds the file, then a smaller used fraction of memory, then the
+// lower id (nodes are sorted by id).
 bool placer::better(const prepared& p, std::size_t a, std::size_t b) const {
   const std::uint32_t ra = p.per_rack[rack_of_[a]], rb = p.per_rack[rack_of_[b]];
   if (ra != rb) return ra < rb;
   if (p.per_node[a] != p.per_node[b]) return p.per_node[a] < p.per_node[b];
+  if (!p.spec->cached_on.empty()) {
+    const bool ca = p.spec->cached_on.count(state_.nodes()[a].id) != 0;
+    const bool cb = p.spec->cached_on.count(state_.nodes()[b].id) != 0;
+    if (ca != cb) return ca;
+  }
   using wide = unsigned __int128;  // used × capacity overflows 64 bits
   const wide la = wide{node_used_[a]} * node_capacity_[b];
   const wide lb = wide{node_used_[b]} * node_capacity_[a];

@@ -8,7 +8,8 @@
 // (a) have `tp` devices with room in their ledgers, and (b) keep the
 // deployment within its anti-affinity limits per node and per rack. "Best"
 // spreads: fewest replicas of this deployment in the node's rack, then on the
-// node, then the least-loaded node (smallest used fraction of its memory),
+// node, then a node whose cache holds the model file (cached_on), then the
+// least-loaded node (smallest used fraction of its memory),
 // then the lowest node id. Within the node the TP group takes the devices with
 // the most free memory (ties: lowest index). Spreading keeps a node or rack
 // failure from taking many replicas of one deployment and evens out memory
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,10 @@ struct deployment_spec {
   std::optional<std::uint32_t> max_replicas_per_node;
   /// At most this many replicas of the deployment in one rack. Default: no limit.
   std::optional<std::uint32_t> max_replicas_per_rack;
+  /// Nodes whose model cache holds its file already (a load there reads no
+  /// store and, while another replica maps it, no disk): preferred after the
+  /// spreading rules, before the least-loaded node.
+  std::set<node_id> cached_on;
 };
 
 /// A slot with a home: the replica that fills it, on `devices` of `node`.

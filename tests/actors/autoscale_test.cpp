@@ -385,3 +385,24 @@ TEST_CASE("a replica that fits nowhere gets room: another moves to the other nod
   REQUIRE(k->result.has_value());
   CHECK_FALSE(k->result->err.has_value());
 }
+
+TEST_CASE("a new deployment of a file already loaded on a node goes to that node", "[actors][cache]") {
+  auto o = test::cluster_fixture::defaults(1);
+  o.nodes = 3;
+  o.devices_per_node = 1;
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  const auto before = f.status();
+  REQUIRE(before.replicas.size() == 1);
+  const auto home = before.replicas[0].node;
+  api::deploy_request twin;
+  twin.name = "twin";  // the same model file (the default)
+  twin.replicas = 1;
+  REQUIRE(deploy(f, twin));
+  f.advance(200ms);
+  std::uint32_t twin_node = 99;
+  for (const auto& r : f.status().replicas)
+    if (r.deployment == "twin") twin_node = r.node;
+  // Least loaded would be another node; the cache that holds the file wins.
+  CHECK(twin_node == home);
+}

@@ -39,15 +39,19 @@ defrag_request need(std::uint64_t gibs, std::uint32_t tp = 1) {
   return r;
 }
 
-// Device 0: 4 + 4 (2 free); device 1: 7 (3 free); device 2: 6 (4 free).
-// A 5 GiB replica fits nowhere though 9 GiB are free.
+// Node 0 -- device 0: 4 + 4 (2 free); device 1: 7 (3 free); device 2: 6
+// (4 free). Node 1, one device: 6 (4 free). A 5 GiB replica fits nowhere
+// though 13 GiB are free.
 cluster_state fragmented() {
-  auto s = make_cluster(1, 3);
-  put(s, 1, 0, 0, 4);
-  put(s, 2, 0, 0, 4);
-  put(s, 3, 0, 1, 7);
-  put(s, 4, 0, 2, 6);
-  return s;
+  std::vector<node_info> v = {{0, 0, 3, 10 * gib}, {1, 0, 1, 10 * gib}};
+  auto s = cluster_state::create(v, 0);
+  REQUIRE(s.has_value());
+  put(*s, 1, 0, 0, 4);
+  put(*s, 2, 0, 0, 4);
+  put(*s, 3, 0, 1, 7);
+  put(*s, 4, 0, 2, 6);
+  put(*s, 5, 1, 0, 6);
+  return *s;
 }
 
 }  // namespace
@@ -55,15 +59,15 @@ cluster_state fragmented() {
 TEST_CASE("one move makes room: the device whose largest replica has somewhere to go", "[defrag]") {
   const auto plan = plan_defrag(fragmented(), need(5));
   REQUIRE(plan.has_value());
-  // Device 1's 7 GiB and device 2's 6 GiB fit nowhere else; device 0's
-  // 4 GiB replica fits device 2's 4 GiB hole.
+  // The 7 and 6 GiB replicas fit no other node's hole; device 0's 4 GiB
+  // replica fits node 1's 4 GiB hole (movers leave the target node).
   CHECK(plan->node == 0);
   CHECK(plan->devices == std::vector<std::uint32_t>{0});
   REQUIRE(plan->moves.size() == 1);
   CHECK(plan->moves[0].replica == 1);
   CHECK(plan->moves[0].from_device == 0);
-  CHECK(plan->moves[0].to_node == 0);
-  CHECK(plan->moves[0].to_device == 2);
+  CHECK(plan->moves[0].to_node == 1);
+  CHECK(plan->moves[0].to_device == 0);
   CHECK(plan->bytes_moved == 4 * gib);
 }
 
@@ -74,6 +78,13 @@ TEST_CASE("a pinned replica stays and its neighbour moves instead", "[defrag]") 
   REQUIRE(plan.has_value());
   REQUIRE(plan->moves.size() == 1);
   CHECK(plan->moves[0].replica == 2);
+}
+
+TEST_CASE("a node the replica may not use is no target", "[defrag]") {
+  auto r = need(5);
+  r.may_target = [](node_id n) { return n != 0; };
+  // Node 1 would need its 6 GiB moved, and no other node has such a hole.
+  CHECK_FALSE(plan_defrag(fragmented(), r).has_value());
 }
 
 TEST_CASE("a replica that already fits needs no move", "[defrag]") {

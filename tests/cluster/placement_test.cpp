@@ -468,3 +468,27 @@ TEST_CASE("excluded (drained) nodes get nothing, and the rest spread as without 
   REQUIRE(none->unplaced.size() == 2);
   CHECK_THAT(none->unplaced.front().reason, Catch::Contains("excluded"));
 }
+
+TEST_CASE("a node whose cache holds the file is preferred, after spreading and before load", "[placement]") {
+  auto s = make_state(topology(4, 1, 4));
+  // Node 0 is busy with another deployment; nodes 1-3 are alike, and node 3
+  // holds the file.
+  place_ok(s, {sized("other", 1, 10)});  // lands on node 0 (all equal, lowest id)
+  auto d = sized("m", 1, 5);
+  d.cached_on = {3};
+  auto plan = place_ok(s, {d});
+  REQUIRE(plan.placed.size() == 1);
+  CHECK(plan.placed[0].node == 3);
+  // Without it, the least-loaded node with the lowest id: node 1.
+  auto s2 = make_state(topology(4, 1, 4));
+  place_ok(s2, {sized("other", 1, 10)});
+  auto plain = place_ok(s2, {sized("m", 1, 5)});
+  CHECK(plain.placed[0].node == 1);
+  // Spreading still comes first: a second replica goes to another node.
+  auto s3 = make_state(topology(4, 1, 4));
+  auto two = sized("m", 2, 5);
+  two.cached_on = {3};
+  const auto spread = per_node(place_ok(s3, {two}));
+  CHECK(spread.size() == 2);
+  CHECK(spread.count(3) == 1);
+}

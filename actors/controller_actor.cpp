@@ -1065,6 +1065,7 @@ void on_node_join(self_ptr self, const node_join& m) {
   s.contacts[m.node] = {m.address, m.hub};
   if (!m.region.empty()) {
     s.node_regions[m.node] = m.region;
+    (void)s.placement->set_region(m.node, m.region);  // placement spreads over regions
     self->send(s.router, node_region{m.node, m.region});
   }
   self->monitor(m.handle);
@@ -1797,6 +1798,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
     return {};
   }
   st.placement.emplace(std::move(*placement));
+  for (const auto& [node, region] : st.config.node_regions) (void)st.placement->set_region(node, region);
   st.slots.emplace(cluster::slot_scheduler_config{
       st.config.migration_parallelism, st.config.slot_max_replacements,
       std::chrono::milliseconds(st.config.slot_replacement_window_ms)});

@@ -56,6 +56,7 @@ struct desired_state {
 
 struct controller_config {
   std::vector<cluster::node_info> nodes;
+  std::map<cluster::node_id, std::string> node_regions;  // of `nodes` (embedded); joining nodes say theirs
   std::uint64_t device_reserved_bytes = 0;
   std::uint64_t replica_overhead_bytes = 0;  // per replica shard (GPU framework cost)
   std::string engine = "cpu";           // engine of new replicas: "cpu" or "null"

@@ -102,6 +102,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;
     c.nodes.push_back({n, rack, o.devices_per_node, memory_bytes});
+    if (o.regions) c.node_regions[n] = "r" + std::to_string(n % o.regions);
     plan.health.nodes.push_back(n);
     node_config nc;
     nc.id = n;

@@ -47,6 +47,19 @@ cluster_state cluster_state::empty(std::uint64_t device_reserved_bytes) {
   return s;
 }
 
+expected<void> cluster_state::set_region(node_id node, std::string region) {
+  const auto i = node_index(node);
+  if (!i) return make_error(errc::not_found, "no node " + std::to_string(node));
+  regions_[node] = std::move(region);
+  return {};
+}
+
+const std::string& cluster_state::region_of(node_id node) const {
+  static const std::string none;
+  const auto it = regions_.find(node);
+  return it == regions_.end() ? none : it->second;
+}
+
 expected<void> cluster_state::add_node(const node_info& node) {
   if (index_.count(node.id)) return make_error(errc::invalid_argument, fmt::format("node {} is already known", node.id));
   auto nodes = nodes_;
@@ -143,6 +156,7 @@ struct prepared {
   std::uint32_t rack_limit = no_limit;
   std::vector<std::uint32_t> per_node;  // by node index
   std::vector<std::uint32_t> per_rack;  // by dense rack index
+  std::vector<std::uint32_t> per_region;  // by dense region index
 };
 
 struct candidate {
@@ -177,6 +191,12 @@ class placer {
     std::uint32_t next = 0;
     for (auto& [id, index] : racks) index = next++;
     rack_count_ = next;
+    std::map<std::string, std::uint32_t> regions;
+    for (const node_info& n : nodes) regions.emplace(state.region_of(n.id), 0);
+    next = 0;
+    for (auto& [name, index] : regions) index = next++;
+    region_count_ = next;
+    for (const node_info& n : nodes) region_of_.push_back(regions.at(state.region_of(n.id)));
     excluded_.assign(nodes.size(), false);
     for (node_id id : excluded) {
       if (auto i = state.node_index(id)) excluded_[*i] = true;
@@ -205,6 +225,8 @@ class placer {
   cluster_state& state_;
   std::vector<bool> excluded_;
   std::vector<std::uint32_t> rack_of_;
+  std::vector<std::uint32_t> region_of_;
+  std::uint32_t region_count_ = 0;
   std::vector<std::uint64_t> node_used_;
   std::vector<std::uint64_t> node_capacity_;
   std::uint32_t rack_count_ = 0;
@@ -217,11 +239,13 @@ prepared placer::prepare(const deployment_spec& spec, const memory_breakdown& m,
   p.per_device = m;
   p.per_node.assign(nodes.size(), 0);
   p.per_rack.assign(rack_count_, 0);
+  p.per_region.assign(region_count_, 0);
   for (const auto& [id, r] : state_.replicas()) {
     if (r.slot.deployment != spec.name || (skip != nullptr && r.slot == *skip)) continue;
     const std::size_t i = *state_.node_index(r.node);
     ++p.per_node[i];
     ++p.per_rack[rack_of_[i]];
+    ++p.per_region[region_of_[i]];
   }
   // Spread evenly by default: over the nodes that could hold one replica
   // when empty, so tiny or excluded nodes do not lower everyone's share.
@@ -239,10 +263,12 @@ prepared placer::prepare(const deployment_spec& spec, const memory_breakdown& m,
 }
 
 // True when node `a` is a better home than node `b` for the next replica of
-// `p`: fewer of its replicas in the rack, then on the node, then one whose
+// `p`: fewer of its replicas in the region, then in the rack, then on the node, then one whose
 // cache holds the file, then a smaller used fraction of memory, then the
 // lower id (nodes are sorted by id).
 bool placer::better(const prepared& p, std::size_t a, std::size_t b) const {
+  const std::uint32_t ga = p.per_region[region_of_[a]], gb = p.per_region[region_of_[b]];
+  if (ga != gb) return ga < gb;
   const std::uint32_t ra = p.per_rack[rack_of_[a]], rb = p.per_rack[rack_of_[b]];
   if (ra != rb) return ra < rb;
   if (p.per_node[a] != p.per_node[b]) return p.per_node[a] < p.per_node[b];
@@ -302,6 +328,7 @@ placed_slot placer::commit(prepared& p, std::uint32_t index, const candidate& c)
   EXA_ASSERT_MSG(ok.has_value(), "placement chose devices its ledgers refuse");
   ++p.per_node[c.node];
   ++p.per_rack[rack_of_[c.node]];
+  ++p.per_region[region_of_[c.node]];
   node_used_[c.node] += p.per_device.total_bytes() * c.devices.size();
   return s;
 }

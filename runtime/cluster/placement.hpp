@@ -7,7 +7,8 @@
 // scatter over them. Each slot then goes to the best node among those that
 // (a) have `tp` devices with room in their ledgers, and (b) keep the
 // deployment within its anti-affinity limits per node and per rack. "Best"
-// spreads: fewest replicas of this deployment in the node's rack, then on the
+// spreads: fewest replicas of this deployment in the node's region (so each
+// region's gateways have replicas near them), then in its rack, then on the
 // node, then a node whose cache holds the model file (cached_on), then the
 // least-loaded node (smallest used fraction of its memory),
 // then the lowest node id. Within the node the TP group takes the devices with
@@ -101,6 +102,10 @@ class cluster_state {
   /// Errors (state unchanged): invalid_argument for a node id already known,
   /// or devices or memory out of range as in create().
   expected<void> add_node(const node_info& node);
+  /// The region a node is in (learned when it joins); not_found for an unknown node.
+  expected<void> set_region(node_id node, std::string region);
+  /// "" for a node without one (all such nodes count as one region).
+  const std::string& region_of(node_id node) const;
 
   /// Sorted by node id.
   const std::vector<node_info>& nodes() const noexcept { return nodes_; }
@@ -133,6 +138,7 @@ class cluster_state {
   std::vector<device_ledger> ledgers_;
   std::map<node_id, std::size_t> index_;
   std::map<replica_id, placed_slot> replicas_;
+  std::map<node_id, std::string> regions_;
   replica_id next_replica_id_ = 1;
   std::uint64_t device_reserved_bytes_ = 0;
 };

@@ -492,3 +492,21 @@ TEST_CASE("a node whose cache holds the file is preferred, after spreading and b
   CHECK(spread.size() == 2);
   CHECK(spread.count(3) == 1);
 }
+
+TEST_CASE("replicas spread over regions before racks and nodes", "[placement]") {
+  auto s = make_state(topology(4, 1, 1));  // a rack per node
+  for (node_id n = 0; n < 4; ++n) REQUIRE(s.set_region(n, n < 2 ? "east" : "west"));
+  const auto plan = place_ok(s, {sized("m", 2, 5)});
+  std::set<std::string> regions;
+  for (const auto& p : plan.placed) regions.insert(s.region_of(p.node));
+  CHECK(regions.size() == 2);
+  // Without regions the same two replicas take nodes 0 and 1 (by id).
+  auto plain = make_state(topology(4, 1, 1));
+  const auto p2 = per_node(place_ok(plain, {sized("m", 2, 5)}));
+  CHECK(p2.count(0) == 1);
+  CHECK(p2.count(1) == 1);
+  CHECK(per_node(plan).count(0) == 1);
+  CHECK(per_node(plan).count(2) == 1);
+  CHECK(s.set_region(9, "x").error().code == errc::not_found);
+  CHECK(s.region_of(9).empty());
+}

@@ -530,7 +530,8 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
   // Loaded and warm (serving or standing by): its migration place and its
   // turn to load are done.
   const bool warm = cluster::serves_requests(state) || state == replica_state::standby;
-  if (warm && before != state) {
+  const bool was_warm = cluster::serves_requests(before) || before == replica_state::standby;
+  if (warm && !was_warm) {  // just loaded (not the ready/serving flips of every request)
     if (auto dep = st.deployments.find(it->second.deployment); dep != st.deployments.end()) {
       const auto key = model_key(dep->second);
       if (st.cached_models[key].insert(it->second.node).second) note_cached(self, key);

@@ -10,6 +10,7 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "model/model_gen.hpp"
+#include "model/vocab_json.hpp"
 
 namespace exa::app {
 namespace {
@@ -18,18 +19,50 @@ const std::vector<flag_spec> flags = {
     {"preset", true, "tiny (default) or small (~100M parameters)"},
     {"out", true, "output file (required)"},
     {"seed", true, "weight seed (default 1)"},
-    {"type", true, "f32 (default), f16, bf16, q8_0, q4_0"},
+    {"type", true, "f32 (default), f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q4_k, q5_k, q6_k "
+                   "(K-quants need dim and ff divisible by 256)"},
     {"layers", true, "override: transformer blocks"},
     {"dim", true, "override: embedding width"},
     {"heads", true, "override: attention heads"},
     {"kv-heads", true, "override: key/value heads (GQA when < heads)"},
     {"ff", true, "override: feed-forward width"},
-    {"vocab", true, "override: vocabulary size (>= 260)"},
+    {"vocab", true, "N: byte-level vocabulary of N tokens (>= 260); FILE.json: that vocabulary "
+                    "and tokenizer metadata (format in runtime/model/vocab_json.hpp), vocab size = its tokens"},
     {"context", true, "override: context length"},
     {"name", true, "override: general.name"},
     {"tie-embeddings", false, "omit output.weight (the head reuses token_embd)"},
+    {"arch", true, "llama (default) or qwen2 (Q/K/V biases, half-split RoPE; Qwen2.5's rope base 1e6, rms eps 1e-6)"},
+    {"rope-scaling", true, "none (default), linear ({arch}.rope.scaling.*) or llama3 (rope_freqs.weight, llama only)"},
+    {"rope-factor", true, "RoPE scaling factor for linear/llama3 (default 8)"},
+    {"rope-original-context", true, "llama3: original context length (default 8192)"},
     {"help", false, "show this help"},
 };
+
+// --arch and the RoPE scaling flags.
+expected<void> read_arch_options(const args& a, model::model_spec& spec) {
+  if (auto arch = a.get("arch")) {
+    auto parsed = model::architecture_from_string(*arch);
+    if (!parsed) return make_error(errc::invalid_argument, "unknown --arch '" + *arch + "' (llama, qwen2)");
+    spec.arch = *parsed;
+    if (spec.arch == model::architecture::qwen2) {
+      spec.rope_freq_base = 1000000.0f;
+      spec.rms_eps = 1e-6f;
+    }
+  }
+  if (auto r = a.get("rope-scaling")) {
+    if (*r == "none") spec.rope_scaling = model::rope_scaling_kind::none;
+    else if (*r == "linear") spec.rope_scaling = model::rope_scaling_kind::linear;
+    else if (*r == "llama3") spec.rope_scaling = model::rope_scaling_kind::llama3;
+    else return make_error(errc::invalid_argument, "unknown --rope-scaling '" + *r + "' (none, linear, llama3)");
+  }
+  auto factor = a.get_double("rope-factor", 8.0, 1.0, 1024.0);
+  if (!factor) return std::unexpected(factor.error());
+  spec.rope_scaling_factor = static_cast<float>(*factor);
+  auto original = a.get_int("rope-original-context", 8192, 1, 1 << 24);
+  if (!original) return std::unexpected(original.error());
+  spec.rope_original_context = static_cast<std::uint32_t>(*original);
+  return {};
+}
 
 expected<model::model_spec> spec_from(const args& a) {
   const std::string preset = a.get_or("preset", "tiny");
@@ -39,21 +72,34 @@ expected<model::model_spec> spec_from(const args& a) {
   if (!seed) return std::unexpected(seed.error());
   spec->seed = static_cast<std::uint64_t>(*seed);
   if (auto t = a.get("type")) {
-    auto type = model::tensor_type_from_string(*t);
-    if (!type) return make_error(errc::invalid_argument, "unknown --type '" + *t + "' (f32, f16, bf16, q8_0, q4_0)");
-    spec->type = *type;
+    auto format = model::weight_format_from_string(*t);
+    if (!format) {
+      return make_error(errc::invalid_argument,
+                        "unknown --type '" + *t + "' (f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q4_k, q5_k, q6_k)");
+    }
+    spec->type = format->base;
+    spec->mix = format->mix;
+  }
+  // --vocab is a size when it is a number and a JSON vocabulary otherwise.
+  if (auto v = a.get("vocab"); v && !v->empty() && v->find_first_not_of("0123456789") != std::string::npos) {
+    auto vocabulary = model::vocab_from_json_file(*v);
+    if (!vocabulary) return std::unexpected(vocabulary.error());
+    spec->vocab_size = static_cast<std::uint32_t>(vocabulary->tokens.size());
+    spec->vocabulary = std::move(*vocabulary);
   }
   struct field { const char* flag; std::uint32_t* dst; };
   const field fields[] = {{"layers", &spec->n_layers}, {"dim", &spec->dim}, {"heads", &spec->n_heads},
                           {"kv-heads", &spec->n_kv_heads}, {"ff", &spec->ff_dim},
                           {"vocab", &spec->vocab_size}, {"context", &spec->context_length}};
   for (const auto& f : fields) {
+    if (spec->vocabulary && std::string_view(f.flag) == "vocab") continue;
     auto v = a.get_int(f.flag, *f.dst, 1, 1 << 24);
     if (!v) return std::unexpected(v.error());
     *f.dst = static_cast<std::uint32_t>(*v);
   }
   if (auto n = a.get("name")) spec->name = *n;
   if (a.has("tie-embeddings")) spec->tie_embeddings = true;
+  if (auto r = read_arch_options(a, *spec); !r) return std::unexpected(r.error());
   if (auto ok = model::validate(*spec); !ok) return std::unexpected(ok.error());
   return *spec;
 }
@@ -64,7 +110,10 @@ int cmd_gen_model(int argc, char** argv) {
   auto a = args::parse(argc, argv, 2, flags);
   if (!a) return fail("gen-model", a.error());
   if (a->has("help")) {
-    std::printf("usage: exaserve gen-model --preset tiny|small [--seed S] [--type T] --out FILE [shape flags]\n%s",
+    std::printf("usage: exaserve gen-model --preset tiny|small [--seed S] [--type T] --out FILE [shape flags]\n"
+                "  --vocab FILE.json writes random weights under a real vocabulary (SentencePiece 'llama'\n"
+                "  or byte-level BPE 'gpt2', with merges, special ids, add_bos/eos, chat template), so\n"
+                "  llama.cpp and exaserve can be compared on tokenization and templates.\n%s",
                 describe_flags(flags).c_str());
     return 0;
   }
@@ -80,7 +129,8 @@ int cmd_gen_model(int argc, char** argv) {
   spdlog::info("event=model_written path={} layers={} dim={} heads={} kv_heads={} ff={} vocab={} context={} "
                "type={} seed={} bytes={} seconds={:.2f}",
                *out, spec->n_layers, spec->dim, spec->n_heads, spec->n_kv_heads, spec->ff_dim,
-               spec->vocab_size, spec->context_length, model::to_string(spec->type), spec->seed,
+               spec->vocab_size, spec->context_length,
+               model::to_string(model::weight_format{spec->type, spec->mix}), spec->seed,
                ec ? 0 : bytes, secs);
   return 0;
 }

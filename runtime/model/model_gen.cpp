@@ -1,6 +1,7 @@
 #include "model/model_gen.hpp"
 
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include "common/assert.hpp"
 #include "common/splitmix64.hpp"
 #include "model/gguf_writer.hpp"
+#include "model/kquants.hpp"
 #include "model/quantize.hpp"
 #include "model/tokenizer.hpp"
 
@@ -39,24 +41,13 @@ expected<void> check_range(std::string_view field, std::uint64_t v, std::uint64_
   return {};
 }
 
-// llama.cpp's general.file_type (llama_ftype) for files whose 2-D weights are `t`.
-std::uint32_t file_type(tensor_type t) noexcept {
-  switch (t) {
-    case tensor_type::f32: return 0;
-    case tensor_type::f16: return 1;
-    case tensor_type::q4_0: return 2;
-    case tensor_type::q8_0: return 7;
-    case tensor_type::bf16: return 32;
-  }
-  return 0;
-}
-
 bool is_quantized(tensor_type t) noexcept { return block_elems(t) > 1; }
 
 std::uint64_t parameter_count(const model_spec& s) {
   const std::uint64_t dim = s.dim;
   const std::uint64_t kv_dim = std::uint64_t{s.n_kv_heads} * (s.dim / s.n_heads);
-  const std::uint64_t per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * s.ff_dim + 2 * dim;
+  const std::uint64_t biases = s.arch == architecture::qwen2 ? dim + 2 * kv_dim : 0;
+  const std::uint64_t per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * s.ff_dim + 2 * dim + biases;
   const std::uint64_t outputs = s.tie_embeddings ? 1 : 2;
   return outputs * dim * s.vocab_size + dim + s.n_layers * per_layer;
 }
@@ -83,7 +74,13 @@ float normal_at(std::uint64_t key, std::uint64_t index) noexcept {
   return static_cast<float>(sum - 131070) * scale;
 }
 
-enum class weight_kind { embedding, matrix, norm };
+// bias: qwen2's Q/K/V biases; rope_freqs: computed, not random.
+enum class weight_kind { embedding, matrix, norm, bias, rope_freqs };
+
+// 1-D tensors: written f32 whatever the spec's type, as converters do.
+bool is_vector(weight_kind k) noexcept {
+  return k == weight_kind::norm || k == weight_kind::bias || k == weight_kind::rope_freqs;
+}
 
 struct tensor_plan {
   std::string name;
@@ -97,12 +94,20 @@ std::vector<tensor_plan> plan_tensors(const model_spec& s) {
   const std::uint64_t ff = s.ff_dim;
   std::vector<tensor_plan> plan;
   plan.push_back({"token_embd.weight", {dim, s.vocab_size}, weight_kind::embedding});
+  if (s.rope_scaling == rope_scaling_kind::llama3) {
+    plan.push_back({"rope_freqs.weight", {s.dim / s.n_heads / 2}, weight_kind::rope_freqs});
+  }
   for (std::uint32_t i = 0; i < s.n_layers; ++i) {
     auto name = [i](std::string_view what) { return fmt::format("blk.{}.{}.weight", i, what); };
     plan.push_back({name("attn_norm"), {dim}, weight_kind::norm});
     plan.push_back({name("attn_q"), {dim, dim}, weight_kind::matrix});
     plan.push_back({name("attn_k"), {dim, kv_dim}, weight_kind::matrix});
     plan.push_back({name("attn_v"), {dim, kv_dim}, weight_kind::matrix});
+    if (s.arch == architecture::qwen2) {
+      plan.push_back({fmt::format("blk.{}.attn_q.bias", i), {dim}, weight_kind::bias});
+      plan.push_back({fmt::format("blk.{}.attn_k.bias", i), {kv_dim}, weight_kind::bias});
+      plan.push_back({fmt::format("blk.{}.attn_v.bias", i), {kv_dim}, weight_kind::bias});
+    }
     plan.push_back({name("attn_output"), {dim, dim}, weight_kind::matrix});
     plan.push_back({name("ffn_norm"), {dim}, weight_kind::norm});
     plan.push_back({name("ffn_gate"), {dim, ff}, weight_kind::matrix});
@@ -114,10 +119,40 @@ std::vector<tensor_plan> plan_tensors(const model_spec& s) {
   return plan;
 }
 
+// Llama 3.1's RoPE frequency factors as llama.cpp's converter computes them
+// for rope_type "llama3": 1 for wavelengths under original_context / 4, the
+// full factor above original_context, and a smooth blend between.
+std::vector<float> llama3_rope_factors(const model_spec& s) {
+  const std::uint32_t rope_dim = s.dim / s.n_heads;
+  const double factor = s.rope_scaling_factor, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  const double old_context = s.rope_original_context;
+  const double low_freq_wavelen = old_context / low_freq_factor;
+  const double high_freq_wavelen = old_context / high_freq_factor;
+  std::vector<float> out;
+  for (std::uint32_t i = 0; i < rope_dim; i += 2) {
+    const double freq = 1.0 / std::pow(static_cast<double>(s.rope_freq_base), static_cast<double>(i) / rope_dim);
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    double f = 1.0;
+    if (wavelen > low_freq_wavelen) {
+      f = factor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      f = 1.0 / ((1.0 - smooth) / factor + smooth);
+    }
+    out.push_back(static_cast<float>(f));
+  }
+  return out;
+}
+
 // Produces one tensor's bytes row by row, converting each row as it goes so
 // that no float copy of the whole tensor exists.
-void fill_tensor(const tensor_plan& p, tensor_type type, std::uint64_t seed,
-                 std::span<std::byte> out) {
+void fill_tensor(const model_spec& spec, const tensor_plan& p, tensor_type type, std::span<std::byte> out) {
+  const std::uint64_t seed = spec.seed;
+  if (p.kind == weight_kind::rope_freqs) {
+    const std::vector<float> factors = llama3_rope_factors(spec);
+    EXA_ASSERT(factors.size() == p.shape[0] && out.size() == row_bytes(type, factors.size()));
+    return convert_row(factors, type, out.data());
+  }
   const std::uint64_t key = splitmix64(seed ^ splitmix64(fnv1a64(p.name)));
   const std::uint64_t cols = p.shape[0];
   const std::uint64_t rows = p.shape.size() > 1 ? p.shape[1] : 1;
@@ -130,26 +165,36 @@ void fill_tensor(const tensor_plan& p, tensor_type type, std::uint64_t seed,
   for (std::uint64_t r = 0; r < rows; ++r) {
     for (std::uint64_t c = 0; c < cols; ++c) {
       const float z = normal_at(key, r * cols + c);
-      row[static_cast<std::size_t>(c)] = p.kind == weight_kind::norm ? 1.0f + 0.1f * z : z * scale;
+      // Biases are large enough (real qwen2 Q/K biases are) that a forward
+      // pass ignoring them is far off.
+      row[static_cast<std::size_t>(c)] = p.kind == weight_kind::norm   ? 1.0f + 0.1f * z
+                                         : p.kind == weight_kind::bias ? 0.5f * z
+                                                                       : z * scale;
     }
     convert_row(row, type, out.data() + r * row_size);
   }
 }
 
 void write_metadata(gguf_writer& w, const model_spec& s) {
-  w.add_string("general.architecture", "llama");
+  const std::string_view arch = to_string(s.arch);
+  const auto key = [arch](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
+  w.add_string("general.architecture", std::string(arch));
   w.add_string("general.name", s.name);
   w.add_u32("general.alignment", alignment);
-  w.add_u32("llama.context_length", s.context_length);
-  w.add_u32("llama.embedding_length", s.dim);
-  w.add_u32("llama.block_count", s.n_layers);
-  w.add_u32("llama.feed_forward_length", s.ff_dim);
-  w.add_u32("llama.attention.head_count", s.n_heads);
-  w.add_u32("llama.attention.head_count_kv", s.n_kv_heads);
-  w.add_u32("llama.rope.dimension_count", s.dim / s.n_heads);
-  w.add_f32("llama.rope.freq_base", s.rope_freq_base);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", s.rms_eps);
-  w.add_u32("general.file_type", file_type(s.type));
+  w.add_u32(key("context_length"), s.context_length);
+  w.add_u32(key("embedding_length"), s.dim);
+  w.add_u32(key("block_count"), s.n_layers);
+  w.add_u32(key("feed_forward_length"), s.ff_dim);
+  w.add_u32(key("attention.head_count"), s.n_heads);
+  w.add_u32(key("attention.head_count_kv"), s.n_kv_heads);
+  w.add_u32(key("rope.dimension_count"), s.dim / s.n_heads);
+  w.add_f32(key("rope.freq_base"), s.rope_freq_base);
+  w.add_f32(key("attention.layer_norm_rms_epsilon"), s.rms_eps);
+  if (s.rope_scaling == rope_scaling_kind::linear) {
+    w.add_string(key("rope.scaling.type"), "linear");
+    w.add_f32(key("rope.scaling.factor"), s.rope_scaling_factor);
+  }
+  w.add_u32("general.file_type", llama_file_type({s.type, s.mix}));
   w.add_u32("general.quantization_version", 2);
 }
 
@@ -164,11 +209,41 @@ expected<void> check_sizes(const model_spec& s) {
       {"n_heads", s.n_heads, 1, max_heads},
       {"n_kv_heads", s.n_kv_heads, 1, s.n_heads},
       {"ff_dim", s.ff_dim, 1, max_ff},
-      {"vocab_size", s.vocab_size, min_vocab, max_vocab},
+      {"vocab_size", s.vocab_size, s.vocabulary ? 1 : min_vocab, max_vocab},
       {"context_length", s.context_length, min_context, max_context},
   };
   for (const bound& b : bounds) {
     if (auto r = check_range(b.field, b.value, b.lo, b.hi); !r) return r;
+  }
+  return {};
+}
+
+// K-quant rows are whole 256-element super-blocks. llama.cpp falls back to
+// q5_0/q5_1/q8_0 for other widths; we do not write those types, so such a
+// spec is refused rather than silently given another mix.
+expected<void> check_k_quant_rows(const model_spec& s) {
+  const bool k_quant = s.mix == quant_mix::k_m || block_elems(s.type) == qk_k;
+  if (s.mix == quant_mix::k_m && s.type != tensor_type::q4_K && s.type != tensor_type::q5_K) {
+    return invalid(fmt::format("the *_K_M mix needs a q4_K or q5_K base, not {}", to_string(s.type)));
+  }
+  if (k_quant && (s.dim % qk_k != 0 || s.ff_dim % qk_k != 0)) {
+    return invalid(fmt::format("type {} needs dim ({}) and ff_dim ({}) divisible by 256 (K-quant "
+                               "super-blocks; llama.cpp would fall back to q5_0/q5_1/q8_0 for such rows, "
+                               "which ExaServe does not write)",
+                               to_string(weight_format{s.type, s.mix}), s.dim, s.ff_dim));
+  }
+  return {};
+}
+
+expected<void> check_rope_scaling(const model_spec& s) {
+  if (s.rope_scaling == rope_scaling_kind::none) return {};
+  if (!std::isfinite(s.rope_scaling_factor) || !(s.rope_scaling_factor >= 1.0f)) {
+    return invalid(fmt::format("rope_scaling_factor = {} must be finite and at least 1", s.rope_scaling_factor));
+  }
+  if (s.rope_scaling == rope_scaling_kind::llama3) {
+    // llama.cpp's qwen2 graph takes no frequency factors.
+    if (s.arch != architecture::llama) return invalid("llama3 RoPE scaling needs the llama architecture");
+    if (auto r = check_range("rope_original_context", s.rope_original_context, 1, max_context); !r) return r;
   }
   return {};
 }
@@ -201,6 +276,13 @@ expected<void> validate(const model_spec& s) {
                                static_cast<std::uint32_t>(s.type)));
   }
   if (auto r = check_sizes(s); !r) return r;
+  if (s.vocabulary) {
+    if (auto r = s.vocabulary->validate(); !r) return r;
+    if (s.vocabulary->tokens.size() != s.vocab_size) {
+      return invalid(fmt::format("vocab_size {} differs from the vocabulary's {} tokens", s.vocab_size,
+                                 s.vocabulary->tokens.size()));
+    }
+  }
   if (s.dim % s.n_heads != 0) {
     return invalid(fmt::format("dim {} is not divisible by n_heads {}", s.dim, s.n_heads));
   }
@@ -214,6 +296,8 @@ expected<void> validate(const model_spec& s) {
     return invalid(fmt::format("type {} needs dim ({}) and ff_dim ({}) divisible by 32",
                                to_string(s.type), s.dim, s.ff_dim));
   }
+  if (auto r = check_k_quant_rows(s); !r) return r;
+  if (auto r = check_rope_scaling(s); !r) return r;
   if (!std::isfinite(s.rope_freq_base) || !(s.rope_freq_base > 0.0f)) {
     return invalid(fmt::format("rope_freq_base = {} must be positive and finite", s.rope_freq_base));
   }
@@ -230,16 +314,23 @@ expected<void> generate_model(const model_spec& spec, const std::string& path) {
   if (auto r = validate(spec); !r) return r;
   gguf_writer w;
   write_metadata(w, spec);
-  tokenizer::byte_level(spec.vocab_size).write_gguf(w);
+  if (spec.vocabulary) {
+    spec.vocabulary->write_gguf(w);
+  } else {
+    tokenizer::byte_level(spec.vocab_size).write_gguf(w);
+  }
   for (tensor_plan& p : plan_tensors(spec)) {
-    // Norms stay f32 whatever the spec asks: they are tiny and the engine
-    // applies them in float.
-    const tensor_type type = p.kind == weight_kind::norm ? tensor_type::f32 : spec.type;
+    // Norms, biases and RoPE factors stay f32 whatever the spec asks: they
+    // are tiny and the engine applies them in float.
+    const tensor_type type = is_vector(p.kind)
+                                 ? tensor_type::f32
+                                 : weight_type_for({spec.type, spec.mix}, p.name, spec.tie_embeddings, spec.n_layers);
     std::vector<std::uint64_t> shape = p.shape;
     std::string name = p.name;
     w.add_tensor_fill(std::move(name), std::move(shape), type,
-                      [plan = std::move(p), type, seed = spec.seed](std::span<std::byte> out) {
-                        fill_tensor(plan, type, seed, out);
+                      // w.write() below runs the fills while `spec` is alive.
+                      [plan = std::move(p), type, &spec](std::span<std::byte> out) {
+                        fill_tensor(spec, plan, type, out);
                       });
   }
   return w.write(path);

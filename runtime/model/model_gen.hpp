@@ -8,9 +8,18 @@
 #include <string_view>
 
 #include "common/error.hpp"
+#include "model/llama_config.hpp"
+#include "model/quant_mix.hpp"
 #include "model/tensor_type.hpp"
+#include "model/vocab.hpp"
 
 namespace exa::model {
+
+/// RoPE scaling a generated file carries. linear: {arch}.rope.scaling.type
+/// "linear" and .factor; llama3: rope_freqs.weight with the per-pair factors
+/// llama.cpp's converter computes for Llama 3.1 (rope_type "llama3", low/high
+/// frequency factors 1 and 4).
+enum class rope_scaling_kind : std::uint8_t { none, linear, llama3 };
 
 struct model_spec {
   std::string name = "exaserve-tiny";
@@ -24,8 +33,19 @@ struct model_spec {
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
   tensor_type type = tensor_type::f32;  // 2-D weights; norms are always f32
+  /// k_m: `type` (q4_K or q5_K) is the base of llama.cpp's *_K_M mix
+  /// (model/quant_mix.hpp); uniform: every 2-D weight is `type`.
+  quant_mix mix = quant_mix::uniform;
   bool tie_embeddings = false;          // omit output.weight
   std::uint64_t seed = 1;
+  /// llama, or qwen2: Q/K/V biases (~N(0, 0.5²)) and `qwen2.*` keys.
+  architecture arch = architecture::llama;
+  rope_scaling_kind rope_scaling = rope_scaling_kind::none;
+  float rope_scaling_factor = 8.0f;             // linear and llama3
+  std::uint32_t rope_original_context = 8192;   // llama3's original_max_position_embeddings
+  /// The vocabulary to write; absent: the byte-level one of `vocab_size`
+  /// tokens. When present, `vocab_size` must equal its token count.
+  std::optional<model::vocab> vocabulary;
 };
 
 /// Named presets: "tiny" (a few MB; tests and the default `make run`) and
@@ -34,7 +54,8 @@ std::optional<model_spec> preset_spec(std::string_view name);
 
 /// Checks a spec before any work: sizes nonzero and bounded, dim % heads == 0,
 /// heads % kv_heads == 0, even head_dim, quantized types need dim and ff_dim
-/// divisible by 32, vocab >= 260 (the byte-level tokenizer).
+/// divisible by 32 (256 for K-quants and the *_K_M mixes), vocab >= 260 (the byte-level tokenizer) unless the spec
+/// carries its own vocabulary, which must be valid and `vocab_size` long.
 expected<void> validate(const model_spec& spec);
 
 /// Writes the model to `path` (atomically). Weights ~ N(0, 1/sqrt(fan_in))

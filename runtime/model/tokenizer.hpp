@@ -18,18 +18,12 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "model/vocab.hpp"
 
 namespace exa::model {
 
 class gguf_file;
 class gguf_writer;
-
-using token_id = std::int32_t;
-
-/// GGUF token types (tokenizer.ggml.token_type).
-enum class token_kind : std::int32_t {
-  normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6,
-};
 
 class tokenizer {
  public:

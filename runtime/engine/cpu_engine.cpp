@@ -54,6 +54,9 @@ expected<void> cpu_engine::check(const generation_request& r) const {
                           "token id " + std::to_string((*list)[i]) + " at index " + std::to_string(i) +
                               " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (auto ok = validate(r.sampling); !ok) return ok;
+  if (r.top_logprobs > max_top_logprobs)
+    return make_error(errc::invalid_argument, "top_logprobs must be at most " + std::to_string(max_top_logprobs) +
+                                                  ", got " + std::to_string(r.top_logprobs));
   return {};
 }
 
@@ -96,7 +99,8 @@ void cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_res
     scheduler_.finish(r.id);
     return;
   }
-  out.tokens.push_back({r.id, next, seq.generated()});
+  token_event& event = out.tokens.emplace_back(token_event{r.id, next, seq.generated(), std::nullopt});
+  if (r.logprobs) event.logprobs = compute_logprobs(logits, model_->config().vocab_size, next, r.top_logprobs);
   seq.tokens.push_back(next);
   ++stats_.generated_tokens;
   if (seq.generated() >= r.max_tokens) {

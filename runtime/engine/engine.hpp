@@ -29,6 +29,11 @@ struct generation_request {
   sampling_params sampling;
   /// Generation ends when one of these is sampled; it is not emitted.
   std::vector<model::token_id> stop_tokens;
+  /// Log-probabilities with each token (compute_logprobs): off by default,
+  /// so a request that does not ask pays nothing. top_logprobs (at most
+  /// max_top_logprobs) alternatives per token come with them.
+  bool logprobs = false;
+  std::uint32_t top_logprobs = 0;
 };
 
 enum class finish_reason { stop, length, cancelled };
@@ -38,6 +43,8 @@ struct token_event {
   seq_id id = 0;
   model::token_id token = 0;
   std::uint32_t index = 0;  // position among generated tokens, 0-based
+  /// Set only when the request asked for logprobs.
+  std::optional<token_logprobs> logprobs;
 };
 
 struct finish_event {
@@ -74,8 +81,9 @@ class inference_engine {
 
   /// Queues a request. Errors: invalid_argument (empty prompt, token out of
   /// vocabulary, prompt + max_tokens over the context length or the KV
-  /// capacity, bad sampling parameters, duplicate id), overloaded (waiting
-  /// queue full).
+  /// capacity, bad sampling parameters, top_logprobs over its bound,
+  /// duplicate id), overloaded (waiting queue full), unsupported (logprobs
+  /// asked of an engine without logits: the simulated and null engines).
   virtual expected<void> submit(generation_request request) = 0;
   /// Cancels a queued or running request and frees its KV blocks at once; the
   /// next step() reports it finished with reason cancelled. Unknown ids are

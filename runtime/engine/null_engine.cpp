@@ -16,6 +16,10 @@ model::token_id null_engine::next_token(const std::vector<model::token_id>& toke
 
 expected<void> null_engine::submit(generation_request r) {
   if (r.prompt.empty()) return make_error(errc::invalid_argument, "prompt is empty: give at least one token");
+  // Its tokens come from a hash, not a model: there is no distribution to
+  // report, and made-up numbers would be worse than none.
+  if (r.logprobs)
+    return make_error(errc::unsupported, "logprobs need an engine that computes logits; the null engine has none");
   const std::uint64_t total = r.prompt.size() + std::uint64_t{r.max_tokens};
   if (total > config_.context_length)
     return make_error(errc::invalid_argument, "prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +

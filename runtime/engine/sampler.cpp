@@ -35,6 +35,51 @@ double uniform_draw(std::uint64_t seed, std::uint64_t index) noexcept {
   return static_cast<double>(x >> 11) * 0x1.0p-53;
 }
 
+token_logprobs compute_logprobs(const float* logits, std::size_t vocab, model::token_id chosen,
+                                std::uint32_t top_n) {
+  EXA_ASSERT(vocab > 0);
+  EXA_ASSERT(chosen >= 0 && static_cast<std::size_t>(chosen) < vocab);
+  EXA_ASSERT(top_n <= max_top_logprobs);
+  const auto valid = [&](std::size_t i) { return !std::isnan(logits[i]); };
+  double max_logit = -INFINITY;
+  for (std::size_t i = 0; i < vocab; ++i)
+    if (valid(i)) max_logit = std::max(max_logit, static_cast<double>(logits[i]));
+  double total = 0.0;
+  if (std::isfinite(max_logit))
+    for (std::size_t i = 0; i < vocab; ++i)
+      if (valid(i)) total += std::exp(static_cast<double>(logits[i]) - max_logit);
+  // log Z = max + log(sum exp(l - max)); without a finite logit every token
+  // is impossible and every log-probability is -inf.
+  const double log_z = total > 0.0 ? max_logit + std::log(total) : INFINITY;
+  const auto logprob_of = [&](std::size_t i) -> float {
+    if (!valid(i) || !std::isfinite(log_z)) return -INFINITY;
+    return static_cast<float>(static_cast<double>(logits[i]) - log_z);
+  };
+
+  token_logprobs out;
+  out.logprob = logprob_of(static_cast<std::size_t>(chosen));
+  if (top_n == 0) return out;
+  // A short sorted list beats sorting the vocabulary: one pass, and an
+  // insertion only when a logit beats the current n-th.
+  std::vector<std::pair<float, model::token_id>> best;
+  best.reserve(top_n + 1);
+  const auto better = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  for (std::size_t i = 0; i < vocab; ++i) {
+    if (!valid(i)) continue;
+    const std::pair<float, model::token_id> c{logits[i], static_cast<model::token_id>(i)};
+    if (best.size() == top_n && !better(c, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), c, better), c);
+    if (best.size() > top_n) best.pop_back();
+  }
+  for (const auto& [logit, id] : best) {
+    out.top_ids.push_back(id);
+    out.top_logprobs.push_back(logprob_of(static_cast<std::size_t>(id)));
+  }
+  return out;
+}
+
 model::token_id sampler::sample(const float* logits, std::size_t vocab, const sampling_params& p,
                                 std::uint64_t index) {
   EXA_ASSERT(vocab > 0);

@@ -79,6 +79,9 @@ sim_engine::sim_engine(sim_cost_model cost, sim_engine_config config) : cost_(co
 expected<void> sim_engine::check(const generation_request& r) const {
   const sim_model& m = cost_.model();
   if (r.prompt.empty()) return make_error(errc::invalid_argument, "prompt is empty: give at least one token");
+  // It models time, not text: there are no logits to take probabilities of.
+  if (r.logprobs)
+    return make_error(errc::unsupported, "logprobs need an engine that computes logits; the simulated engine has none");
   const std::uint64_t total = r.prompt.size() + std::uint64_t{r.max_tokens};
   if (total > m.context_length)
     return make_error(errc::invalid_argument, "prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +

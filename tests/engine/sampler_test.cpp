@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -61,4 +62,76 @@ TEST_CASE("sampling parameters are validated", "[sampler]") {
   CHECK_FALSE(engine::validate({1000.0f, 1.0f, 0, 0}).has_value());
   CHECK_FALSE(engine::validate({1.0f, 0.0f, 0, 0}).has_value());
   CHECK_FALSE(engine::validate({1.0f, 1.5f, 0, 0}).has_value());
+}
+
+namespace {
+
+// log p(i) computed the slow, obvious way: softmax in long double, then log.
+long double direct_logprob(const std::vector<float>& logits, std::size_t i) {
+  long double total = 0;
+  for (const float l : logits) total += std::exp(static_cast<long double>(l));
+  return std::log(std::exp(static_cast<long double>(logits[i])) / total);
+}
+
+}  // namespace
+
+TEST_CASE("logprobs are the log-softmax of the raw logits, checked against a direct computation", "[sampler][logprobs]") {
+  std::vector<float> logits(1000);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = 4.0f * std::sin(0.37f * static_cast<float>(i));
+  for (const int chosen : {0, 17, 999}) {
+    const auto lp = engine::compute_logprobs(logits.data(), logits.size(), chosen, 5);
+    CHECK(std::abs(lp.logprob - static_cast<double>(direct_logprob(logits, chosen))) < 1e-5);
+    REQUIRE(lp.top_ids.size() == 5);
+    REQUIRE(lp.top_logprobs.size() == 5);
+    // The top five are the five largest logits, best first, each with its value.
+    std::vector<int> order(logits.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    for (std::size_t k = 0; k < 5; ++k) {
+      CHECK(lp.top_ids[k] == order[k]);
+      CHECK(std::abs(lp.top_logprobs[k] - static_cast<double>(direct_logprob(logits, order[k]))) < 1e-5);
+    }
+  }
+  // Probabilities over the whole vocabulary sum to one.
+  long double sum = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    sum += std::exp(static_cast<long double>(engine::compute_logprobs(logits.data(), logits.size(), i, 0).logprob));
+  CHECK(std::abs(static_cast<double>(sum) - 1.0) < 1e-5);
+}
+
+TEST_CASE("logprobs: ties by lowest id, top_n over the vocabulary, huge logits, NaN", "[sampler][logprobs]") {
+  const std::vector<float> tied = {1.0f, 3.0f, 3.0f, 2.0f};
+  const auto a = engine::compute_logprobs(tied.data(), tied.size(), 3, 20);
+  CHECK(a.top_ids == std::vector<model::token_id>{1, 2, 3, 0});  // the whole vocabulary, no more
+  CHECK(a.top_logprobs[0] == a.top_logprobs[1]);
+  CHECK(a.logprob == a.top_logprobs[2]);
+  CHECK(engine::compute_logprobs(tied.data(), tied.size(), 1, 0).top_ids.empty());
+
+  // Logits in the thousands would overflow a naive exp: two equal ones are log(1/2).
+  const std::vector<float> huge = {5000.0f, 5000.0f, -5000.0f};
+  const auto h = engine::compute_logprobs(huge.data(), huge.size(), 0, 1);
+  CHECK(std::abs(h.logprob - std::log(0.5)) < 1e-6);
+  CHECK(h.top_ids == std::vector<model::token_id>{0});
+  CHECK(engine::compute_logprobs(huge.data(), huge.size(), 2, 0).logprob < -9000.0f);
+
+  // A NaN logit is an impossible token, as for the sampler; the rest still sum to one.
+  const std::vector<float> nan = {0.0f, NAN, 0.0f};
+  const auto n = engine::compute_logprobs(nan.data(), nan.size(), 1, 3);
+  CHECK(std::isinf(n.logprob));
+  CHECK(n.top_ids == std::vector<model::token_id>{0, 2});
+  CHECK(std::abs(n.top_logprobs[0] - std::log(0.5)) < 1e-6);
+}
+
+TEST_CASE("logprobs do not depend on the sampling settings that picked the token", "[sampler][logprobs]") {
+  // compute_logprobs takes no sampling parameters at all: the reported
+  // distribution is the model's, before temperature, top-k and top-p. Check
+  // that a token sampled hot still gets its raw log-probability.
+  engine::sampler s;
+  const std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
+  for (int i = 0; i < 50; ++i) {
+    const auto t = s.sample(logits.data(), 2, {2.0f, 1.0f, 0, 11}, i);
+    const auto lp = engine::compute_logprobs(logits.data(), 2, t, 1);
+    CHECK(std::abs(lp.logprob - std::log(t == 1 ? 0.75 : 0.25)) < 1e-6);
+    CHECK(lp.top_ids[0] == 1);
+  }
 }

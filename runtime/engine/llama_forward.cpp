@@ -42,6 +42,15 @@ void round_to_f16(float* x, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) x[i] = model::f16_to_float(model::float_to_f16(x[i]));
 }
 
+std::vector<float> dequantize_optional(const std::optional<model::weight_view>& w) {
+  return w ? dequantize_vector(*w) : std::vector<float>{};
+}
+
+// x[i] += b[i]; nothing when the layer has no such bias.
+void add_bias(float* x, const std::vector<float>& b) noexcept {
+  for (std::size_t i = 0; i < b.size(); ++i) x[i] += b[i];
+}
+
 }  // namespace
 
 llama_forward::llama_forward(const model::llama_config& config,
@@ -54,8 +63,19 @@ llama_forward::llama_forward(const model::llama_config& config,
   for (const auto& l : weights_.layers) {
     attn_norm_.push_back(dequantize_vector(l.attn_norm));
     ffn_norm_.push_back(dequantize_vector(l.ffn_norm));
+    bq_.push_back(dequantize_optional(l.bq));
+    bk_.push_back(dequantize_optional(l.bk));
+    bv_.push_back(dequantize_optional(l.bv));
+    bo_.push_back(dequantize_optional(l.bo));
   }
   output_norm_ = dequantize_vector(weights_.output_norm);
+  rope_factors_ = dequantize_optional(weights_.rope_freqs);
+  EXA_ASSERT(rope_factors_.empty() || rope_factors_.size() == config_.rope_dim / 2);
+  rope_.rope_dim = config_.rope_dim;
+  rope_.freq_base = config_.rope_freq_base;
+  rope_.freq_scale = config_.rope_freq_scale;
+  rope_.freq_factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
+  rope_.halves = config_.rope_pairs == model::rope_pairing::halves;
 }
 
 template <class Fn>
@@ -102,13 +122,15 @@ void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t la
   project(w.wk, n_tok, k_.data(), kv_dim);
   project(w.wv, n_tok, v_.data(), kv_dim);
 
-  // RoPE, then store this batch's K and V so every token can attend to the
-  // earlier positions of its own chunk.
+  // Biases and RoPE, then store this batch's K and V so every token can
+  // attend to the earlier positions of its own chunk.
   for_tokens(n_tok, [&](std::size_t t) {
     const forward_token& tok = batch.tokens[t];
-    rope(q_.data() + t * dim, config_.n_heads, hd, config_.rope_dim, tok.pos, config_.rope_freq_base);
-    rope(k_.data() + t * kv_dim, config_.n_kv_heads, hd, config_.rope_dim, tok.pos,
-         config_.rope_freq_base);
+    add_bias(q_.data() + t * dim, bq_[layer]);
+    add_bias(k_.data() + t * kv_dim, bk_[layer]);
+    add_bias(v_.data() + t * kv_dim, bv_[layer]);
+    rope(q_.data() + t * dim, config_.n_heads, hd, tok.pos, rope_);
+    rope(k_.data() + t * kv_dim, config_.n_kv_heads, hd, tok.pos, rope_);
     const std::vector<block_id>& table = *batch.tables[tok.seq_index];
     std::uint16_t* kd = cache_.k(table, layer, tok.pos);
     std::uint16_t* vd = cache_.v(table, layer, tok.pos);
@@ -125,6 +147,7 @@ void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t la
   });
   matmul(w.wo, att_.data(), dim, n_tok, proj_.data(), dim, pool_, other_acts_);
   for_tokens(n_tok, [&](std::size_t t) {
+    add_bias(proj_.data() + t * dim, bo_[layer]);
     for (std::size_t i = t * dim; i < (t + 1) * dim; ++i) x_[i] += proj_[i];
   });
 }

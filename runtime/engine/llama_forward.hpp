@@ -1,9 +1,11 @@
 #pragma once
-// The Llama forward pass over a batch of tokens from any number of sequences:
-// embedding, per layer RMSNorm → Q/K/V → RoPE → KV-cache write → causal GQA
-// attention over the paged cache → output projection → residual, RMSNorm →
-// SwiGLU MLP → residual; final RMSNorm and the output head for the tokens that
-// need logits. Each weight matrix is multiplied once per step for the whole
+// The Llama-family forward pass (llama and qwen2 files) over a batch of tokens
+// from any number of sequences: embedding, per layer RMSNorm → Q/K/V (+ biases
+// when the file has them) → RoPE (adjacent or half-split pairs, with linear
+// scaling and per-pair frequency factors) → KV-cache write → causal GQA
+// attention over the paged cache → output projection (+ bias) → residual,
+// RMSNorm → SwiGLU MLP → residual; final RMSNorm and the output head for the
+// tokens that need logits. Each weight matrix is multiplied once per step for the whole
 // batch (matrix-matrix), and each token's arithmetic is independent of the
 // batch around it (see matmul.hpp), so a sequence's logits are bitwise the
 // same alone, in any batch, and whatever its prefill was split into.
@@ -14,6 +16,7 @@
 #include "engine/block_pool.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/matmul.hpp"
+#include "engine/ops.hpp"
 #include "model/llama_config.hpp"
 #include "model/llama_weights.hpp"
 #include "model/tokenizer.hpp"
@@ -58,6 +61,10 @@ class llama_forward {
   thread_pool& pool_;
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;  // per layer, dequantized
   std::vector<float> output_norm_;
+  // Per layer, dequantized; empty where the file has no such bias.
+  std::vector<std::vector<float>> bq_, bk_, bv_, bo_;
+  std::vector<float> rope_factors_;  // empty without rope_freqs
+  rope_params rope_;                 // points into rope_factors_
 
   // Activations, [tokens][width], reused across runs.
   std::vector<float> x_, xn_, q_, k_, v_, att_, proj_, gate_, up_;

@@ -15,25 +15,34 @@ void rms_norm(const float* x, const float* w, std::size_t n, float eps, float* o
   for (std::size_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
 }
 
-void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::size_t rope_dim,
-          std::uint32_t pos, float freq_base) noexcept {
-  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rope_dim));
+void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos,
+          const rope_params& p) noexcept {
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.rope_dim));
   // The angles are the same for every head: compute them once.
   float cos_t[512], sin_t[512];
-  EXA_ASSERT_MSG(rope_dim / 2 <= 512, "rope_dim above 1024 (config validation bounds it)");
-  const std::size_t pairs = rope_dim / 2;
+  EXA_ASSERT_MSG(p.rope_dim / 2 <= 512, "rope_dim above 1024 (config validation bounds it)");
+  EXA_ASSERT(p.rope_dim <= head_dim);
+  const std::size_t pairs = p.rope_dim / 2;
   float theta = static_cast<float>(pos);
   for (std::size_t i = 0; i < pairs; ++i) {
-    cos_t[i] = std::cos(theta);
-    sin_t[i] = std::sin(theta);
+    // ggml divides by the factor, then scales: with neither, the angle is
+    // theta itself (x / 1 and 1 * x are exact).
+    const float factor = p.freq_factors != nullptr ? p.freq_factors[i] : 1.0f;
+    const float angle = p.freq_scale * (theta / factor);
+    cos_t[i] = std::cos(angle);
+    sin_t[i] = std::sin(angle);
     theta *= theta_scale;
   }
+  // Element strides of a pair's two members, and between successive pairs.
+  const std::size_t partner = p.halves ? pairs : 1;
+  const std::size_t step = p.halves ? 1 : 2;
   for (std::size_t h = 0; h < n_heads; ++h) {
     float* v = x + h * head_dim;
     for (std::size_t i = 0; i < pairs; ++i) {
-      const float x0 = v[2 * i], x1 = v[2 * i + 1];
-      v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
-      v[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+      float* a = v + i * step;
+      const float x0 = a[0], x1 = a[partner];
+      a[0] = x0 * cos_t[i] - x1 * sin_t[i];
+      a[partner] = x0 * sin_t[i] + x1 * cos_t[i];
     }
   }
 }

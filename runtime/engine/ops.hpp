@@ -12,11 +12,26 @@ namespace exa::engine {
 /// double in index order, as ggml_rms_norm does.
 void rms_norm(const float* x, const float* w, std::size_t n, float eps, float* out) noexcept;
 
-/// Rotates adjacent pairs (x[2i], x[2i+1]) of the first `rope_dim` elements of
-/// each of `n_heads` heads by pos · base^(-2i/rope_dim) (ggml's NORM mode,
-/// which llama-architecture GGUF files expect: converters permute Q and K).
-void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::size_t rope_dim,
-          std::uint32_t pos, float freq_base) noexcept;
+/// How one token's heads are rotated (see model::llama_config).
+struct rope_params {
+  std::size_t rope_dim = 0;       // leading elements of each head that rotate
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;        // linear RoPE scaling: multiplies every angle
+  /// rope_dim / 2 divisors of each pair's angle (Llama 3.1's rope_freqs), or
+  /// null for none.
+  const float* freq_factors = nullptr;
+  /// Pairs (x[i], x[i + rope_dim/2]) (ggml's NEOX mode, qwen2) instead of
+  /// adjacent pairs (x[2i], x[2i+1]) (NORM mode, llama files: converters
+  /// permute Q and K to it).
+  bool halves = false;
+};
+
+/// Rotates each pair i of the first `rope_dim` elements of each of `n_heads`
+/// heads by freq_scale · (pos · base^(-2i/rope_dim) / freq_factors[i]), as
+/// ggml_rope_ext computes it without YaRN (the angle by repeated
+/// multiplication, in float).
+void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos,
+          const rope_params& p) noexcept;
 
 /// g[i] = silu(g[i]) * u[i], silu(v) = v / (1 + exp(-v)).
 void silu_mul(float* g, const float* u, std::size_t n) noexcept;

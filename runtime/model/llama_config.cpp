@@ -75,25 +75,30 @@ expected<std::uint32_t> read_vocab_size(const gguf_file& f) {
   return static_cast<std::uint32_t>(t->shape[1]);
 }
 
+// `{arch}.suffix`: every hyper-parameter key carries the architecture's name.
+std::string arch_key(architecture a, std::string_view suffix) {
+  return fmt::format("{}.{}", to_string(a), suffix);
+}
+
 expected<void> read_sizes(const gguf_file& f, llama_config& c) {
   struct required {
-    std::string_view key;
+    std::string_view suffix;
     std::int64_t max;
     std::uint32_t* out;
   };
   const required keys[] = {
-      {"llama.context_length", max_context, &c.context_length},
-      {"llama.embedding_length", max_dim, &c.dim},
-      {"llama.block_count", max_layers, &c.n_layers},
-      {"llama.feed_forward_length", max_ff, &c.ff_dim},
-      {"llama.attention.head_count", max_heads, &c.n_heads},
+      {"context_length", max_context, &c.context_length},
+      {"embedding_length", max_dim, &c.dim},
+      {"block_count", max_layers, &c.n_layers},
+      {"feed_forward_length", max_ff, &c.ff_dim},
+      {"attention.head_count", max_heads, &c.n_heads},
   };
   for (const required& r : keys) {
-    auto v = read_size(f, r.key, r.max);
+    auto v = read_size(f, arch_key(c.arch, r.suffix), r.max);
     if (!v) return std::unexpected(v.error());
     *r.out = *v;
   }
-  auto kv = read_size_or(f, "llama.attention.head_count_kv", max_heads, c.n_heads);
+  auto kv = read_size_or(f, arch_key(c.arch, "attention.head_count_kv"), max_heads, c.n_heads);
   if (!kv) return std::unexpected(kv.error());
   c.n_kv_heads = *kv;
   return {};
@@ -101,35 +106,74 @@ expected<void> read_sizes(const gguf_file& f, llama_config& c) {
 
 // Relations between the sizes; every message names the keys involved.
 expected<void> check_shape(llama_config& c, const gguf_file& f) {
+  const std::string dim_key = arch_key(c.arch, "embedding_length");
+  const std::string heads_key = arch_key(c.arch, "attention.head_count");
   if (c.dim % c.n_heads != 0) {
-    return invalid(fmt::format(
-        "llama.embedding_length {} is not divisible by llama.attention.head_count {}", c.dim,
-        c.n_heads));
+    return invalid(fmt::format("{} {} is not divisible by {} {}", dim_key, c.dim, heads_key, c.n_heads));
   }
   if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0) {
-    return invalid(fmt::format(
-        "llama.attention.head_count {} is not a multiple of llama.attention.head_count_kv {}",
-        c.n_heads, c.n_kv_heads));
+    return invalid(fmt::format("{} {} is not a multiple of {} {}", heads_key, c.n_heads,
+                               arch_key(c.arch, "attention.head_count_kv"), c.n_kv_heads));
   }
   if (c.head_dim() % 2 != 0) {
-    return invalid(fmt::format("head dimension {} (llama.embedding_length / "
-                               "llama.attention.head_count) must be even for RoPE",
-                               c.head_dim()));
+    return invalid(fmt::format("head dimension {} ({} / {}) must be even for RoPE", c.head_dim(), dim_key,
+                               heads_key));
   }
-  auto rope = read_size_or(f, "llama.rope.dimension_count", max_dim, c.head_dim());
+  // Files may state the head width; the engine only runs heads of dim / n_heads.
+  for (const char* suffix : {"attention.key_length", "attention.value_length"}) {
+    const std::string key = arch_key(c.arch, suffix);
+    auto v = read_size_or(f, key, max_dim, c.head_dim());
+    if (!v) return std::unexpected(v.error());
+    if (*v != c.head_dim()) {
+      return make_error(errc::unsupported,
+                        fmt::format("{} = {} differs from {} / {} = {}, which the engine does not run",
+                                    key, *v, dim_key, heads_key, c.head_dim()));
+    }
+  }
+  const std::string rope_key = arch_key(c.arch, "rope.dimension_count");
+  auto rope = read_size_or(f, rope_key, max_dim, c.head_dim());
   if (!rope) return std::unexpected(rope.error());
   if (*rope % 2 != 0 || *rope > c.head_dim()) {
-    return invalid(fmt::format(
-        "llama.rope.dimension_count {} must be even and at most the head dimension {}", *rope,
-        c.head_dim()));
+    return invalid(fmt::format("{} {} must be even and at most the head dimension {}", rope_key, *rope,
+                               c.head_dim()));
   }
   c.rope_dim = *rope;
   return {};
 }
 
-}  // namespace
+// RoPE scaling as llama.cpp reads it: the type defaults to "linear", the
+// factor (or its old name rope.scale_linear) to none; a factor of 0 means
+// none; type "none" disables any factor. Llama 3.1's scaling is not a type
+// here: its converter stores per-pair factors in rope_freqs.weight instead.
+expected<void> read_rope_scaling(const gguf_file& f, llama_config& c) {
+  const std::string type_key = arch_key(c.arch, "rope.scaling.type");
+  std::string type = "linear";
+  if (f.find(type_key) != nullptr) {
+    auto v = f.get_string(type_key);
+    if (!v) return std::unexpected(v.error());
+    type = std::move(*v);
+  }
+  if (type == "yarn" || type == "longrope") {
+    return make_error(errc::unsupported,
+                      fmt::format("{} '{}' is not supported (supported: none, linear)", type_key, type));
+  }
+  if (type != "none" && type != "linear") {
+    return invalid(fmt::format("{} '{}' is not a RoPE scaling type (none, linear, yarn, longrope)",
+                               type_key, type));
+  }
+  std::string factor_key = arch_key(c.arch, "rope.scaling.factor");
+  if (f.find(factor_key) == nullptr) factor_key = arch_key(c.arch, "rope.scale_linear");
+  if (type == "none" || f.find(factor_key) == nullptr) return {};
+  auto factor = f.get_float(factor_key);
+  if (!factor) return std::unexpected(factor.error());
+  if (*factor == 0.0) return {};
+  auto checked = read_positive_or(f, factor_key, 1.0f);
+  if (!checked) return std::unexpected(checked.error());
+  c.rope_freq_scale = 1.0f / *checked;
+  return {};
+}
 
-expected<llama_config> read_llama_config(const gguf_file& file) {
+expected<architecture> read_architecture(const gguf_file& file) {
   auto arch = file.get_string("general.architecture");
   if (!arch) {
     if (arch.error().code == errc::not_found) {
@@ -137,11 +181,38 @@ expected<llama_config> read_llama_config(const gguf_file& file) {
     }
     return std::unexpected(arch.error());
   }
-  if (*arch != "llama") {
+  auto a = architecture_from_string(*arch);
+  if (!a) {
     return make_error(errc::unsupported,
-                      fmt::format("general.architecture '{}' is not supported (only 'llama')", *arch));
+                      fmt::format("unsupported architecture '{}' (supported: llama, qwen2)", *arch));
   }
+  return *a;
+}
+
+}  // namespace
+
+std::string_view to_string(architecture a) noexcept {
+  switch (a) {
+    case architecture::llama: return "llama";
+    case architecture::qwen2: return "qwen2";
+  }
+  return "unknown";
+}
+
+std::optional<architecture> architecture_from_string(std::string_view s) noexcept {
+  for (architecture a : {architecture::llama, architecture::qwen2}) {
+    if (s == to_string(a)) return a;
+  }
+  return std::nullopt;
+}
+
+expected<llama_config> read_llama_config(const gguf_file& file) {
+  auto arch = read_architecture(file);
+  if (!arch) return std::unexpected(arch.error());
   llama_config c;
+  c.arch = *arch;
+  // llama.cpp ropes qwen2 in NEOX mode and llama in NORM mode.
+  c.rope_pairs = c.arch == architecture::qwen2 ? rope_pairing::halves : rope_pairing::adjacent;
   if (file.find("general.name") != nullptr) {
     auto name = file.get_string("general.name");
     if (!name) return std::unexpected(name.error());
@@ -149,10 +220,11 @@ expected<llama_config> read_llama_config(const gguf_file& file) {
   }
   if (auto r = read_sizes(file, c); !r) return std::unexpected(r.error());
   if (auto r = check_shape(c, file); !r) return std::unexpected(r.error());
-  auto base = read_positive_or(file, "llama.rope.freq_base", 10000.0f);
+  auto base = read_positive_or(file, arch_key(c.arch, "rope.freq_base"), 10000.0f);
   if (!base) return std::unexpected(base.error());
   c.rope_freq_base = *base;
-  auto eps = read_positive_or(file, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  if (auto r = read_rope_scaling(file, c); !r) return std::unexpected(r.error());
+  auto eps = read_positive_or(file, arch_key(c.arch, "attention.layer_norm_rms_epsilon"), 1e-5f);
   if (!eps) return std::unexpected(eps.error());
   c.rms_eps = *eps;
   auto vocab = read_vocab_size(file);

@@ -1,9 +1,12 @@
 #pragma once
-// Views of a Llama model's weight tensors inside a mapped GGUF file, checked
-// against the config: every tensor present with the shape the architecture
-// needs and a type the engine runs. The file must outlive the views.
+// Views of a Llama-family model's weight tensors inside a mapped GGUF file,
+// checked against the config: every tensor present with the shape the
+// architecture needs and a type the engine runs, and no tensor the
+// architecture would leave unused. Nothing is copied: the views point into
+// the mapping, so the file must outlive them.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,13 @@ struct llama_layer_weights {
   weight_view w_gate;       // {dim, ff}
   weight_view w_up;         // {dim, ff}
   weight_view w_down;       // {ff, dim}
+  // Attention biases, added after each projection: qwen2 files always carry
+  // the Q/K/V ones; llama files may carry any of the four (as llama.cpp's
+  // llama graph allows).
+  std::optional<weight_view> bq;  // {dim}
+  std::optional<weight_view> bk;  // {kv_dim}
+  std::optional<weight_view> bv;  // {kv_dim}
+  std::optional<weight_view> bo;  // {dim}
 };
 
 struct llama_weights {
@@ -47,14 +57,21 @@ struct llama_weights {
   weight_view output_norm;  // {dim}
   weight_view output;       // {dim, vocab}; token_embd when the file ties them
   bool tied_output = false;
+  /// rope_freqs.weight {rope_dim / 2}: Llama 3.1's per-pair RoPE frequency
+  /// factors (each pair's angle is divided by its factor); llama only.
+  std::optional<weight_view> rope_freqs;
 
+  /// Every distinct tensor, each once (a tied output is token_embd).
+  std::vector<const weight_view*> all() const;
   /// Total bytes of distinct weight tensors (tied output counted once).
   std::uint64_t total_bytes() const noexcept;
 };
 
-/// Binds the standard tensor names. Errors: not_found naming a missing tensor,
-/// invalid_argument naming a tensor with the wrong shape, unsupported naming a
-/// tensor whose type the engine does not run (norms must be f32, f16 or bf16).
+/// Binds the architecture's tensor names. Errors: not_found naming a missing
+/// tensor, invalid_argument naming a tensor with the wrong shape, unsupported
+/// naming a tensor whose type the engine does not run (norms, biases and
+/// rope_freqs must be f32, f16 or bf16) or a tensor the architecture does not
+/// use (computing without it would silently give other logits than llama.cpp).
 expected<llama_weights> bind_llama_weights(const gguf_file& file, const llama_config& config);
 
 }  // namespace exa::model

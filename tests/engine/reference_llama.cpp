@@ -4,9 +4,18 @@
 #include <cstring>
 
 #include "model/half.hpp"
+#include "model/quantize.hpp"
 
 namespace exa::test {
 namespace {
+
+// The formats written out by hand here; others (the K-quants) come from the
+// model's row dequantizer, itself checked against ggml's block layouts.
+bool hand_decoded(model::tensor_type t) noexcept {
+  using model::tensor_type;
+  return t == tensor_type::f32 || t == tensor_type::f16 || t == tensor_type::bf16 ||
+         t == tensor_type::q8_0 || t == tensor_type::q4_0;
+}
 
 double element(const model::weight_view& w, std::uint64_t r, std::uint64_t i) {
   const std::byte* row = w.row(r);
@@ -38,6 +47,7 @@ double element(const model::weight_view& w, std::uint64_t r, std::uint64_t i) {
       const int nib = j < 16 ? (byte & 0x0f) : (byte >> 4);
       return static_cast<double>(model::f16_to_float(d)) * (nib - 8);
     }
+    default: break;
   }
   return 0;
 }
@@ -46,9 +56,20 @@ double element(const model::weight_view& w, std::uint64_t r, std::uint64_t i) {
 
 reference_llama::matrix reference_llama::dequantize(const model::weight_view& w) {
   matrix m(w.rows, std::vector<double>(w.cols));
-  for (std::uint64_t r = 0; r < w.rows; ++r)
-    for (std::uint64_t i = 0; i < w.cols; ++i) m[r][i] = element(w, r, i);
+  std::vector<float> row(w.cols);
+  for (std::uint64_t r = 0; r < w.rows; ++r) {
+    if (!hand_decoded(w.type)) model::dequantize_row(w.type, w.row(r), row);
+    for (std::uint64_t i = 0; i < w.cols; ++i) m[r][i] = hand_decoded(w.type) ? element(w, r, i) : row[i];
+  }
   return m;
+}
+
+std::vector<double> reference_llama::dequantize(const std::optional<model::weight_view>& w) {
+  return w ? dequantize(*w)[0] : std::vector<double>{};
+}
+
+void reference_llama::add(std::vector<double>& x, const std::vector<double>& b) {
+  for (std::size_t i = 0; i < b.size(); ++i) x[i] += b[i];
 }
 
 reference_llama::reference_llama(const model::llama_model& m) : c_(m.config()) {
@@ -56,10 +77,12 @@ reference_llama::reference_llama(const model::llama_model& m) : c_(m.config()) {
   embd_ = dequantize(w.token_embd);
   output_ = dequantize(w.output);
   output_norm_ = dequantize(w.output_norm)[0];
+  rope_factors_ = dequantize(w.rope_freqs);
   for (const auto& l : w.layers)
     layers_.push_back({dequantize(l.attn_norm)[0], dequantize(l.ffn_norm)[0], dequantize(l.wq),
                        dequantize(l.wk), dequantize(l.wv), dequantize(l.wo), dequantize(l.w_gate),
-                       dequantize(l.w_up), dequantize(l.w_down)});
+                       dequantize(l.w_up), dequantize(l.w_down), dequantize(l.bq), dequantize(l.bk),
+                       dequantize(l.bv), dequantize(l.bo)});
 }
 
 std::vector<double> reference_llama::matvec(const matrix& w, const std::vector<double>& x) {
@@ -79,14 +102,18 @@ std::vector<double> reference_llama::rms_norm(const std::vector<double>& x,
   return out;
 }
 
-// Adjacent pairs (2i, 2i+1) of each head rotate by pos * base^(-2i / rope_dim).
+// Pair i of each head rotates by freq_scale · pos · base^(-2i / rope_dim) /
+// factor_i. llama pairs elements (2i, 2i+1), qwen2 pairs (i, i + rope_dim/2).
 void reference_llama::rope(std::vector<double>& v, std::uint32_t n_heads, std::uint32_t pos) const {
-  const std::uint32_t hd = c_.head_dim();
+  const std::uint32_t hd = c_.head_dim(), pairs = c_.rope_dim / 2;
+  const bool halves = c_.rope_pairs == model::rope_pairing::halves;
   for (std::uint32_t h = 0; h < n_heads; ++h)
-    for (std::uint32_t i = 0; i < c_.rope_dim / 2; ++i) {
-      const double theta = pos * std::pow(static_cast<double>(c_.rope_freq_base), -2.0 * i / c_.rope_dim);
-      double& a = v[h * hd + 2 * i];
-      double& b = v[h * hd + 2 * i + 1];
+    for (std::uint32_t i = 0; i < pairs; ++i) {
+      const double factor = rope_factors_.empty() ? 1.0 : rope_factors_[i];
+      const double theta = c_.rope_freq_scale * pos *
+                           std::pow(static_cast<double>(c_.rope_freq_base), -2.0 * i / c_.rope_dim) / factor;
+      double& a = v[h * hd + (halves ? i : 2 * i)];
+      double& b = v[h * hd + (halves ? i + pairs : 2 * i + 1)];
       const double x0 = a, x1 = b;
       a = x0 * std::cos(theta) - x1 * std::sin(theta);
       b = x0 * std::sin(theta) + x1 * std::cos(theta);
@@ -106,6 +133,9 @@ std::vector<std::vector<double>> reference_llama::logits_all(const std::vector<s
       q[t] = matvec(l.wq, xn);
       k[t] = matvec(l.wk, xn);
       v[t] = matvec(l.wv, xn);
+      add(q[t], l.bq);
+      add(k[t], l.bk);
+      add(v[t], l.bv);
       rope(q[t], c_.n_heads, static_cast<std::uint32_t>(t));
       rope(k[t], c_.n_kv_heads, static_cast<std::uint32_t>(t));
     }
@@ -126,7 +156,8 @@ std::vector<std::vector<double>> reference_llama::logits_all(const std::vector<s
         for (std::size_t j = 0; j <= t; ++j)
           for (std::size_t i = 0; i < hd; ++i) att[h * hd + i] += s[j] / sum * v[j][kvh * hd + i];
       }
-      const auto o = matvec(l.wo, att);
+      auto o = matvec(l.wo, att);
+      add(o, l.bo);
       for (std::size_t i = 0; i < c_.dim; ++i) x[t][i] += o[i];
       const auto xn = rms_norm(x[t], l.ffn_norm);
       auto g = matvec(l.w_gate, xn);

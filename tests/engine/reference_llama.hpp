@@ -1,7 +1,8 @@
 #pragma once
-// A slow, obviously-correct Llama forward pass for checking the engine: every
-// weight dequantized to double up front, every token recomputed from scratch
-// (no KV cache, no batching, no SIMD), math straight from the definitions.
+// A slow, obviously-correct Llama-family forward pass (llama and qwen2) for
+// checking the engine: every weight dequantized to double up front, every
+// token recomputed from scratch (no KV cache, no batching, no SIMD), math
+// straight from the definitions, RoPE angles computed directly in double.
 
 #include <cstdint>
 #include <vector>
@@ -22,9 +23,12 @@ class reference_llama {
   struct layer {
     std::vector<double> attn_norm, ffn_norm;
     matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    std::vector<double> bq, bk, bv, bo;  // empty when absent
   };
 
   static matrix dequantize(const model::weight_view& w);
+  static std::vector<double> dequantize(const std::optional<model::weight_view>& w);
+  static void add(std::vector<double>& x, const std::vector<double>& b);
   static std::vector<double> matvec(const matrix& w, const std::vector<double>& x);
   std::vector<double> rms_norm(const std::vector<double>& x, const std::vector<double>& w) const;
   void rope(std::vector<double>& v, std::uint32_t n_heads, std::uint32_t pos) const;
@@ -32,6 +36,7 @@ class reference_llama {
   model::llama_config c_;
   matrix embd_, output_;
   std::vector<double> output_norm_;
+  std::vector<double> rope_factors_;  // empty when the file has none
   std::vector<layer> layers_;
 };
 

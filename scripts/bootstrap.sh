@@ -11,6 +11,7 @@ packages=(
   capnproto libcapnp-dev # Cap'n Proto 0.9 + KJ async/HTTP
   libspdlog-dev libfmt-dev
   nlohmann-json3-dev    # JSON for the HTTP front door
+  libpcre2-dev          # PCRE2: the regexes of byte-level BPE pre-tokenizers (Unicode properties)
   wrk                   # HTTP load generator for the serving benchmark
   catch2                # Catch2 v2: tests
   libbenchmark-dev      # Google Benchmark: bench/

@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """Byte-level BPE fixtures checked against llama.cpp.
 
-  make_bpe_vocab.py vocab      learns merges from this repository's docs and
-                               sources plus multilingual paragraphs, writes
-                               tests/fixtures/tokenizer/bpe-vocab.json
+  make_bpe_vocab.py vocab [COMMIT]
+                               learns merges from this repository's docs and
+                               sources at COMMIT (default HEAD) plus
+                               multilingual paragraphs, writes
+                               tests/fixtures/tokenizer/bpe-vocab.json and
+                               bpe-holes-vocab.json (the committed ones were
+                               learned at the commit their "learned_from" names)
   make_bpe_vocab.py gguf PRE OUT.gguf
                                writes a vocabulary-only llama GGUF of that
                                vocabulary with tokenizer.ggml.pre = PRE
   make_bpe_vocab.py expected   for every pre-tokenizer in PRES, builds the GGUF,
                                asks llama.cpp (bench/llamacpp/ref.mjs) for the
-                               ids of STRINGS and writes
-                               tests/fixtures/tokenizer/bpe-expected-PRE.json
+                               ids of test_strings() and writes
+                               tests/fixtures/tokenizer/bpe-expected-PRE.json;
+                               then the same for bpe-holes-vocab.json (the
+                               vocabulary with tokens taken out, to pin down
+                               llama.cpp's fallbacks) under HOLES_PRES, written
+                               to bpe-expected-holes-PRE.json
 
 Needs Python 3.11 with the `regex` module (Unicode properties, for training
 only) and, for `expected`, node with bench/llamacpp installed. Nothing here
@@ -32,6 +40,8 @@ import regex
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
 VOCAB_JSON = os.path.join(FIXTURES, "bpe-vocab.json")
+HOLES_JSON = os.path.join(FIXTURES, "bpe-holes-vocab.json")
+HOLES_PRES = ["llama-bpe", "gpt-2"]
 N_MERGES = 8000
 PRES = ["llama-bpe", "qwen2", "gpt-2", "default", "smollm", "starcoder", "qwen35", "tekken", "gpt-4o"]
 SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"]
@@ -76,14 +86,15 @@ def bytes_to_unicode():
 GPT2_RE = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 
 
-def corpus_text():
-    parts = []
-    files = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md")]
-    for pattern in ("runtime/**/*.hpp", "runtime/**/*.cpp", "apps/**/*.cpp"):
-        files += sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True))
-    for f in files:
-        with open(f, encoding="utf-8", errors="replace") as fh:
-            parts.append(fh.read())
+def corpus_text(commit="HEAD"):
+    """The Markdown docs and C++ sources of `commit` (committed text only, so
+    that the same commit always learns the same merges), plus MULTILINGUAL."""
+    git = ["git", "-C", ROOT]
+    names = subprocess.run(git + ["ls-tree", "-r", "--name-only", commit, "--", "docs", "README.md", "runtime", "apps"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    names = sorted(n for n in names if n.endswith((".md", ".hpp", ".cpp")))
+    parts = [subprocess.run(git + ["show", f"{commit}:{n}"], capture_output=True, check=True).stdout
+             .decode("utf-8", errors="replace") for n in names]
     parts += [MULTILINGUAL] * 20
     return "\n".join(parts)
 
@@ -141,9 +152,9 @@ def learn_merges(text, n_merges):
     return merges
 
 
-def make_vocab():
+def make_vocab(commit):
     bs, b2u = bytes_to_unicode()
-    merges = learn_merges(corpus_text(), N_MERGES)
+    merges = learn_merges(corpus_text(commit), N_MERGES)
     tokens = [b2u[b] for b in bs]
     seen = set(tokens)
     for a, b in merges:
@@ -161,12 +172,37 @@ def make_vocab():
         "merges": [f"{a} {b}" for a, b in merges],
         "bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": ids["<|endoftext|>"],
         "eot_token_id": ids["<|eot_id|>"], "add_bos_token": False,
+        "learned_from": f"docs, README.md, runtime/ and apps/ sources at {commit} + MULTILINGUAL of scripts/make_bpe_vocab.py",
     }
     os.makedirs(FIXTURES, exist_ok=True)
     with open(VOCAB_JSON, "w", encoding="utf-8") as fh:
         json.dump(vocab, fh, ensure_ascii=False, separators=(",", ":"))
         fh.write("\n")
     print(f"{VOCAB_JSON}: {len(tokens)} tokens, {len(merges)} merges")
+    make_holes(vocab)
+
+
+def make_holes(vocab):
+    """The same vocabulary with every 7th merged token, the byte tokens of
+    'Q' and 0xA9 (the last byte of 'é') taken out, plus a merge listed twice
+    (the first rank must win), one without a space and one with two."""
+    _, b2u = bytes_to_unicode()
+    drop = {b2u[ord("Q")], b2u[0xA9]}
+    tokens, types = [], []
+    for i, (t, ty) in enumerate(zip(vocab["tokens"], vocab["token_type"])):
+        if t in drop or (256 <= i < 256 + N_MERGES and i % 7 == 0):
+            continue
+        tokens.append(t)
+        types.append(ty)
+    merges = vocab["merges"] + [vocab["merges"][10], "nospace", "a b c"]
+    ids = {t: i for i, t in enumerate(tokens)}
+    holes = dict(vocab, tokens=tokens, token_type=types, merges=merges,
+                 bos_token_id=ids["<|begin_of_text|>"], eos_token_id=ids["<|endoftext|>"],
+                 eot_token_id=ids["<|eot_id|>"])
+    with open(HOLES_JSON, "w", encoding="utf-8") as fh:
+        json.dump(holes, fh, ensure_ascii=False, separators=(",", ":"))
+        fh.write("\n")
+    print(f"{HOLES_JSON}: {len(tokens)} tokens, {len(merges)} merges")
 
 
 # --- a vocabulary-only GGUF (llama.cpp still wants llama.* hyper-parameters) ---
@@ -220,8 +256,8 @@ def gguf_bytes(vocab, pre):
     return bytes(out)
 
 
-def load_vocab():
-    with open(VOCAB_JSON, encoding="utf-8") as fh:
+def load_vocab(path=VOCAB_JSON):
+    with open(path, encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -254,11 +290,11 @@ def test_strings():
     ]
 
 
-def expected():
-    vocab = load_vocab()
+def expected_for(vocab_path, pres, prefix):
+    vocab = load_vocab(vocab_path)
     strings = test_strings()
     with tempfile.TemporaryDirectory() as tmp:
-        for pre in PRES:
+        for pre in pres:
             path = os.path.join(tmp, f"{pre}.gguf")
             with open(path, "wb") as fh:
                 fh.write(gguf_bytes(vocab, pre))
@@ -267,18 +303,25 @@ def expected():
             ids = json.loads(res.stdout)
             assert len(ids) == len(strings)
             out = {"generator": GENERATOR, "regenerate": "python3 scripts/make_bpe_vocab.py expected",
-                   "vocab": "bpe-vocab.json", "pre": pre,
+                   "vocab": os.path.basename(vocab_path), "pre": pre,
                    "cases": [{"text": t, "ids": i} for t, i in zip(strings, ids)]}
-            dest = os.path.join(FIXTURES, f"bpe-expected-{pre}.json")
+            dest = os.path.join(FIXTURES, f"{prefix}{pre}.json")
             with open(dest, "w", encoding="utf-8") as fh:
                 json.dump(out, fh, ensure_ascii=False, separators=(",", ":"))
                 fh.write("\n")
             print(f"{dest}: {len(strings)} strings")
 
 
+def expected():
+    expected_for(VOCAB_JSON, PRES, "bpe-expected-")
+    expected_for(HOLES_JSON, HOLES_PRES, "bpe-expected-holes-")
+
+
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "vocab":
-        make_vocab()
+        commit = sys.argv[2] if len(sys.argv) > 2 else subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        make_vocab(commit)
     elif len(sys.argv) == 4 and sys.argv[1] == "gguf":
         with open(sys.argv[3], "wb") as fh:
             fh.write(gguf_bytes(load_vocab(), sys.argv[2]))

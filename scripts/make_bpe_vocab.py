@@ -30,6 +30,7 @@ import glob
 import heapq
 import json
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -287,7 +288,30 @@ def test_strings():
         "snake_case_name", "__init__", "e-mail", "C++ and C#", "tab\there",
         "a" * 500, " " * 300, "9" * 100, "ab " * 200, "\n" * 50, long_doc,
         MULTILINGUAL,
-    ]
+    ] + fuzz_strings(200)
+
+
+def fuzz_strings(n, seed=9):
+    """Random strings over characters that pre-tokenizers treat differently
+    (whitespace of all kinds, marks, digits of several scripts, letters,
+    symbols, emoji parts) and random code points up to U+2FFFF."""
+    r = random.Random(seed)
+    pool = list("abcXYZ  \t\n\r'sStTmMdDlLvVeErR0123456789.,!?;:-_()[]{}<>/\\|~^$+=@#%&*\"`") + [
+        "\u00a0", "\u3000", "\u2003", "\u180e", "\u0085", "\u200b", "\u2028", "\u1680", "\x0b", "\x0c",
+        "\x1c", "\u0301", "\u0308", "\u093e", "\u094d", "é", "ß", "Ω", "ж", "中", "文", "の", "한", "ا", "ب",
+        "٣", "४", "²", "½", "Ⅻ", "👍", "🏽", "\u200d", "🇫", "🇷", "\ufe0f", "—", "…", "“", "”", "«", "»", "¿",
+        "€", "©", "™", "\x00", "\x7f", "\u00ad"]
+    out = []
+    for _ in range(n):
+        chars = []
+        for _ in range(r.randint(1, 40)):
+            if r.random() < 0.85:
+                chars.append(r.choice(pool))
+            else:
+                chars.append(chr(r.choice([r.randint(0x80, 0xD7FF), r.randint(0xE000, 0xFFFD),
+                                           r.randint(0x10000, 0x2FFFF)])))
+        out.append("".join(chars))
+    return out
 
 
 def expected_for(vocab_path, pres, prefix):

@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "args.hpp"
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "common/assert.hpp"
 #include "engine/cpu_engine.hpp"
 #include "engine/thread_pool.hpp"
 #include "gpu/cpu_memory_pool.hpp"
@@ -31,6 +34,8 @@ const std::vector<flag_spec> flags = {
     {"seed", true, "sampling seed (default 0)"},
     {"threads", true, "worker threads (default: all cores)"},
     {"ids", false, "print generated token ids (comma-separated) instead of text"},
+    {"margins", false, "print one JSON line {ids, margins, top}: each step's top-1 minus top-2 "
+                       "logit and the two best ids with their log-probabilities (near-tie checks)"},
     {"ignore-eos", false, "do not stop at the end-of-sequence token"},
     {"help", false, "show this help"},
 };
@@ -40,6 +45,7 @@ struct options {
   engine::generation_request request;
   std::size_t threads = 0;
   bool ids = false;
+  bool margins = false;
   bool have_text_prompt = false;
   std::string prompt_text;
 };
@@ -71,6 +77,13 @@ expected<options> read_options(const args& a) {
                         static_cast<std::uint32_t>(*top_k), static_cast<std::uint64_t>(*seed)};
   o.threads = static_cast<std::size_t>(*threads);
   o.ids = a.has("ids");
+  o.margins = a.has("margins");
+  if (o.margins) {
+    // The top two log-probabilities differ by exactly the top two logits'
+    // difference (log-softmax subtracts one constant from all logits).
+    o.request.logprobs = true;
+    o.request.top_logprobs = 2;
+  }
   if (auto m = a.get("model")) {
     o.model_path = *m;
   } else {
@@ -80,6 +93,24 @@ expected<options> read_options(const args& a) {
   }
   return o;
 }
+
+// Greedy decisions and how close each was, as JSON for scripts that compare
+// runs against llama.cpp (scripts/crosscheck_llamacpp.sh).
+class margin_trace {
+ public:
+  void add(const engine::token_event& t) {
+    EXA_ASSERT(t.logprobs && t.logprobs->top_ids.size() >= 2 && t.logprobs->top_logprobs.size() >= 2);
+    const auto& lp = *t.logprobs;
+    sep(ids_) += std::to_string(t.token);
+    sep(margins_) += fmt::format("{}", lp.top_logprobs[0] - lp.top_logprobs[1]);
+    sep(top_) += fmt::format("[{},{},{},{}]", lp.top_ids[0], lp.top_logprobs[0], lp.top_ids[1], lp.top_logprobs[1]);
+  }
+  std::string json() const { return fmt::format(R"({{"ids":[{}],"margins":[{}],"top":[{}]}})", ids_, margins_, top_); }
+
+ private:
+  static std::string& sep(std::string& s) { return s.empty() ? s : s += ","; }
+  std::string ids_, margins_, top_;
+};
 
 }  // namespace
 
@@ -117,6 +148,7 @@ int cmd_generate(int argc, char** argv) {
                o->request.prompt.size(), o->request.max_tokens, threads.size());
   const auto t0 = std::chrono::steady_clock::now();
   std::string ids_line;
+  margin_trace trace;
   std::size_t n = 0;
   // Random or truncated output can be invalid UTF-8, and on a terminal a
   // control byte can garble the screen: repair the one, neutralize the other.
@@ -134,7 +166,9 @@ int cmd_generate(int argc, char** argv) {
     const auto r = eng.step();
     for (const auto& t : r.tokens) {
       ++n;
-      if (o->ids) {
+      if (o->margins) {
+        trace.add(t);
+      } else if (o->ids) {
         ids_line += (ids_line.empty() ? "" : ",") + std::to_string(t.token);
       } else {
         emit(text.push(tok.decode_token(t.token)));
@@ -142,7 +176,9 @@ int cmd_generate(int argc, char** argv) {
     }
     for (const auto& f : r.finished) reason = f.reason;
   }
-  if (o->ids) {
+  if (o->margins) {
+    std::printf("%s\n", trace.json().c_str());
+  } else if (o->ids) {
     std::printf("%s\n", ids_line.c_str());
   } else {
     emit(text.flush());

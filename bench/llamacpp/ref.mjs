@@ -5,8 +5,9 @@
 //   node ref.mjs tokenize MODEL [--special] [--bos] < strings.json   -> [[ids...], ...]
 //   node ref.mjs detokenize MODEL [--special] < idlists.json         -> ["text", ...]
 //   node ref.mjs greedy MODEL --prompt-ids 1,2,3 --n N [--threads T] -> one JSON line:
-//       {"ids":[...], "margins":[...]}  margins[i] = top1 - top2 logit-probability gap
-//       at step i (from llama.cpp's own probabilities), to judge near-ties.
+//       {"ids":[...], "margins":[...], "top":[[id1, logit1, id2, logit2], ...]}
+//       margins[i] = top1 - top2 raw logit at step i (llama.cpp's own logits), to
+//       judge near-ties; top holds the two best ids and their logits.
 //   node ref.mjs info MODEL                                           -> bos/eos/eot, vocab type
 //
 // Input on stdin is a JSON array; output on stdout is JSON. Nothing is downloaded.
@@ -48,21 +49,32 @@ if (cmd === "tokenize") {
     shouldPrependBos: model.tokens.shouldPrependBosToken, vocabularyType: model.vocabularyType,
   }));
 } else if (cmd === "greedy") {
-  const ids = (option("--prompt-ids", "") || usage("--prompt-ids is required")).split(",").map(Number);
+  // One controlledEvaluate per step: the prompt in one batch, then each
+  // chosen token, asking llama.cpp for its greedy pick and its raw top-2
+  // logits (no sampling options: temperature 0, no penalties).
+  const prompt = (option("--prompt-ids", "") || usage("--prompt-ids is required")).split(",").map(Number);
   const n = Number(option("--n", "16"));
   const threads = Number(option("--threads", "1"));
-  const context = await model.createContext({ contextSize: Math.max(256, ids.length + n + 8), threads });
+  const context = await model.createContext({ contextSize: Math.max(256, prompt.length + n + 8), threads });
   const seq = context.getSequence();
-  const outIds = [];
-  const margins = [];
-  const gen = seq.evaluateWithMetadata(ids, { probabilities: true }, { temperature: 0 });
-  for await (const step of gen) {
-    outIds.push(step.token);
-    const probs = [...step.probabilities.values()].sort((a, b) => b - a);
-    margins.push(probs.length > 1 ? probs[0] - probs[1] : 1);
-    if (outIds.length >= n) break;
+  const next = { token: true, options: { temperature: 0 },
+                 logits: { filter: { tokens: [], includeTop: 2, includeSelected: true } } };
+  const ids = [], margins = [], top = [];
+  let input = prompt.map((t, i) => (i === prompt.length - 1 ? [t, { generateNext: next }] : t));
+  while (ids.length < n) {
+    const out = await seq.controlledEvaluate(input);
+    const step = out[input.length - 1]?.next;
+    if (step?.token == null || step.logits == null) throw new Error(`no token at step ${ids.length}`);
+    const best = [...step.logits.entries()].sort((a, b) => b[1] - a[1] || a[0] - b[0]).slice(0, 2);
+    // Greedy must pick the top logit; anything else means sampling options leaked in.
+    if (best[0][0] !== step.token && best[0][1] !== step.logits.get(step.token))
+      throw new Error(`step ${ids.length}: picked ${step.token}, top logit is ${best[0][0]}`);
+    ids.push(step.token);
+    margins.push(best[0][1] - best[1][1]);
+    top.push([best[0][0], best[0][1], best[1][0], best[1][1]]);
+    input = [[step.token, { generateNext: next }]];
   }
-  process.stdout.write(JSON.stringify({ ids: outIds, margins }) + "\n");
+  process.stdout.write(JSON.stringify({ ids, margins, top }) + "\n");
   await context.dispose();
 } else {
   usage(`unknown command '${cmd}'`);

@@ -94,7 +94,7 @@ TEST_CASE("a merge whose result is no token falls back to one-byte tokens", "[bp
   CHECK(encode(c, " ") == std::vector<token_id>{1});
 }
 
-TEST_CASE("merges are keyed as llama.cpp splits them; the first listing wins", "[bpe]") {
+TEST_CASE("merges are keyed as llama.cpp splits them, and the first listing wins", "[bpe]") {
   const bpe b = make_bpe({"a", "b", "ab"}, {"nospace", "a b", "a b"});
   CHECK(b.merge_rank("a", "b") == 1);
   CHECK_FALSE(b.merge_rank("b", "a").has_value());

@@ -61,7 +61,7 @@ TEST_CASE("gpt-2 keeps digit runs and is case-sensitive on contractions", "[pre_
   CHECK(split(p, "a\nb") == pieces{"a", "\n", "b"});
 }
 
-TEST_CASE("qwen2 splits every digit; qwen35 keeps marks with their letters", "[pre_tokenizer]") {
+TEST_CASE("qwen2 splits every digit, qwen35 keeps marks with their letters", "[pre_tokenizer]") {
   CHECK(split(named("qwen2"), "x1234") == pieces{"x", "1", "2", "3", "4"});
   // The mark is no letter: it becomes the optional prefix of the next word.
   CHECK(split(named("qwen2"), "e\u0301t\u00e9") == pieces{"e", "\u0301t\u00e9"});
@@ -109,7 +109,7 @@ TEST_CASE("unknown and unsupported pre-tokenizer names are errors naming them", 
   CHECK_FALSE(pre_tokenizer::create("gpt2").has_value());
 }
 
-TEST_CASE("\\s means llama.cpp's whitespace, not PCRE2's", "[pre_tokenizer]") {
+TEST_CASE("whitespace in expressions is llama.cpp's set, not PCRE2's", "[pre_tokenizer]") {
   auto p = pre_tokenizer::from_regexes({R"(\s+)"});
   REQUIRE(p.has_value());
   // U+180E is whitespace to PCRE2 but not to llama.cpp; U+3000 and U+0085 are to both.

@@ -790,11 +790,13 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   dep.model_file = file;
   if (ref->is_preset()) {  // simulation: a published shape, no weights
     dep.spec.model = *ref->preset;
+    dep.facts = {"simulated", std::string(cluster::to_string(dep.spec.model.weight_precision)), ""};
   } else {
     // Read for its shape only: nodes and gateways open the file themselves.
     auto model = model::llama_model::load(file);
     if (!model) return std::unexpected(model.error());
     dep.spec.model = cluster::model_shape_from(**model);
+    dep.facts = model::describe_model((*model)->file());
   }
   dep.routing = routing;
   dep.spec.name = req.name;
@@ -915,6 +917,9 @@ std::vector<api::model_info> list_models(self_ptr self) {
     const std::string listed = current_of(self->state, base) == name ? base : name;
     api::model_info mi{listed, dep.model_file, 0, dep.serving, dep.spec.model.context_length, dep.tenant,
                        cluster::version_of(name)};
+    mi.architecture = dep.facts.architecture;
+    mi.quantization = dep.facts.quantization;
+    mi.tokenizer = dep.facts.tokenizer;
     for (const auto& [id, r] : self->state.replicas)
       if (r.deployment == name && cluster::serves_requests(r.state)) ++mi.replicas_ready;
     // The worst of what the gateways saw over the last minute.

@@ -29,6 +29,7 @@
 #include "cluster/autoscaler.hpp"
 #include "cluster/warm_pool.hpp"
 #include "cluster/defrag.hpp"
+#include "model/model_facts.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/restart_intensity.hpp"
 #include "cluster/slot_scheduler.hpp"
@@ -158,6 +159,7 @@ struct controller_state {
     std::uint32_t serving = 0;
     std::uint32_t warm_percent = 0;        // api::deploy_request::warm_pool_percent
     cluster::autoscale_policy autoscale;   // enabled() false: a fixed count
+    model::model_facts facts;  // what /v1/models shows of its file
   };
   std::map<std::string, deployment> deployments;
   struct replica_record {

@@ -46,6 +46,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<replica_load>("exa.replica_load");
   cfg.add_message_type<submit_msg>("exa.submit");
   cfg.add_message_type<token_msg>("exa.tokens");
+  cfg.add_message_type<token_logprob_msg>("exa.token_logprob");
   cfg.add_message_type<finish_msg>("exa.finish");
   cfg.add_message_type<cancel_msg>("exa.cancel");
   cfg.add_message_type<pick_replica>("exa.pick_replica");

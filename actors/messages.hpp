@@ -39,7 +39,7 @@ namespace exa::api {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("exa.model_info"), x.name, x.model_file, x.replicas_ready, x.replicas_desired,
-           x.context_length, x.tenant, x.version);
+           x.context_length, x.tenant, x.version, x.architecture, x.quantization, x.tokenizer);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rollout_request& x) {
@@ -223,11 +223,25 @@ struct submit_msg {
   std::vector<std::int32_t> stop_tokens;
   cluster::epoch_t epoch = 0;  // the slot epoch the router chose it under
   std::string request_id;      // the client-visible id, for the replica's log lines
+  bool logprobs = false;           // send each token's log-probability (engine::compute_logprobs)
+  std::uint32_t top_logprobs = 0;  // and this many alternatives with it
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_msg& x) {
   return f(caf::meta::type_name("exa.submit"), x.request, x.prompt, x.resume, x.max_tokens, x.temperature,
-           x.top_p, x.top_k, x.seed, x.stop_tokens, x.epoch, x.request_id);
+           x.top_p, x.top_k, x.seed, x.stop_tokens, x.epoch, x.request_id, x.logprobs, x.top_logprobs);
+}
+
+/// One generated token's log-probability and the most likely alternatives
+/// at its position (engine::token_logprobs on the wire).
+struct token_logprob_msg {
+  float logprob = 0;
+  std::vector<std::int32_t> top_ids;  // best first
+  std::vector<float> top_logprobs;    // same order
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprob_msg& x) {
+  return f(caf::meta::type_name("exa.token_logprob"), x.logprob, x.top_ids, x.top_logprobs);
 }
 
 /// replica -> request: new tokens of a request, in order.
@@ -235,10 +249,13 @@ struct token_msg {
   std::uint64_t request = 0;
   std::vector<std::int32_t> tokens;
   std::uint32_t first_index = 0;
+  /// One per token when the request asked for logprobs; else empty (and
+  /// nothing extra crosses the wire).
+  std::vector<token_logprob_msg> logprobs;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_msg& x) {
-  return f(caf::meta::type_name("exa.tokens"), x.request, x.tokens, x.first_index);
+  return f(caf::meta::type_name("exa.tokens"), x.request, x.tokens, x.first_index, x.logprobs);
 }
 
 /// replica -> request: the request ended (engine::finish_reason).

@@ -191,6 +191,7 @@ void on_step_done(self_ptr self, const step_done& done) {
       b.first_index = t.index;
     }
     b.tokens.push_back(t.token);
+    if (t.logprobs) b.logprobs.push_back({t.logprobs->logprob, t.logprobs->top_ids, t.logprobs->top_logprobs});
   }
   for (auto& [id, msg] : batches) {
     auto it = st.active.find(id);
@@ -440,6 +441,8 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   req.max_tokens = m.max_tokens;
   req.sampling = {m.temperature, m.top_p, m.top_k, m.seed};
   req.stop_tokens = m.stop_tokens;
+  req.logprobs = m.logprobs;
+  req.top_logprobs = m.top_logprobs;
   auto promise = self->make_response_promise<ok_atom>();
   // A simulated step covers many decode steps: cut it at the next boundary
   // so this request joins when it would on a real engine.

@@ -106,6 +106,8 @@ void emit(self_ptr self, std::string text) {
   api::token_chunk chunk;
   chunk.tokens = std::move(st.unsent_tokens);
   st.unsent_tokens.clear();
+  chunk.logprobs = std::move(st.unsent_logprobs);
+  st.unsent_logprobs.clear();
   chunk.first_index = st.sent_index;
   st.sent_index += static_cast<std::uint32_t>(chunk.tokens.size());
   chunk.text = std::move(text);
@@ -148,9 +150,31 @@ void on_reorder_timeout(self_ptr self, std::uint32_t stream, std::uint32_t at) {
                            " ms while later ones did");
 }
 
+// The logprobs of generated token `index`, with each token's text, for the
+// client; false when the replica sent none for it.
+bool take_logprobs(request_actor_state& st, std::uint32_t index, model::token_id token,
+                   const model::tokenizer* tok) {
+  auto it = st.pending_logprobs.find(index);
+  if (it == st.pending_logprobs.end()) return false;
+  const token_logprob_msg& lp = it->second;
+  const auto text = [&](model::token_id id) { return tok ? tok->decode_token(id) : std::string(); };
+  api::token_logprob out{token, text(token), lp.logprob, {}};
+  for (std::size_t i = 0; i < lp.top_ids.size() && i < lp.top_logprobs.size(); ++i)
+    out.top.push_back({lp.top_ids[i], text(lp.top_ids[i]), lp.top_logprobs[i]});
+  st.unsent_logprobs.push_back(std::move(out));
+  st.pending_logprobs.erase(it);
+  return true;
+}
+
 void on_tokens(self_ptr self, const token_msg& m) {
   auto& st = self->state;
   if (st.done || self->current_sender() != st.replica.address()) return;  // a replica we left
+  // Logprobs wait by index until their tokens are in order; those of tokens
+  // the request already has (a resumed replica re-sending) are never needed.
+  if (st.ctx.request.logprobs)
+    for (std::size_t i = 0; i < m.logprobs.size() && i < m.tokens.size(); ++i)
+      if (m.first_index + i >= st.sequencer.next())
+        st.pending_logprobs.insert_or_assign(m.first_index + static_cast<std::uint32_t>(i), m.logprobs[i]);
   // In order, whatever route each chunk took; a resumed replica's re-sent
   // tokens are dropped.
   auto in_order = st.sequencer.offer(m.first_index, m.tokens);
@@ -163,6 +187,11 @@ void on_tokens(self_ptr self, const token_msg& m) {
     if (!st.first_token_ns) st.first_token_ns = now_ns(self);
     const model::tokenizer* tok = st.ctx.model ? &st.ctx.model->tokenizer() : nullptr;
     for (const auto t : in_order.ready) {
+      const auto index = static_cast<std::uint32_t>(st.generated.size());
+      if (st.ctx.request.logprobs && !take_logprobs(st, index, t, tok))
+        return finish(self, api::finish_reason::error,
+                      error{errc::internal, "replica " + std::to_string(st.replica_id) + " sent token " +
+                                                std::to_string(index) + " without the logprobs asked for"});
       st.generated.push_back(t);
       st.unsent_tokens.push_back(t);
       if (tok) st.held_text += st.utf8.push(tok->decode_token(t));  // simulated models have no text
@@ -170,8 +199,14 @@ void on_tokens(self_ptr self, const token_msg& m) {
     std::string out;
     const bool stopped = release_text(st, out);
     emit(self, std::move(out));
-    if (stopped) return finish(self, api::finish_reason::stop);
+    if (stopped) {
+      // The replica would go on to max_tokens for nobody: stop it now.
+      if (st.replica) self->send(st.replica, cancel_msg{st.ctx.number});
+      return finish(self, api::finish_reason::stop);
+    }
   }
+  // What stays pending belongs to held chunks past a gap (bounded with them).
+  std::erase_if(st.pending_logprobs, [&](const auto& e) { return e.first < st.sequencer.next(); });
   if (st.held_finish && st.sequencer.complete(st.held_finish->generated)) {
     const finish_msg f = *st.held_finish;
     st.held_finish.reset();
@@ -231,11 +266,12 @@ void submit(self_ptr self, const picked_replica& p) {
   ++st.stream;
   st.gap_timer = false;
   st.sequencer.restart(static_cast<std::uint32_t>(st.generated.size()));
+  st.pending_logprobs.clear();  // they went with the last replica's held chunks
   st.held_finish.reset();
   self->monitor(p.handle);
   const auto& r = st.ctx.request;
   submit_msg m{st.ctx.number, st.prompt, st.generated, r.max_tokens, r.sampling.temperature, r.sampling.top_p,
-               r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch, r.request_id};
+               r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch, r.request_id, r.logprobs, r.top_logprobs};
   // Accepting (not finishing) a request is quick; a replica that does not
   // even accept it within submit_timeout_ms is treated as failed for it.
   self->request(p.handle, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(m))
@@ -247,7 +283,11 @@ void submit(self_ptr self, const picked_replica& p) {
               // submit twice to one replica.
               if (self->state.replica != handle) return;
               const error e = from_caf(err);
-              if (e.code == errc::invalid_argument) return finish(self, api::finish_reason::error, e);
+              // The caller's mistake, or a feature this deployment's engine
+              // lacks (logprobs on a simulated one): another replica of it
+              // would answer the same.
+              if (e.code == errc::invalid_argument || e.code == errc::unsupported)
+                return finish(self, api::finish_reason::error, e);
               failover(self, e.message);
             });
 }
@@ -331,6 +371,16 @@ void find_router(self_ptr self) {
   spdlog::info("event=request_router_found request={}", st.ctx.request.request_id);
 }
 
+// The tokens that end generation: the one place that decides it.
+// TODO(TOK): switch to the tokenizer's end-of-generation set (eos, eot, eom
+// and the like, as llama.cpp's is_eog) once runtime/model/tokenizer.hpp has
+// it, so that a Llama 3 chat stops at <|eot_id|>; today it is eos alone.
+std::vector<model::token_id> end_of_generation_tokens(const model::tokenizer& tok) {
+  std::vector<model::token_id> out;
+  if (tok.eos()) out.push_back(*tok.eos());
+  return out;
+}
+
 // Validates and tokenizes; an error here is the client's to fix.
 expected<void> prepare(request_actor_state& st) {
   const auto& r = st.ctx.request;
@@ -344,6 +394,8 @@ expected<void> prepare(request_actor_state& st) {
   } else {
     return make_error(errc::unsupported, "model '" + r.model + "' is simulated and has no tokenizer: send token ids");
   }
+  if (r.logprobs && !m)
+    return make_error(errc::unsupported, "model '" + r.model + "' is simulated: it has no logits, so no logprobs");
   if (st.prompt.empty()) return make_error(errc::invalid_argument, "prompt is empty");
   for (const auto t : st.prompt)
     if (t < 0 || static_cast<std::uint32_t>(t) >= st.ctx.vocab_size)
@@ -354,7 +406,7 @@ expected<void> prepare(request_actor_state& st) {
                       "prompt (" + std::to_string(st.prompt.size()) + " tokens) + max_tokens (" +
                           std::to_string(r.max_tokens) + ") exceeds the context length " +
                           std::to_string(st.ctx.context_length) + " of model '" + r.model + "'");
-  if (!r.ignore_eos && m && m->tokenizer().eos()) st.stop_tokens.push_back(*m->tokenizer().eos());
+  if (!r.ignore_eos && m) st.stop_tokens = end_of_generation_tokens(m->tokenizer());
   return {};
 }
 

@@ -12,6 +12,7 @@
 #include <caf/fwd.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,10 @@ struct request_actor_state {
   std::vector<std::int32_t> stop_tokens;
   std::vector<std::int32_t> generated;
   std::vector<std::int32_t> unsent_tokens;  // generated, not yet in a chunk
+  /// Logprobs the replica sent with tokens not yet in order, by token index
+  /// (bounded like the sequencer's held chunks); and those of unsent_tokens.
+  std::map<std::uint32_t, token_logprob_msg> pending_logprobs;
+  std::vector<api::token_logprob> unsent_logprobs;
   cluster::token_sequencer sequencer;        // the current replica's stream, in order
   std::optional<finish_msg> held_finish;     // a finish that overtook its last tokens
   std::uint32_t stream = 0;                  // counts submits: which replica a gap timer is for

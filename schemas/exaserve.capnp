@@ -229,6 +229,18 @@ struct ModelInfo {
   # Time to first token and per output token of its requests over the last
   # minute, in ms, as the gateways saw them (the worst gateway's); -1: no
   # request finished in that time.
+
+  architecture @11 :Text;
+  # The file's general.architecture ("llama", "qwen2"); "simulated" for a
+  # preset; empty when unknown.
+
+  quantization @12 :Text;
+  # llama.cpp's name for the file's general.file_type ("Q4_K_M"), or else the
+  # ggml type holding most of its weight bytes ("q8_0"); empty when unknown.
+
+  tokenizer @13 :Text;
+  # The file's tokenizer.ggml.model ("llama": SentencePiece, "gpt2": byte-level
+  # BPE); empty when unknown.
 }
 
 struct NodeStatus {

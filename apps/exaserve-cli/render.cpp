@@ -69,8 +69,11 @@ std::string render_models(const std::vector<api::model_info>& models) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& m : models)
     rows.push_back({m.name, m.version.empty() ? "-" : m.version, m.model_file,
-                    fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), std::to_string(m.context_length)});
-  return render_table({"NAME", "VERSION", "MODEL FILE", "READY/DESIRED", "CONTEXT"}, rows);
+                    fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), std::to_string(m.context_length),
+                    m.architecture.empty() ? "-" : m.architecture, m.quantization.empty() ? "-" : m.quantization,
+                    m.tokenizer.empty() ? "-" : m.tokenizer});
+  return render_table({"NAME", "VERSION", "MODEL FILE", "READY/DESIRED", "CONTEXT", "ARCH", "QUANT", "TOKENIZER"},
+                      rows);
 }
 
 std::string render_status(const api::cluster_status& s) {

@@ -50,7 +50,8 @@ error from_exception(const kj::Exception& e, const std::string& where) {
 api::model_info to_api(rpc::ModelInfo::Reader m) {
   return {m.getName(),     m.getModelFile(), m.getReplicasReady(), m.getReplicasDesired(),
           m.getContextLength(), m.getTenant(), m.getVersion(),       m.getTtftP50Ms(),
-          m.getTtftP99Ms(),   m.getTpotP50Ms(), m.getTpotP99Ms()};
+          m.getTtftP99Ms(),   m.getTpotP50Ms(), m.getTpotP99Ms(), m.getArchitecture(), m.getQuantization(),
+          m.getTokenizer()};
 }
 
 api::cluster_status to_api(rpc::ClusterStatus::Reader s) {

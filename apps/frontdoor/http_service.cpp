@@ -101,12 +101,13 @@ struct sse_stream {
   bool include_usage = false;
   bool finished = false;
   std::string pending;  // the events of one batch, written at once
+  std::uint32_t text_offset = 0;  // completions' logprobs.text_offset of the next token
 
   /// Renders a batch; sets `finished` when it ends the stream.
   void render(const request_channel::batch& b) {
     for (const auto& chunk : b.chunks)
-      if (!chunk.text.empty() || (meta.return_token_ids && !chunk.tokens.empty()))
-        pending += render_stream_text(meta, chunk.text, &chunk);
+      if (!chunk.text.empty() || ((meta.return_token_ids || meta.logprobs) && !chunk.tokens.empty()))
+        pending += render_stream_text(meta, chunk.text, &chunk, &text_offset);
     if (!b.done) return;
     finished = true;
     if (auto failed = failure_of(*b.done)) {
@@ -281,7 +282,7 @@ kj::Promise<void> http_service::handle_generate(exchange& ex, bool chat, kj::May
     if (auto bad = validate_generate(req->gen, ctx_->config.limits)) return send_error(ex, response, *bad);
     req->gen.tenant = ex.tenant;  // the backend answers another tenant's deployment as unknown
     if (req->gen.user.empty()) req->gen.user = ex.session;  // keeps a conversation on one version
-    response_meta meta{kind, {}, req->gen.model, unix_now_s(), req->return_token_ids};
+    response_meta meta{kind, {}, req->gen.model, unix_now_s(), req->return_token_ids, req->gen.logprobs};
     auto started = start_limited(ctx_, std::move(req->gen), ex.tenant_label);
     if (!started) {
       const auto& why = started.error();
@@ -308,23 +309,25 @@ kj::Promise<void> http_service::complete(exchange& ex, kj::Own<generate_call> ca
     response_meta meta;
     std::string text;
     std::vector<api::token_id> token_ids;
+    std::vector<api::token_logprob> logprobs;
     kj::Promise<api::generate_result> run() {
       return call->next().then([this](request_channel::batch b) -> kj::Promise<api::generate_result> {
         for (const auto& chunk : b.chunks) {
           text += chunk.text;
           token_ids.insert(token_ids.end(), chunk.tokens.begin(), chunk.tokens.end());
+          logprobs.insert(logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
         }
         if (b.done) return kj::mv(*b.done);
         return run();
       });
     }
   };
-  auto state = kj::heap<collected>(collected{kj::mv(call), std::move(meta), {}, {}});
+  auto state = kj::heap<collected>(collected{kj::mv(call), std::move(meta), {}, {}, {}});
   auto& s = *state;
   return s.run()
       .then([this, &ex, &s, &response](api::generate_result result) -> kj::Promise<void> {
         if (auto failed = failure_of(result)) return send_error(ex, response, *failed, {}, 0, result.retry_after_ms);
-        return send_json(ex, response, 200, render_response(s.meta, s.text, result, &s.token_ids));
+        return send_json(ex, response, 200, render_response(s.meta, s.text, result, &s.token_ids, &s.logprobs));
       })
       .attach(kj::mv(state));
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -226,6 +227,30 @@ check read_options(const json& body, openai_request& req) {
   return std::nullopt;
 }
 
+// Completions take the legacy `logprobs: N` (alternatives per token); chat
+// takes `logprobs: true` and `top_logprobs: N`. N is at most 20 in both
+// (OpenAI allows 5 in completions; 20 keeps one bound and matches vLLM).
+check read_logprobs(api_kind kind, const json& body, api::generate_request& gen) {
+  std::int64_t top = 0;
+  if (kind == api_kind::completion) {
+    const json* v = find_field(body, "logprobs");
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer())
+      return field_error("logprobs", fmt::format("'logprobs' must be an integer between 0 and {} (the number of "
+                                                 "alternatives per token)", api::max_top_logprobs));
+    if (auto bad = read_int(body, "logprobs", 0, api::max_top_logprobs, top)) return bad;
+    gen.logprobs = true;
+    gen.top_logprobs = static_cast<std::uint32_t>(top);
+    return std::nullopt;
+  }
+  if (auto bad = read_bool(body, "logprobs", gen.logprobs)) return bad;
+  if (!find_field(body, "top_logprobs")) return std::nullopt;
+  if (auto bad = read_int(body, "top_logprobs", 0, api::max_top_logprobs, top)) return bad;
+  if (!gen.logprobs) return field_error("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+  gen.top_logprobs = static_cast<std::uint32_t>(top);
+  return std::nullopt;
+}
+
 check read_model(const json& body, api::generate_request& gen) {
   const json* m = find_field(body, "model");
   if (!m) return field_error("model", "'model' is required");
@@ -246,6 +271,66 @@ json chunk_envelope(const response_meta& meta) {
           {"object", meta.kind == api_kind::chat ? "chat.completion.chunk" : "text_completion"},
           {"created", meta.created},
           {"model", meta.model}};
+}
+
+/// JSON has no -inf: like OpenAI, a token too unlikely to matter is -9999.
+double logprob_value(float lp) { return std::isfinite(lp) && lp > -9999.0f ? static_cast<double>(lp) : -9999.0; }
+
+json token_bytes(const std::string& token) {
+  json out = json::array();
+  for (const unsigned char c : token) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+/// Characters (code points) in a token's text, as a Python client's len()
+/// counts them for text_offset: every byte that does not continue one.
+std::uint32_t code_points(const std::string& token) {
+  std::uint32_t n = 0;
+  for (const unsigned char c : token) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+/// chat: {"content":[{"token","logprob","bytes","top_logprobs":[{"token","logprob","bytes"}]}],"refusal":null}.
+json chat_logprobs(const std::vector<api::token_logprob>& lps) {
+  json content = json::array();
+  for (const auto& lp : lps) {
+    json top = json::array();
+    for (const auto& t : lp.top)
+      top.push_back({{"token", t.token}, {"logprob", logprob_value(t.logprob)}, {"bytes", token_bytes(t.token)}});
+    content.push_back({{"token", lp.token},
+                       {"logprob", logprob_value(lp.logprob)},
+                       {"bytes", token_bytes(lp.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+/// completions: {"tokens","token_logprobs","top_logprobs":[{token: logprob}],"text_offset"};
+/// `offset` is where the first token starts and is advanced past the last.
+json completion_logprobs(const std::vector<api::token_logprob>& lps, std::uint32_t& offset) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& lp : lps) {
+    tokens.push_back(lp.token);
+    values.push_back(logprob_value(lp.logprob));
+    json top = json::object();
+    // Two ids with the same text share a key: the likelier (first) one keeps it.
+    for (const auto& t : lp.top)
+      if (!top.contains(t.token)) top[t.token] = logprob_value(t.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += code_points(lp.token);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json logprobs_json(const response_meta& meta, const std::vector<api::token_logprob>* lps, std::uint32_t& offset) {
+  if (!meta.logprobs) return nullptr;
+  static const std::vector<api::token_logprob> none;
+  const auto& list = lps ? *lps : none;
+  return meta.kind == api_kind::chat ? chat_logprobs(list) : completion_logprobs(list, offset);
 }
 
 /// Text from the backend is valid UTF-8; `replace` keeps a broken byte from
@@ -270,6 +355,7 @@ std::expected<openai_request, request_error> parse_openai_request(api_kind kind,
     if (auto bad = read_max_tokens(kind, j, limits, req.gen)) return bad;
     if (auto bad = read_sampling(j, req.gen.sampling)) return bad;
     if (auto bad = read_stop(j, limits, req.gen)) return bad;
+    if (auto bad = read_logprobs(kind, j, req.gen)) return bad;
     return read_options(j, req);
   }();
   if (first_error) return std::unexpected(std::move(*first_error));
@@ -292,8 +378,12 @@ std::string_view openai_finish_reason(api::finish_reason reason) noexcept {
 }
 
 std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result,
-                            const std::vector<api::token_id>* token_ids) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(result.reason)}};
+                            const std::vector<api::token_id>* token_ids,
+                            const std::vector<api::token_logprob>* logprobs) {
+  std::uint32_t offset = 0;
+  json choice = {{"index", 0},
+                 {"logprobs", logprobs_json(meta, logprobs, offset)},
+                 {"finish_reason", openai_finish_reason(result.reason)}};
   if (meta.return_token_ids && token_ids) choice["token_ids"] = *token_ids;
   if (meta.kind == api_kind::chat)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -308,8 +398,13 @@ std::string render_response(const response_meta& meta, std::string_view text, co
   return dump(body);
 }
 
-std::string render_stream_text(const response_meta& meta, std::string_view text, const api::token_chunk* tokens) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+std::string render_stream_text(const response_meta& meta, std::string_view text, const api::token_chunk* tokens,
+                               std::uint32_t* text_offset) {
+  std::uint32_t local_offset = 0;
+  json choice = {{"index", 0},
+                 {"logprobs", logprobs_json(meta, tokens ? &tokens->logprobs : nullptr,
+                                            text_offset ? *text_offset : local_offset)},
+                 {"finish_reason", nullptr}};
   if (meta.return_token_ids && tokens) {
     choice["token_ids"] = tokens->tokens;
     choice["token_index"] = tokens->first_index;
@@ -376,7 +471,12 @@ json model_json(const api::model_info& m, std::int64_t created) {
           {"max_model_len", m.context_length},
           {"replicas_ready", m.replicas_ready},
           {"replicas_desired", m.replicas_desired},
-          {"version", m.version}};
+          {"version", m.version},
+          // What the file is: its architecture, llama.cpp's file type (or
+          // the dominant weight type) and its tokenizer; null where unknown.
+          {"architecture", m.architecture.empty() ? json(nullptr) : json(m.architecture)},
+          {"quantization", m.quantization.empty() ? json(nullptr) : json(m.quantization)},
+          {"tokenizer", m.tokenizer.empty() ? json(nullptr) : json(m.tokenizer)}};
 }
 }  // namespace
 

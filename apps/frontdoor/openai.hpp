@@ -59,6 +59,10 @@ struct response_meta {
   std::string model;
   std::int64_t created = 0;  // unix seconds
   bool return_token_ids = false;
+  /// The request asked for logprobs: choices carry them in the endpoint's
+  /// shape (completions: tokens/token_logprobs/top_logprobs/text_offset;
+  /// chat: content[{token, logprob, bytes, top_logprobs}]); else null.
+  bool logprobs = false;
 };
 
 /// "cmpl-<request id>" or "chatcmpl-<request id>".
@@ -69,12 +73,15 @@ std::string_view openai_finish_reason(api::finish_reason reason) noexcept;
 
 /// The non-streaming response body.
 std::string render_response(const response_meta& meta, std::string_view text, const api::generate_result& result,
-                            const std::vector<api::token_id>* token_ids = nullptr);
+                            const std::vector<api::token_id>* token_ids = nullptr,
+                            const std::vector<api::token_logprob>* logprobs = nullptr);
 
 /// One SSE event, "data: {...}\n\n", carrying text (completions: choices[0].text,
-/// chat: choices[0].delta.content).
+/// chat: choices[0].delta.content), and with meta.logprobs the logprobs of the
+/// chunk's tokens. `text_offset` (completions) is where the chunk's first
+/// token starts in the whole completion; it is advanced past the chunk.
 std::string render_stream_text(const response_meta& meta, std::string_view text,
-                               const api::token_chunk* tokens = nullptr);
+                               const api::token_chunk* tokens = nullptr, std::uint32_t* text_offset = nullptr);
 /// The chat stream's opening event: delta {"role":"assistant","content":""}.
 std::string render_stream_role(const response_meta& meta);
 /// The closing event with finish_reason (and an empty text / delta).

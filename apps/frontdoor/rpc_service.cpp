@@ -95,6 +95,9 @@ void fill(rpc::ModelInfo::Builder out, const api::model_info& m) {
   out.setTtftP99Ms(m.ttft_p99_ms);
   out.setTpotP50Ms(m.tpot_p50_ms);
   out.setTpotP99Ms(m.tpot_p99_ms);
+  out.setArchitecture(m.architecture);
+  out.setQuantization(m.quantization);
+  out.setTokenizer(m.tokenizer);
 }
 
 void fill(rpc::ReplicaStatus::Builder out, const api::replica_status& r) {

@@ -63,6 +63,31 @@ struct generate_request {
   /// The conversation (the OpenAI `user` field, or an X-Session-Id header):
   /// during a rollout, one conversation stays on one version. "": none.
   std::string user;
+  /// Each generated token's log-probability, with the top_logprobs (at most
+  /// max_top_logprobs) most likely alternatives at its position. Engines
+  /// without logits (simulated, null) refuse it as unsupported.
+  bool logprobs = false;
+  std::uint32_t top_logprobs = 0;
+};
+
+/// OpenAI's bound on top_logprobs (and engine::max_top_logprobs).
+inline constexpr std::uint32_t max_top_logprobs = 20;
+
+/// One alternative at a generated position.
+struct top_logprob {
+  token_id id = 0;
+  std::string token;  // the token's bytes as the tokenizer decodes it (may be part of a character)
+  float logprob = 0;  // natural log; -inf when impossible
+};
+
+/// A generated token's log-probability: log-softmax of the model's raw
+/// logits (before temperature, top-k, top-p), and the most likely tokens at
+/// its position, best first.
+struct token_logprob {
+  token_id id = 0;
+  std::string token;
+  float logprob = 0;
+  std::vector<top_logprob> top;
 };
 
 /// Tokens produced since the last chunk, with their text. Text is valid UTF-8:
@@ -71,6 +96,8 @@ struct token_chunk {
   std::vector<token_id> tokens;
   std::string text;
   std::uint32_t first_index = 0;  // index of tokens[0] among generated tokens
+  /// One per token (same order) when the request asked for logprobs; else empty.
+  std::vector<token_logprob> logprobs;
 };
 
 enum class finish_reason { stop, length, cancelled, error };
@@ -117,6 +144,13 @@ struct model_info {
   /// (the worst gateway's); < 0: no request finished in that time.
   double ttft_p50_ms = -1, ttft_p99_ms = -1;
   double tpot_p50_ms = -1, tpot_p99_ms = -1;
+  /// What the file is (model/model_facts.hpp): general.architecture
+  /// ("llama", "qwen2"; "simulated" for a preset), llama.cpp's file type
+  /// ("Q4_K_M") or else the dominant weight type, tokenizer.ggml.model
+  /// ("llama", "gpt2"). "" where unknown.
+  std::string architecture;
+  std::string quantization;
+  std::string tokenizer;
 };
 
 struct replica_status {

@@ -41,6 +41,16 @@ fake_output fake_complete(const api::generate_request& request) {
     out.tokens.resize(cut);
     out.reason = api::finish_reason::stop;
   }
+  if (request.logprobs)
+    for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+      const float lp = -0.25f * static_cast<float>(i + 1);
+      api::token_logprob t{out.tokens[i], std::string(1, out.text[i]), lp, {}};
+      for (std::uint32_t k = 0; k < request.top_logprobs; ++k) {
+        const api::token_id id = (out.tokens[i] + static_cast<api::token_id>(k)) % 256;
+        t.top.push_back({id, std::string(1, static_cast<char>(k == 0 ? out.text[i] : id)), lp - static_cast<float>(k)});
+      }
+      out.logprobs.push_back(std::move(t));
+    }
   return out;
 }
 
@@ -198,7 +208,9 @@ void fake_backend::run_job(const std::shared_ptr<job>& j) {
       result.err = error{errc::internal, "replica fake/0 crashed mid-stream"};
       return finish();
     }
-    j->sink->on_chunk({{out.tokens[i]}, std::string(1, out.text[i]), static_cast<std::uint32_t>(i)});
+    api::token_chunk chunk{{out.tokens[i]}, std::string(1, out.text[i]), static_cast<std::uint32_t>(i), {}};
+    if (!out.logprobs.empty()) chunk.logprobs.push_back(out.logprobs[i]);
+    j->sink->on_chunk(chunk);
     ++result.usage.completion_tokens;
   }
   result.reason = out.reason;

@@ -7,7 +7,9 @@
 // When the reversed prompt runs out before max_tokens the request ends with
 // finish "stop" (an end of sequence), unless ignore_eos, which repeats it up
 // to max_tokens ("length"). Stop sequences end it before their first
-// occurrence, as a real backend would.
+// occurrence, as a real backend would. With logprobs, token i has logprob
+// -0.25 * (i + 1), and its top_logprobs alternatives are the token itself
+// then the next byte values up (text: that byte), each 1.0 less likely.
 //
 // Tokens are produced on a thread per request (so callbacks really arrive
 // from other threads), optionally with a delay per token, and every call is
@@ -43,6 +45,7 @@ struct fake_output {
   std::string text;
   api::finish_reason reason = api::finish_reason::stop;
   std::uint32_t prompt_tokens = 0;
+  std::vector<api::token_logprob> logprobs;  // one per token when the request asked
 };
 fake_output fake_complete(const api::generate_request& request);
 

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -210,4 +211,144 @@ TEST_CASE("bad requests to the real cluster get clear errors and it keeps servin
   r = test::http_request(port, "GET", "/metrics");
   CHECK(r.status == 200);
   CHECK_THAT(r.body, Catch::Contains("exaserve_requests_total{model=\"tiny\",tenant=\"\",outcome=\"completed\"}"));
+}
+
+namespace {
+
+// The engine's own greedy ids and logprobs for a prompt, as a replica makes them.
+struct engine_logprobs_run {
+  std::vector<std::int32_t> ids;
+  std::vector<engine::token_logprobs> logprobs;
+  std::size_t prompt_tokens = 0;
+};
+
+engine_logprobs_run engine_logprobs(const std::string& prompt, std::uint32_t max_tokens, std::uint32_t top_n) {
+  auto m = model::llama_model::load(model_path());
+  REQUIRE(m.has_value());
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes((*m)->config(), 16), 64);
+  engine::thread_pool threads(1);
+  engine::cpu_engine eng(*m, **pool, threads);
+  engine::generation_request req;
+  req.prompt = *(*m)->tokenizer().encode(prompt, true);
+  req.max_tokens = max_tokens;
+  req.stop_tokens = {*(*m)->tokenizer().eos()};
+  req.logprobs = true;
+  req.top_logprobs = top_n;
+  REQUIRE(eng.submit(req));
+  engine_logprobs_run out;
+  out.prompt_tokens = req.prompt.size();
+  while (!eng.idle())
+    for (const auto& t : eng.step().tokens) {
+      REQUIRE(t.logprobs.has_value());
+      out.ids.push_back(t.token);
+      out.logprobs.push_back(*t.logprobs);
+    }
+  return out;
+}
+
+json post_json(std::uint16_t port, const std::string& path, const json& body) {
+  const auto r = test::http_request(port, "POST", path, body.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  return json::parse(r.body);
+}
+
+}  // namespace
+
+TEST_CASE("logprobs through the real cluster are the engine's own, streamed and not", "[serving][http][logprobs]") {
+  server s;
+  const auto port = s.door->http_port();
+  const std::string prompt = "Logprobs, please";
+  const auto want = engine_logprobs(prompt, 12, 3);
+  REQUIRE_FALSE(want.ids.empty());
+
+  const json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 12}, {"logprobs", 3}};
+  const auto j = post_json(port, "/v1/completions", body);
+  const auto& lp = j["choices"][0]["logprobs"];
+  REQUIRE(lp["token_logprobs"].size() == want.ids.size());
+  for (std::size_t i = 0; i < want.ids.size(); ++i) {
+    CHECK(lp["token_logprobs"][i].get<double>() == Approx(want.logprobs[i].logprob).margin(1e-6));
+    CHECK(lp["top_logprobs"][i].size() <= 3);
+    // Greedy: the chosen token is the most likely one.
+    CHECK(want.logprobs[i].top_ids[0] == want.ids[i]);
+  }
+  CHECK(j["usage"]["prompt_tokens"] == want.prompt_tokens);
+  CHECK(j["usage"]["completion_tokens"] == want.ids.size());
+
+  // Streamed: the same values, spread over the chunks, offsets running on.
+  json streamed = body;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  const auto r = test::http_request(port, "POST", "/v1/completions", streamed.dump());
+  REQUIRE(r.status == 200);
+  std::vector<double> values;
+  std::vector<int> offsets;
+  json usage;
+  for (const auto& e : test::sse_events(r.body)) {
+    if (e == "[DONE]") break;
+    const auto ev = json::parse(e);
+    if (ev.contains("usage") && !ev["usage"].is_null()) usage = ev["usage"];
+    if (ev["choices"].empty() || ev["choices"][0]["logprobs"].is_null()) continue;
+    for (const auto& v : ev["choices"][0]["logprobs"]["token_logprobs"]) values.push_back(v.get<double>());
+    for (const auto& v : ev["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(v.get<int>());
+  }
+  REQUIRE(values.size() == want.ids.size());
+  for (std::size_t i = 0; i < values.size(); ++i) CHECK(values[i] == Approx(want.logprobs[i].logprob).margin(1e-6));
+  CHECK(offsets == lp["text_offset"].get<std::vector<int>>());
+  CHECK(usage["prompt_tokens"] == want.prompt_tokens);
+  CHECK(usage["completion_tokens"] == want.ids.size());
+
+  // Chat: one entry per generated token, with its exact bytes.
+  const auto c = post_json(port, "/v1/chat/completions",
+                           {{"model", "tiny"},
+                            {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                            {"max_tokens", 6},
+                            {"logprobs", true},
+                            {"top_logprobs", 2}});
+  const auto& content = c["choices"][0]["logprobs"]["content"];
+  CHECK(content.size() == c["usage"]["completion_tokens"].get<std::size_t>());
+  for (const auto& entry : content) {
+    REQUIRE(entry["top_logprobs"].size() == 2);
+    CHECK(entry["top_logprobs"][0]["bytes"] == entry["bytes"]);  // greedy
+    CHECK(entry["top_logprobs"][0]["logprob"] == entry["logprob"]);
+    CHECK(entry["logprob"].get<double>() <= 0.0);
+  }
+}
+
+TEST_CASE("a multi-token stop string ends the text before it, streamed and not", "[serving][http]") {
+  server s;
+  const auto port = s.door->http_port();
+  const std::string prompt = "Stop right there";
+  const std::string full = engine_text(prompt, 40);
+  // Three ASCII bytes from the middle: three tokens of the byte vocabulary.
+  std::string stop;
+  for (std::size_t i = 4; i + 3 <= full.size() && stop.empty(); ++i)
+    if (std::all_of(full.begin() + i, full.begin() + i + 3, [](char ch) { return ch > 0x20 && ch < 0x7f; }))
+      stop = full.substr(i, 3);
+  REQUIRE_FALSE(stop.empty());
+  const std::string want = full.substr(0, full.find(stop));
+  const json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 40}, {"stop", stop}};
+  const auto j = post_json(port, "/v1/completions", body);
+  CHECK(j["choices"][0]["text"] == want);
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+  json streamed = body;
+  streamed["stream"] = true;
+  const auto r = test::http_request(port, "POST", "/v1/completions", streamed.dump());
+  std::string text, finish;
+  for (const auto& e : test::sse_events(r.body)) {
+    if (e == "[DONE]") break;
+    const auto ev = json::parse(e);
+    text += ev["choices"][0]["text"].get<std::string>();
+    if (!ev["choices"][0]["finish_reason"].is_null()) finish = ev["choices"][0]["finish_reason"];
+  }
+  CHECK(text == want);
+  CHECK(finish == "stop");
+}
+
+TEST_CASE("an engine without logits refuses logprobs naming it", "[serving][http][logprobs]") {
+  server s("null", 1);
+  const auto r = test::http_request(s.door->http_port(), "POST", "/v1/completions",
+                                    json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}, {"logprobs", 1}}.dump());
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("null engine has none"));
 }

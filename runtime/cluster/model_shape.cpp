@@ -111,7 +111,10 @@ precision from_tensor_type(model::tensor_type t) noexcept {
     case model::tensor_type::f16: return precision::fp16;
     case model::tensor_type::bf16: return precision::bf16;
     case model::tensor_type::q8_0: return precision::int8;
-    case model::tensor_type::q4_0: return precision::int4;
+    case model::tensor_type::q4_0:
+    case model::tensor_type::q4_K:
+    case model::tensor_type::q5_K: return precision::int4;
+    case model::tensor_type::q6_K: return precision::int8;
   }
   return precision::fp32;
 }

@@ -7,6 +7,7 @@
 
 #include "common/assert.hpp"
 #include "model/half.hpp"
+#include "model/kquants.hpp"
 
 namespace exa::model {
 
@@ -76,6 +77,32 @@ void dequantize_row_q4_0(const block_q4_0* x, float* y, std::size_t n) noexcept 
   }
 }
 
+namespace {
+
+// Quantizes/dequantizes a row block by block through an aligned local, since
+// tensor bytes inside a file or buffer have no alignment guarantee.
+template <class Block, std::size_t Elems, class Fn>
+void quantize_blocks(std::span<const float> x, std::byte* out, Fn quantize) noexcept {
+  EXA_ASSERT(x.size() % Elems == 0);
+  for (std::size_t b = 0; b < x.size() / Elems; ++b) {
+    Block blk;
+    quantize(x.data() + b * Elems, &blk, Elems);
+    std::memcpy(out + b * sizeof blk, &blk, sizeof blk);
+  }
+}
+
+template <class Block, std::size_t Elems, class Fn>
+void dequantize_blocks(const std::byte* in, std::span<float> y, Fn dequantize) noexcept {
+  EXA_ASSERT(y.size() % Elems == 0);
+  for (std::size_t b = 0; b < y.size() / Elems; ++b) {
+    Block blk;
+    std::memcpy(&blk, in + b * sizeof blk, sizeof blk);
+    dequantize(&blk, y.data() + b * Elems, Elems);
+  }
+}
+
+}  // namespace
+
 // The byte-pointer entry points copy block by block through a local, because
 // tensor data inside a file or buffer has no alignment guarantee for the
 // block structs.
@@ -108,6 +135,9 @@ void convert_row(std::span<const float> x, tensor_type type, std::byte* out) noe
         std::memcpy(out + b * sizeof blk, &blk, sizeof blk);
       }
       return;
+    case tensor_type::q4_K: return quantize_blocks<block_q4_K, qk_k>(x, out, quantize_row_q4_K);
+    case tensor_type::q5_K: return quantize_blocks<block_q5_K, qk_k>(x, out, quantize_row_q5_K);
+    case tensor_type::q6_K: return quantize_blocks<block_q6_K, qk_k>(x, out, quantize_row_q6_K);
   }
   EXA_ASSERT_MSG(false, "convert_row: tensor_type outside the enum");
 }
@@ -142,6 +172,9 @@ void dequantize_row(tensor_type type, const std::byte* in, std::span<float> y) n
         dequantize_row_q4_0(&blk, y.data() + b * q4_0_block_elems, q4_0_block_elems);
       }
       return;
+    case tensor_type::q4_K: return dequantize_blocks<block_q4_K, qk_k>(in, y, dequantize_row_q4_K);
+    case tensor_type::q5_K: return dequantize_blocks<block_q5_K, qk_k>(in, y, dequantize_row_q5_K);
+    case tensor_type::q6_K: return dequantize_blocks<block_q6_K, qk_k>(in, y, dequantize_row_q6_K);
   }
   EXA_ASSERT_MSG(false, "dequantize_row: tensor_type outside the enum");
 }

@@ -179,3 +179,28 @@ TEST_CASE("a loaded GGUF file gives its real bytes, equal to the computed ones",
     CHECK(s.kv_bytes_per_token() == (*loaded)->config().kv_bytes_per_token(2));
   }
 }
+
+TEST_CASE("the ledger accounts a qwen2 q4_k_m file's real tensor bytes", "[model_shape][arch]") {
+  // Mixed K-quant types per tensor, f32 biases and norms: the formula cannot
+  // know them, the file can. Every tensor of the file must be counted once.
+  for (const bool tied : {false, true}) {
+    model::model_spec spec;
+    spec.arch = model::architecture::qwen2;
+    spec.dim = 256;
+    spec.ff_dim = 512;
+    spec.type = model::tensor_type::q4_K;
+    spec.mix = model::quant_mix::k_m;
+    spec.tie_embeddings = tied;
+    const std::string path = tmp_path(tied ? "shape-qwen2-q4km-tied.gguf" : "shape-qwen2-q4km.gguf");
+    REQUIRE(model::generate_model(spec, path).has_value());
+    auto loaded = model::llama_model::load(path);
+    if (!loaded) FAIL(to_string(loaded.error()));
+    std::uint64_t file_bytes = 0;
+    for (const auto& t : (*loaded)->file().tensors()) file_bytes += t.size_bytes;
+    const model_shape s = model_shape_from(**loaded);
+    CHECK(s.weight_bytes == file_bytes);
+    CHECK(s.tied_embeddings == tied);
+    CHECK(s.weight_precision == precision::int4);
+    CHECK(s.kv_bytes_per_token() == (*loaded)->config().kv_bytes_per_token(2));
+  }
+}

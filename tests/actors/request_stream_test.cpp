@@ -20,6 +20,7 @@
 #include "actors/request_actor.hpp"
 #include "cluster_fixture.hpp"
 #include "engine/engine.hpp"
+#include "model/llama_model.hpp"
 
 using namespace exa;
 using namespace std::chrono_literals;
@@ -78,8 +79,17 @@ struct fixture {
   std::shared_ptr<test::recording_sink> sink = std::make_shared<test::recording_sink>();
   caf::actor request;
 
-  explicit fixture(std::uint32_t max_tokens) {
+  // With logprobs the request needs a real model (a simulated one has no
+  // logits, and the request refuses at once): the tiny one, for its tokenizer.
+  explicit fixture(std::uint32_t max_tokens, bool logprobs = false) {
     actors::request_context ctx;
+    if (logprobs) {
+      auto m = model::llama_model::load(test::tiny_model_path());
+      REQUIRE(m.has_value());
+      ctx.model = *m;
+      ctx.request.logprobs = true;
+      ctx.request.top_logprobs = 1;
+    }
     ctx.number = 7;
     ctx.request.request_id = "req-7";
     ctx.request.model = "m";
@@ -103,6 +113,13 @@ struct fixture {
   }
   void tokens(const caf::actor& from, std::uint32_t first, std::vector<std::int32_t> ids) {
     caf::send_as(from, request, actors::token_msg{7, std::move(ids), first});
+    run();
+  }
+  // Tokens with logprobs: token i's logprob is `lp[i]`, its one alternative itself.
+  void tokens_lp(const caf::actor& from, std::uint32_t first, std::vector<std::int32_t> ids, std::vector<float> lp) {
+    actors::token_msg m{7, ids, first, {}};
+    for (std::size_t i = 0; i < ids.size(); ++i) m.logprobs.push_back({lp[i], {ids[i]}, {lp[i]}});
+    caf::send_as(from, request, std::move(m));
     run();
   }
   void finished(const caf::actor& from, std::uint32_t generated) {
@@ -163,4 +180,46 @@ TEST_CASE("a gap that never fills: the replica is left and the stream resumes el
   CHECK(f.sink->result->reason == api::finish_reason::length);
   CHECK(f.sink->tokens() == std::vector<std::int32_t>{10, 21, 22, 23});
   CHECK(f.sink->result->resumes == 1);
+}
+
+TEST_CASE("logprobs follow their tokens through reordering and a resume, each exactly once", "[actors][request][logprobs]") {
+  fixture f(4, true);
+  REQUIRE(f.log_a->submits.size() == 1);
+  CHECK(f.log_a->submits[0].logprobs);
+  CHECK(f.log_a->submits[0].top_logprobs == 1);
+  f.tokens_lp(f.a, 0, {10}, {-1.0f});
+  f.tokens_lp(f.a, 2, {12, 13}, {-3.0f, -4.0f});  // token 1 was lost on the way
+  f.sched.advance_time(600ms);
+  f.run();
+  REQUIRE(f.log_b->submits.size() == 1);
+  CHECK(f.log_b->submits[0].logprobs);  // the resumed replica computes its own tokens' logprobs
+  f.tokens_lp(f.a, 1, {11}, {-2.0f});   // the old replica's late token is not taken, nor its logprob
+  f.tokens_lp(f.b, 1, {21, 22, 23}, {-21.0f, -22.0f, -23.0f});
+  f.finished(f.b, 4);
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->reason == api::finish_reason::length);
+  std::vector<std::int32_t> ids;
+  std::vector<float> values;
+  for (const auto& c : f.sink->chunks) {
+    REQUIRE(c.logprobs.size() == c.tokens.size());  // one per token, chunk by chunk
+    for (std::size_t i = 0; i < c.tokens.size(); ++i) {
+      CHECK(c.logprobs[i].id == c.tokens[i]);
+      REQUIRE(c.logprobs[i].top.size() == 1);
+      CHECK(c.logprobs[i].top[0].id == c.tokens[i]);
+      ids.push_back(c.logprobs[i].id);
+      values.push_back(c.logprobs[i].logprob);
+    }
+  }
+  CHECK(ids == std::vector<std::int32_t>{10, 21, 22, 23});
+  CHECK(values == std::vector<float>{-1.0f, -21.0f, -22.0f, -23.0f});
+}
+
+TEST_CASE("a replica that sends tokens without the logprobs asked for ends the request with an error",
+          "[actors][request][logprobs]") {
+  fixture f(4, true);
+  f.tokens(f.a, 0, {10});
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->reason == api::finish_reason::error);
+  REQUIRE(f.sink->result->err);
+  CHECK(f.sink->result->err->code == errc::internal);
 }

@@ -189,3 +189,36 @@ TEST_CASE("bad requests are refused with errors naming the problem", "[engine][e
   CHECK(got[1].size() == 4);
   CHECK(got[2].size() == 4);
 }
+
+TEST_CASE("logprobs come with tokens only when asked, and do not change the tokens", "[engine][logprobs]") {
+  auto m = test::make_model(test::tiny_spec());
+  const auto prompt = test::test_prompt(6, m->config().vocab_size, 9);
+  const engine::sampling_params hot{1.3f, 0.9f, 0, 42};
+  rig plain(m, 512), asked(m, 512);
+  REQUIRE(plain.eng->submit(request(0, prompt, 8, hot)));
+  auto req = request(0, prompt, 8, hot);
+  req.logprobs = true;
+  req.top_logprobs = 4;
+  REQUIRE(asked.eng->submit(req));
+  std::vector<std::int32_t> a, b;
+  while (!plain.eng->idle())
+    for (const auto& t : plain.eng->step().tokens) {
+      CHECK_FALSE(t.logprobs.has_value());  // the zero-cost path
+      a.push_back(t.token);
+    }
+  while (!asked.eng->idle())
+    for (const auto& t : asked.eng->step().tokens) {
+      REQUIRE(t.logprobs.has_value());
+      CHECK(t.logprobs->top_ids.size() == 4);
+      CHECK(t.logprobs->logprob <= t.logprobs->top_logprobs[0]);  // nothing beats the best
+      CHECK(std::is_sorted(t.logprobs->top_logprobs.rbegin(), t.logprobs->top_logprobs.rend()));
+      b.push_back(t.token);
+    }
+  CHECK(a == b);
+
+  req.top_logprobs = engine::max_top_logprobs + 1;
+  auto refused = asked.eng->submit(req);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == errc::invalid_argument);
+  CHECK_THAT(refused.error().message, Catch::Contains("top_logprobs must be at most 20"));
+}

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/assert.hpp"
+#include "engine/kquant_dot.hpp"
 #include "engine/matmul_kernels.hpp"
 #include "engine/thread_pool.hpp"
 #include "model/half.hpp"
@@ -39,6 +40,8 @@ struct prepared {
   const float* xf = nullptr;
   std::size_t xf_stride = 0;
   k::quant_acts q;
+  const model::block_q8_K* xk = nullptr;  // q8_K activations
+  std::size_t xk_stride = 0;              // blocks per token
 };
 
 template <int C>
@@ -77,8 +80,22 @@ void run_token_tile(const model::weight_view& w, const prepared& p, std::size_t 
   else run_float<C>(w, p, rb, re, t0, y, ys);
 }
 
+// K-quant rows: one fixed-order dot product per (row, token), each row's
+// bytes reused from L1 by every token of the batch.
+void compute_rows_k_quant(const model::weight_view& w, const prepared& p, std::size_t n_tokens, float* y,
+                          std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
+  const kquant::path path = kquant::best_path();
+  const std::size_t nb = w.cols / model::qk_k;
+  for (std::size_t r = row_begin; r < row_end; ++r) {
+    const std::byte* row = w.row(r);
+    for (std::size_t t = 0; t < n_tokens; ++t)
+      y[t * y_stride + r] = kquant::dot_row(w.type, row, p.xk + t * p.xk_stride, nb, path);
+  }
+}
+
 void compute_rows(const model::weight_view& w, const prepared& p, std::size_t n_tokens, float* y,
                   std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
+  if (kquant::is_k_quant(w.type)) return compute_rows_k_quant(w, p, n_tokens, y, y_stride, row_begin, row_end);
   const std::size_t rows_per_block =
       std::max<std::size_t>(1, row_block_bytes / std::max<std::uint64_t>(1, w.row_bytes()) / row_multiple) *
       row_multiple;
@@ -120,6 +137,8 @@ struct activations_access {
     p.q.xq = a.xq_.data();
     p.q.xq_stride = a.k_ / 32;
 #endif
+    p.xk = a.xk_.data();
+    p.xk_stride = a.k_ / model::qk_k;
     return p;
   }
   static void quantize_token(activations& a, const float* x, std::size_t t);
@@ -132,6 +151,9 @@ act_format act_format_for(model::tensor_type t) noexcept {
     case tensor_type::bf16: return act_format::bf16_rounded;
     case tensor_type::q8_0:
     case tensor_type::q4_0: return act_format::q8_0;
+    case tensor_type::q4_K:
+    case tensor_type::q5_K:
+    case tensor_type::q6_K: return act_format::q8_K;
   }
   return act_format::f32;
 }
@@ -221,6 +243,13 @@ void activations::convert(model::tensor_type type, const float* x, std::size_t x
       xd_.assign(n_tokens * steps * 16, 0.0f);
 #endif
       each_token([&](std::size_t t) { activations_access::quantize_token(*this, x + t * x_stride, t); });
+      return;
+    }
+    case act_format::q8_K: {
+      EXA_ASSERT_MSG(k % model::qk_k == 0, "K-quant matmul needs a width divisible by 256");
+      const std::size_t nb = k / model::qk_k;
+      xk_.resize(n_tokens * nb);
+      each_token([&](std::size_t t) { model::quantize_row_q8_K(x + t * x_stride, xk_.data() + t * nb, k); });
       return;
     }
   }

@@ -14,7 +14,8 @@ std::shared_ptr<const model::llama_model> make_model(const model::model_spec& sp
                           "-h" + std::to_string(spec.n_heads) + "-kv" + std::to_string(spec.n_kv_heads) +
                           "-ff" + std::to_string(spec.ff_dim) + "-v" + std::to_string(spec.vocab_size) +
                           "-c" + std::to_string(spec.context_length) + "-" +
-                          std::string(model::to_string(spec.type)) + (spec.tie_embeddings ? "-tied" : "") + "-" +
+                          std::string(model::to_string(spec.type)) + (spec.mix == model::quant_mix::k_m ? "-km" : "") +
+                          (spec.tie_embeddings ? "-tied" : "") + "-" +
                           std::string(model::to_string(spec.arch)) + "-rope" +
                           std::to_string(static_cast<int>(spec.rope_scaling)) + "x" +
                           std::to_string(spec.rope_scaling_factor) + "o" + std::to_string(spec.rope_original_context) +

@@ -10,6 +10,7 @@
 #include "engine/llama_forward.hpp"
 #include "engine/matmul.hpp"
 #include "fixtures.hpp"
+#include "model/kquants.hpp"
 #include "model/quantize.hpp"
 
 using namespace exa;
@@ -67,6 +68,19 @@ class harness {
   engine::llama_forward fwd_;
 };
 
+// The tiny preset, widened for K-quants (rows of whole 256-element
+// super-blocks) and given llama.cpp's Q4_K_M mix, so q4_K and q6_K tensors
+// both run.
+model::model_spec spec_for(model::tensor_type type) {
+  auto spec = test::tiny_spec(type);
+  if (model::block_elems(type) == model::qk_k) {
+    spec.dim = 256;
+    spec.ff_dim = 512;
+    spec.mix = model::quant_mix::k_m;
+  }
+  return spec;
+}
+
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -75,9 +89,9 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("logits are bitwise batch- and chunk-invariant", "[engine][invariance]") {
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
-                             model::tensor_type::q4_0);
+                             model::tensor_type::q4_0, model::tensor_type::q4_K);
   CAPTURE(model::to_string(type));
-  auto spec = test::tiny_spec(type);
+  auto spec = spec_for(type);
   spec.n_layers = 2;
   auto m = test::make_model(spec);
   const std::uint32_t vocab = m->config().vocab_size;
@@ -119,10 +133,11 @@ TEST_CASE("logits are bitwise batch- and chunk-invariant", "[engine][invariance]
 
 TEST_CASE("matmul output does not depend on batch size, tile or row split", "[engine][invariance]") {
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::bf16, model::tensor_type::q8_0,
-                             model::tensor_type::q4_0);
-  auto spec = test::tiny_spec(type);
+                             model::tensor_type::q4_0, model::tensor_type::q4_K, model::tensor_type::q6_K);
+  auto spec = spec_for(type);
+  spec.mix = model::quant_mix::uniform;
   auto m = test::make_model(spec);
-  const auto& w = m->weights().layers[0].w_gate;  // 192 rows x 64 cols
+  const auto& w = m->weights().layers[0].w_gate;  // 192 rows x 64 cols (512 x 256 for K-quants)
   const std::size_t k = w.cols, rows = w.rows;
   std::vector<float> x(33 * k);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919 % 1000) / 500.0 - 1.0);

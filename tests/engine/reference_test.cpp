@@ -4,8 +4,8 @@
 // Stated tolerances (normalized MSE of the logits, per position): the engine
 // computes in f32 with an fp16 KV cache and, like llama.cpp, rounds
 // activations to the weight type's precision (f16/bf16) or quantizes them to
-// Q8_0 (for Q8_0/Q4_0 weights). The bounds below leave ~10x margin over what
-// those roundings cost on these shapes.
+// Q8_0 (for Q8_0/Q4_0 weights) or Q8_K (for K-quants). The bounds below leave
+// ~6-10x margin over what those roundings cost on these shapes.
 
 #include <catch2/catch.hpp>
 
@@ -41,6 +41,12 @@ model::model_spec shape(const char* name, std::uint32_t layers, std::uint32_t di
   return s;
 }
 
+// llama.cpp's *_K_M mix around the spec's K-quant base type.
+model::model_spec k_m(model::model_spec s) {
+  s.mix = model::quant_mix::k_m;
+  return s;
+}
+
 std::vector<shape_case> cases() {
   using model::tensor_type;
   return {
@@ -52,6 +58,8 @@ std::vector<shape_case> cases() {
       {"MHA q8_0", shape("q8", 2, 64, 4, 4, 128, 260, tensor_type::q8_0), 2e-3},
       {"GQA q8_0", shape("q8g", 2, 96, 6, 3, 160, 288, tensor_type::q8_0), 2e-3},
       {"GQA q4_0", shape("q4", 2, 64, 4, 2, 192, 260, tensor_type::q4_0), 2e-3},
+      {"GQA q4_k_m (q4_K + q6_K)", k_m(shape("q4km", 2, 256, 4, 2, 512, 260, tensor_type::q4_K)), 2e-3},
+      {"GQA q5_k_m tied", k_m(shape("q5km", 2, 256, 8, 2, 256, 270, tensor_type::q5_K, true)), 2e-3},
   };
 }
 

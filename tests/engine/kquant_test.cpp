@@ -1,0 +1,234 @@
+// K-quant dot products (Q4_K, Q5_K, Q6_K weights × Q8_K activations):
+//  - each path against a double-precision reference on the dequantized
+//    operands, within a bound derived from the float operations the kernel
+//    performs (a few roundings per 256-element super-block);
+//  - every compiled SIMD path bitwise equal to the scalar one, on quantized
+//    data and on random bytes that drive the integer sums to their extremes;
+//  - matmul over a K-quant weight equal, bit for bit, to the per-row dot
+//    product whatever the batch size or row split.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/kquant_dot.hpp"
+#include "engine/matmul.hpp"
+#include "fixtures.hpp"
+#include "model/half.hpp"
+#include "model/kquants.hpp"
+#include "model/quantize.hpp"
+
+using namespace exa;
+using model::tensor_type;
+namespace kq = engine::kquant;
+
+namespace {
+
+constexpr tensor_type k_types[] = {tensor_type::q4_K, tensor_type::q5_K, tensor_type::q6_K};
+
+std::vector<float> gaussian(std::size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+std::vector<std::byte> quantize(tensor_type t, const std::vector<float>& x) {
+  std::vector<std::byte> out(model::row_bytes(t, x.size()));
+  model::convert_row(x, t, out.data());
+  return out;
+}
+
+// The magnitude each super-block's float step rounds against: for Q4_K/Q5_K
+// the scale part Σ|d·sc·q·x| plus the min part Σ|dmin·m·x| (they may cancel
+// in the result but are rounded separately); for Q6_K Σ|w·x|.
+std::vector<double> block_magnitudes(tensor_type t, const std::byte* row, const std::vector<float>& w,
+                                     const std::vector<float>& x) {
+  const std::size_t nb = w.size() / model::qk_k;
+  std::vector<double> mag(nb, 0.0);
+  for (std::size_t b = 0; b < nb; ++b) {
+    for (std::size_t i = 0; i < model::qk_k; ++i) {
+      const std::size_t k = b * model::qk_k + i;
+      double min_part = 0;
+      if (t != tensor_type::q6_K) {
+        model::block_q4_K head;  // d, dmin and scales sit at the same offsets in Q5_K
+        std::memcpy(&head, row + b * model::block_bytes(t), 16);
+        std::uint8_t sc, m;
+        model::scale_min_k4(static_cast<int>(i / 32), head.scales, sc, m);
+        min_part = double(model::f16_to_float(head.dmin)) * m;
+      }
+      mag[b] += (std::fabs(double(w[k]) + min_part) + min_part) * std::fabs(double(x[k]));
+    }
+  }
+  return mag;
+}
+
+struct reference_result {
+  double value = 0;
+  double bound = 0;
+};
+
+// Σ w·x in double on the dequantized operands, and the rounding bound: per
+// super-block three roundings of its terms (d_w·d_x, float(sum), the fma) and
+// the accumulator's rounding, with unit roundoff u = 2^-24, doubled for slack.
+reference_result reference_dot(tensor_type t, const std::vector<std::byte>& row,
+                               const std::vector<model::block_q8_K>& xq, std::size_t n) {
+  std::vector<float> w(n), x(n);
+  model::dequantize_row(t, row.data(), w);
+  model::dequantize_row_q8_K(xq.data(), x.data(), n);
+  const std::vector<double> mag = block_magnitudes(t, row.data(), w, x);
+  constexpr double u = 0x1.0p-24;
+  reference_result r;
+  for (std::size_t b = 0; b < mag.size(); ++b) {
+    for (std::size_t i = 0; i < model::qk_k; ++i) r.value += double(w[b * 256 + i]) * x[b * 256 + i];
+    r.bound += 2 * u * (3 * mag[b] + 2 * std::fabs(r.value));
+  }
+  r.bound += 1e-30;
+  return r;
+}
+
+// Random bytes as a block, with finite fp16 scales: every bit pattern of the
+// quants and sub-block scales is legal, so this reaches the integer extremes.
+std::vector<std::byte> random_blocks(tensor_type t, std::size_t nb, std::mt19937& rng) {
+  std::vector<std::byte> bytes(nb * model::block_bytes(t));
+  for (auto& b : bytes) b = static_cast<std::byte>(rng() & 0xff);
+  std::uniform_real_distribution<float> scale(-0.01f, 0.01f);
+  for (std::size_t b = 0; b < nb; ++b) {
+    std::byte* blk = bytes.data() + b * model::block_bytes(t);
+    const std::uint16_t d = model::float_to_f16(scale(rng)), dmin = model::float_to_f16(scale(rng));
+    if (t == tensor_type::q6_K) {
+      std::memcpy(blk + 208, &d, 2);
+    } else {
+      std::memcpy(blk, &d, 2);
+      std::memcpy(blk + 2, &dmin, 2);
+    }
+  }
+  return bytes;
+}
+
+std::vector<model::block_q8_K> random_q8_K(std::size_t nb, std::mt19937& rng, bool extreme) {
+  std::vector<model::block_q8_K> x(nb);
+  std::uniform_int_distribution<int> q(-127, 127);
+  for (auto& b : x) {
+    b.d = 0.01f + static_cast<float>(rng() % 100) * 1e-4f;
+    for (auto& v : b.qs) v = static_cast<std::int8_t>(extreme ? ((rng() & 1) ? 127 : -127) : q(rng));
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += b.qs[16 * g + i];
+      b.bsums[g] = static_cast<std::int16_t>(s);
+    }
+  }
+  return x;
+}
+
+std::vector<model::block_q8_K> quantize_acts(const std::vector<float>& a) {
+  std::vector<model::block_q8_K> q(a.size() / model::qk_k);
+  model::quantize_row_q8_K(a.data(), q.data(), a.size());
+  return q;
+}
+
+float dot(tensor_type t, const std::vector<std::byte>& row, const std::vector<model::block_q8_K>& x,
+          kq::path p) {
+  return kq::dot_row(t, row.data(), x.data(), x.size(), p);
+}
+
+}  // namespace
+
+TEST_CASE("K-quant dot products match the double reference within the rounding bound", "[engine][kquant]") {
+  std::mt19937 rng(2024);
+  for (tensor_type t : k_types) {
+    for (kq::path p : {kq::path::scalar, kq::path::avx2}) {
+      if (!kq::available(p)) continue;
+      CAPTURE(model::to_string(t), p == kq::path::avx2);
+      for (int trial = 0; trial < 40; ++trial) {
+        const std::size_t n = model::qk_k * (1 + trial % 12);
+        auto w = gaussian(n, rng, trial % 3 == 0 ? 1e-3f : 1.0f);
+        if (trial % 4 == 1) for (float& v : w) v = std::fabs(v);  // one-sided: mins matter
+        auto a = gaussian(n, rng, trial % 5 == 0 ? 50.0f : 1.0f);
+        const auto row = quantize(t, w);
+        const auto xq = quantize_acts(a);
+        const reference_result ref = reference_dot(t, row, xq, n);
+        const float got = dot(t, row, xq, p);
+        CAPTURE(trial, n, ref.value, got, ref.bound);
+        CHECK(std::fabs(double(got) - ref.value) <= ref.bound);
+      }
+      // The check can fail: a row of another type is far outside the bound.
+      const auto w = gaussian(512, rng, 1.0f);
+      const auto a = gaussian(512, rng, 1.0f);
+      const auto xq = quantize_acts(a);
+      const reference_result ref = reference_dot(t, quantize(t, w), xq, 512);
+      const float other = dot(t == tensor_type::q6_K ? tensor_type::q4_K : tensor_type::q6_K,
+                              quantize(t == tensor_type::q6_K ? tensor_type::q4_K : tensor_type::q6_K, gaussian(512, rng, 1.0f)),
+                              xq, p);
+      CHECK(std::fabs(double(other) - ref.value) > ref.bound);
+    }
+  }
+}
+
+TEST_CASE("every compiled K-quant path is bitwise equal to the scalar one", "[engine][kquant]") {
+  if (!kq::available(kq::path::avx2)) {
+    WARN("AVX2 path not compiled in: only the scalar K-quant path is tested");
+    return;
+  }
+  std::mt19937 rng(77);
+  for (tensor_type t : k_types) {
+    CAPTURE(model::to_string(t));
+    for (int trial = 0; trial < 300; ++trial) {
+      const std::size_t nb = 1 + trial % 9;
+      std::vector<std::byte> row;
+      std::vector<model::block_q8_K> xq;
+      if (trial % 3 == 0) {
+        row = quantize(t, gaussian(nb * 256, rng, 1.0f));
+        xq = quantize_acts(gaussian(nb * 256, rng, 3.0f));
+      } else {
+        row = random_blocks(t, nb, rng);
+        xq = random_q8_K(nb, rng, trial % 3 == 2);
+      }
+      const float s = dot(t, row, xq, kq::path::scalar);
+      const float v = dot(t, row, xq, kq::path::avx2);
+      CAPTURE(trial, s, v);
+      REQUIRE(std::memcmp(&s, &v, sizeof s) == 0);
+    }
+  }
+}
+
+TEST_CASE("K-quant matmul is the per-row dot product whatever the batch or row split", "[engine][kquant]") {
+  std::mt19937 rng(5);
+  const std::size_t k = 512, rows = 50, tokens = 11;
+  for (tensor_type t : k_types) {
+    CAPTURE(model::to_string(t));
+    std::vector<std::byte> data;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const auto row = quantize(t, gaussian(k, rng, 0.05f));
+      data.insert(data.end(), row.begin(), row.end());
+    }
+    model::weight_view w;
+    w.type = t;
+    w.rows = rows;
+    w.cols = k;
+    w.data = data.data();
+    w.name = "w";
+    const auto x = gaussian(tokens * k, rng, 1.0f);
+
+    engine::activations acts;
+    acts.convert(t, x.data(), k, tokens, k, nullptr);
+    std::vector<float> all(tokens * rows);
+    engine::matmul_rows(w, acts, all.data(), rows, 0, 17);
+    engine::matmul_rows(w, acts, all.data(), rows, 17, rows);
+    for (std::size_t tok = 0; tok < tokens; ++tok) {
+      const auto xq = quantize_acts(std::vector<float>(x.begin() + tok * k, x.begin() + (tok + 1) * k));
+      for (std::size_t r = 0; r < rows; ++r) {
+        const float expect = kq::dot_row(t, w.row(r), xq.data(), k / 256, kq::best_path());
+        REQUIRE(std::memcmp(&expect, &all[tok * rows + r], sizeof expect) == 0);
+      }
+    }
+    // One token alone, through the pooled entry point.
+    engine::thread_pool pool(3);
+    std::vector<float> one(rows);
+    engine::matmul(w, x.data() + 6 * k, k, 1, one.data(), rows, pool, acts);
+    CHECK(std::memcmp(one.data(), all.data() + 6 * rows, rows * sizeof(float)) == 0);
+  }
+}

@@ -124,8 +124,12 @@ int cmd_generate(int argc, char** argv) {
   }
   auto o = read_options(*a);
   if (!o) return fail("generate", o.error());
+  // Loading maps the file and binds views into it; pages come in on use.
+  const auto load_t0 = std::chrono::steady_clock::now();
   auto model = model::llama_model::load(o->model_path);
   if (!model) return fail("generate", model.error());
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_t0).count();
   const auto& tok = (*model)->tokenizer();
   if (o->have_text_prompt) {
     auto ids = tok.encode(o->prompt_text, /*add_bos=*/true);
@@ -144,8 +148,8 @@ int cmd_generate(int argc, char** argv) {
   engine::cpu_engine eng(*model, **pool, threads, {});
   if (auto ok = eng.submit(o->request); !ok) return fail("generate", ok.error());
 
-  spdlog::info("event=generate_start model={} prompt_tokens={} max_tokens={} threads={}", o->model_path,
-               o->request.prompt.size(), o->request.max_tokens, threads.size());
+  spdlog::info("event=generate_start model={} load_ms={:.1f} prompt_tokens={} max_tokens={} threads={}",
+               o->model_path, load_ms, o->request.prompt.size(), o->request.max_tokens, threads.size());
   const auto t0 = std::chrono::steady_clock::now();
   std::string ids_line;
   margin_trace trace;

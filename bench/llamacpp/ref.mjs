@@ -4,7 +4,8 @@
 //
 //   node ref.mjs tokenize MODEL [--special] [--bos] < strings.json   -> [[ids...], ...]
 //   node ref.mjs detokenize MODEL [--special] < idlists.json         -> ["text", ...]
-//   node ref.mjs greedy MODEL --prompt-ids 1,2,3 --n N [--threads T] -> one JSON line:
+//   node ref.mjs greedy MODEL --prompt-ids 1,2,3 --n N [--threads T] [--flash-attention auto|on|off]
+//       -> one JSON line:
 //       {"ids":[...], "margins":[...], "top":[[id1, logit1, id2, logit2], ...]}
 //       margins[i] = top1 - top2 raw logit at step i (llama.cpp's own logits), to
 //       judge near-ties; top holds the two best ids and their logits.
@@ -55,7 +56,12 @@ if (cmd === "tokenize") {
   const prompt = (option("--prompt-ids", "") || usage("--prompt-ids is required")).split(",").map(Number);
   const n = Number(option("--n", "16"));
   const threads = Number(option("--threads", "1"));
-  const context = await model.createContext({ contextSize: Math.max(256, prompt.length + n + 8), threads });
+  // llama.cpp's default ("auto") runs CPU attention as flash attention, which
+  // accumulates V in f16; "off" runs softmax then a V matmul. Both are
+  // llama.cpp, and how far they disagree measures its own numeric noise.
+  const fa = option("--flash-attention", "auto");
+  const flashAttention = fa === "on" ? true : fa === "off" ? false : "auto";
+  const context = await model.createContext({ contextSize: Math.max(256, prompt.length + n + 8), threads, flashAttention });
   const seq = context.getSequence();
   const next = { token: true, options: { temperature: 0 },
                  logits: { filter: { tokens: [], includeTop: 2, includeSelected: true } } };

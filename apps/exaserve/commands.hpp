@@ -6,6 +6,7 @@ namespace exa::app {
 
 int cmd_gen_model(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_chat_template(int argc, char** argv);
 int cmd_bench_engine(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_plan(int argc, char** argv);

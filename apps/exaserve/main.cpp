@@ -21,6 +21,7 @@ commands:
   gen-certs      write a cluster CA and certificates for controller, node and gateway
   keys           add, revoke and list API keys in a keys file (add prints the key once)
   generate       generate text or token ids from a GGUF model
+  chat-template  print a conversation rendered with a model's chat template (as transformers renders it)
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   bench-engine   measure prefill and decode throughput of the CPU engine
   plan           print the memory ledger: how many replicas of a model fit a GPU and a node
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   const std::string_view cmd = argv[1];
   if (cmd == "serve") return exa::app::cmd_serve(argc, argv);
   if (cmd == "generate") return exa::app::cmd_generate(argc, argv);
+  if (cmd == "chat-template") return exa::app::cmd_chat_template(argc, argv);
   if (cmd == "gen-model") return exa::app::cmd_gen_model(argc, argv);
   if (cmd == "bench-engine") return exa::app::cmd_bench_engine(argc, argv);
   if (cmd == "plan") return exa::app::cmd_plan(argc, argv);

@@ -40,6 +40,15 @@ expected<template_source> select_template(std::string_view override_spec,
   return template_source{std::move(text), "file " + path};
 }
 
+expected<void> check_template_override(std::string_view override_spec) {
+  if (override_spec.empty()) return {};
+  auto src = select_template(override_spec, std::nullopt);
+  if (!src) return std::unexpected(src.error());
+  auto t = compiled_template::compile(src->text);
+  if (!t) return make_error(t.error().code, t.error().message + " (template from " + src->origin + ")");
+  return {};
+}
+
 value make_message(std::string role, std::string content) {
   dict d;
   d.set("role", value(std::move(role)));

@@ -48,6 +48,11 @@ expected<template_source> select_template(std::string_view override_spec,
                                           const std::optional<std::string>& file_template,
                                           std::size_t bytes_max = 1 << 20);
 
+/// Checks an operator's --chat-template at startup: it names a built-in or a
+/// readable file whose template compiles. Errors as select_template and
+/// compiled_template::compile.
+expected<void> check_template_override(std::string_view override_spec);
+
 /// One message as the OpenAI API carries it: {"role": ..., "content": ...}.
 value make_message(std::string role, std::string content);
 

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -274,7 +276,14 @@ json chunk_envelope(const response_meta& meta) {
 }
 
 /// JSON has no -inf: like OpenAI, a token too unlikely to matter is -9999.
-double logprob_value(float lp) { return std::isfinite(lp) && lp > -9999.0f ? static_cast<double>(lp) : -9999.0; }
+/// A float's shortest decimal (-0.31725305, not -0.3172530531883240), so the
+/// JSON shows the precision the engine computed, no more.
+double logprob_value(float lp) {
+  if (!std::isfinite(lp) || lp <= -9999.0f) return -9999.0;
+  char buf[32];
+  const auto end = std::to_chars(buf, buf + sizeof buf, lp).ptr;
+  return std::strtod(std::string(buf, end).c_str(), nullptr);
+}
 
 json token_bytes(const std::string& token) {
   json out = json::array();

@@ -1,6 +1,8 @@
-// logprobs and top_logprobs at the front door: parsing and validation, the
-// two OpenAI shapes (legacy completions, chat), streamed and not, rendered
-// from what the backend reports (the fake backend's documented numbers).
+// The OpenAI fields real models bring to the front door: logprobs and
+// top_logprobs (parsing and validation, the two OpenAI shapes -- legacy
+// completions, chat -- streamed and not, rendered from what the backend
+// reports: the fake backend's documented numbers), and what /v1/models says
+// of each deployment's file.
 
 #include <catch2/catch.hpp>
 
@@ -209,4 +211,32 @@ TEST_CASE("chat over HTTP: logprobs.content streamed and not", "[logprobs][http]
       for (const auto& entry : c["logprobs"]["content"]) merged.push_back(entry);
   }
   CHECK(merged == content);
+}
+
+TEST_CASE("/v1/models shows each deployment's architecture, quantization and tokenizer", "[openai]") {
+  api::model_info m;
+  m.name = "llama3";
+  m.model_file = "/models/llama3.gguf";
+  m.context_length = 8192;
+  m.architecture = "llama";
+  m.quantization = "Q4_K_M";
+  m.tokenizer = "gpt2";
+  const auto one = json::parse(door::render_model(m, 1));
+  CHECK(one["architecture"] == "llama");
+  CHECK(one["quantization"] == "Q4_K_M");
+  CHECK(one["tokenizer"] == "gpt2");
+  CHECK(one["max_model_len"] == 8192);
+  const auto unknown = json::parse(door::render_model_list({api::model_info{}}, 1));
+  CHECK(unknown["data"][0]["architecture"].is_null());  // not known: null, not ""
+  CHECK(unknown["data"][0]["quantization"].is_null());
+  CHECK(unknown["data"][0]["tokenizer"].is_null());
+}
+
+TEST_CASE("logprobs show the float the engine computed, at its own precision", "[logprobs]") {
+  const std::vector<api::token_logprob> lps = {{1, "a", -0.31725305f, {}}};
+  api::generate_result result;
+  door::response_meta meta{door::api_kind::chat, "chatcmpl-1", "m", 1, false, true};
+  const std::string body = door::render_response(meta, "a", result, nullptr, &lps);
+  CHECK_THAT(body, Catch::Contains("\"logprob\":-0.31725305"));
+  CHECK_THAT(body, !Catch::Contains("-0.317253053"));
 }

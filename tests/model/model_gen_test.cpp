@@ -523,12 +523,16 @@ TEST_CASE("binding reports missing tensors, wrong shapes and unsupported types",
   rank.tensor("output_norm.weight").shape = {64, 1};
   CHECK_THAT(bind_error(rank).message, Contains("'output_norm.weight' has shape [64, 1], expected [64]"));
 
-  // q4_K blocks hold 256 elements, so this fake model is 256 wide.
+  // q3_K (not run by the engine) blocks hold 256 elements, so this fake
+  // model is 256 wide; q4_K in the same place binds.
   fake_llama k_quant(256, 4, 2, 512, 1, 260);
-  k_quant.tensor("blk.0.ffn_up.weight").type_id = 12;
+  k_quant.tensor("blk.0.ffn_up.weight").type_id = 11;
   const error e = bind_error(k_quant);
   CHECK(e.code == errc::unsupported);
-  CHECK_THAT(e.message, Contains("'blk.0.ffn_up.weight'") && Contains("q4_K"));
+  CHECK_THAT(e.message, Contains("'blk.0.ffn_up.weight'") && Contains("q3_K"));
+  k_quant.tensor("blk.0.ffn_up.weight").type_id = 12;
+  const gguf_file kf = k_quant.parse();
+  CHECK(bind_llama_weights(kf, read_llama_config(kf).value()).has_value());
 
   fake_llama q_norm = tiny_fake();
   q_norm.tensor("blk.0.ffn_norm.weight").type_id = 8;  // q8_0: wrong for a norm

@@ -139,3 +139,18 @@ TEST_CASE("chat templates: strftime_now reads the injected clock", "[template][c
   CHECK(*r->render(chat_inputs{value(list{}), true}, 1721952000) == "26 Jul 2024");
   CHECK(*r->render(chat_inputs{value(list{}), true}, 0) == "01 Jan 1970");
 }
+
+TEST_CASE("chat templates: an operator's override is checked at startup", "[template][chat]") {
+  CHECK(check_template_override(""));
+  CHECK(check_template_override("llama3.1"));
+  CHECK(check_template_override(std::string(EXA_TEMPLATE_FIXTURES) + "/zephyr.jinja"));
+  auto bad = check_template_override("/no/such/file.jinja");
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code == exa::errc::not_found);
+  const std::string path = std::string(EXA_TEST_TMPDIR) + "/broken_template.jinja";
+  std::ofstream(path) << "ok\n{% for m in messages %}\n{% macro x() %}{% endmacro %}";
+  bad = check_template_override(path);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code == exa::errc::unsupported);
+  CHECK(bad.error().message == "chat template line 3: unsupported statement 'macro' (template from file " + path + ")");
+}

@@ -49,6 +49,10 @@ FAMILIES = {
     "phi3": ("<s>", "<|endoftext|>"),
     "zephyr": ("<s>", "</s>"),
     "smollm2": ("<|im_start|>", "<|im_end|>"),
+    # Not built in; more constructs (string split, `in`, tools=None handling),
+    # from llama.cpp's models/templates/.
+    "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "phi4_mini": ("<|endoftext|>", "<|endoftext|>"),
 }
 
 TRICKY = ("Quotes ' and \" and a \\ backslash; unicode: é ß 中文 👋🏽 e\u0301; "

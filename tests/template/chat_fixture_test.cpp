@@ -154,3 +154,16 @@ TEST_CASE("chat templates: an operator's override is checked at startup", "[temp
   CHECK(bad.error().code == exa::errc::unsupported);
   CHECK(bad.error().message == "chat template line 3: unsupported statement 'macro' (template from file " + path + ")");
 }
+
+TEST_CASE("chat templates: DeepSeek-R1-Distill (split, `in`, namespace flags) renders as transformers does", "[template][chat]") {
+  const auto r = check_family("deepseek_r1_distill");
+  CHECK(r.rendered == 19);
+  CHECK(r.raised == 2);
+}
+TEST_CASE("chat templates: llama.cpp's Phi-4-mini template fails where transformers' jinja2 fails (tools=None)", "[template][chat]") {
+  // It tests `tools is defined`, and transformers defines tools as None: only
+  // a request with tools renders; every other case is a TypeError there too.
+  const auto r = check_family("phi4_mini");
+  CHECK(r.rendered == 1);
+  CHECK(r.raised == 20);
+}

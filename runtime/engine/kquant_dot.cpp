@@ -1,5 +1,7 @@
 #include "engine/kquant_dot.hpp"
 
+#include <algorithm>
+
 #include "common/assert.hpp"
 #include "engine/simd.hpp"
 #include "model/half.hpp"
@@ -112,59 +114,105 @@ inline __m256i scaled_dot(__m256i q_u8, __m256i x_s8, __m256i sc) noexcept {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q_u8, x_s8), sc);
 }
 
-block_sums sums_scale_min_avx2(const std::uint8_t* scales, const std::uint8_t* qs, const std::uint8_t* qh,
-                               const block_q8_K& x) noexcept {
-  const __m256i nib = _mm256_set1_epi8(0x0f);
-  const __m256i one = _mm256_set1_epi8(1);
-  const __m256i bits = qh != nullptr ? load32(qh) : _mm256_setzero_si256();
-  __m256i acc = _mm256_setzero_si256();
-  for (int c = 0; c < 4; ++c) {
-    const __m256i q = load32(qs + 32 * c);
-    __m256i lo = _mm256_and_si256(q, nib);
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
-    if (qh != nullptr) {
-      // Bit 2c (2c + 1) of each qh byte is the fifth bit of the low (high) half.
-      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), one), 4));
-      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c + 1), one), 4));
-    }
-    std::uint8_t sc_lo, sc_hi, m;
-    model::scale_min_k4(2 * c, scales, sc_lo, m);
-    model::scale_min_k4(2 * c + 1, scales, sc_hi, m);
-    acc = _mm256_add_epi32(acc, scaled_dot(lo, load32(x.qs + 64 * c), _mm256_set1_epi16(sc_lo)));
-    acc = _mm256_add_epi32(acc, scaled_dot(hi, load32(x.qs + 64 * c + 32), _mm256_set1_epi16(sc_hi)));
-  }
-  return {hsum_i32(acc), mins_sum(scales, x)};
-}
+// A Q4_K/Q5_K super-block unpacked once and multiplied with several tokens:
+// sub-block j's 32 values (unsigned, 0..31) and its integer scale and min.
+struct unpacked_scale_min {
+  __m256i q[8];
+  std::int16_t sc[8];
+  std::int16_t m[8];
+  float d, dmin;
 
-std::int32_t sum_q6_K_avx2(const block_q6_K& w, const block_q8_K& x) noexcept {
-  const __m256i nib = _mm256_set1_epi8(0x0f);
-  const __m256i two = _mm256_set1_epi8(3);
-  __m256i acc = _mm256_setzero_si256();
-  for (int h = 0; h < 2; ++h) {
-    const __m256i ql0 = load32(w.ql + 64 * h);
-    const __m256i ql1 = load32(w.ql + 64 * h + 32);
-    const __m256i qh = load32(w.qh + 32 * h);
-    // Unsigned 6-bit values q in [0, 63], 32 elements each: the four 32-element
-    // quarters of this half, in element order.
-    const __m256i q[4] = {
-        _mm256_or_si256(_mm256_and_si256(ql0, nib), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
-        _mm256_or_si256(_mm256_and_si256(ql1, nib),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), nib),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), nib),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4)),
+  template <class Block>
+  explicit unpacked_scale_min(const Block& w) noexcept {
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i packed = load32(w.qs + 32 * c);
+      q[2 * c] = _mm256_and_si256(packed, nib);
+      q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nib);
+    }
+    if constexpr (requires { w.qh; }) {
+      // Bit 2c (2c + 1) of each qh byte is the fifth bit of sub-block 2c (2c + 1).
+      const __m256i one = _mm256_set1_epi8(1);
+      const __m256i bits = load32(w.qh);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(bits, j), one);
+        q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(hb, 4));
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      std::uint8_t scale, min;
+      model::scale_min_k4(j, w.scales, scale, min);
+      sc[j] = scale;
+      m[j] = min;
+    }
+    d = model::f16_to_float(w.d);
+    dmin = model::f16_to_float(w.dmin);
+  }
+
+  float step(float s, const block_q8_K& x) const noexcept {
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j)
+      acc = _mm256_add_epi32(acc, scaled_dot(q[j], load32(x.qs + 32 * j), _mm256_set1_epi16(sc[j])));
+    std::int32_t sum_m = 0;
+    for (int j = 0; j < 8; ++j) sum_m += m[j] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+    return scale_min_step(s, {hsum_i32(acc), sum_m}, d, dmin, x.d);
+  }
+};
+
+// A Q6_K super-block unpacked once: 32-element quarter i (of 8) as unsigned
+// 6-bit values; the offset 32 is removed exactly through the bsums.
+struct unpacked_q6_K {
+  __m256i q[8];
+  const std::int8_t* scales;
+  float d;
+
+  explicit unpacked_q6_K(const block_q6_K& w) noexcept : scales(w.scales), d(model::f16_to_float(w.d)) {
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    const __m256i two_bits = _mm256_set1_epi8(3);
+    const auto high = [&](__m256i qh, int shift) {
+      return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, shift), two_bits), 4);
     };
-    for (int k = 0; k < 4; ++k) {
-      const int g = 8 * h + 2 * k;  // the quarter's two 16-element groups
-      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(w.scales[g + 1]), _mm_set1_epi16(w.scales[g]));
-      acc = _mm256_add_epi32(acc, scaled_dot(q[k], load32(x.qs + 128 * h + 32 * k), sc));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = load32(w.ql + 64 * h);
+      const __m256i ql1 = load32(w.ql + 64 * h + 32);
+      const __m256i qh = load32(w.qh + 32 * h);
+      q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(ql0, nib), high(qh, 0));
+      q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, nib), high(qh, 2));
+      q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), nib), high(qh, 4));
+      q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), nib), high(qh, 6));
     }
   }
-  // The values were taken unsigned; remove the offset 32 per element exactly.
-  std::int32_t offset = 0;
-  for (int g = 0; g < 16; ++g) offset += w.scales[g] * x.bsums[g];
-  return hsum_i32(acc) - 32 * offset;
+
+  float step(float s, const block_q8_K& x) const noexcept {
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < 8; ++i) {
+      // Quarter i holds 16-element groups 2i and 2i + 1.
+      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * i + 1]), _mm_set1_epi16(scales[2 * i]));
+      acc = _mm256_add_epi32(acc, scaled_dot(q[i], load32(x.qs + 32 * i), sc));
+    }
+    std::int32_t offset = 0;
+    for (int g = 0; g < 16; ++g) offset += scales[g] * x.bsums[g];
+    return scale_step(s, hsum_i32(acc) - 32 * offset, d, x.d);
+  }
+};
+
+// Each super-block unpacked once per group of up to 8 tokens; each token's
+// accumulator still takes the super-blocks in order, so the result per
+// (row, token) is the same whatever the group.
+template <class Unpacked, class Block>
+void dot_tokens_avx2(const std::byte* row, const block_q8_K* x, std::size_t x_stride, std::size_t n_tokens,
+                     std::size_t nb, float* y, std::size_t y_stride) noexcept {
+  constexpr std::size_t group = 8;
+  const auto* w = reinterpret_cast<const Block*>(row);
+  for (std::size_t t0 = 0; t0 < n_tokens; t0 += group) {
+    const std::size_t n = std::min(group, n_tokens - t0);
+    float s[group] = {};
+    for (std::size_t b = 0; b < nb; ++b) {
+      const Unpacked u(w[b]);
+      for (std::size_t c = 0; c < n; ++c) s[c] = u.step(s[c], x[(t0 + c) * x_stride + b]);
+    }
+    for (std::size_t c = 0; c < n; ++c) y[(t0 + c) * y_stride] = s[c];
+  }
 }
 #endif
 
@@ -201,27 +249,37 @@ bool available(path p) noexcept {
 
 path best_path() noexcept { return available(path::avx2) ? path::avx2 : path::scalar; }
 
-float dot_row(model::tensor_type type, const std::byte* row, const block_q8_K* x, std::size_t nb, path p) noexcept {
+void dot_row_tokens(model::tensor_type type, const std::byte* row, const block_q8_K* x, std::size_t x_stride,
+                    std::size_t n_tokens, std::size_t nb, path p, float* y, std::size_t y_stride) noexcept {
   EXA_ASSERT_MSG(available(p), "kquant path not compiled in");
+  EXA_ASSERT_MSG(is_k_quant(type), "dot_row_tokens: not a K-quant type");
 #if defined(__AVX2__)
   if (p == path::avx2) {
     switch (type) {
-      case model::tensor_type::q4_K: return dot_scale_min<block_q4_K>(row, x, nb, sums_scale_min_avx2);
-      case model::tensor_type::q5_K: return dot_scale_min<block_q5_K>(row, x, nb, sums_scale_min_avx2);
-      case model::tensor_type::q6_K: return dot_q6_K(row, x, nb, sum_q6_K_avx2);
-      default: break;
+      case model::tensor_type::q4_K:
+        return dot_tokens_avx2<unpacked_scale_min, block_q4_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
+      case model::tensor_type::q5_K:
+        return dot_tokens_avx2<unpacked_scale_min, block_q5_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
+      default:
+        return dot_tokens_avx2<unpacked_q6_K, block_q6_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
     }
-    EXA_ASSERT_MSG(false, "dot_row: not a K-quant type");
   }
 #endif
-  switch (type) {
-    case model::tensor_type::q4_K: return dot_scale_min<block_q4_K>(row, x, nb, sums_scale_min_scalar);
-    case model::tensor_type::q5_K: return dot_scale_min<block_q5_K>(row, x, nb, sums_scale_min_scalar);
-    case model::tensor_type::q6_K: return dot_q6_K(row, x, nb, sum_q6_K_scalar);
-    default: break;
+  for (std::size_t t = 0; t < n_tokens; ++t) {
+    const block_q8_K* xt = x + t * x_stride;
+    float& out = y[t * y_stride];
+    switch (type) {
+      case model::tensor_type::q4_K: out = dot_scale_min<block_q4_K>(row, xt, nb, sums_scale_min_scalar); break;
+      case model::tensor_type::q5_K: out = dot_scale_min<block_q5_K>(row, xt, nb, sums_scale_min_scalar); break;
+      default: out = dot_q6_K(row, xt, nb, sum_q6_K_scalar); break;
+    }
   }
-  EXA_ASSERT_MSG(false, "dot_row: not a K-quant type");
-  return 0.0f;
+}
+
+float dot_row(model::tensor_type type, const std::byte* row, const block_q8_K* x, std::size_t nb, path p) noexcept {
+  float y = 0.0f;
+  dot_row_tokens(type, row, x, nb, 1, nb, p, &y, 1);
+  return y;
 }
 
 }  // namespace exa::engine::kquant

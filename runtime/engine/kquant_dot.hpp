@@ -35,6 +35,14 @@ bool available(path p) noexcept;
 /// The fastest path compiled in; the one matmul uses.
 path best_path() noexcept;
 
+/// y[t · y_stride] = Σ_k W[k]·x_t[k] for t < n_tokens, where token t's `nb`
+/// Q8_K blocks start at x + t · x_stride: one weight row against several
+/// tokens, unpacking each super-block once. Bitwise the same as dot_row per
+/// token.
+void dot_row_tokens(model::tensor_type type, const std::byte* row, const model::block_q8_K* x,
+                    std::size_t x_stride, std::size_t n_tokens, std::size_t nb, path p, float* y,
+                    std::size_t y_stride) noexcept;
+
 /// Σ_k W[k]·x[k] for one weight row of `nb` super-blocks of `type` (at `row`,
 /// 2-byte aligned) and one token's `nb` Q8_K blocks.
 float dot_row(model::tensor_type type, const std::byte* row, const model::block_q8_K* x, std::size_t nb,

@@ -80,17 +80,14 @@ void run_token_tile(const model::weight_view& w, const prepared& p, std::size_t 
   else run_float<C>(w, p, rb, re, t0, y, ys);
 }
 
-// K-quant rows: one fixed-order dot product per (row, token), each row's
-// bytes reused from L1 by every token of the batch.
+// K-quant rows: one fixed-order dot product per (row, token); each row is
+// unpacked once per group of tokens (kquant_dot.hpp).
 void compute_rows_k_quant(const model::weight_view& w, const prepared& p, std::size_t n_tokens, float* y,
                           std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
   const kquant::path path = kquant::best_path();
   const std::size_t nb = w.cols / model::qk_k;
-  for (std::size_t r = row_begin; r < row_end; ++r) {
-    const std::byte* row = w.row(r);
-    for (std::size_t t = 0; t < n_tokens; ++t)
-      y[t * y_stride + r] = kquant::dot_row(w.type, row, p.xk + t * p.xk_stride, nb, path);
-  }
+  for (std::size_t r = row_begin; r < row_end; ++r)
+    kquant::dot_row_tokens(w.type, w.row(r), p.xk, p.xk_stride, n_tokens, nb, path, y + r, y_stride);
 }
 
 void compute_rows(const model::weight_view& w, const prepared& p, std::size_t n_tokens, float* y,

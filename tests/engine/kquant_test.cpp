@@ -192,6 +192,15 @@ TEST_CASE("every compiled K-quant path is bitwise equal to the scalar one", "[en
       CAPTURE(trial, s, v);
       REQUIRE(std::memcmp(&s, &v, sizeof s) == 0);
     }
+    // Many tokens against one row: the SIMD path unpacks each super-block
+    // once per group of tokens; each result still equals the scalar one.
+    const std::size_t nb = 3, tokens = 19;
+    const auto row = quantize(t, gaussian(nb * 256, rng, 1.0f));
+    const auto xq = quantize_acts(gaussian(tokens * nb * 256, rng, 2.0f));
+    std::vector<float> scalar(tokens), simd(tokens);
+    kq::dot_row_tokens(t, row.data(), xq.data(), nb, tokens, nb, kq::path::scalar, scalar.data(), 1);
+    kq::dot_row_tokens(t, row.data(), xq.data(), nb, tokens, nb, kq::path::avx2, simd.data(), 1);
+    CHECK(std::memcmp(scalar.data(), simd.data(), tokens * sizeof(float)) == 0);
   }
 }
 

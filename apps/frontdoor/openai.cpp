@@ -248,7 +248,9 @@ check read_logprobs(api_kind kind, const json& body, api::generate_request& gen)
   if (auto bad = read_bool(body, "logprobs", gen.logprobs)) return bad;
   if (!find_field(body, "top_logprobs")) return std::nullopt;
   if (auto bad = read_int(body, "top_logprobs", 0, api::max_top_logprobs, top)) return bad;
-  if (!gen.logprobs) return field_error("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+  // 0 asks for nothing, and clients that send every field with its default
+  // send it: only a real request for alternatives needs logprobs on.
+  if (!gen.logprobs && top > 0) return field_error("top_logprobs", "'top_logprobs' requires 'logprobs': true");
   gen.top_logprobs = static_cast<std::uint32_t>(top);
   return std::nullopt;
 }

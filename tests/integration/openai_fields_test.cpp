@@ -81,6 +81,7 @@ TEST_CASE("logprobs fields are parsed per endpoint and errors name the field", "
   CHECK(error_param(api_kind::chat, chat_body({{"top_logprobs", 3}})) == "top_logprobs");
   CHECK(error_param(api_kind::chat, chat_body({{"logprobs", false}, {"top_logprobs", 3}})) == "top_logprobs");
   CHECK(error_param(api_kind::chat, chat_body({{"logprobs", true}, {"top_logprobs", 21}})) == "top_logprobs");
+  CHECK(error_param(api_kind::chat, chat_body({{"top_logprobs", 0}})).empty());  // asks for nothing: fine
   CHECK(error_param(api_kind::chat, chat_body({{"logprobs", true}, {"top_logprobs", "3"}})) == "top_logprobs");
   auto msg = door::parse_openai_request(api_kind::chat, chat_body({{"top_logprobs", 3}}).dump(), limits());
   REQUIRE_FALSE(msg);

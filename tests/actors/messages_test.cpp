@@ -1,0 +1,82 @@
+// Messages that cross processes survive CAF's binary serialization with every
+// field: a field left out of an inspect() would arrive default-constructed on
+// the other node, silently (logprobs lost, a model's facts blank).
+
+#include <catch2/catch.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+
+#include <vector>
+
+#include "actors/messages.hpp"
+
+using namespace exa;
+
+namespace {
+
+class config : public caf::actor_system_config {
+ public:
+  config() {
+    set("scheduler.policy", caf::atom("testing"));
+    set("logger.verbosity", caf::atom("quiet"));
+    actors::register_message_types(*this);
+  }
+};
+
+template <class T>
+T round_trip(caf::actor_system& sys, T value) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  REQUIRE_FALSE(sink(value));
+  T out;
+  caf::binary_deserializer source{sys, buf};
+  REQUIRE_FALSE(source(out));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("token and submit messages keep their logprobs across processes", "[actors][messages][logprobs]") {
+  config cfg;
+  caf::actor_system sys{cfg};
+  actors::token_msg t{9, {5, 6}, 3, {{-0.5f, {5, 7}, {-0.5f, -1.5f}}, {-2.0f, {}, {}}}};
+  const auto t2 = round_trip(sys, t);
+  CHECK(t2.request == 9);
+  CHECK(t2.tokens == t.tokens);
+  CHECK(t2.first_index == 3);
+  REQUIRE(t2.logprobs.size() == 2);
+  CHECK(t2.logprobs[0].logprob == -0.5f);
+  CHECK(t2.logprobs[0].top_ids == std::vector<std::int32_t>{5, 7});
+  CHECK(t2.logprobs[0].top_logprobs == std::vector<float>{-0.5f, -1.5f});
+  CHECK(t2.logprobs[1].logprob == -2.0f);
+
+  actors::submit_msg s;
+  s.request = 4;
+  s.logprobs = true;
+  s.top_logprobs = 20;
+  s.request_id = "req-4";
+  const auto s2 = round_trip(sys, s);
+  CHECK(s2.logprobs);
+  CHECK(s2.top_logprobs == 20);
+  CHECK(s2.request_id == "req-4");
+}
+
+TEST_CASE("model info keeps its file facts across processes", "[actors][messages]") {
+  config cfg;
+  caf::actor_system sys{cfg};
+  api::model_info m;
+  m.name = "qwen";
+  m.version = "2";
+  m.architecture = "qwen2";
+  m.quantization = "Q4_K_M";
+  m.tokenizer = "gpt2";
+  const auto m2 = round_trip(sys, m);
+  CHECK(m2.name == "qwen");
+  CHECK(m2.version == "2");
+  CHECK(m2.architecture == "qwen2");
+  CHECK(m2.quantization == "Q4_K_M");
+  CHECK(m2.tokenizer == "gpt2");
+}

@@ -19,6 +19,12 @@
                                vocabulary with tokens taken out, to pin down
                                llama.cpp's fallbacks) under HOLES_PRES, written
                                to bpe-expected-holes-PRE.json
+  make_bpe_vocab.py e2e EXASERVE
+                               end to end: for every expected-ids fixture,
+                               `EXASERVE gen-model --vocab` writes a model with
+                               that vocabulary and pre-tokenizer, and
+                               `EXASERVE tokenize --text-file` must print
+                               llama.cpp's ids for every string (no node needed)
 
 Needs Python 3.11 with the `regex` module (Unicode properties, for training
 only) and, for `expected`, node with bench/llamacpp installed. Nothing here
@@ -341,6 +347,40 @@ def expected():
     expected_for(HOLES_JSON, HOLES_PRES, "bpe-expected-holes-")
 
 
+def e2e(exaserve):
+    """Runs `exaserve tokenize` on every fixture string; prints the matches per
+    vocabulary and pre-tokenizer, and the first few differences."""
+    all_ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in sorted(glob.glob(os.path.join(FIXTURES, "bpe-expected-*.json"))):
+            with open(path, encoding="utf-8") as fh:
+                fx = json.load(fh)
+            vocab = load_vocab(os.path.join(FIXTURES, fx["vocab"]))
+            vocab["pre"] = fx["pre"]
+            vpath, mpath, tpath = (os.path.join(tmp, n) for n in ("v.json", "m.gguf", "t.txt"))
+            with open(vpath, "w", encoding="utf-8") as fh:
+                json.dump(vocab, fh, ensure_ascii=False)
+            subprocess.run([exaserve, "gen-model", "--preset", "tiny", "--vocab", vpath, "--out", mpath],
+                           check=True, capture_output=True)
+            ok, bad = 0, []
+            for case in fx["cases"]:
+                with open(tpath, "wb") as fh:
+                    fh.write(case["text"].encode("utf-8"))
+                res = subprocess.run([exaserve, "tokenize", "--model", mpath, "--text-file", tpath],
+                                     capture_output=True, text=True)
+                line = res.stdout.strip()
+                got = [int(x) for x in line.split(",")] if res.returncode == 0 and line else []
+                if res.returncode == 0 and got == case["ids"]:
+                    ok += 1
+                else:
+                    bad.append((case["text"], got, case["ids"], res.stderr.strip()))
+            all_ok &= not bad
+            print(f"{os.path.basename(path)}: {ok}/{len(fx['cases'])} match llama.cpp")
+            for text, got, want, err in bad[:3]:
+                print(f"  {ascii(text)[:80]}: got {got[:12]} want {want[:12]} {err[:120]}")
+    sys.exit(0 if all_ok else 1)
+
+
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "vocab":
         commit = sys.argv[2] if len(sys.argv) > 2 else subprocess.run(
@@ -351,6 +391,8 @@ def main():
             fh.write(gguf_bytes(load_vocab(), sys.argv[2]))
     elif len(sys.argv) >= 2 and sys.argv[1] == "expected":
         expected()
+    elif len(sys.argv) == 3 and sys.argv[1] == "e2e":
+        e2e(sys.argv[2])
     else:
         print(__doc__)
         sys.exit(2)

@@ -294,17 +294,55 @@ namespace {
 
 using span = std::pair<std::size_t, std::size_t>;  // offset, length
 
-// One match of `code` in subject[0, len) from `start`; falls back from JIT to
-// the interpreter when the JIT stack is too small for a long piece.
+// Bounds on what one split() may use when a long piece (a megabyte-long
+// run of spaces or letters) outgrows PCRE2's defaults: a JIT stack of up to
+// 64 MiB, up to 1 GiB of interpreter frames, and a match limit that grows with
+// the text (backtracking over a whitespace run is linear in its length). They
+// are set up only when a default is hit, so ordinary texts pay nothing.
+constexpr std::size_t jit_stack_max_bytes = std::size_t{64} << 20;
+constexpr std::uint32_t heap_limit_kib = 1u << 20;
+constexpr std::uint64_t match_limit_base = 10'000'000;
+constexpr std::uint64_t match_limit_per_byte = 64;
+
+// Per-call matching resources, created lazily (see above).
+struct match_resources {
+  std::size_t text_bytes = 0;
+  pcre2_match_data* md = nullptr;
+  pcre2_match_context* big = nullptr;
+  pcre2_jit_stack* jit_stack = nullptr;
+
+  ~match_resources() {
+    pcre2_match_data_free(md);
+    pcre2_match_context_free(big);
+    pcre2_jit_stack_free(jit_stack);
+  }
+  pcre2_match_context* big_context() {
+    if (big == nullptr) {
+      big = pcre2_match_context_create(nullptr);
+      jit_stack = pcre2_jit_stack_create(32 * 1024, jit_stack_max_bytes, nullptr);
+      EXA_ASSERT(big != nullptr && jit_stack != nullptr);
+      pcre2_jit_stack_assign(big, nullptr, jit_stack);
+      pcre2_set_heap_limit(big, heap_limit_kib);
+      const std::uint64_t limit = match_limit_base + match_limit_per_byte * text_bytes;
+      pcre2_set_match_limit(big, static_cast<std::uint32_t>(std::min<std::uint64_t>(limit, UINT32_MAX)));
+    }
+    return big;
+  }
+};
+
+// One match of `code` in subject[0, len) from `start`.
 int match_once(const pcre2_code* code, const char* subject, std::size_t len, std::size_t start,
-               pcre2_match_data* md) {
+               match_resources& res) {
   const auto s = reinterpret_cast<PCRE2_SPTR>(subject);
   // pcre2_jit_match skips pcre2_match's checks, which cost on the short
   // pieces that dominate. It fails with PCRE2_ERROR_JIT_BADOPTION when the
   // expression has no JIT code, and the interpreter runs instead.
-  int rc = pcre2_jit_match(code, s, len, start, 0, md, nullptr);
+  int rc = pcre2_jit_match(code, s, len, start, 0, res.md, res.big);
+  if ((rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_MATCHLIMIT) && res.big == nullptr) {
+    rc = pcre2_jit_match(code, s, len, start, 0, res.md, res.big_context());
+  }
   if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_JIT_BADOPTION) {
-    rc = pcre2_match(code, s, len, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
+    rc = pcre2_match(code, s, len, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, res.md, res.big_context());
   }
   return rc;
 }
@@ -313,18 +351,21 @@ int match_once(const pcre2_code* code, const char* subject, std::size_t len, std
 // llama.cpp's unicode_regex_split_stl does. The piece is the whole subject,
 // so look-arounds do not see past it.
 expected<void> split_piece(const pcre2_code* code, std::string_view text, span piece,
-                           pcre2_match_data* md, std::vector<span>& out) {
+                           match_resources& res, std::vector<span>& out) {
   const char* subject = text.data() + piece.first;
   const std::size_t len = piece.second;
   std::size_t pos = 0;
   std::size_t emitted = 0;
   while (pos < len) {
-    const int rc = match_once(code, subject, len, pos, md);
+    const int rc = match_once(code, subject, len, pos, res);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
-      return make_error(errc::overloaded, fmt::format("pre-tokenizer: PCRE2 error {} on a piece of {} bytes", rc, len));
+      std::array<PCRE2_UCHAR, 256> msg{};
+      pcre2_get_error_message(rc, msg.data(), msg.size());
+      return make_error(errc::overloaded, fmt::format("pre-tokenizer: a piece of {} bytes is beyond the regex matcher's limits ({})",
+                                                      len, reinterpret_cast<const char*>(msg.data())));
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(res.md);
     const std::size_t ms = ov[0], me = ov[1];
     if (me == ms) {  // An empty match splits nothing; step over one character.
       pos = ms + 1;
@@ -347,17 +388,15 @@ expected<std::vector<std::string_view>> pre_tokenizer::split(std::string_view te
   if (!text.empty()) spans.emplace_back(0, text.size());
   std::vector<span> next;
   for (const auto& c : compiled_) {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(c->code, nullptr);
-    EXA_ASSERT(md != nullptr);
+    match_resources res;
+    res.text_bytes = text.size();
+    res.md = pcre2_match_data_create_from_pattern(c->code, nullptr);
+    EXA_ASSERT(res.md != nullptr);
     next.clear();
     next.reserve(spans.size() + text.size() / 4);
     for (const span& s : spans) {
-      if (auto r = split_piece(c->code, text, s, md, next); !r) {
-        pcre2_match_data_free(md);
-        return std::unexpected(r.error());
-      }
+      if (auto r = split_piece(c->code, text, s, res, next); !r) return std::unexpected(r.error());
     }
-    pcre2_match_data_free(md);
     spans.swap(next);
   }
   std::vector<std::string_view> pieces;

@@ -167,6 +167,15 @@ TEST_CASE("long inputs split completely", "[pre_tokenizer]") {
   CHECK(split(named("llama-bpe"), spaces).size() == 1);
 }
 
+TEST_CASE("a whitespace run beyond PCRE2's default match limit still splits", "[pre_tokenizer]") {
+  // Backtracking over the run costs one step per byte at its start: past
+  // 10 million bytes the default limit stops it, the grown limit does not.
+  const std::string spaces(12 << 20, ' ');
+  const auto ps = split(named("llama-bpe"), spaces + "x");
+  CHECK(ps.size() == 2);
+  CHECK(ps.back() == " x");
+}
+
 TEST_CASE("one pre-tokenizer serves several threads at once", "[pre_tokenizer]") {
   const auto p = named("llama-bpe");
   const std::string text = "Hello, world! 1234567 I'm here.\n\n  你好 👋🏽";

@@ -48,6 +48,43 @@ expected<std::optional<std::string>> opt_str(const value* v, const char* what, c
   return v->as_string();
 }
 
+expected<value> str_join(const std::string& s, const value* x, const builtin_context& ctx) {
+  if (!x) return ctx.fail("join() takes one argument");
+  auto items = iterate(*x, ctx);
+  if (!items) return std::unexpected(items.error());
+  std::string out;
+  for (std::size_t i = 0; i < items->size(); ++i) {
+    if (!(*items)[i].is_string()) return ctx.fail("sequence item " + std::to_string(i) + ": expected str instance");
+    if (i) out += s;
+    out += (*items)[i].as_string();
+    if (out.size() > ctx.string_bytes_max) return ctx.fail("join() result too long");
+  }
+  return value(std::move(out));
+}
+
+/// str.format with "{}", "{0}" and "{name}" fields only (no format specs).
+expected<value> str_format(const std::string& s, const call_args& a, const builtin_context& ctx) {
+  std::string out;
+  std::size_t auto_index = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if ((s[i] == '{' || s[i] == '}') && i + 1 < s.size() && s[i + 1] == s[i]) { out += s[i++]; continue; }
+    if (s[i] != '{') { out += s[i]; continue; }
+    const std::size_t close = s.find('}', i);
+    if (close == std::string::npos) return ctx.fail("format(): single '{' in format string");
+    const std::string field = s.substr(i + 1, close - i - 1);
+    const value* v = nullptr;
+    if (field.empty()) v = a.get(auto_index++, "");
+    else if (field.size() <= 9 && field.find_first_not_of("0123456789") == std::string::npos)
+      v = a.get(std::stoul(field), "");
+    else if (field.find_first_of(":!.[") == std::string::npos) v = a.get(SIZE_MAX, field);
+    else return ctx.fail("format(): unsupported field '{" + field + "}'");
+    if (!v) return ctx.fail("format(): no argument for '{" + field + "}'");
+    out += to_str(*v, ctx.string_bytes_max);
+    i = close;
+  }
+  return value(std::move(out));
+}
+
 expected<value> str_method(const std::string& s, const std::string& m, const call_args& a, const builtin_context& ctx) {
   if (m == "strip" || m == "lstrip" || m == "rstrip") {
     auto chars = opt_str(a.get(0, "chars"), "strip argument", ctx);
@@ -114,40 +151,8 @@ expected<value> str_method(const std::string& s, const std::string& m, const cal
     if (!x || !x->is_string()) return ctx.fail(m + "() takes a string");
     return value(m == "find" ? pystr::find(s, x->as_string()) : pystr::count(s, x->as_string()));
   }
-  if (m == "join") {
-    if (!x) return ctx.fail("join() takes one argument");
-    auto items = iterate(*x, ctx);
-    if (!items) return std::unexpected(items.error());
-    std::string out;
-    for (std::size_t i = 0; i < items->size(); ++i) {
-      if (!(*items)[i].is_string()) return ctx.fail("sequence item " + std::to_string(i) + ": expected str instance");
-      if (i) out += s;
-      out += (*items)[i].as_string();
-      if (out.size() > ctx.string_bytes_max) return ctx.fail("join() result too long");
-    }
-    return value(std::move(out));
-  }
-  if (m == "format") {
-    // Only "{}", "{0}" and "{name}" fields, without format specs.
-    std::string out;
-    std::size_t auto_index = 0;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      if ((s[i] == '{' || s[i] == '}') && i + 1 < s.size() && s[i + 1] == s[i]) { out += s[i++]; continue; }
-      if (s[i] != '{') { out += s[i]; continue; }
-      const std::size_t close = s.find('}', i);
-      if (close == std::string::npos) return ctx.fail("format(): single '{' in format string");
-      const std::string field = s.substr(i + 1, close - i - 1);
-      const value* v = nullptr;
-      if (field.empty()) v = a.get(auto_index++, "");
-      else if (field.find_first_not_of("0123456789") == std::string::npos) v = a.get(std::stoul(field), "");
-      else if (field.find_first_of(":!.[") == std::string::npos) v = a.get(SIZE_MAX, field);
-      else return ctx.fail("format(): unsupported field '{" + field + "}'");
-      if (!v) return ctx.fail("format(): no argument for '{" + field + "}'");
-      out += to_str(*v, ctx.string_bytes_max);
-      i = close;
-    }
-    return value(std::move(out));
-  }
+  if (m == "join") return str_join(s, x, ctx);
+  if (m == "format") return str_format(s, a, ctx);
   return ctx.fail("'str' object has no method '" + m + "'");
 }
 

@@ -26,7 +26,8 @@ expected<value> attr_path(const value& obj, const std::string& path, const built
     const std::size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     value key(part);
-    if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) key = value(std::int64_t(std::stoll(part)));
+    if (!part.empty() && part.size() <= 18 && part.find_first_not_of("0123456789") == std::string::npos)
+      key = value(std::int64_t(std::stoll(part)));
     auto next = get_item(cur, key, ctx);
     if (!next) return next;
     cur = std::move(*next);

@@ -165,7 +165,9 @@ void write(const value& v, bool repr, std::string& out, std::size_t bytes_max, i
     return;
   }
   switch (v.type()) {
-    case value::kind::undefined: return;
+    case value::kind::undefined:
+      if (repr) out += "Undefined";  // jinja2's Undefined.__repr__, inside a list or dict
+      return;
     case value::kind::none: out += "None"; return;
     case value::kind::boolean: out += v.as_bool() ? "True" : "False"; return;
     case value::kind::integer: out += std::to_string(v.as_int()); return;

@@ -104,3 +104,11 @@ TEST_CASE("template: syntax errors name the line and what was found", "[template
 TEST_CASE("template: a namespace is shared by every reference to it", "[template]") {
   CHECK(test::render("{% set ns = namespace(v=1) %}{% set alias = ns %}{% set alias.v = 2 %}{{ ns.v }}") == "2");
 }
+
+TEST_CASE("template: huge numbers in format fields and attribute paths are errors, not crashes", "[template]") {
+  CHECK(test::render("{{ '{99999999999999999999}'.format(1) }}") ==
+        "ERROR: chat template line 1: format(): no argument for '{99999999999999999999}'");
+  CHECK(test::render("{{ [[1]] | map(attribute='99999999999999999999999') | list }}|{{ [nope, 1] }}") ==
+        "[Undefined]|[Undefined, 1]");
+  CHECK(test::render("{{ 99999999999999999999 }}") == "ERROR: chat template line 1: integer literal 99999999999999999999 is out of range");
+}

@@ -5,6 +5,8 @@
 namespace exa::app {
 
 int cmd_gen_model(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_detokenize(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_chat_template(int argc, char** argv);
 int cmd_bench_engine(int argc, char** argv);

@@ -23,6 +23,8 @@ commands:
   generate       generate text or token ids from a GGUF model
   chat-template  print a conversation rendered with a model's chat template (as transformers renders it)
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
+  tokenize       print a text's token ids with a model file's tokenizer (as llama.cpp tokenizes)
+  detokenize     print the text of token ids with a model file's tokenizer
   bench-engine   measure prefill and decode throughput of the CPU engine
   plan           print the memory ledger: how many replicas of a model fit a GPU and a node
   chaos          run a fault plan under load (one process, or --processes) and check invariants
@@ -58,6 +60,8 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return exa::app::cmd_generate(argc, argv);
   if (cmd == "chat-template") return exa::app::cmd_chat_template(argc, argv);
   if (cmd == "gen-model") return exa::app::cmd_gen_model(argc, argv);
+  if (cmd == "tokenize") return exa::app::cmd_tokenize(argc, argv);
+  if (cmd == "detokenize") return exa::app::cmd_detokenize(argc, argv);
   if (cmd == "bench-engine") return exa::app::cmd_bench_engine(argc, argv);
   if (cmd == "plan") return exa::app::cmd_plan(argc, argv);
   if (cmd == "chaos") return exa::app::cmd_chaos(argc, argv);

@@ -27,6 +27,8 @@ constexpr std::string_view known_keys[] = {
     "model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id", "eos_token_id",
     "eot_token_id", "eom_token_id", "unknown_token_id", "padding_token_id", "add_bos_token",
     "add_eos_token", "add_space_prefix", "chat_template",
+    // Notes for readers of a fixture (where it came from); not written to GGUF.
+    "learned_from", "generator", "comment",
 };
 
 expected<std::vector<std::string>> string_list(const json& j, std::string_view field) {

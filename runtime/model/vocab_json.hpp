@@ -12,7 +12,9 @@
 //    "chat_template": "{% for m in messages %}..."}
 //
 // token_type uses GGUF's numbers (1 normal, 2 unknown, 3 control,
-// 4 user-defined, 5 unused, 6 byte). "model" defaults to "llama".
+// 4 user-defined, 5 unused, 6 byte). "model" defaults to "llama". The keys
+// "learned_from", "generator" and "comment" are notes for readers and are
+// ignored; any other unknown key is an error (a typo should not pass).
 
 #include <string>
 #include <string_view>

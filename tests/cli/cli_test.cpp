@@ -140,7 +140,7 @@ TEST_CASE("bad flags and bad files end in an error, never a signal", "[cli]") {
 }
 
 TEST_CASE("a vocabulary we cannot encode still generates from ids", "[cli]") {
-  // The tiny model's tensors with a gpt2-type vocabulary of the same size.
+  // The tiny model's tensors with a t5-type vocabulary (one we do not encode) of the same size.
   auto m = model::llama_model::load(tiny_model());
   REQUIRE(m.has_value());
   model::gguf_writer w;
@@ -153,16 +153,16 @@ TEST_CASE("a vocabulary we cannot encode still generates from ids", "[cli]") {
   }
   std::vector<std::string> tokens;
   for (std::uint32_t i = 0; i < (*m)->config().vocab_size; ++i) tokens.push_back("tok" + std::to_string(i));
-  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.model", "t5");
   w.add_string_array("tokenizer.ggml.tokens", tokens);
   for (const auto& t : (*m)->file().tensors())
     w.add_tensor(t.name, t.shape, *t.type, std::span<const std::byte>(t.data, t.size_bytes));
-  const auto path = tmp("gpt2-vocab.gguf");
+  const auto path = tmp("t5-vocab.gguf");
   REQUIRE(w.write(path));
 
   auto text = run({"generate", "--model", path, "--prompt", "hi"});
   CHECK(text.exit_code != 0);
-  CHECK_THAT(text.err, Catch::Contains("tokenizer type 'gpt2'"));
+  CHECK_THAT(text.err, Catch::Contains("tokenizer type 't5'"));
   auto ids = run({"generate", "--model", path, "--prompt-ids", "5,6,7", "--max-tokens", "4", "--ids"});
   CHECK(ids.exit_code == 0);
   CHECK(parse_ids(ids.out).size() == 4);

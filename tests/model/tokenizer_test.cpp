@@ -1,5 +1,8 @@
-// Tokenizers: the byte-level vocabulary (encode/decode, its GGUF round trip)
-// and foreign vocabularies, which decode but refuse to encode text.
+// Tokenizers: the byte-level vocabulary (encode/decode, its GGUF round trip),
+// foreign vocabularies read from GGUF metadata, and types we do not run,
+// which decode but refuse to encode text. The SentencePiece algorithm itself
+// is tested in spm_tokenizer_test.cpp, and against llama.cpp in
+// spm_llamacpp_test.cpp.
 
 #include <catch2/catch.hpp>
 
@@ -109,29 +112,45 @@ TEST_CASE("a generated model's tokenizer is byte-level", "[model]") {
   CHECK(tok->decode(*ids) == "hi there");
 }
 
-TEST_CASE("a gpt2 vocabulary decodes but refuses to encode text", "[model]") {
+TEST_CASE("a gpt2 vocabulary decodes its byte-level text and encodes", "[model]") {
   gguf_writer w;
   w.add_string("tokenizer.ggml.model", "gpt2");
   // GPT-2 stores bytes as printable code points: U+0120 'Ġ' is a space, U+010A 'Ċ' a newline.
   w.add_string_array("tokenizer.ggml.tokens",
                      {"<|endoftext|>", "Hello", "\xC4\xA0world", "!", "\xC4\x8A", "<tool>"});
   w.add_i32_array("tokenizer.ggml.token_type", {3, 1, 1, 1, 1, 4});
+  w.add_string_array("tokenizer.ggml.merges", {"H e"});
   w.add_u32("tokenizer.ggml.bos_token_id", 0);
   w.add_u32("tokenizer.ggml.eos_token_id", 0);
   const gguf_file f = parse_or_fail(w);
   auto tok = tokenizer::from_gguf(f, 6);
   REQUIRE(tok.has_value());
   CHECK(tok->type_name() == "gpt2");
-  CHECK_FALSE(tok->can_encode());
+  CHECK(tok->can_encode());
   CHECK(tok->decode({0, 1, 2, 3, 4}) == "Hello world!\n");
   CHECK(tok->decode_token(5) == "<tool>");  // user-defined: verbatim
-  auto enc = tok->encode("Hello", true);
-  REQUIRE_FALSE(enc.has_value());
-  CHECK(enc.error().code == errc::unsupported);
-  CHECK_THAT(enc.error().message, Contains("'gpt2'") && Contains("--prompt-ids"));
+  CHECK(tok->is_eog(0));
+  auto enc = tok->encode("<tool>", false);
+  REQUIRE(enc.has_value());
+  CHECK(*enc == std::vector<token_id>{5});
 }
 
-TEST_CASE("a SentencePiece vocabulary that is not ours decodes but does not encode", "[model]") {
+TEST_CASE("a vocabulary type we do not run decodes but refuses to encode text", "[model]") {
+  gguf_writer w;
+  w.add_string("tokenizer.ggml.model", "t5");
+  w.add_string_array("tokenizer.ggml.tokens", {"<pad>", "</s>", "\xE2\x96\x81hi"});
+  const gguf_file f = parse_or_fail(w);
+  auto tok = tokenizer::from_gguf(f, 3);
+  REQUIRE(tok.has_value());
+  CHECK_FALSE(tok->can_encode());
+  CHECK(tok->decode_token(2) == " hi");
+  auto enc = tok->encode("hi", true);
+  REQUIRE_FALSE(enc.has_value());
+  CHECK(enc.error().code == errc::unsupported);
+  CHECK_THAT(enc.error().message, Contains("'t5'") && Contains("--prompt-ids"));
+}
+
+TEST_CASE("a SentencePiece vocabulary that is not ours encodes with SentencePiece", "[model]") {
   tokenizer ours = tokenizer::byte_level(262);
   gguf_writer w;
   w.add_string("tokenizer.ggml.model", "llama");
@@ -152,11 +171,20 @@ TEST_CASE("a SentencePiece vocabulary that is not ours decodes but does not enco
   const gguf_file f = parse_or_fail(w);
   auto tok = tokenizer::from_gguf(f, 261);
   REQUIRE(tok.has_value());
-  CHECK_FALSE(tok->can_encode());
-  CHECK(tok->decode({260, 3 + '!'}) == " hello!");
+  CHECK(tok->can_encode());
+  // No add_space_prefix key: llama.cpp's default for "llama" is true, so
+  // "hello" becomes "▁hello" and decoding drops the first leading space.
+  // SentencePiece only merges pairs that are pieces themselves, and no
+  // "▁h" or "he" exists, so "▁hello" cannot form: ▁ and five bytes.
+  CHECK(tok->add_space_prefix());
+  CHECK(tok->decode_token(260) == " hello");
+  CHECK(tok->decode({260, 3 + '!'}) == "hello!");
   auto enc = tok->encode("hello", false);
-  REQUIRE_FALSE(enc.has_value());
-  CHECK_THAT(enc.error().message, Contains("'llama'"));
+  REQUIRE(enc.has_value());
+  CHECK(*enc == std::vector<token_id>{259, 3 + 'h', 3 + 'e', 3 + 'l', 3 + 'l', 3 + 'o'});
+  auto with_bos = tok->encode("!", true);
+  REQUIRE(with_bos.has_value());
+  CHECK(*with_bos == std::vector<token_id>{1, 259, 3 + '!'});
   CHECK(ours.can_encode());
 }
 

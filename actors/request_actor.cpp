@@ -157,7 +157,9 @@ bool take_logprobs(request_actor_state& st, std::uint32_t index, model::token_id
   auto it = st.pending_logprobs.find(index);
   if (it == st.pending_logprobs.end()) return false;
   const token_logprob_msg& lp = it->second;
-  const auto text = [&](model::token_id id) { return tok ? tok->decode_token(id) : std::string(); };
+  // Special tokens by their text: an alternative "<|eot_id|>" says more
+  // than an empty string (the generated text itself never shows them).
+  const auto text = [&](model::token_id id) { return tok ? tok->decode_token(id, /*special=*/true) : std::string(); };
   api::token_logprob out{token, text(token), lp.logprob, {}};
   for (std::size_t i = 0; i < lp.top_ids.size() && i < lp.top_logprobs.size(); ++i)
     out.top.push_back({lp.top_ids[i], text(lp.top_ids[i]), lp.top_logprobs[i]});
@@ -371,15 +373,10 @@ void find_router(self_ptr self) {
   spdlog::info("event=request_router_found request={}", st.ctx.request.request_id);
 }
 
-// The tokens that end generation: the one place that decides it.
-// TODO(TOK): switch to the tokenizer's end-of-generation set (eos, eot, eom
-// and the like, as llama.cpp's is_eog) once runtime/model/tokenizer.hpp has
-// it, so that a Llama 3 chat stops at <|eot_id|>; today it is eos alone.
-std::vector<model::token_id> end_of_generation_tokens(const model::tokenizer& tok) {
-  std::vector<model::token_id> out;
-  if (tok.eos()) out.push_back(*tok.eos());
-  return out;
-}
+// The tokens that end generation: the one place that decides it. Every
+// token llama.cpp treats as end of generation (is_eog: eos, eot, eom and the
+// file's <|im_end|>-like ones), so a Llama 3 chat stops at <|eot_id|>.
+std::vector<model::token_id> end_of_generation_tokens(const model::tokenizer& tok) { return tok.eog_ids(); }
 
 // Validates and tokenizes; an error here is the client's to fix.
 expected<void> prepare(request_actor_state& st) {

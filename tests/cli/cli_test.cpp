@@ -168,6 +168,55 @@ TEST_CASE("a vocabulary we cannot encode still generates from ids", "[cli]") {
   CHECK(parse_ids(ids.out).size() == 4);
 }
 
+TEST_CASE("tokenize and detokenize follow llama.cpp on a --vocab model", "[cli]") {
+  // A SentencePiece vocabulary whose pieces build "hello" step by step; the
+  // ids below are the ones llama.cpp gives for this file.
+  const std::string vocab_path = tmp("cli-spm-vocab.json");
+  {
+    std::ofstream out(vocab_path);
+    out << R"({"model": "llama", "tokens": ["<unk>", "<s>", "</s>")";
+    for (int b = 0; b < 256; ++b) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, ", \"<0x%02X>\"", b);
+      out << buf;
+    }
+    out << R"(, "\u2581", "\u2581h", "\u2581he", "\u2581hel", "\u2581hell", "\u2581hello", "l", "e", "h", "o",)"
+        << R"( "<|eot_id|>", "<tool>"], "scores": [0, 0, 0)";
+    for (int b = 0; b < 256; ++b) out << ", 0";
+    out << R"(, -1, -2, -3, -4, -5, -6, -7, -8, -9, -10, 0, 0], "token_type": [2, 3, 3)";
+    for (int b = 0; b < 256; ++b) out << ", 6";
+    out << R"(, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 4], "bos_token_id": 1, "eos_token_id": 2})";
+  }
+  const std::string model_path = tmp("cli-spm.gguf");
+  REQUIRE(run({"gen-model", "--vocab", vocab_path, "--out", model_path}).exit_code == 0);
+
+  auto plain = run({"tokenize", "--model", model_path, "--text", "hello hell"});
+  CHECK(plain.exit_code == 0);
+  CHECK(plain.out == "264,263\n");
+  CHECK(run({"tokenize", "--model", model_path, "--text", "hello", "--bos"}).out == "1,264\n");
+  // <|eot_id|> is plain text unless --special; <tool> (user-defined) always parses.
+  auto special = run({"tokenize", "--model", model_path, "--text", "he<|eot_id|>llo<tool>x", "--special"});
+  CHECK(special.out == "261,269,259,265,265,268,270,259,123\n");
+  auto not_special = run({"tokenize", "--model", model_path, "--text", "he<|eot_id|>llo<tool>x"});
+  CHECK(parse_ids(not_special.out).size() == 17);
+
+  auto text = run({"detokenize", "--model", model_path, "--ids", "264,263"});
+  CHECK(text.exit_code == 0);
+  CHECK(text.out == "hello hell");  // exactly, no newline added
+  CHECK(run({"detokenize", "--model", model_path, "--ids", "1,264,269"}).out == " hello");
+  CHECK(run({"detokenize", "--model", model_path, "--ids", "1,264,269", "--special"}).out == "<s> hello<|eot_id|>");
+
+  auto out_of_range = run({"detokenize", "--model", model_path, "--ids", "5,99999"});
+  CHECK(out_of_range.exit_code != 0);
+  CHECK_THAT(out_of_range.err, Catch::Contains("99999"));
+  auto both = run({"tokenize", "--model", model_path, "--text", "a", "--text-file", vocab_path});
+  CHECK(both.exit_code != 0);
+  CHECK_THAT(both.err, Catch::Contains("exactly one of --text"));
+  auto missing = run({"tokenize", "--model", tmp("no-such.gguf"), "--text", "a"});
+  CHECK(missing.exit_code != 0);
+  CHECK_THAT(missing.err, Catch::Contains("no-such.gguf"));
+}
+
 TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
   const auto r = run({"bench-engine", "--model", tiny_model(), "--json", "--batches", "1,4", "--prefill-tokens", "32",
                       "--decode-steps", "4", "--repeat", "1", "--threads", "1"});

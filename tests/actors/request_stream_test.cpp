@@ -13,6 +13,9 @@
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -21,6 +24,7 @@
 #include "cluster_fixture.hpp"
 #include "engine/engine.hpp"
 #include "model/llama_model.hpp"
+#include "model/model_gen.hpp"
 
 using namespace exa;
 using namespace std::chrono_literals;
@@ -81,21 +85,22 @@ struct fixture {
 
   // With logprobs the request needs a real model (a simulated one has no
   // logits, and the request refuses at once): the tiny one, for its tokenizer.
-  explicit fixture(std::uint32_t max_tokens, bool logprobs = false) {
+  // `model_file`: serve that file, ending at its end-of-generation tokens.
+  explicit fixture(std::uint32_t max_tokens, bool logprobs = false, const std::string& model_file = {}) {
     actors::request_context ctx;
-    if (logprobs) {
-      auto m = model::llama_model::load(test::tiny_model_path());
+    if (logprobs || !model_file.empty()) {
+      auto m = model::llama_model::load(model_file.empty() ? test::tiny_model_path() : model_file);
       REQUIRE(m.has_value());
       ctx.model = *m;
-      ctx.request.logprobs = true;
-      ctx.request.top_logprobs = 1;
+      ctx.request.logprobs = logprobs;
+      ctx.request.top_logprobs = logprobs ? 1 : 0;
     }
     ctx.number = 7;
     ctx.request.request_id = "req-7";
     ctx.request.model = "m";
     ctx.request.prompt_ids = std::vector<std::int32_t>{1, 2, 3};
     ctx.request.max_tokens = max_tokens;
-    ctx.request.ignore_eos = true;
+    ctx.request.ignore_eos = model_file.empty();
     ctx.sink = sink;
     ctx.vocab_size = 100;
     ctx.context_length = 256;
@@ -222,4 +227,36 @@ TEST_CASE("a replica that sends tokens without the logprobs asked for ends the r
   CHECK(f.sink->result->reason == api::finish_reason::error);
   REQUIRE(f.sink->result->err);
   CHECK(f.sink->result->err->code == errc::internal);
+}
+
+TEST_CASE("every end-of-generation token of the file stops the request, not just eos", "[actors][request]") {
+  // A SentencePiece-style vocabulary with eos, an eot id, and <|im_end|>
+  // (end of generation by its text, as llama.cpp decides).
+  model::vocab v;
+  v.model = "llama";
+  v.tokens = {"<unk>", "<s>", "</s>"};
+  v.kinds = {model::token_kind::unknown, model::token_kind::control, model::token_kind::control};
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.push_back(fmt::format("<0x{:02X}>", b));
+    v.kinds.push_back(model::token_kind::byte);
+  }
+  v.tokens.push_back("<|im_end|>");
+  v.tokens.push_back("<|eot_id|>");
+  v.kinds.push_back(model::token_kind::control);
+  v.kinds.push_back(model::token_kind::control);
+  v.scores.assign(v.tokens.size(), 0.0f);
+  v.ids.bos = 1;
+  v.ids.eos = 2;
+  v.ids.eot = 260;
+  auto spec = *model::preset_spec("tiny");
+  spec.vocab_size = static_cast<std::uint32_t>(v.tokens.size());
+  spec.vocabulary = v;
+  const std::string path = std::string(EXA_TEST_TMPDIR) + "/eog_vocab.gguf";
+  REQUIRE(model::generate_model(spec, path));
+
+  fixture f(4, false, path);
+  REQUIRE(f.log_a->submits.size() == 1);
+  auto stops = f.log_a->submits[0].stop_tokens;
+  std::sort(stops.begin(), stops.end());
+  CHECK(stops == std::vector<std::int32_t>{2, 259, 260});
 }

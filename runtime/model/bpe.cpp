@@ -58,6 +58,7 @@ struct bigram {
   std::int32_t left;
   std::int32_t right;
   std::size_t size;
+  token_id merged;  // the token of left+right, -1 when that text is no token
 };
 struct bigram_after {
   bool operator()(const bigram& l, const bigram& r) const noexcept {
@@ -70,7 +71,12 @@ struct symbol {
   std::size_t len;    // mapped bytes; 0 once merged into its left neighbour
   std::int32_t prev;
   std::int32_t next;
+  token_id id;        // the token of its text, -1 when that text is no token
 };
+
+std::uint64_t id_pair(token_id l, token_id r) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(l)) << 32) | static_cast<std::uint32_t>(r);
+}
 
 }  // namespace
 
@@ -122,6 +128,22 @@ expected<bpe> bpe::create(const std::vector<std::string>& tokens, const std::vec
     // one becomes the pair ("", ""), which no pair of symbols ever forms.
     if (merges[i].find(' ', 1) == std::string::npos) continue;
     b.merge_ranks_.emplace(merges[i], static_cast<std::int32_t>(i));  // the first listing wins
+  }
+  // The same merges by token ids, for pairs whose both sides are tokens (all
+  // of them in real vocabularies): no string is built to look them up. The
+  // first listing wins here too, since emplace keeps it.
+  for (std::size_t i = 0; i < merges.size(); ++i) {
+    const std::string_view m = merges[i];
+    const std::size_t sp = m.find(' ', 1);
+    if (sp == std::string_view::npos) continue;
+    const auto l = b.find_token(m.substr(0, sp));
+    const auto r = b.find_token(m.substr(sp + 1));
+    if (!l || !r) continue;
+    const auto merged = b.find_token(std::string(m.substr(0, sp)) + std::string(m.substr(sp + 1)));
+    b.merge_ids_.emplace(id_pair(*l, *r), merge_result{static_cast<std::int32_t>(i), merged.value_or(-1)});
+  }
+  for (int c = 0; c < 256; ++c) {
+    b.byte_ids_[c] = b.find_token(std::string_view(byte_utf8[c].bytes, byte_utf8[c].len)).value_or(-1);
   }
   return b;
 }
@@ -178,10 +200,10 @@ void bpe::merge_piece(std::string_view piece, std::vector<token_id>& out) const 
   syms.reserve(piece.size());
   std::size_t off = 0;
   for (std::size_t i = 0; i < piece.size(); ++i) {
-    const std::size_t len = byte_utf8[static_cast<unsigned char>(piece[i])].len;
-    syms.push_back({off, len, static_cast<std::int32_t>(i) - 1,
-                    i + 1 == piece.size() ? -1 : static_cast<std::int32_t>(i) + 1});
-    off += len;
+    const auto c = static_cast<unsigned char>(piece[i]);
+    syms.push_back({off, byte_utf8[c].len, static_cast<std::int32_t>(i) - 1,
+                    i + 1 == piece.size() ? -1 : static_cast<std::int32_t>(i) + 1, byte_ids_[c]});
+    off += byte_utf8[c].len;
   }
   const std::string_view w = word;
   const auto text_of = [&](std::int32_t i) { return w.substr(syms[i].start, syms[i].len); };
@@ -190,10 +212,18 @@ void bpe::merge_piece(std::string_view piece, std::vector<token_id>& out) const 
   std::string key;  // reused: "left right"
   const auto try_add = [&](std::int32_t l, std::int32_t r) {
     if (l < 0 || r < 0) return;
+    const std::size_t size = syms[l].len + syms[r].len;
+    if (syms[l].id >= 0 && syms[r].id >= 0) {
+      const auto it = merge_ids_.find(id_pair(syms[l].id, syms[r].id));
+      if (it != merge_ids_.end()) queue.push({it->second.rank, l, r, size, it->second.merged});
+      return;
+    }
+    // A side that is no token (its merge made no token): look up by text.
     key.assign(text_of(l)).append(1, ' ').append(text_of(r));
     const auto it = merge_ranks_.find(std::string_view(key));
     if (it == merge_ranks_.end()) return;
-    queue.push({it->second, l, r, syms[l].len + syms[r].len});
+    const auto merged = find_token(w.substr(syms[l].start, size));
+    queue.push({it->second, l, r, size, merged.value_or(-1)});
   };
   for (std::int32_t i = 1; i < static_cast<std::int32_t>(syms.size()); ++i) try_add(i - 1, i);
 
@@ -204,6 +234,7 @@ void bpe::merge_piece(std::string_view piece, std::vector<token_id>& out) const 
     symbol& right = syms[bg.right];
     if (left.len == 0 || right.len == 0 || left.len + right.len != bg.size) continue;
     left.len += right.len;
+    left.id = bg.merged;
     right.len = 0;
     left.next = right.next;
     if (right.next >= 0) syms[right.next].prev = bg.left;
@@ -212,11 +243,11 @@ void bpe::merge_piece(std::string_view piece, std::vector<token_id>& out) const 
   }
 
   for (std::int32_t i = 0; i != -1; i = syms[i].next) {
-    const std::string_view text = text_of(i);
-    if (auto id = find_token(text)) {
-      out.push_back(*id);
+    if (syms[i].id >= 0) {
+      out.push_back(syms[i].id);
       continue;
     }
+    const std::string_view text = text_of(i);
     // llama.cpp's fallback: each byte of the mapped text as a one-byte token.
     for (char c : text) {
       if (auto id = find_token(std::string_view(&c, 1))) out.push_back(*id);

@@ -91,8 +91,15 @@ class bpe {
 
   void merge_piece(std::string_view piece, std::vector<token_id>& out) const;
 
+  struct merge_result {
+    std::int32_t rank;
+    token_id merged;  // -1 when the merged text is no token
+  };
+
   string_map<token_id> token_ids_;
   string_map<std::int32_t> merge_ranks_;  // key: the merge string "left right"
+  std::unordered_map<std::uint64_t, merge_result> merge_ids_;  // key: left id << 32 | right id
+  token_id byte_ids_[256] = {};  // the token of each byte's mapped text, -1 if none
   bool ignore_merges_ = false;
 };
 

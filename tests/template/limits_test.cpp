@@ -62,3 +62,42 @@ TEST_CASE("limits: source size", "[template]") {
   lim.source_bytes_max = 10;
   CHECK(mentions(test::render("0123456789abc", "{}", lim), "larger than 10 bytes"));
 }
+
+#include "common/splitmix64.hpp"
+#include "template/chat_template.hpp"
+
+TEST_CASE("limits: mutated real templates never crash or hang", "[template]") {
+  // Random cuts, copies and stray syntax in every built-in template: each
+  // compiles and renders to a value or an error, never an exception, a
+  // crash or a hang. The seed reproduces a failure.
+  const std::uint64_t seed = 20261202;
+  INFO("seed " << seed);
+  exa::splitmix64_stream rng(seed);
+  static constexpr std::string_view pieces[] = {"{{", "}}", "{%", "%}", "{#", "#}", "(", ")", "[", "]", "'", "\"", "|",
+                                                "-", " is ", " not ", " in ", "{% for x in messages %}", "{% endfor %}",
+                                                "{% if true %}", "{% endif %}", "loop.", ".items()", "*", "~", "\\"};
+  const std::string vars = R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                             {"role": "assistant", "content": "a"}], "add_generation_prompt": true,
+                               "bos_token": "<s>", "eos_token": "</s>"})";
+  template_limits lim;
+  lim.steps_max = 20000;
+  std::size_t rendered = 0, failed = 0;
+  for (const auto& t : builtin_templates()) {
+    for (int i = 0; i < 150; ++i) {
+      std::string src(t.source);
+      for (int k = 0; k < 3; ++k) {
+        const std::size_t at = rng.next() % (src.size() + 1);
+        switch (rng.next() % 3) {
+          case 0: src.erase(at, rng.next() % 16); break;
+          case 1: src.insert(at, src.substr(rng.next() % (src.size() + 1), rng.next() % 32)); break;
+          default: src.insert(at, pieces[rng.next() % std::size(pieces)]); break;
+        }
+      }
+      const std::string out = test::render(src, vars, lim);
+      (out.starts_with("ERROR: ") ? failed : rendered) += 1;
+    }
+  }
+  CHECK(rendered + failed == builtin_templates().size() * 150);
+  CHECK(rendered > 0);  // some mutations are harmless
+  CHECK(failed > 0);    // and many are not: the error paths ran
+}

@@ -19,8 +19,8 @@ const std::vector<flag_spec> flags = {
     {"preset", true, "tiny (default) or small (~100M parameters)"},
     {"out", true, "output file (required)"},
     {"seed", true, "weight seed (default 1)"},
-    {"type", true, "f32 (default), f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q4_k, q5_k, q6_k "
-                   "(K-quants need dim and ff divisible by 256)"},
+    {"type", true, "f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, q5_k_m, q4_k, q5_k, q6_k "
+                   "(K-quant rows not a multiple of 256 fall back to q5_0/q5_1/q8_0 as in llama.cpp)"},
     {"layers", true, "override: transformer blocks"},
     {"dim", true, "override: embedding width"},
     {"heads", true, "override: attention heads"},
@@ -75,7 +75,7 @@ expected<model::model_spec> spec_from(const args& a) {
     auto format = model::weight_format_from_string(*t);
     if (!format) {
       return make_error(errc::invalid_argument,
-                        "unknown --type '" + *t + "' (f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q4_k, q5_k, q6_k)");
+                        "unknown --type '" + *t + "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, q5_k_m, q4_k, q5_k, q6_k)");
     }
     spec->type = format->base;
     spec->mix = format->mix;

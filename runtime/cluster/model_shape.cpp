@@ -112,6 +112,9 @@ precision from_tensor_type(model::tensor_type t) noexcept {
     case model::tensor_type::bf16: return precision::bf16;
     case model::tensor_type::q8_0: return precision::int8;
     case model::tensor_type::q4_0:
+    case model::tensor_type::q4_1:
+    case model::tensor_type::q5_0:
+    case model::tensor_type::q5_1:
     case model::tensor_type::q4_K:
     case model::tensor_type::q5_K: return precision::int4;
     case model::tensor_type::q6_K: return precision::int8;

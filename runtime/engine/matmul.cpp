@@ -5,6 +5,7 @@
 
 #include "common/assert.hpp"
 #include "engine/kquant_dot.hpp"
+#include "engine/legacy_dot.hpp"
 #include "engine/matmul_kernels.hpp"
 #include "engine/thread_pool.hpp"
 #include "model/half.hpp"
@@ -42,6 +43,8 @@ struct prepared {
   k::quant_acts q;
   const model::block_q8_K* xk = nullptr;  // q8_K activations
   std::size_t xk_stride = 0;              // blocks per token
+  const void* x32 = nullptr;              // q8_0 or q8_1 blocks, generic layout
+  std::size_t x32_stride = 0;             // blocks per token
 };
 
 template <int C>
@@ -90,8 +93,18 @@ void compute_rows_k_quant(const model::weight_view& w, const prepared& p, std::s
     kquant::dot_row_tokens(w.type, w.row(r), p.xk, p.xk_stride, n_tokens, nb, path, y + r, y_stride);
 }
 
+// Q4_1/Q5_0/Q5_1 rows: as K-quants, one fixed-order dot product per (row,
+// token), each block unpacked once per group of tokens (legacy_dot.hpp).
+void compute_rows_legacy(const model::weight_view& w, const prepared& p, std::size_t n_tokens, float* y,
+                         std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
+  const kquant::path path = kquant::best_path();
+  for (std::size_t r = row_begin; r < row_end; ++r)
+    legacy::dot_row_tokens(w.type, w.row(r), p.x32, p.x32_stride, n_tokens, w.cols / 32, path, y + r, y_stride);
+}
+
 void compute_rows(const model::weight_view& w, const prepared& p, std::size_t n_tokens, float* y,
                   std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
+  if (legacy::handles(w.type)) return compute_rows_legacy(w, p, n_tokens, y, y_stride, row_begin, row_end);
   if (kquant::is_k_quant(w.type)) return compute_rows_k_quant(w, p, n_tokens, y, y_stride, row_begin, row_end);
   const std::size_t rows_per_block =
       std::max<std::size_t>(1, row_block_bytes / std::max<std::uint64_t>(1, w.row_bytes()) / row_multiple) *
@@ -136,6 +149,8 @@ struct activations_access {
 #endif
     p.xk = a.xk_.data();
     p.xk_stride = a.k_ / model::qk_k;
+    p.x32 = a.format_ == act_format::q8_1 ? static_cast<const void*>(a.x1_.data()) : a.xq_.data();
+    p.x32_stride = a.k_ / 32;
     return p;
   }
   static void quantize_token(activations& a, const float* x, std::size_t t);
@@ -147,7 +162,10 @@ act_format act_format_for(model::tensor_type t) noexcept {
     case tensor_type::f16: return act_format::f16_rounded;
     case tensor_type::bf16: return act_format::bf16_rounded;
     case tensor_type::q8_0:
-    case tensor_type::q4_0: return act_format::q8_0;
+    case tensor_type::q4_0:
+    case tensor_type::q5_0: return act_format::q8_0;
+    case tensor_type::q4_1:
+    case tensor_type::q5_1: return act_format::q8_1;
     case tensor_type::q4_K:
     case tensor_type::q5_K:
     case tensor_type::q6_K: return act_format::q8_K;
@@ -240,6 +258,12 @@ void activations::convert(model::tensor_type type, const float* x, std::size_t x
       xd_.assign(n_tokens * steps * 16, 0.0f);
 #endif
       each_token([&](std::size_t t) { activations_access::quantize_token(*this, x + t * x_stride, t); });
+      return;
+    }
+    case act_format::q8_1: {
+      EXA_ASSERT_MSG(k % 32 == 0, "quantized matmul needs a width divisible by 32");
+      x1_.resize(n_tokens * (k / 32));
+      each_token([&](std::size_t t) { model::quantize_row_q8_1(x + t * x_stride, x1_.data() + t * (k / 32), k); });
       return;
     }
     case act_format::q8_K: {

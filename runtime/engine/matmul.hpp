@@ -7,14 +7,15 @@
 // sequence of operations whatever the batch size, tile shape or thread split.
 // Activations are first converted the way llama.cpp converts them for the
 // weight type (rounded to f16/bf16 precision for f16/bf16 weights, quantized
-// to Q8_0 for Q8_0/Q4_0 weights, to Q8_K for K-quant weights) -- per token,
-// so also batch-independent.
+// to Q8_0 for Q8_0/Q4_0/Q5_0 weights, to Q8_1 for Q4_1/Q5_1, to Q8_K for
+// K-quant weights) -- per token, so also batch-independent.
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "model/kquants.hpp"
+#include "model/legacy_quants.hpp"
 #include "model/llama_weights.hpp"
 #include "model/tensor_type.hpp"
 
@@ -23,7 +24,7 @@ namespace exa::engine {
 class thread_pool;
 
 /// How activations are converted for a weight type.
-enum class act_format { f32, f16_rounded, bf16_rounded, q8_0, q8_K };
+enum class act_format { f32, f16_rounded, bf16_rounded, q8_0, q8_1, q8_K };
 act_format act_format_for(model::tensor_type t) noexcept;
 
 /// Activations converted once for any number of weights of one format and
@@ -54,6 +55,7 @@ class activations {
   std::vector<std::uint8_t> xu_;       // q8_0, AVX-512 kernel layout (q + 128)
   std::vector<float> xd_;              // q8_0, AVX-512 kernel scales
   std::vector<model::block_q8_K> xk_;  // q8_K: k / 256 blocks per token
+  std::vector<model::block_q8_1> x1_;  // q8_1: k / 32 blocks per token
 };
 
 /// y[t * y_stride + r] = Σ_k W[r][k] · x_t[k], rows split across the pool.

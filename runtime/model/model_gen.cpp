@@ -9,7 +9,6 @@
 #include "common/assert.hpp"
 #include "common/splitmix64.hpp"
 #include "model/gguf_writer.hpp"
-#include "model/kquants.hpp"
 #include "model/quantize.hpp"
 #include "model/tokenizer.hpp"
 
@@ -218,19 +217,12 @@ expected<void> check_sizes(const model_spec& s) {
   return {};
 }
 
-// K-quant rows are whole 256-element super-blocks. llama.cpp falls back to
-// q5_0/q5_1/q8_0 for other widths; we do not write those types, so such a
-// spec is refused rather than silently given another mix.
+// K-quant rows that are not whole 256-element super-blocks fall back to
+// q5_0/q5_1/q8_0 per tensor, as llama.cpp does (weight_type_for); only the
+// mix itself needs a K-quant base.
 expected<void> check_k_quant_rows(const model_spec& s) {
-  const bool k_quant = s.mix == quant_mix::k_m || block_elems(s.type) == qk_k;
   if (s.mix == quant_mix::k_m && s.type != tensor_type::q4_K && s.type != tensor_type::q5_K) {
     return invalid(fmt::format("the *_K_M mix needs a q4_K or q5_K base, not {}", to_string(s.type)));
-  }
-  if (k_quant && (s.dim % qk_k != 0 || s.ff_dim % qk_k != 0)) {
-    return invalid(fmt::format("type {} needs dim ({}) and ff_dim ({}) divisible by 256 (K-quant "
-                               "super-blocks; llama.cpp would fall back to q5_0/q5_1/q8_0 for such rows, "
-                               "which ExaServe does not write)",
-                               to_string(weight_format{s.type, s.mix}), s.dim, s.ff_dim));
   }
   return {};
 }
@@ -324,7 +316,8 @@ expected<void> generate_model(const model_spec& spec, const std::string& path) {
     // are tiny and the engine applies them in float.
     const tensor_type type = is_vector(p.kind)
                                  ? tensor_type::f32
-                                 : weight_type_for({spec.type, spec.mix}, p.name, spec.tie_embeddings, spec.n_layers);
+                                 : weight_type_for({spec.type, spec.mix}, p.name, spec.tie_embeddings,
+                                                   spec.n_layers, p.shape[0]);
     std::vector<std::uint64_t> shape = p.shape;
     std::string name = p.name;
     w.add_tensor_fill(std::move(name), std::move(shape), type,

@@ -54,7 +54,8 @@ std::optional<model_spec> preset_spec(std::string_view name);
 
 /// Checks a spec before any work: sizes nonzero and bounded, dim % heads == 0,
 /// heads % kv_heads == 0, even head_dim, quantized types need dim and ff_dim
-/// divisible by 32 (256 for K-quants and the *_K_M mixes), vocab >= 260 (the byte-level tokenizer) unless the spec
+/// divisible by 32 (K-quant tensors with other row lengths fall back per
+/// tensor as llama.cpp does; see weight_type_for), vocab >= 260 (the byte-level tokenizer) unless the spec
 /// carries its own vocabulary, which must be valid and `vocab_size` long.
 expected<void> validate(const model_spec& spec);
 

@@ -50,6 +50,9 @@ std::uint32_t llama_file_type(const weight_format& f) noexcept {
     case tensor_type::f32: return 0;
     case tensor_type::f16: return 1;
     case tensor_type::q4_0: return 2;
+    case tensor_type::q4_1: return 3;
+    case tensor_type::q5_0: return 8;
+    case tensor_type::q5_1: return 9;
     case tensor_type::q8_0: return 7;
     case tensor_type::q4_K: return 14;
     case tensor_type::q5_K: return 16;
@@ -63,16 +66,38 @@ bool use_more_bits(int i_layer, int n_layers) noexcept {
   return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8) % 3 == 2;
 }
 
-tensor_type weight_type_for(const weight_format& f, std::string_view name, bool tied_embeddings,
-                            std::uint32_t n_layers) noexcept {
+namespace {
+
+tensor_type mixed_type(const weight_format& f, std::string_view name, bool tied_embeddings,
+                       std::uint32_t n_layers, std::uint64_t cols) noexcept {
   if (f.mix == quant_mix::uniform) return f.base;
-  if (name == "output.weight" || (tied_embeddings && name == "token_embd.weight")) return tensor_type::q6_K;
+  if (name == "output.weight" || (tied_embeddings && name == "token_embd.weight")) {
+    return cols % block_elems(f.base) == 0 ? tensor_type::q6_K : tensor_type::q8_0;
+  }
   const std::optional<int> layer = layer_of(name);
   if (layer && (ends_with_role(name, ".attn_v.weight") || ends_with_role(name, ".ffn_down.weight")) &&
       use_more_bits(*layer, static_cast<int>(n_layers))) {
     return tensor_type::q6_K;
   }
   return f.base;
+}
+
+tensor_type fallback(tensor_type t, std::uint64_t cols) noexcept {
+  if (cols % block_elems(t) == 0) return t;
+  switch (t) {
+    case tensor_type::q4_K: t = tensor_type::q5_0; break;
+    case tensor_type::q5_K: t = tensor_type::q5_1; break;
+    case tensor_type::q6_K: t = tensor_type::q8_0; break;
+    default: break;
+  }
+  return cols % block_elems(t) == 0 ? t : tensor_type::f16;
+}
+
+}  // namespace
+
+tensor_type weight_type_for(const weight_format& f, std::string_view name, bool tied_embeddings,
+                            std::uint32_t n_layers, std::uint64_t cols) noexcept {
+  return fallback(mixed_type(f, name, tied_embeddings, n_layers, cols), cols);
 }
 
 }  // namespace exa::model

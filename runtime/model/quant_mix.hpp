@@ -36,16 +36,22 @@ std::string to_string(const weight_format& f);
 /// q5_K: Q5_K_S = 16, q6_K: Q6_K = 18); the field is informational.
 std::uint32_t llama_file_type(const weight_format& f) noexcept;
 
-/// The type of 2-D weight `name` in a file of `n_layers` blocks.
+/// The type of 2-D weight `name`, with rows of `cols` elements, in a file of
+/// `n_layers` blocks.
 ///
 /// For k_m, llama.cpp's llama_tensor_get_type (src/llama-quant.cpp) for the
 /// llama architecture without an importance matrix: output.weight (or
-/// token_embd.weight when the embeddings are tied) is q6_K; attn_v and
-/// ffn_down of the layers use_more_bits() picks (the first and last eighth,
-/// and every third layer between) are q6_K; every other 2-D weight has the
-/// base type. Uniform formats give the base type to every 2-D weight.
+/// token_embd.weight when the embeddings are tied) is q6_K (q8_0 when its
+/// rows are not whole 256-element super-blocks); attn_v and ffn_down of the
+/// layers use_more_bits() picks (the first and last eighth, and every third
+/// layer between) are q6_K; every other 2-D weight has the base type.
+/// Uniform formats give the base type to every 2-D weight.
+///
+/// Then, for every format, llama.cpp's tensor_type_fallback: a K-quant whose
+/// rows are not whole super-blocks becomes q5_0 (from q4_K), q5_1 (q5_K) or
+/// q8_0 (q6_K), and f16 if the rows are not whole 32-element blocks either.
 tensor_type weight_type_for(const weight_format& f, std::string_view name, bool tied_embeddings,
-                            std::uint32_t n_layers) noexcept;
+                            std::uint32_t n_layers, std::uint64_t cols) noexcept;
 
 /// llama.cpp's use_more_bits(i_layer, n_layers).
 bool use_more_bits(int i_layer, int n_layers) noexcept;

@@ -8,6 +8,7 @@
 #include "common/assert.hpp"
 #include "model/half.hpp"
 #include "model/kquants.hpp"
+#include "model/legacy_quants.hpp"
 
 namespace exa::model {
 
@@ -135,6 +136,9 @@ void convert_row(std::span<const float> x, tensor_type type, std::byte* out) noe
         std::memcpy(out + b * sizeof blk, &blk, sizeof blk);
       }
       return;
+    case tensor_type::q4_1: return quantize_blocks<block_q4_1, legacy_block_elems>(x, out, quantize_row_q4_1);
+    case tensor_type::q5_0: return quantize_blocks<block_q5_0, legacy_block_elems>(x, out, quantize_row_q5_0);
+    case tensor_type::q5_1: return quantize_blocks<block_q5_1, legacy_block_elems>(x, out, quantize_row_q5_1);
     case tensor_type::q4_K: return quantize_blocks<block_q4_K, qk_k>(x, out, quantize_row_q4_K);
     case tensor_type::q5_K: return quantize_blocks<block_q5_K, qk_k>(x, out, quantize_row_q5_K);
     case tensor_type::q6_K: return quantize_blocks<block_q6_K, qk_k>(x, out, quantize_row_q6_K);
@@ -172,6 +176,9 @@ void dequantize_row(tensor_type type, const std::byte* in, std::span<float> y) n
         dequantize_row_q4_0(&blk, y.data() + b * q4_0_block_elems, q4_0_block_elems);
       }
       return;
+    case tensor_type::q4_1: return dequantize_blocks<block_q4_1, legacy_block_elems>(in, y, dequantize_row_q4_1);
+    case tensor_type::q5_0: return dequantize_blocks<block_q5_0, legacy_block_elems>(in, y, dequantize_row_q5_0);
+    case tensor_type::q5_1: return dequantize_blocks<block_q5_1, legacy_block_elems>(in, y, dequantize_row_q5_1);
     case tensor_type::q4_K: return dequantize_blocks<block_q4_K, qk_k>(in, y, dequantize_row_q4_K);
     case tensor_type::q5_K: return dequantize_blocks<block_q5_K, qk_k>(in, y, dequantize_row_q5_K);
     case tensor_type::q6_K: return dequantize_blocks<block_q6_K, qk_k>(in, y, dequantize_row_q6_K);

@@ -52,9 +52,10 @@ constexpr std::array<ggml_type_traits, type_id_count> make_type_table() {
 
 constexpr auto type_table = make_type_table();
 
-constexpr std::array<tensor_type, 8> runnable_types = {
+constexpr std::array<tensor_type, 11> runnable_types = {
     tensor_type::f32,  tensor_type::f16,  tensor_type::bf16, tensor_type::q8_0,
-    tensor_type::q4_0, tensor_type::q4_K, tensor_type::q5_K, tensor_type::q6_K};
+    tensor_type::q4_0, tensor_type::q4_1, tensor_type::q5_0, tensor_type::q5_1,
+    tensor_type::q4_K, tensor_type::q5_K, tensor_type::q6_K};
 
 char ascii_lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
 

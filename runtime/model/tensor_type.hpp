@@ -13,6 +13,9 @@ enum class tensor_type : std::uint32_t {
   f32 = 0,
   f16 = 1,
   q4_0 = 2,
+  q4_1 = 3,
+  q5_0 = 6,
+  q5_1 = 7,
   q8_0 = 8,
   q4_K = 12,
   q5_K = 13,
@@ -54,16 +57,19 @@ const ggml_type_traits* ggml_type_info(std::uint32_t id) noexcept;
 /// Maps a raw id from a file to a type we can run; nullopt for any other id.
 std::optional<tensor_type> tensor_type_from_id(std::uint32_t id) noexcept;
 
-/// ggml's names: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K".
+/// ggml's names: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+/// "q4_K", "q5_K", "q6_K".
 std::string_view to_string(tensor_type t) noexcept;
 
 /// Parses the names above (case-insensitive); nullopt for anything else.
 std::optional<tensor_type> tensor_type_from_string(std::string_view s) noexcept;
 
-/// Elements per block: 1 for float types, 32 for q8_0/q4_0, 256 for K-quants.
+/// Elements per block: 1 for float types, 32 for q8_0/q4_0/q4_1/q5_0/q5_1,
+/// 256 for K-quants.
 std::size_t block_elems(tensor_type t) noexcept;
 
-/// Bytes per block: 4, 2, 2, 34, 18, 144, 176, 210.
+/// Bytes per block: f32 4, f16/bf16 2, q8_0 34, q4_0 18, q4_1 20, q5_0 22,
+/// q5_1 24, q4_K 144, q5_K 176, q6_K 210.
 std::size_t block_bytes(tensor_type t) noexcept;
 
 /// Bytes of a row of `n` elements; requires n % block_elems(t) == 0.

@@ -89,7 +89,8 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("logits are bitwise batch- and chunk-invariant", "[engine][invariance]") {
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
-                             model::tensor_type::q4_0, model::tensor_type::q4_K);
+                             model::tensor_type::q4_0, model::tensor_type::q4_K, model::tensor_type::q5_0,
+                             model::tensor_type::q5_1);
   CAPTURE(model::to_string(type));
   auto spec = spec_for(type);
   spec.n_layers = 2;
@@ -133,7 +134,8 @@ TEST_CASE("logits are bitwise batch- and chunk-invariant", "[engine][invariance]
 
 TEST_CASE("matmul output does not depend on batch size, tile or row split", "[engine][invariance]") {
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::bf16, model::tensor_type::q8_0,
-                             model::tensor_type::q4_0, model::tensor_type::q4_K, model::tensor_type::q6_K);
+                             model::tensor_type::q4_0, model::tensor_type::q4_K, model::tensor_type::q6_K,
+                             model::tensor_type::q4_1, model::tensor_type::q5_0, model::tensor_type::q5_1);
   auto spec = spec_for(type);
   spec.mix = model::quant_mix::uniform;
   auto m = test::make_model(spec);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/kquant_dot.hpp"
+#include "engine/legacy_dot.hpp"
 #include "engine/matmul.hpp"
 #include "fixtures.hpp"
 #include "model/half.hpp"
@@ -239,5 +240,135 @@ TEST_CASE("K-quant matmul is the per-row dot product whatever the batch or row s
     std::vector<float> one(rows);
     engine::matmul(w, x.data() + 6 * k, k, 1, one.data(), rows, pool, acts);
     CHECK(std::memcmp(one.data(), all.data() + 6 * rows, rows * sizeof(float)) == 0);
+  }
+}
+
+// ------------------------------------------------------------ Q4_1/Q5_0/Q5_1
+
+namespace {
+
+constexpr tensor_type legacy_types[] = {tensor_type::q4_1, tensor_type::q5_0, tensor_type::q5_1};
+
+// Activations as the kernel takes them: Q8_0 blocks for Q5_0, Q8_1 for the
+// others, as raw bytes; `xf` receives their dequantized values d·q and `sx`
+// each block's s (Q8_1 only).
+std::vector<std::byte> legacy_acts(tensor_type t, const std::vector<float>& a, std::vector<float>& xf,
+                                   std::vector<float>& sx) {
+  const std::size_t nb = a.size() / 32;
+  xf.assign(a.size(), 0.0f);
+  sx.assign(nb, 0.0f);
+  if (!engine::legacy::needs_q8_1(t)) {
+    std::vector<model::block_q8_0> q(nb);
+    model::quantize_row_q8_0(a.data(), q.data(), a.size());
+    model::dequantize_row_q8_0(q.data(), xf.data(), a.size());
+    std::vector<std::byte> out(nb * sizeof(model::block_q8_0));
+    std::memcpy(out.data(), q.data(), out.size());
+    return out;
+  }
+  std::vector<model::block_q8_1> q(nb);
+  model::quantize_row_q8_1(a.data(), q.data(), a.size());
+  for (std::size_t b = 0; b < nb; ++b) {
+    sx[b] = model::f16_to_float(q[b].s);
+    for (int j = 0; j < 32; ++j) xf[32 * b + j] = model::f16_to_float(q[b].d) * q[b].qs[j];
+  }
+  std::vector<std::byte> out(nb * sizeof(model::block_q8_1));
+  std::memcpy(out.data(), q.data(), out.size());
+  return out;
+}
+
+// The block's min m (Q4_1/Q5_1; 0 for Q5_0), read from its header.
+float legacy_min(tensor_type t, const std::byte* block) {
+  if (t == tensor_type::q5_0) return 0.0f;
+  std::uint16_t m;
+  std::memcpy(&m, block + 2, 2);
+  return model::f16_to_float(m);
+}
+
+}  // namespace
+
+TEST_CASE("Q4_1/Q5_0/Q5_1 dot products: reference bound, paths bitwise equal, matmul", "[engine][kquant]") {
+  namespace lg = engine::legacy;
+  std::mt19937 rng(31);
+  constexpr double u = 0x1.0p-24;
+  for (tensor_type t : legacy_types) {
+    CAPTURE(model::to_string(t));
+    for (int trial = 0; trial < 40; ++trial) {
+      const std::size_t nb = 1 + trial % 17, n = nb * 32;
+      auto w = gaussian(n, rng, trial % 3 == 0 ? 1e-2f : 1.0f);
+      if (trial % 4 == 1) for (float& v : w) v = std::fabs(v) + 0.5f;  // one-sided: the min matters
+      const auto row = quantize(t, w);
+      std::vector<float> wf(n), xf, sx;
+      model::dequantize_row(t, row.data(), wf);
+      const auto x = legacy_acts(t, gaussian(n, rng, 2.0f), xf, sx);
+      // ggml's formula in double: Σ (w − m)·x + m·s per block (s, not d·Σq,
+      // carries the min term), and the rounding bound of the kernel's float
+      // steps per block.
+      double ref = 0, bound = 1e-30;
+      for (std::size_t b = 0; b < nb; ++b) {
+        const float m = legacy_min(t, row.data() + b * model::block_bytes(t));
+        double part = 0, mag = 0;
+        for (int j = 0; j < 32; ++j) {
+          part += (double(wf[32 * b + j]) - m) * xf[32 * b + j];
+          mag += std::fabs((double(wf[32 * b + j]) - m) * xf[32 * b + j]);
+        }
+        ref += part + double(m) * sx[b];
+        bound += 2 * u * (3 * mag + std::fabs(double(m) * sx[b]) + 2 * std::fabs(ref));
+      }
+      for (kq::path p : {kq::path::scalar, kq::path::avx2}) {
+        if (!kq::available(p)) continue;
+        float got = 0;
+        lg::dot_row_tokens(t, row.data(), x.data(), nb, 1, nb, p, &got, 1);
+        CAPTURE(trial, ref, got, bound);
+        CHECK(std::fabs(double(got) - ref) <= bound);
+      }
+    }
+    if (kq::available(kq::path::avx2)) {
+      for (int trial = 0; trial < 200; ++trial) {
+        // Random bytes reach every level and fifth bit; scales kept finite.
+        const std::size_t nb = 1 + trial % 7, tokens = 1 + trial % 11;
+        std::vector<std::byte> row(nb * model::block_bytes(t));
+        for (auto& b : row) b = static_cast<std::byte>(rng() & 0xff);
+        for (std::size_t b = 0; b < nb; ++b) {
+          const std::uint16_t d = model::float_to_f16(0.01f * float(rng() % 100) - 0.5f);
+          std::memcpy(row.data() + b * model::block_bytes(t), &d, 2);
+          if (t != tensor_type::q5_0) std::memcpy(row.data() + b * model::block_bytes(t) + 2, &d, 2);
+        }
+        std::vector<float> xf, sx;
+        const auto x = legacy_acts(t, gaussian(tokens * nb * 32, rng, 3.0f), xf, sx);
+        std::vector<float> s(tokens), v(tokens);
+        lg::dot_row_tokens(t, row.data(), x.data(), nb, tokens, nb, kq::path::scalar, s.data(), 1);
+        lg::dot_row_tokens(t, row.data(), x.data(), nb, tokens, nb, kq::path::avx2, v.data(), 1);
+        CAPTURE(trial);
+        REQUIRE(std::memcmp(s.data(), v.data(), tokens * sizeof(float)) == 0);
+      }
+    }
+    // Through matmul: each (row, token) equals the per-row kernel, whatever
+    // the row split.
+    const std::size_t k = 96, rows = 40, tokens = 10;
+    std::vector<std::byte> data;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const auto row = quantize(t, gaussian(k, rng, 0.1f));
+      data.insert(data.end(), row.begin(), row.end());
+    }
+    model::weight_view wv;
+    wv.type = t;
+    wv.rows = rows;
+    wv.cols = k;
+    wv.data = data.data();
+    const auto xs = gaussian(tokens * k, rng, 1.0f);
+    engine::activations acts;
+    acts.convert(t, xs.data(), k, tokens, k, nullptr);
+    std::vector<float> all(tokens * rows);
+    engine::matmul_rows(wv, acts, all.data(), rows, 0, 13);
+    engine::matmul_rows(wv, acts, all.data(), rows, 13, rows);
+    for (std::size_t tok = 0; tok < tokens; ++tok) {
+      std::vector<float> xf, sx;
+      const auto x = legacy_acts(t, std::vector<float>(xs.begin() + tok * k, xs.begin() + (tok + 1) * k), xf, sx);
+      for (std::size_t r = 0; r < rows; ++r) {
+        float expect = 0;
+        lg::dot_row_tokens(t, wv.row(r), x.data(), k / 32, 1, k / 32, kq::best_path(), &expect, 1);
+        REQUIRE(std::memcmp(&expect, &all[tok * rows + r], sizeof expect) == 0);
+      }
+    }
   }
 }

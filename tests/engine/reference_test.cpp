@@ -60,6 +60,10 @@ std::vector<shape_case> cases() {
       {"GQA q4_0", shape("q4", 2, 64, 4, 2, 192, 260, tensor_type::q4_0), 2e-3},
       {"GQA q4_k_m (q4_K + q6_K)", k_m(shape("q4km", 2, 256, 4, 2, 512, 260, tensor_type::q4_K)), 2e-3},
       {"GQA q5_k_m tied", k_m(shape("q5km", 2, 256, 8, 2, 256, 270, tensor_type::q5_K, true)), 2e-3},
+      // Rows of 64/192: llama.cpp's fallbacks q5_0 and q8_0 (q4_k_m), q5_1 (q5_k_m).
+      {"GQA q4_k_m fallback", k_m(shape("q4kmf", 2, 64, 4, 2, 192, 260, tensor_type::q4_K)), 2e-3},
+      {"GQA q5_k_m fallback", k_m(shape("q5kmf", 2, 64, 4, 2, 192, 260, tensor_type::q5_K)), 2e-3},
+      {"GQA q4_1", shape("q41", 2, 64, 4, 2, 192, 260, tensor_type::q4_1), 2e-3},
   };
 }
 

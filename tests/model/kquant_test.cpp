@@ -12,6 +12,7 @@
 #include "model/gguf.hpp"
 #include "model/half.hpp"
 #include "model/kquants.hpp"
+#include "model/legacy_quants.hpp"
 #include "model/model_gen.hpp"
 #include "model/quant_mix.hpp"
 #include "model/quantize.hpp"
@@ -202,20 +203,20 @@ TEST_CASE("the *_K_M mix follows llama.cpp's use_more_bits rule", "[model][kquan
   CHECK(picked == std::vector<int>{0, 1, 4, 7, 10, 13, 14, 15});
 
   const weight_format m{tensor_type::q4_K, quant_mix::k_m};
-  CHECK(weight_type_for(m, "output.weight", false, 16) == tensor_type::q6_K);
-  CHECK(weight_type_for(m, "token_embd.weight", false, 16) == tensor_type::q4_K);
-  CHECK(weight_type_for(m, "token_embd.weight", true, 16) == tensor_type::q6_K);
-  CHECK(weight_type_for(m, "blk.4.attn_v.weight", false, 16) == tensor_type::q6_K);
-  CHECK(weight_type_for(m, "blk.5.attn_v.weight", false, 16) == tensor_type::q4_K);
-  CHECK(weight_type_for(m, "blk.15.ffn_down.weight", false, 16) == tensor_type::q6_K);
-  CHECK(weight_type_for(m, "blk.12.ffn_down.weight", false, 16) == tensor_type::q4_K);
-  CHECK(weight_type_for(m, "blk.0.attn_q.weight", false, 16) == tensor_type::q4_K);
-  CHECK(weight_type_for(m, "blk.0.ffn_up.weight", false, 16) == tensor_type::q4_K);
+  CHECK(weight_type_for(m, "output.weight", false, 16, 768) == tensor_type::q6_K);
+  CHECK(weight_type_for(m, "token_embd.weight", false, 16, 768) == tensor_type::q4_K);
+  CHECK(weight_type_for(m, "token_embd.weight", true, 16, 768) == tensor_type::q6_K);
+  CHECK(weight_type_for(m, "blk.4.attn_v.weight", false, 16, 768) == tensor_type::q6_K);
+  CHECK(weight_type_for(m, "blk.5.attn_v.weight", false, 16, 768) == tensor_type::q4_K);
+  CHECK(weight_type_for(m, "blk.15.ffn_down.weight", false, 16, 768) == tensor_type::q6_K);
+  CHECK(weight_type_for(m, "blk.12.ffn_down.weight", false, 16, 768) == tensor_type::q4_K);
+  CHECK(weight_type_for(m, "blk.0.attn_q.weight", false, 16, 768) == tensor_type::q4_K);
+  CHECK(weight_type_for(m, "blk.0.ffn_up.weight", false, 16, 768) == tensor_type::q4_K);
   const weight_format m5{tensor_type::q5_K, quant_mix::k_m};
-  CHECK(weight_type_for(m5, "blk.0.attn_k.weight", false, 16) == tensor_type::q5_K);
-  CHECK(weight_type_for(m5, "blk.0.attn_v.weight", false, 16) == tensor_type::q6_K);
+  CHECK(weight_type_for(m5, "blk.0.attn_k.weight", false, 16, 768) == tensor_type::q5_K);
+  CHECK(weight_type_for(m5, "blk.0.attn_v.weight", false, 16, 768) == tensor_type::q6_K);
   const weight_format u{tensor_type::q6_K, quant_mix::uniform};
-  CHECK(weight_type_for(u, "blk.5.attn_q.weight", false, 16) == tensor_type::q6_K);
+  CHECK(weight_type_for(u, "blk.5.attn_q.weight", false, 16, 768) == tensor_type::q6_K);
 }
 
 TEST_CASE("a generated q4_k_m file has the mix and reads back within error", "[model][kquant]") {
@@ -270,19 +271,80 @@ TEST_CASE("a generated q4_k_m file has the mix and reads back within error", "[m
   }
 }
 
-TEST_CASE("K-quant specs need rows of whole super-blocks", "[model][kquant]") {
-  model_spec s = *preset_spec("tiny");  // dim 64
+TEST_CASE("K-quant rows that are not whole super-blocks fall back as in llama.cpp", "[model][kquant]") {
+  // llama.cpp's tensor_type_fallback: q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0,
+  // f16 when rows are not whole 32-element blocks either; an output tensor
+  // with such rows is q8_0 directly.
+  const weight_format m4{tensor_type::q4_K, quant_mix::k_m};
+  const weight_format m5{tensor_type::q5_K, quant_mix::k_m};
+  CHECK(weight_type_for(m4, "blk.1.attn_q.weight", false, 2, 64) == tensor_type::q5_0);
+  CHECK(weight_type_for(m5, "blk.1.attn_q.weight", false, 2, 64) == tensor_type::q5_1);
+  // With 2 layers use_more_bits picks layer 1 only (1 >= 7·2/8).
+  CHECK(weight_type_for(m4, "blk.1.attn_v.weight", false, 2, 64) == tensor_type::q8_0);  // q6_K's fallback
+  CHECK(weight_type_for(m4, "blk.0.attn_v.weight", false, 2, 64) == tensor_type::q5_0);
+  CHECK(weight_type_for(m4, "output.weight", false, 2, 896) == tensor_type::q8_0);
+  CHECK(weight_type_for(m4, "blk.1.ffn_down.weight", false, 2, 4864) == tensor_type::q6_K);  // 19 · 256
+  CHECK(weight_type_for(m4, "blk.1.ffn_up.weight", false, 2, 48) == tensor_type::f16);
+  CHECK(weight_type_for({tensor_type::q6_K, quant_mix::uniform}, "blk.1.ffn_up.weight", false, 2, 96) ==
+        tensor_type::q8_0);
+
+  model_spec s = *preset_spec("tiny");  // dim 64, ff 192
   s.type = tensor_type::q4_K;
   s.mix = quant_mix::k_m;
+  CHECK(validate(s));
+  std::filesystem::create_directories(EXA_TEST_TMPDIR);
+  const std::string path = std::string(EXA_TEST_TMPDIR) + "/kq_tiny_q4_k_m.gguf";
+  REQUIRE(generate_model(s, path));
+  auto f = gguf_file::open(path);
+  REQUIRE(f);
+  CHECK(f->find_tensor("blk.1.attn_q.weight")->type_id == 6u);    // q5_0
+  CHECK(f->find_tensor("blk.1.ffn_down.weight")->type_id == 8u);  // q6_K -> q8_0
+  CHECK(f->find_tensor("blk.0.ffn_down.weight")->type_id == 6u);
+  CHECK(f->find_tensor("output.weight")->type_id == 8u);
+
+  s.type = tensor_type::q8_0;  // a mix needs a K-quant base
   auto r = validate(s);
   REQUIRE_FALSE(r);
   CHECK(r.error().code == errc::invalid_argument);
-  CHECK_THAT(r.error().message, Contains("q4_k_m") && Contains("divisible by 256"));
-  s.type = tensor_type::q8_0;  // a mix needs a K-quant base
-  r = validate(s);
-  REQUIRE_FALSE(r);
   CHECK_THAT(r.error().message, Contains("q4_K or q5_K base"));
-  s = *preset_spec("small");  // dim 768, ff 2048
-  s.type = tensor_type::q6_K;
-  CHECK(validate(s));
+}
+
+TEST_CASE("Q4_1, Q5_0 and Q5_1 follow ggml's layouts and bound the error", "[model][kquant]") {
+  // Ramp blocks make every level appear, so each nibble and fifth bit is
+  // checked against ggml's formulas written out independently here.
+  std::vector<float> x(64);
+  for (int i = 0; i < 64; ++i) x[i] = (i < 32 ? 0.1f : -0.3f) * float(i % 32) + (i < 32 ? -1.0f : 2.0f);
+  block_q5_0 b5[2];
+  quantize_row_q5_0(x.data(), b5, 64);
+  for (int b = 0; b < 2; ++b) {
+    std::uint32_t qh;
+    std::memcpy(&qh, b5[b].qh, 4);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (b5[b].qs[j] & 15) | (((qh >> j) & 1) << 4);
+      const int hi = (b5[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      const float d = f16_to_float(b5[b].d);
+      CHECK(std::fabs(d * float(lo - 16) - x[32 * b + j]) <= 0.5f * std::fabs(d) + 1e-6f);
+      CHECK(std::fabs(d * float(hi - 16) - x[32 * b + 16 + j]) <= 0.5f * std::fabs(d) + 1e-6f);
+    }
+  }
+  block_q4_1 b4[2];
+  quantize_row_q4_1(x.data(), b4, 64);
+  CHECK(f16_to_float(b4[0].m) == Approx(-1.0f).epsilon(1e-3));
+  CHECK((b4[0].qs[0] & 15) == 0);   // the minimum is level 0
+  CHECK((b4[0].qs[15] >> 4) == 15);  // the maximum is level 15
+  block_q8_1 a[2];
+  quantize_row_q8_1(x.data(), a, 64);
+  int sum = 0;
+  for (int j = 0; j < 32; ++j) sum += a[0].qs[j];
+  CHECK(f16_to_float(a[0].s) == Approx(sum * (2.1f / 127.0f)).epsilon(2e-3));
+
+  const auto g = gaussian(32 * 512, 21);
+  const double e41 = relative_rms_error(tensor_type::q4_1, g);
+  const double e50 = relative_rms_error(tensor_type::q5_0, g);
+  const double e51 = relative_rms_error(tensor_type::q5_1, g);
+  // Measured on Gaussian data: q4_1 ~0.11, q5_0 ~0.046, q5_1 ~0.053.
+  CHECK(e41 < 0.13);
+  CHECK(e50 < 0.06);
+  CHECK(e51 < 0.065);
+  CHECK(e50 < 0.6 * relative_rms_error(tensor_type::q4_0, g));
 }

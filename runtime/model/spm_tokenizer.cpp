@@ -65,7 +65,7 @@ class session {
     }
     if (symbols_.empty()) return {};
     for (int i = 0; i != -1; i = symbols_[static_cast<std::size_t>(i)].next) {
-      if (auto r = resegment(i, out, unk, 0); !r) return r;
+      if (auto r = emit(i, out, unk); !r) return r;
     }
     return {};
   }
@@ -94,37 +94,32 @@ class session {
     if (!id) return;
     const auto idx = static_cast<std::size_t>(*id);
     queue_.push({left, right, idx < scores_.size() ? scores_[idx] : 0.0f, joined.size()});
-    // The latest pair recorded for a text wins, as in llama.cpp.
-    rev_merge_.insert_or_assign(std::string(joined), std::pair{left, right});
   }
 
-  expected<void> resegment(int index, std::vector<token_id>& out, std::optional<token_id> unk, int depth) {
-    const symbol& s = symbols_[static_cast<std::size_t>(index)];
-    const std::string_view text = text_of(s);
+  // llama.cpp also records, for every queued pair, how to split its text
+  // again, and splits a final symbol whose text is not a token along it. That
+  // never happens: a merged symbol's text is a token (pairs are queued only
+  // then), and an unmerged one is a single character, which no pair's text
+  // equals (a pair starting with the same lead byte is longer). So a final
+  // symbol is its token or, being one character, its bytes.
+  expected<void> emit(int index, std::vector<token_id>& out, std::optional<token_id> unk) const {
+    const std::string_view text = text_of(symbols_[static_cast<std::size_t>(index)]);
     if (auto id = tok_.find(text)) {
       out.push_back(*id);
       return {};
     }
-    const auto p = rev_merge_.find(std::string(text));
-    // A recorded merge always splits into shorter symbols, so depth is bounded
-    // by the text length; the explicit bound documents it.
-    if (p == rev_merge_.end() || depth > static_cast<int>(text_.size())) {
-      for (char c : text) {
-        if (auto b = tok_.byte_token(static_cast<unsigned char>(c))) {
-          out.push_back(*b);
-        } else if (unk) {
-          out.push_back(*unk);
-        } else {
-          return make_error(errc::invalid_argument,
-                            fmt::format("byte 0x{:02X} has no token and the vocabulary has no unknown token",
-                                        static_cast<unsigned char>(c)));
-        }
+    for (char c : text) {
+      if (auto b = tok_.byte_token(static_cast<unsigned char>(c))) {
+        out.push_back(*b);
+      } else if (unk) {
+        out.push_back(*unk);
+      } else {
+        return make_error(errc::invalid_argument,
+                          fmt::format("byte 0x{:02X} has no token and the vocabulary has no unknown token",
+                                      static_cast<unsigned char>(c)));
       }
-      return {};
     }
-    const auto [l, r] = p->second;
-    if (auto res = resegment(l, out, unk, depth + 1); !res) return res;
-    return resegment(r, out, unk, depth + 1);
+    return {};
   }
 
   const spm_tokenizer& tok_;
@@ -132,7 +127,6 @@ class session {
   std::string_view text_;
   std::vector<symbol> symbols_;
   std::priority_queue<bigram, std::vector<bigram>, bigram_less> queue_;
-  std::unordered_map<std::string, std::pair<int, int>> rev_merge_;
 };
 
 }  // namespace

@@ -8,9 +8,8 @@
 //      ordered by that token's score (higher first; leftmost on ties);
 //   3. the best pair is merged, stale queue entries are skipped, and the
 //      merged symbol's new neighbours are queued, until the queue is empty;
-//   4. each final symbol is its token if its text is one; otherwise it is
-//      split back along the merge recorded for its text, and a single
-//      character that is no token becomes one token per byte: `<0xHH>`, or
+//   4. each final symbol is its token if its text is one; otherwise (a
+//      single character that is no token) one token per byte: `<0xHH>`, or
 //      the byte's own one-byte token.
 // llama.cpp throws when a byte has neither token; we emit the unknown token
 // instead, and report an error only when the vocabulary has none.

@@ -10,6 +10,9 @@
 //       margins[i] = top1 - top2 raw logit at step i (llama.cpp's own logits), to
 //       judge near-ties; top holds the two best ids and their logits.
 //   node ref.mjs info MODEL                                           -> bos/eos/eot, vocab type
+//   node ref.mjs tokenize-speed MODEL --text-file F [--repeat N]      -> {"bytes","tokens","seconds","mb_per_s"}
+//       tokenizes the file's text N times (default 5; plain, no specials) and reports
+//       the throughput, to compare with `exaserve tokenize --text-file F --repeat N`.
 //
 // Input on stdin is a JSON array; output on stdout is JSON. Nothing is downloaded.
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
@@ -30,7 +33,7 @@ const option = (name, fallback) => {
 };
 
 const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error });
-const vocabOnly = cmd === "tokenize" || cmd === "detokenize" || cmd === "info";
+const vocabOnly = cmd === "tokenize" || cmd === "detokenize" || cmd === "info" || cmd === "tokenize-speed";
 const model = await llama.loadModel({ modelPath, gpuLayers: 0, vocabOnly });
 
 if (cmd === "tokenize") {
@@ -44,6 +47,15 @@ if (cmd === "tokenize") {
 } else if (cmd === "detokenize") {
   const lists = JSON.parse(readFileSync(0, "utf8"));
   process.stdout.write(JSON.stringify(lists.map((ids) => model.detokenize(ids, flag("--special")))));
+} else if (cmd === "tokenize-speed") {
+  const text = readFileSync(option("--text-file", "") || usage("--text-file is required"), "utf8");
+  const repeat = Number(option("--repeat", "5"));
+  let n = 0;
+  const t0 = process.hrtime.bigint();
+  for (let i = 0; i < repeat; i++) n = model.tokenize(text, false).length;
+  const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+  const bytes = Buffer.byteLength(text, "utf8");
+  process.stdout.write(JSON.stringify({ bytes, tokens: n, seconds, mb_per_s: (bytes * repeat) / 1e6 / seconds }) + "\n");
 } else if (cmd === "info") {
   process.stdout.write(JSON.stringify({
     bos: model.tokens.bos ?? null, eos: model.tokens.eos ?? null, eot: model.tokens.eot ?? null,

@@ -205,9 +205,12 @@ for (const [type, t] of Object.entries(perType)) {
 }
 if (summaryFile) writeFileSync(summaryFile, lines.join("\n") + "\n");
 if (fixtureFile) {
-  writeFileSync(fixtureFile, JSON.stringify({
+  // One run per line: diffs of a regenerated fixture stay readable.
+  const head = {
     source: "llama.cpp bundled with node-llama-cpp 3.22.1 (release tag v0.5.0, prebuilt CPU, flash attention auto), " +
             `--threads ${threads}; written by scripts/crosscheck_llamacpp.mjs`,
-    gen_model_shape: shape, seed: 7, steps, tie: TIE, runs: fixture }, null, 1) + "\n");
+    gen_model_shape: shape, seed: 7, steps, tie: TIE };
+  const body = Object.entries(head).map(([k, v]) => ` ${JSON.stringify(k)}: ${JSON.stringify(v)},`).join("\n");
+  writeFileSync(fixtureFile, `{\n${body}\n "runs": [\n${fixture.map((r) => "  " + JSON.stringify(r)).join(",\n")}\n ]\n}\n`);
 }
 process.exit(failures ? 1 : 0);

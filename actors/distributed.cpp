@@ -511,6 +511,7 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   rc.admission.queued_global_max = o.queued_global_max;
   rc.request_deadline_ms = o.request_deadline_ms;
   rc.max_attempts = o.max_attempts;
+  rc.chat_template = o.chat_template;
   rc.hooks.log = o.event_log;
   // 24 random bits per gateway above a 40-bit counter: gateways that share
   // replicas do not reuse each other's request numbers.

@@ -148,6 +148,7 @@ struct gateway_options {
   std::string default_routing = "least_outstanding";
   std::shared_ptr<cluster::event_log> event_log;  // --event-log: what the router detects
   std::string region;  // "" = none: replicas of this region first, others when those are saturated or down
+  std::string chat_template;  // router_config::chat_template ("": each file's own)
 };
 
 class gateway_process {

@@ -63,6 +63,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.router.max_attempts = o.max_attempts;
   plan.router.hooks = hooks;
   plan.router.request_deadline_ms = o.request_deadline_ms;
+  plan.router.chat_template = o.chat_template;
   plan.router.admission.queued_per_model_max = o.queued_per_model_max;
   plan.router.admission.queued_global_max = o.queued_global_max;
   plan.router.admission.in_flight_per_replica_max = o.in_flight_per_replica_max;

@@ -87,6 +87,7 @@ struct cluster_options {
   std::uint32_t queued_per_model_max = 1024;
   std::uint32_t queued_global_max = 4096;
   std::uint32_t in_flight_per_replica_max = 64;
+  std::string chat_template;  // router_config::chat_template ("": each file's own)
   /// Requests waiting for full replicas are served in fair order across
   /// tenants (fair_queue.hpp); false: first come, first served.
   bool fair_across_tenants = true;

@@ -378,12 +378,41 @@ void find_router(self_ptr self) {
 // file's <|im_end|>-like ones), so a Llama 3 chat stops at <|eot_id|>.
 std::vector<model::token_id> end_of_generation_tokens(const model::tokenizer& tok) { return tok.eog_ids(); }
 
+// A conversation rendered with the deployment's chat template and tokenized
+// the way llama.cpp's server does (common/chat.cpp): a leading bos_token text
+// is dropped when the tokenizer adds BOS itself (so there is one BOS, not
+// two), then the text is tokenized adding the file's BOS/EOS and parsing
+// special tokens, since the template writes them as text. A template that
+// raises is the client's to fix: its message comes back as a 400.
+expected<std::vector<model::token_id>> chat_prompt_ids(const request_context& ctx, std::int64_t now_unix_s) {
+  const auto& r = ctx.request;
+  if (!ctx.chat)
+    return make_error(errc::unsupported, "model '" + r.model + "' cannot render chat messages: " + ctx.chat_error);
+  jinja::list messages;
+  messages.reserve(r.messages->size());
+  for (const auto& msg : *r.messages) messages.push_back(jinja::make_message(msg.role, msg.content));
+  jinja::chat_inputs in;
+  in.messages = jinja::value(std::move(messages));
+  in.add_generation_prompt = r.add_generation_prompt;
+  auto text = ctx.chat->render(in, now_unix_s);
+  if (!text) return std::unexpected(text.error());
+  const auto& tok = ctx.model->tokenizer();
+  const std::string prompt = jinja::strip_special_affixes(std::move(*text), ctx.chat->bos_token(), tok.add_bos(),
+                                                          ctx.chat->eos_token(), tok.add_eos());
+  return tok.encode(prompt, /*add_special=*/true, /*parse_special=*/true);
+}
+
 // Validates and tokenizes; an error here is the client's to fix.
-expected<void> prepare(request_actor_state& st) {
+// `now_unix_s` is the wall clock, for templates that print today's date.
+expected<void> prepare(request_actor_state& st, std::int64_t now_unix_s) {
   const auto& r = st.ctx.request;
   const model::llama_model* m = st.ctx.model.get();
   if (r.prompt_ids) {
     st.prompt = *r.prompt_ids;
+  } else if (r.messages && m) {
+    auto ids = chat_prompt_ids(st.ctx, now_unix_s);
+    if (!ids) return std::unexpected(ids.error());
+    st.prompt = std::move(*ids);
   } else if (m) {
     auto ids = m->tokenizer().encode(r.prompt_text.value_or(""), true);
     if (!ids) return std::unexpected(ids.error());
@@ -430,7 +459,8 @@ caf::behavior request_actor(caf::stateful_actor<request_actor_state>* self, requ
       self->send(self, router_atom::value);
     }
   });
-  if (auto ok = prepare(st); !ok) {
+  if (auto ok = prepare(st, std::chrono::duration_cast<std::chrono::seconds>(
+                                std::chrono::system_clock::now().time_since_epoch()).count()); !ok) {
     finish(self, api::finish_reason::error, ok.error());
     return {};
   }

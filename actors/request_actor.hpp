@@ -22,6 +22,7 @@
 #include "cluster/token_sequencer.hpp"
 #include "api/gateway.hpp"
 #include "model/utf8.hpp"
+#include "template/chat_template.hpp"
 
 namespace exa::actors {
 
@@ -32,6 +33,10 @@ struct request_context {
   api::generate_request request;
   std::shared_ptr<api::stream_sink> sink;
   std::shared_ptr<const model::llama_model> model;  // tokenizer; null for simulated models
+  /// The deployment's chat template (compiled once by the router); null when
+  /// it has none usable, with chat_error saying why.
+  std::shared_ptr<const jinja::chat_renderer> chat;
+  std::string chat_error;
   std::uint32_t vocab_size = 0;
   std::uint32_t context_length = 0;
   caf::actor router;

@@ -18,6 +18,7 @@
 #include "cluster/model_ref.hpp"
 #include "cluster/rollout.hpp"
 #include "model/llama_model.hpp"
+#include "template/model_chat.hpp"
 
 namespace exa::actors {
 namespace {
@@ -71,6 +72,29 @@ std::shared_ptr<const model::llama_model> open_tokenizer(const deployment_announ
     return nullptr;
   }
   return *model;
+}
+
+// The deployment's chat template, compiled once per model file: the
+// gateway's --chat-template when given, else the file's own (ChatML when it
+// has none). A template that does not compile fails chat requests with its
+// error, not the deployment.
+void open_chat(router_state::deployment_entry& entry, const deployment_announce& d, const std::string& override_spec) {
+  entry.chat.reset();
+  entry.chat_error.clear();
+  auto ref = cluster::parse_model_ref(d.model_file);
+  if (!ref || ref->is_preset()) {
+    entry.chat_error = "it is simulated and has no tokenizer";
+    return;
+  }
+  auto r = jinja::chat_renderer_for_file(d.model_file, override_spec);
+  if (!r) {
+    entry.chat_error = r.error().message;
+    spdlog::error("event=router_chat_template_failed deployment={} model={} error=\"{}\"", d.name, d.model_file,
+                  to_string(r.error()));
+    return;
+  }
+  spdlog::info("event=router_chat_template deployment={} template=\"{}\"", d.name, r->origin());
+  entry.chat = std::make_shared<const jinja::chat_renderer>(std::move(*r));
 }
 
 using flush_samples_atom = caf::atom_constant<caf::atom("flushsmp")>;
@@ -288,6 +312,8 @@ void on_route(self_ptr self, const route_request& m) {
   rc.request = m.request;
   rc.sink = m.sink;
   rc.model = dep->second.model;
+  rc.chat = dep->second.chat;
+  rc.chat_error = dep->second.chat_error;
   rc.vocab_size = dep->second.info.vocab_size;
   rc.context_length = dep->second.info.context_length;
   rc.router = caf::actor_cast<caf::actor>(self);
@@ -629,7 +655,10 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       [=](const deployment_announce& d) {
         auto& s = self->state;
         auto& entry = s.deployments[d.name];
-        if (entry.info.model_file != d.model_file || !entry.model) entry.model = open_tokenizer(d);
+        if (entry.info.model_file != d.model_file || !entry.model) {
+          entry.model = open_tokenizer(d);
+          open_chat(entry, d, s.config.chat_template);
+        }
         entry.info = d;
         arm_load_report(self);
         if (auto ok = s.table->set_policy(d.name, d.routing); !ok)

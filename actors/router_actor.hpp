@@ -17,6 +17,7 @@
 #include <string>
 
 #include "actors/messages.hpp"
+#include "template/chat_template.hpp"
 #include "actors/chaos_hooks.hpp"
 #include "cluster/admission.hpp"
 #include "cluster/failure_detector.hpp"
@@ -32,6 +33,10 @@ struct router_config {
   cluster::admission_config admission;
   std::uint32_t request_deadline_ms = 120000;
   std::uint32_t max_attempts = 4;
+  /// --chat-template: a built-in template name or a template file used for
+  /// every deployment's chat requests instead of its file's own ("": the
+  /// file's, ChatML when the file has none).
+  std::string chat_template;
   /// Request numbers start above this: gateways sharing replicas each draw
   /// their own range, so two never submit the same number.
   std::uint64_t request_number_base = 0;
@@ -85,6 +90,8 @@ struct router_state {
   struct deployment_entry {
     deployment_announce info;
     std::shared_ptr<const model::llama_model> model;  // the tokenizer; null for simulated models
+    std::shared_ptr<const jinja::chat_renderer> chat;  // null: chat_error says why
+    std::string chat_error;
   };
   std::map<std::string, deployment_entry> deployments;
   struct request_entry {

@@ -16,6 +16,7 @@
 #include "status_door.hpp"
 #include "serve_config.hpp"
 #include "serving.hpp"
+#include "template/chat_template.hpp"
 
 namespace exa::app {
 namespace {
@@ -133,6 +134,7 @@ const std::vector<flag_spec> gateway_flags = with_common_flags({
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
     {"request-deadline-ms", true, "deadline of a request that names none (default 120000)"},
     {"region", true, "this gateway's region (default none): its replicas first, others when those are saturated or down"},
+    {"chat-template", true, "chat template for /v1/chat/completions instead of each model file's own: a built-in name (llama3, llama3.1, chatml, qwen2.5, mistral, mistral-v3, gemma, phi3, zephyr, smollm2) or a template file"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     keys_file_flag(),
     no_auth_flag(),
@@ -291,6 +293,8 @@ int cmd_gateway(int argc, char** argv) {
   o.request_deadline_ms = static_cast<std::uint32_t>(*deadline);
   o.region = a->get_or("region", "");
   if (auto ok = cluster::check_region(o.region); !ok) return fail("gateway", ok.error());
+  o.chat_template = a->get_or("chat-template", "");
+  if (auto ok = jinja::check_template_override(o.chat_template); !ok) return fail("gateway", ok.error());
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   o.event_log = *events;
   set_transport(*a, o);

@@ -18,6 +18,7 @@
 #include "frontdoor.hpp"
 #include "serve_config.hpp"
 #include "serving.hpp"
+#include "template/chat_template.hpp"
 
 namespace exa::app {
 namespace {
@@ -34,6 +35,7 @@ const std::vector<flag_spec> flags = [] {
     {"host", true, "address to bind (default 127.0.0.1)"},
     {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},
+    {"chat-template", true, "chat template for /v1/chat/completions instead of each model file's own: a built-in name (llama3, llama3.1, chatml, qwen2.5, mistral, mistral-v3, gemma, phi3, zephyr, smollm2) or a template file"},
     keys_file_flag(),
     no_auth_flag(),
     {"help", false, "show this help"},
@@ -71,6 +73,7 @@ int cmd_serve(int argc, char** argv) {
   }
   auto config = load_serve_config(*a);
   if (!config) return fail("serve", config.error());
+  if (auto ok = jinja::check_template_override(config->cluster.chat_template); !ok) return fail("serve", ok.error());
   auto keys = keys_from_flags(*a);
   if (!keys) return fail("serve", keys.error());
   config->server.keys = *keys;

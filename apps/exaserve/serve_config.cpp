@@ -82,6 +82,7 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"suspect_after_missed", uint_setter(c.suspect_after_missed, 1, 1000)},
           {"observation_window_ms", uint_setter(c.observation_window_ms, 0, 3600000)},
           {"request_deadline_ms", uint_setter(c.request_deadline_ms, 100, 86400000)},
+          {"chat_template", string_setter(c.chat_template)},
           {"queued_per_model_max", uint_setter(c.queued_per_model_max, 1, 1u << 20)},
           {"drain_deadline_ms", uint_setter(c.drain_deadline_ms, 100, 3600000)},
           {"loads_max", uint_setter(c.loads_max, 1, 1u << 20)},
@@ -192,6 +193,7 @@ expected<void> apply_serve_flags(const args& a, serve_config& config) {
       {"host", string_setter(config.server.host)},
       {"http-port", uint_setter(config.server.http_port, 0, 65535)},
       {"rpc-port", uint_setter(config.server.rpc_port, 0, 65535)},
+      {"chat-template", string_setter(config.cluster.chat_template)},
   };
   for (const auto& [name, set] : flags)
     if (auto v = a.get(name))

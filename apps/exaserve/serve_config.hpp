@@ -7,7 +7,8 @@
 //                             kv_page_kb, device_threads, engine (cpu|null),
 //                             kv_tokens, routing, heartbeat_interval_ms,
 //                             suspect_after_missed, observation_window_ms,
-//                             request_deadline_ms, queued_per_model_max
+//                             request_deadline_ms, queued_per_model_max,
+//                             chat_template (built-in name or file)
 //   [server]                  host, http_port, rpc_port, max_body_kb
 //   [deployment NAME]         model (GGUF path; empty = the default model),
 //                             replicas, kv_tokens, routing

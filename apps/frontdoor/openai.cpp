@@ -129,23 +129,36 @@ check read_messages(const json& body, const api::request_limits& limits, api::ge
   if (!m->is_array()) return field_error("messages", "'messages' must be an array");
   if (m->empty()) return field_error("messages", "'messages' must not be empty");
   std::vector<chat_message> messages;
+  std::size_t total_bytes = 0;
   for (std::size_t i = 0; i < m->size(); ++i) {
     const json& msg = (*m)[i];
     const std::string where = fmt::format("messages[{}]", i);
     if (!msg.is_object()) return field_error(where, fmt::format("'{}' must be an object", where));
     const json* role = find_field(msg, "role");
-    if (!role || !role->is_string() || (*role != "system" && *role != "user" && *role != "assistant"))
-      return field_error(where + ".role", fmt::format("'{}.role' must be one of system, user, assistant", where));
+    // Templates decide which roles and orders they accept (and refuse the
+    // rest with their own message); these are the roles OpenAI defines that
+    // carry text.
+    if (!role || !role->is_string() ||
+        (*role != "system" && *role != "user" && *role != "assistant" && *role != "tool"))
+      return field_error(where + ".role",
+                         fmt::format("'{}.role' must be one of system, user, assistant, tool", where));
     const json* content = find_field(msg, "content");
     if (!content) return field_error(where + ".content", fmt::format("'{}.content' is required", where));
     chat_message out{role->get<std::string>(), {}};
     if (auto bad = read_content(*content, where + ".content", out.content)) return bad;
+    total_bytes += out.role.size() + out.content.size();
+    if (total_bytes > limits.prompt_bytes_max)
+      return field_error("messages", fmt::format("'messages' hold more than {} bytes", limits.prompt_bytes_max));
     messages.push_back(std::move(out));
   }
-  std::string prompt = render_chat_prompt(messages);
-  if (prompt.size() > limits.prompt_bytes_max)
-    return field_error("messages", fmt::format("'messages' render to more than {} bytes", limits.prompt_bytes_max));
-  gen.prompt_text = std::move(prompt);
+  gen.messages = std::move(messages);
+  // An extension vLLM also has: false renders the conversation without the
+  // template's cue for the assistant's reply (to continue a given turn).
+  if (const json* agp = find_field(body, "add_generation_prompt")) {
+    if (!agp->is_boolean())
+      return field_error("add_generation_prompt", "'add_generation_prompt' must be a boolean");
+    gen.add_generation_prompt = agp->get<bool>();
+  }
   return std::nullopt;
 }
 
@@ -371,13 +384,6 @@ std::expected<openai_request, request_error> parse_openai_request(api_kind kind,
   }();
   if (first_error) return std::unexpected(std::move(*first_error));
   return req;
-}
-
-std::string render_chat_prompt(const std::vector<chat_message>& messages) {
-  std::string out;
-  for (const auto& m : messages) out += "<|" + m.role + "|>\n" + m.content + "\n";
-  out += "<|assistant|>\n";
-  return out;
 }
 
 std::string response_id(api_kind kind, const std::string& request_id) {

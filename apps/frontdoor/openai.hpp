@@ -42,15 +42,9 @@ struct request_error {
 std::expected<openai_request, request_error> parse_openai_request(api_kind kind, std::string_view body,
                                                                   const api::request_limits& limits);
 
-struct chat_message {
-  std::string role;  // system | user | assistant
-  std::string content;
-};
-
-/// The generic chat template: each message as "<|role|>\n{content}\n", then
-/// "<|assistant|>\n" to cue the reply. Models with their own template are
-/// better served with /v1/completions and a pre-rendered prompt.
-std::string render_chat_prompt(const std::vector<chat_message>& messages);
+/// Chat messages travel to the backend as they came (validated here); the
+/// backend renders them with the model's own chat template.
+using chat_message = api::chat_message;
 
 /// What every response object of one request shares.
 struct response_meta {

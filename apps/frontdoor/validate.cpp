@@ -11,8 +11,9 @@ namespace {
 std::optional<error> invalid(std::string message) { return error{errc::invalid_argument, std::move(message)}; }
 
 std::optional<error> validate_prompt(const api::generate_request& r, const api::request_limits& limits) {
-  if (r.prompt_text.has_value() == r.prompt_ids.has_value())
-    return invalid("exactly one of a text prompt and a token-id prompt must be given");
+  if (int{r.prompt_text.has_value()} + int{r.prompt_ids.has_value()} + int{r.messages.has_value()} != 1)
+    return invalid("exactly one of a text prompt, a token-id prompt and chat messages must be given");
+  if (r.messages && r.messages->empty()) return invalid("chat messages must not be empty");
   if (r.prompt_text && r.prompt_text->size() > limits.prompt_bytes_max)
     return invalid(fmt::format("prompt is longer than {} bytes", limits.prompt_bytes_max));
   if (r.prompt_ids) {

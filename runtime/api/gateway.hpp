@@ -39,13 +39,25 @@ struct request_limits {
   std::size_t stop_sequence_bytes_max = 256;
 };
 
+/// One chat message as /v1/chat/completions carries it (text content only).
+struct chat_message {
+  std::string role;  // system | user | assistant | tool: the template decides what it accepts
+  std::string content;
+};
+
 struct generate_request {
   std::string request_id;  // assigned by the front door, unique per process
   std::string model;       // deployment name (what /v1/models lists)
   /// Exactly one of these is used: text is tokenized by the backend with the
-  /// model's tokenizer (BOS added); ids are used as given.
+  /// model's tokenizer (BOS added); ids are used as given; messages are
+  /// rendered by the backend with the model's chat template (the file's, or
+  /// the --chat-template of serve/gateway) and tokenized with special tokens
+  /// parsed, as llama.cpp's server does.
   std::optional<std::string> prompt_text;
   std::optional<std::vector<token_id>> prompt_ids;
+  std::optional<std::vector<chat_message>> messages;
+  /// With messages: end the prompt with the template's cue for the reply.
+  bool add_generation_prompt = true;
   std::uint32_t max_tokens = 16;
   sampling_params sampling;
   std::vector<std::string> stop;  // stop sequences (text); generation ends before them

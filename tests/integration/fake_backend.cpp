@@ -10,12 +10,19 @@ fake_output fake_complete(const api::generate_request& request) {
   fake_output out;
   std::vector<api::token_id> source;
   std::string source_text;
-  if (request.prompt_text) {
-    for (auto it = request.prompt_text->rbegin(); it != request.prompt_text->rend(); ++it) {
+  // The fake has no model and so no chat template: it joins the messages as
+  // "role: content\n" (real backends render the model's template).
+  std::optional<std::string> text = request.prompt_text;
+  if (request.messages) {
+    text.emplace();
+    for (const auto& m : *request.messages) *text += m.role + ": " + m.content + "\n";
+  }
+  if (text) {
+    for (auto it = text->rbegin(); it != text->rend(); ++it) {
       source.push_back(static_cast<unsigned char>(*it));
       source_text.push_back(*it);
     }
-    out.prompt_tokens = static_cast<std::uint32_t>(request.prompt_text->size());
+    out.prompt_tokens = static_cast<std::uint32_t>(text->size());
   } else if (request.prompt_ids) {
     for (auto it = request.prompt_ids->rbegin(); it != request.prompt_ids->rend(); ++it) {
       source.push_back(*it);

@@ -164,7 +164,7 @@ TEST_CASE("completion: a stream is SSE with one event per chunk and equals the n
   CHECK(usage["usage"] == json{{"prompt_tokens", 9}, {"completion_tokens", 6}, {"total_tokens", 15}});
 }
 
-TEST_CASE("chat: messages go through the documented template and responses have the chat shape", "[http]") {
+TEST_CASE("chat: messages reach the backend as sent and responses have the chat shape", "[http]") {
   test_server s;
   const json body = {{"model", "fake"},
                      {"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}},
@@ -172,12 +172,24 @@ TEST_CASE("chat: messages go through the documented template and responses have 
   auto r = post(s.http_port(), "/v1/chat/completions", body);
   REQUIRE(r.status == 200);
   auto j = parse(r);
-  const std::string prompt = "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n";
-  CHECK(s.backend->requests().at(0).prompt_text == std::optional<std::string>(prompt));
+  // The door validates and forwards the conversation; the backend renders it
+  // with the model's chat template (the fake joins "role: content\n").
+  const api::generate_request sent = s.backend->requests().at(0);  // requests() returns a copy
+  CHECK_FALSE(sent.prompt_text);
+  CHECK_FALSE(sent.prompt_ids);
+  REQUIRE(sent.messages);
+  REQUIRE(sent.messages->size() == 2);
+  CHECK(((*sent.messages)[0].role == "system" && (*sent.messages)[0].content == "be brief"));
+  CHECK(((*sent.messages)[1].role == "user" && (*sent.messages)[1].content == "hi"));
+  CHECK(sent.add_generation_prompt);
+  json no_cue = body;
+  no_cue["add_generation_prompt"] = false;
+  REQUIRE(post(s.http_port(), "/v1/chat/completions", no_cue).status == 200);
+  CHECK_FALSE(s.backend->requests().at(1).add_generation_prompt);
   CHECK(s.backend->requests().at(0).max_tokens == 5);
   CHECK(j["id"].get<std::string>().rfind("chatcmpl-req-", 0) == 0);
   CHECK(j["object"] == "chat.completion");
-  CHECK(j["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "\n>|tn"}});
+  CHECK(j["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "\nih :"}});
   CHECK(j["choices"][0]["finish_reason"] == "length");
   CHECK(j["usage"]["completion_tokens"] == 5);
 
@@ -194,7 +206,7 @@ TEST_CASE("chat: messages go through the documented template and responses have 
   CHECK(finish["choices"][0]["delta"] == json::object());
   CHECK(finish["choices"][0]["finish_reason"] == "length");
   CHECK(events.back() == "[DONE]");
-  CHECK(streamed_text(events) == "\n>|tn");
+  CHECK(streamed_text(events) == "\nih :");
 }
 
 TEST_CASE("models and health and readiness and metrics endpoints", "[http]") {
@@ -297,9 +309,12 @@ TEST_CASE("bad input gets OpenAI-style errors naming the problem and the server 
       {"chat without messages", "/v1/chat/completions", R"({"model":"fake"})", 400, "invalid_request_error",
        "'messages' is required", "messages"},
       {"chat bad role", "/v1/chat/completions", R"({"model":"fake","messages":[{"role":"robot","content":"x"}]})", 400,
-       "invalid_request_error", "'messages[0].role' must be one of system, user, assistant", "messages[0].role"},
+       "invalid_request_error", "'messages[0].role' must be one of system, user, assistant, tool", "messages[0].role"},
       {"chat bad content", "/v1/chat/completions", R"({"model":"fake","messages":[{"role":"user","content":5}]})",
        400, "invalid_request_error", "'messages[0].content' must be a string", "messages[0].content"},
+      {"chat add_generation_prompt type", "/v1/chat/completions",
+       R"({"model":"fake","messages":[{"role":"user","content":"x"}],"add_generation_prompt":1})", 400,
+       "invalid_request_error", "'add_generation_prompt' must be a boolean", "add_generation_prompt"},
       {"chat max_completion_tokens type", "/v1/chat/completions",
        R"({"model":"fake","messages":[{"role":"user","content":"x"}],"max_completion_tokens":"9"})", 400,
        "invalid_request_error", "'max_completion_tokens' must be an integer", "max_completion_tokens"},

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <set>
 #include <span>
+#include <unordered_map>
 
 namespace exa::model {
 
@@ -47,7 +48,12 @@ struct detect_rule {
 };
 
 // Fills the ids the file left unset from the texts llama.cpp knows; each
-// token found this way becomes a control token.
+// token found this way becomes a control token. When several tokens qualify
+// (a vocabulary with both <|im_end|> and <|endoftext|>), llama.cpp takes the
+// first its text-to-id hash map yields; we build the same map the same way
+// (std::unordered_map<std::string, id>, inserted in id order) so that, with
+// the same standard library (libstdc++, as llama.cpp's Linux builds use), the
+// iteration order and so the choice are the same.
 void detect_by_text(const std::vector<std::string>& texts, std::vector<std::uint32_t>& attrs,
                     special_token_ids& ids) {
   const detect_rule rules[] = {
@@ -56,13 +62,15 @@ void detect_by_text(const std::vector<std::string>& texts, std::vector<std::uint
       {&special_token_ids::fim_mid, fim_mid_texts}, {&special_token_ids::fim_pad, fim_pad_texts},
       {&special_token_ids::fim_rep, fim_rep_texts}, {&special_token_ids::fim_sep, fim_sep_texts},
   };
-  for (const detect_rule& rule : rules) {
-    if (ids.*rule.member) continue;
-    for (std::size_t id = 0; id < texts.size(); ++id) {
-      if (!in(rule.texts, texts[id])) continue;
-      ids.*rule.member = static_cast<token_id>(id);
-      attrs[id] |= attr_control;
-      break;
+  std::unordered_map<std::string, token_id> text_to_id;
+  for (std::size_t id = 0; id < texts.size(); ++id) {
+    if (!texts[id].empty()) text_to_id[texts[id]] = static_cast<token_id>(id);
+  }
+  for (const auto& [text, id] : text_to_id) {
+    for (const detect_rule& rule : rules) {
+      if (ids.*rule.member || !in(rule.texts, text)) continue;
+      ids.*rule.member = id;
+      attrs[static_cast<std::size_t>(id)] |= attr_control;
     }
   }
 }

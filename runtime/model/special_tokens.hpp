@@ -11,9 +11,10 @@
 //   - control, user-defined and unknown tokens are cut out of raw text,
 //     longest text first, before the tokenizer proper runs; control and
 //     unknown ones only when the caller asks to parse specials.
-// Where llama.cpp picks "the first" token by iterating a hash map (eot, eom
-// and FIM tokens found by text when the file names none), we pick the
-// lowest id; the two differ only for a vocabulary holding two such texts.
+// Where llama.cpp picks "the first" token by iterating its text-to-id hash
+// map (eot, eom and FIM tokens found by text when the file names none), we
+// iterate an identically built std::unordered_map, which gives the same
+// order under the same standard library (libstdc++).
 
 #include <cstdint>
 #include <string>

@@ -200,8 +200,8 @@ TEST_CASE("detokenize follows llama.cpp's token_to_piece and leading-space rule"
 
 TEST_CASE("the end-of-generation set follows llama.cpp's rules", "[model][spm]") {
   // <|eot_id|> stored as a normal token becomes control and end of turn;
-  // <|end|> is end of generation unless <|return|> and <|call|> exist too.
-  vocab v = spm_vocab({{"<|eot_id|>"}, {"<|end|>", 0, token_kind::control}, {"<|eom_id|>"}, {"hello"}}, false);
+  // <|return|> ends generation by its text alone.
+  vocab v = spm_vocab({{"<|eot_id|>"}, {"<|return|>", 0, token_kind::control}, {"<|eom_id|>"}, {"hello"}}, false);
   const tokenizer t = make(v);
   const token_id eot = first_piece, end = first_piece + 1, eom = first_piece + 2;
   CHECK(t.eot() == eot);

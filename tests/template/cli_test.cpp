@@ -120,3 +120,14 @@ TEST_CASE("chat-template refuses malformed messages with a reason", "[template][
   CHECK(r.exit_code != 0);
   CHECK(r.err.find("--messages JSON is required") != std::string::npos);
 }
+
+TEST_CASE("serve refuses a --chat-template that names nothing usable, before starting", "[template][cli]") {
+  auto r = run({"serve", "--chat-template", "no-such-template", "--http-port", "0", "--rpc-port", "0"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("chat template 'no-such-template' is neither a built-in") != std::string::npos);
+  const std::string broken = tmp("broken.jinja");
+  std::ofstream(broken) << "{% for m in messages %}";
+  r = run({"serve", "--chat-template", broken, "--http-port", "0", "--rpc-port", "0"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("missing 'endfor'") != std::string::npos);
+}

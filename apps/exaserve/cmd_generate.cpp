@@ -36,7 +36,7 @@ const std::vector<flag_spec> flags = {
     {"ids", false, "print generated token ids (comma-separated) instead of text"},
     {"margins", false, "print one JSON line {ids, margins, top}: each step's top-1 minus top-2 "
                        "logit and the two best ids with their log-probabilities (near-tie checks)"},
-    {"ignore-eos", false, "do not stop at the end-of-sequence token"},
+    {"ignore-eos", false, "do not stop at end-of-generation tokens (eos, eot, eom, ...)"},
     {"help", false, "show this help"},
 };
 
@@ -132,11 +132,13 @@ int cmd_generate(int argc, char** argv) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_t0).count();
   const auto& tok = (*model)->tokenizer();
   if (o->have_text_prompt) {
-    auto ids = tok.encode(o->prompt_text, /*add_bos=*/true);
+    auto ids = tok.encode(o->prompt_text, /*add_special=*/true);
     if (!ids) return fail("generate", ids.error());
     o->request.prompt = std::move(*ids);
   }
-  if (tok.eos() && !a->has("ignore-eos")) o->request.stop_tokens.push_back(*tok.eos());
+  // Every token llama.cpp treats as end of generation (eos, eot, eom, ...), so
+  // a Llama 3 conversation stops at <|eot_id|> as it does behind the API.
+  if (!a->has("ignore-eos")) o->request.stop_tokens = tok.eog_ids();
 
   const auto& cfg = (*model)->config();
   constexpr std::uint32_t block_tokens = 16;

@@ -35,6 +35,15 @@ class evaluator {
     for (const auto& [k, v] : vars.items()) scopes_.back()[k] = v;
   }
 
+  // Namespaces are the only values that can refer to themselves (ns.me = ns)
+  // and so keep each other alive; none outlives a render, so emptying them
+  // all at the end breaks every such cycle.
+  ~evaluator() {
+    for (auto& ns : namespaces_made_) ns.ns_attrs() = dict{};
+  }
+  evaluator(const evaluator&) = delete;
+  evaluator& operator=(const evaluator&) = delete;
+
   expected<std::string> run(const body& b) {
     auto f = exec_body(b);
     if (!f) return std::unexpected(f.error());
@@ -285,6 +294,7 @@ class evaluator {
     if (callee.as_function().name == "namespace" && !callee.as_function().self && ++namespaces_ > lim_.namespaces_max)
       return fail(e.line, "more than " + std::to_string(lim_.namespaces_max) + " namespace() calls");
     EXA_TRY(r, call_function(callee.as_function(), args, ctx_));
+    if (r.is_namespace()) namespaces_made_.push_back(r);
     return checked(std::move(r), e.line);
   }
 
@@ -493,6 +503,7 @@ class evaluator {
   std::string out_;
   std::size_t steps_ = 0;
   std::size_t namespaces_ = 0;
+  std::vector<value> namespaces_made_;
 };
 
 #undef EXA_TRY

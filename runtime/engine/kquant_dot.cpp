@@ -1,6 +1,7 @@
 #include "engine/kquant_dot.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/assert.hpp"
 #include "engine/simd.hpp"
@@ -34,7 +35,8 @@ inline float scale_step(float s, std::int32_t sum_q, float d_w, float d_x) noexc
 }
 
 // Σ_sub m_sub · (bsum of its 32 elements): the part of Q4_K/Q5_K's dot
-// product the mins contribute, shared by all paths (integers, 8 terms).
+// product the mins contribute (integers, 8 terms; the SIMD path computes the
+// same sum from its unpacked mins).
 std::int32_t mins_sum(const std::uint8_t* scales, const block_q8_K& x) noexcept {
   std::int32_t sum = 0;
   for (int j = 0; j < 8; ++j) {
@@ -118,8 +120,8 @@ inline __m256i scaled_dot(__m256i q_u8, __m256i x_s8, __m256i sc) noexcept {
 // sub-block j's 32 values (unsigned, 0..31) and its integer scale and min.
 struct unpacked_scale_min {
   __m256i q[8];
+  __m256i m_pairs;  // int16: m_j at lanes 2j and 2j + 1, to meet bsums[2j], bsums[2j + 1]
   std::int16_t sc[8];
-  std::int16_t m[8];
   float d, dmin;
 
   template <class Block>
@@ -139,12 +141,23 @@ struct unpacked_scale_min {
         q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(hb, 4));
       }
     }
+    // scale_min_k4 on 32-bit words: bytes 0-3 hold sc0-3 (low 6 bits) and
+    // the top bits of sc4-7; bytes 4-7 likewise for the mins; bytes 8-11 the
+    // low nibbles of sc4-7 (low) and m4-7 (high).
+    std::uint32_t word[3];
+    std::memcpy(word, w.scales, sizeof word);
+    const std::uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const std::uint32_t sc_words[2] = {word[0] & low6, (word[2] & low4) | (((word[0] >> 6) & low2) << 4)};
+    const std::uint32_t m_words[2] = {word[1] & low6, ((word[2] >> 4) & low4) | (((word[1] >> 6) & low2) << 4)};
+    std::uint8_t scale8[8], min8[8];
+    std::memcpy(scale8, sc_words, 8);
+    std::memcpy(min8, m_words, 8);
+    std::int16_t m_rep[16];
     for (int j = 0; j < 8; ++j) {
-      std::uint8_t scale, min;
-      model::scale_min_k4(j, w.scales, scale, min);
-      sc[j] = scale;
-      m[j] = min;
+      sc[j] = scale8[j];
+      m_rep[2 * j] = m_rep[2 * j + 1] = min8[j];
     }
+    m_pairs = load32(m_rep);
     d = model::f16_to_float(w.d);
     dmin = model::f16_to_float(w.dmin);
   }
@@ -153,8 +166,8 @@ struct unpacked_scale_min {
     __m256i acc = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j)
       acc = _mm256_add_epi32(acc, scaled_dot(q[j], load32(x.qs + 32 * j), _mm256_set1_epi16(sc[j])));
-    std::int32_t sum_m = 0;
-    for (int j = 0; j < 8; ++j) sum_m += m[j] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+    // |bsum| <= 16·127 and m <= 63: the pair products fit int32 exactly.
+    const std::int32_t sum_m = hsum_i32(_mm256_madd_epi16(load32(x.bsums), m_pairs));
     return scale_min_step(s, {hsum_i32(acc), sum_m}, d, dmin, x.d);
   }
 };

@@ -73,7 +73,17 @@ TEST_CASE("model info keeps its file facts across processes", "[actors][messages
   m.architecture = "qwen2";
   m.quantization = "Q4_K_M";
   m.tokenizer = "gpt2";
+  // The gateways' latency figures reach `exaserve-cli top` through the
+  // controller's model list, which crosses processes too.
+  m.ttft_p50_ms = 12.5;
+  m.ttft_p99_ms = 80;
+  m.tpot_p50_ms = 3.25;
+  m.tpot_p99_ms = 9;
   const auto m2 = round_trip(sys, m);
+  CHECK(m2.ttft_p50_ms == 12.5);
+  CHECK(m2.ttft_p99_ms == 80);
+  CHECK(m2.tpot_p50_ms == 3.25);
+  CHECK(m2.tpot_p99_ms == 9);
   CHECK(m2.name == "qwen");
   CHECK(m2.version == "2");
   CHECK(m2.architecture == "qwen2");

@@ -154,6 +154,7 @@ struct controller_state {
     std::string model_sha256;  // "" = not pinned
     std::string routing;
     std::string tenant;  // "" = shared
+    std::string chat_template;  // api::deploy_request::chat_template (text; "" = none)
     /// Replicas taking traffic, as deploy, scale and the autoscaler set
     /// them; spec.replicas is this plus the warm pool (pool_size).
     std::uint32_t serving = 0;

@@ -72,7 +72,7 @@ typename Inspector::result_type inspect(Inspector& f, rollout_status& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
   return f(caf::meta::type_name("exa.deploy_request"), x.name, x.model_file, x.replicas, x.kv_tokens, x.routing,
-           x.max_replicas_per_node, x.model_sha256, x.tenant);
+           x.max_replicas_per_node, x.model_sha256, x.tenant, x.chat_template);
 }
 
 }  // namespace exa::api
@@ -454,11 +454,14 @@ struct deployment_announce {
   std::string routing;  // policy name
   std::string tenant;   // "": shared (api::deploy_request::tenant)
   bool autoscaled = false;  // routers report its load to the controller (deployment_loads)
+  /// The deployment's own chat template text (api::deploy_request::
+  /// chat_template): the text, not a path, since routers run elsewhere.
+  std::string chat_template;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deployment_announce& x) {
   return f(caf::meta::type_name("exa.deployment_announce"), x.name, x.model_file, x.vocab_size, x.context_length,
-           x.routing, x.tenant, x.autoscaled);
+           x.routing, x.tenant, x.autoscaled, x.chat_template);
 }
 
 /// controller -> routers: a deployment is gone.

@@ -74,10 +74,11 @@ std::shared_ptr<const model::llama_model> open_tokenizer(const deployment_announ
   return *model;
 }
 
-// The deployment's chat template, compiled once per model file: the
-// gateway's --chat-template when given, else the file's own (ChatML when it
-// has none). A template that does not compile fails chat requests with its
-// error, not the deployment.
+// The deployment's chat template, compiled once per model file and
+// template: the deployment's own (its announce carries the text) when it has
+// one, else the gateway's --chat-template when given, else the file's own
+// (ChatML when it has none). A template that does not compile fails chat
+// requests with its error, not the deployment.
 void open_chat(router_state::deployment_entry& entry, const deployment_announce& d, const std::string& override_spec) {
   entry.chat.reset();
   entry.chat_error.clear();
@@ -86,7 +87,7 @@ void open_chat(router_state::deployment_entry& entry, const deployment_announce&
     entry.chat_error = "it is simulated and has no tokenizer";
     return;
   }
-  auto r = jinja::chat_renderer_for_file(d.model_file, override_spec);
+  auto r = jinja::chat_renderer_for_file(d.model_file, override_spec, d.chat_template);
   if (!r) {
     entry.chat_error = r.error().message;
     spdlog::error("event=router_chat_template_failed deployment={} model={} error=\"{}\"", d.name, d.model_file,
@@ -655,10 +656,9 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       [=](const deployment_announce& d) {
         auto& s = self->state;
         auto& entry = s.deployments[d.name];
-        if (entry.info.model_file != d.model_file || !entry.model) {
-          entry.model = open_tokenizer(d);
-          open_chat(entry, d, s.config.chat_template);
-        }
+        const bool file_changed = entry.info.model_file != d.model_file || !entry.model;
+        if (file_changed) entry.model = open_tokenizer(d);
+        if (file_changed || entry.info.chat_template != d.chat_template) open_chat(entry, d, s.config.chat_template);
         entry.info = d;
         arm_load_report(self);
         if (auto ok = s.table->set_policy(d.name, d.routing); !ok)

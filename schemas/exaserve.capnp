@@ -395,6 +395,12 @@ struct DeployRequest {
 
   idleToZeroS @12 :UInt32 = 0;
   # With autoscaleMin 0: idle this long, it scales to zero (0: never).
+
+  chatTemplate @13 :Text;
+  # The deployment's own chat template, as its Jinja TEXT (exaserve-cli reads
+  # a built-in or a file where it runs and sends the text), at most 128 KiB.
+  # It wins over the gateway's --chat-template and the model file's
+  # template. Empty means none.
 }
 
 interface Admin {

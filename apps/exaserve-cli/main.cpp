@@ -19,6 +19,7 @@
 
 #include "render.hpp"
 #include "rpc_client.hpp"
+#include "template/chat_template.hpp"
 
 namespace {
 
@@ -43,6 +44,9 @@ commands:
          [--warm-pool-percent P]   (replicas standing by, loaded, for failures and scale-ups; default 10)
          [--autoscale-min N --autoscale-max M [--autoscale-metric queue_depth|ttft_p99_ms|kv_utilization]
           [--autoscale-target X] [--idle-to-zero-s S]]   (autoscaling; off without --autoscale-max)
+         [--chat-template NAME|FILE]   (the deployment's own chat template: a built-in's name
+                                        or a Jinja file read HERE and sent as text; it wins over
+                                        the gateway's --chat-template and the model file's)
   undeploy NAME
   scale NAME REPLICAS   (0: cold -- kept, and started again by its next request, which waits)
   drain node N | replica ID [--deadline-s S]
@@ -232,6 +236,13 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
     if (t.empty() || end != t.c_str() + t.size() || !(req.autoscale_target > 0))
       return usage_fail("deploy", {"--autoscale-target: expected a number above 0, got '" + t + "'"});
   }
+  if (args.has("chat-template")) {
+    // The file is read here, where the operator named it: the controller
+    // and the gateways may run elsewhere, so the text is what travels.
+    auto t = jinja::resolve_template_override(args.get("chat-template"));
+    if (!t) return fail("deploy", t.error());
+    req.chat_template = std::move(t->text);
+  }
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -379,7 +390,7 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"models", {}},
     {"generate", {"model", "max-tokens", "temperature", "seed", "priority"}},
     {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant", "warm-pool-percent",
-                "autoscale-min", "autoscale-max", "autoscale-metric", "autoscale-target", "idle-to-zero-s"}},
+                "autoscale-min", "autoscale-max", "autoscale-metric", "autoscale-target", "idle-to-zero-s", "chat-template"}},
     {"undeploy", {}},
     {"scale", {}},
     {"drain", {"deadline-s"}},

@@ -286,6 +286,7 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setAutoscaleMetric(request.autoscale_metric);
         d.setAutoscaleTarget(request.autoscale_target);
         d.setIdleToZeroS(request.idle_to_zero_s);
+        d.setChatTemplate(request.chat_template);
         return req.send().then([](auto) { return true; });
       },
       true);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "args.hpp"
+#include "template/chat_template.hpp"
 
 namespace exa::app {
 namespace {
@@ -54,6 +55,18 @@ setter positive_double_setter(double& dst) {
 setter string_setter(std::string& dst) {
   return [&dst](const std::string& v, const std::string&) -> expected<void> {
     dst = v;
+    return {};
+  };
+}
+
+// A deployment's chat_template = NAME|FILE becomes the template's text at
+// once: a FILE is read where the config is, and the text is what the deploy
+// request, the journal and the routers' announces carry.
+setter template_setter(std::string& dst, const std::string& deployment) {
+  return [&dst, deployment](const std::string& v, const std::string& what) -> expected<void> {
+    auto t = jinja::resolve_template_override(v);
+    if (!t) return make_error(t.error().code, what + " of deployment '" + deployment + "': " + t.error().message);
+    dst = std::move(t->text);
     return {};
   };
 }
@@ -129,7 +142,8 @@ std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
           {"autoscale_max", uint_setter(d.autoscale_max, 0, 4096)},
           {"autoscale_metric", string_setter(d.autoscale_metric)},
           {"autoscale_target", positive_double_setter(d.autoscale_target)},
-          {"idle_to_zero_s", uint_setter(d.idle_to_zero_s, 0, 604800)}};
+          {"idle_to_zero_s", uint_setter(d.idle_to_zero_s, 0, 604800)},
+          {"chat_template", template_setter(d.chat_template, d.name)}};
 }
 
 }  // namespace

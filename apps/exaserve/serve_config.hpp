@@ -11,7 +11,11 @@
 //                             chat_template (built-in name or file)
 //   [server]                  host, http_port, rpc_port, max_body_kb
 //   [deployment NAME]         model (GGUF path; empty = the default model),
-//                             replicas, kv_tokens, routing
+//                             replicas, kv_tokens, routing, sha256, tenant,
+//                             warm_pool_percent, autoscale_*, idle_to_zero_s,
+//                             chat_template (built-in name or file, read and
+//                             compiled while parsing: the deployment carries
+//                             the text; it wins over [cluster] chat_template)
 
 #include <cstdint>
 #include <string>

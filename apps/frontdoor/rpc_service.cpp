@@ -327,6 +327,7 @@ class admin_impl final : public rpc::Admin::Server {
     req.autoscale_metric = r.getAutoscaleMetric();
     req.autoscale_target = r.getAutoscaleTarget();
     req.idle_to_zero_s = r.getIdleToZeroS();
+    req.chat_template = r.getChatTemplate();
     if (req.name.empty()) return to_rpc_exception(error{errc::invalid_argument, "deployment name must be given"});
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->deploy(std::move(req), std::move(cb.callback));

@@ -239,6 +239,11 @@ struct deploy_request {
   std::string autoscale_metric;  // queue_depth (""), ttft_p99_ms or kv_utilization
   double autoscale_target = 0;   // 0: the metric's default
   std::uint32_t idle_to_zero_s = 0;
+  /// The deployment's own chat template, as its TEXT (a built-in's or a
+  /// file's, resolved where the deploy is issued; at most
+  /// jinja::deployment_template_bytes_max bytes). It wins over the
+  /// gateway's --chat-template and the model file's. "": none.
+  std::string chat_template;
   bool operator==(const deploy_request&) const = default;
 };
 

@@ -32,7 +32,7 @@ json to_json(const api::deploy_request& d) {
           {"model_sha256", d.model_sha256}, {"tenant", d.tenant}, {"warm_pool_percent", d.warm_pool_percent},
           {"autoscale_min", d.autoscale_min}, {"autoscale_max", d.autoscale_max},
           {"autoscale_metric", d.autoscale_metric}, {"autoscale_target", d.autoscale_target},
-          {"idle_to_zero_s", d.idle_to_zero_s}};
+          {"idle_to_zero_s", d.idle_to_zero_s}, {"chat_template", d.chat_template}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -52,6 +52,7 @@ api::deploy_request deploy_from(const json& j) {
   d.autoscale_metric = j.value("autoscale_metric", std::string());
   d.autoscale_target = j.value("autoscale_target", 0.0);
   d.idle_to_zero_s = j.value("idle_to_zero_s", 0u);
+  d.chat_template = j.value("chat_template", std::string());  // journals before it: none
   return d;
 }
 

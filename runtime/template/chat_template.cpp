@@ -49,6 +49,28 @@ expected<void> check_template_override(std::string_view override_spec) {
   return {};
 }
 
+expected<template_source> resolve_template_override(std::string_view override_spec, std::size_t bytes_max) {
+  if (override_spec.empty()) return make_error(errc::invalid_argument, "chat template: empty name or file");
+  auto src = select_template(override_spec, std::nullopt, bytes_max);
+  if (!src) return std::unexpected(src.error());
+  // An empty text would read as "no override" downstream: refuse it here.
+  if (src->text.empty()) return make_error(errc::invalid_argument, "chat template from " + src->origin + " is empty");
+  auto t = compiled_template::compile(src->text);
+  if (!t) return make_error(t.error().code, t.error().message + " (template from " + src->origin + ")");
+  return src;
+}
+
+expected<void> check_template_text(std::string_view text) {
+  if (text.empty()) return {};
+  if (text.size() > deployment_template_bytes_max)
+    return make_error(errc::invalid_argument, "chat template is " + std::to_string(text.size()) +
+                                                  " bytes, more than " +
+                                                  std::to_string(deployment_template_bytes_max));
+  auto t = compiled_template::compile(std::string(text));
+  if (!t) return make_error(t.error().code, t.error().message + " (the deployment's chat template)");
+  return {};
+}
+
 value make_message(std::string role, std::string content) {
   dict d;
   d.set("role", value(std::move(role)));

@@ -53,6 +53,26 @@ expected<template_source> select_template(std::string_view override_spec,
 /// compiled_template::compile.
 expected<void> check_template_override(std::string_view override_spec);
 
+/// A deployment's own chat template travels as its text (resolved where the
+/// deploy is issued: a FILE path means nothing on the controller or another
+/// gateway), through the RPC, the controller's journal and every router's
+/// announce; this bounds what each of them holds. The largest templates of
+/// popular families are about 20 KiB; 128 KiB stays inside one journal
+/// record (1 MiB) even if JSON escapes every byte as \u00XX.
+inline constexpr std::size_t deployment_template_bytes_max = 128 << 10;
+
+/// Resolves a deployment's `chat_template = NAME|FILE` to the template's
+/// text, checked to compile and to be non-empty and at most `bytes_max`
+/// bytes. Errors as select_template, compile errors with their construct
+/// and line.
+expected<template_source> resolve_template_override(std::string_view override_spec,
+                                                    std::size_t bytes_max = deployment_template_bytes_max);
+
+/// Checks a deployment's template text as it arrives (deploy RPC, journal):
+/// at most deployment_template_bytes_max bytes and compiles. "" (none) is
+/// valid.
+expected<void> check_template_text(std::string_view text);
+
 /// One message as the OpenAI API carries it: {"role": ..., "content": ...}.
 value make_message(std::string role, std::string content);
 

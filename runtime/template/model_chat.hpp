@@ -17,10 +17,14 @@ namespace exa::jinja {
 /// (a built-in name or a template file; empty for none) wins over the file's
 /// template; with neither, the ChatML default. Errors: the template's
 /// compile error or an unreadable override, naming where it came from.
-expected<chat_renderer> chat_renderer_for(const model::vocab& v, std::string_view override_spec);
+/// `deployment_template` (a deployment's own template text, already
+/// resolved; "" for none) wins over both.
+expected<chat_renderer> chat_renderer_for(const model::vocab& v, std::string_view override_spec,
+                                          std::string_view deployment_template = {});
 
 /// The same, reading the vocabulary from a GGUF file (metadata only).
-expected<chat_renderer> chat_renderer_for_file(const std::string& gguf_path, std::string_view override_spec);
+expected<chat_renderer> chat_renderer_for_file(const std::string& gguf_path, std::string_view override_spec,
+                                               std::string_view deployment_template = {});
 
 /// The text of token `id` in `v`, or "" when absent or out of range.
 std::string token_text_or_empty(const model::vocab& v, std::optional<model::token_id> id);

@@ -90,3 +90,25 @@ TEST_CASE("model info keeps its file facts across processes", "[actors][messages
   CHECK(m2.quantization == "Q4_K_M");
   CHECK(m2.tokenizer == "gpt2");
 }
+
+TEST_CASE("a deployment's announce and deploy request keep its chat template across processes",
+          "[actors][messages][chat_template]") {
+  config cfg;
+  caf::actor_system sys{cfg};
+  actors::deployment_announce a;
+  a.name = "chat";
+  a.model_file = "/m.gguf";
+  a.tenant = "acme";
+  a.autoscaled = true;
+  a.chat_template = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+  const auto a2 = round_trip(sys, a);
+  CHECK(a2.name == "chat");
+  CHECK(a2.tenant == "acme");
+  CHECK(a2.autoscaled);
+  CHECK(a2.chat_template == a.chat_template);
+
+  api::deploy_request d;
+  d.name = "chat";
+  d.chat_template = a.chat_template;
+  CHECK(round_trip(sys, d).chat_template == a.chat_template);
+}

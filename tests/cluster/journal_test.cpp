@@ -240,3 +240,39 @@ TEST_CASE("current versions and unfinished rollouts survive the log and the snap
   CHECK(j->state().rollouts.at("tiny").to == "tiny@3");
   CHECK(j->state().used_versions.at("tiny") == std::set<std::string>{"2", "3"});  // even once ended
 }
+
+TEST_CASE("a deployment's chat template text survives the log and the snapshot", "[journal][chat_template]") {
+  api::deploy_request d = dep("chat", 1);
+  d.chat_template = "{% for m in messages %}[{{ m.role }}]\n{{ m.content | trim }}\x01{% endfor %}";
+  const auto dir = fresh_dir("chat-template");
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j);
+    REQUIRE(j->append(journal_record::deploy(d)));
+  }
+  auto again = journal::open(dir);
+  REQUIRE(again);
+  CHECK(again->state().deployments.at("chat").chat_template == d.chat_template);
+  REQUIRE(again->snapshot());
+  auto from_snapshot = journal::open(dir);
+  REQUIRE(from_snapshot);
+  CHECK(from_snapshot->state().deployments.at("chat") == d);
+}
+
+TEST_CASE("journals written before per-deployment chat templates still load, with none", "[journal][chat_template]") {
+  const auto dir = fresh_dir("chat-template-old");
+  std::filesystem::create_directories(dir);
+  // A record exactly as an older controller appended it: no chat_template key.
+  const std::string payload =
+      R"({"op":"deploy","deployment":{"name":"old","model_file":"/m.gguf","replicas":2,"kv_tokens":0,)"
+      R"("routing":"","max_replicas_per_node":0}})";
+  std::string frame;
+  for (std::uint32_t v : {static_cast<std::uint32_t>(payload.size()), crc32(payload.data(), payload.size())})
+    for (int i = 0; i < 4; ++i) frame.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  std::ofstream(dir + "/journal.log", std::ios::binary) << frame << payload;
+  auto j = journal::open(dir);
+  REQUIRE(j);
+  REQUIRE(j->state().deployments.count("old"));
+  CHECK(j->state().deployments.at("old").replicas == 2);
+  CHECK(j->state().deployments.at("old").chat_template.empty());
+}

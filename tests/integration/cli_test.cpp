@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "run_process.hpp"
@@ -182,4 +184,24 @@ TEST_CASE("cli usage errors exit 2 and a server that is not there is named", "[c
   CHECK(r.exit_code == 1);
   CHECK(r.err.find("cannot connect to 127.0.0.1:" + std::to_string(port) +
                    ": connection refused; is `exaserve serve` running?") != std::string::npos);
+}
+
+TEST_CASE("cli deploy --chat-template reads the file where it runs and sends its text", "[cli][chat_template]") {
+  test_server s;
+  const std::string file = std::string(EXA_TEST_TMPDIR) + "/cli_deploy_template.jinja";
+  const std::string text = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  std::filesystem::create_directories(EXA_TEST_TMPDIR);
+  {
+    std::ofstream out(file, std::ios::binary);
+    out << text;
+  }
+  auto r = run_cli(s.rpc_port(), {"deploy", "--name", "chat", "--chat-template", file});
+  CHECK(r.exit_code == 0);
+  CHECK(s.backend->admin_log().back().ends_with(" chat_template=" + text));
+  // A name that is neither a built-in nor a file never reaches the server.
+  const auto before = s.backend->admin_log().size();
+  r = run_cli(s.rpc_port(), {"deploy", "--name", "chat2", "--chat-template", "no-such-template"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("chat template 'no-such-template' is neither a built-in") != std::string::npos);
+  CHECK(s.backend->admin_log().size() == before);
 }

@@ -293,7 +293,8 @@ void fake_backend::deploy(api::deploy_request request, std::function<void(expect
       std::lock_guard lock(mu_);
       admin_log_.push_back("deploy name=" + request.name + " model_file=" + request.model_file +
                            " replicas=" + std::to_string(request.replicas) +
-                           " kv_tokens=" + std::to_string(request.kv_tokens) + " routing=" + request.routing);
+                           " kv_tokens=" + std::to_string(request.kv_tokens) + " routing=" + request.routing +
+                           (request.chat_template.empty() ? "" : " chat_template=" + request.chat_template));
       std::erase_if(models_, [&](const auto& m) { return m.name == request.name; });
       const std::string file = request.model_file.empty() ? "default.gguf" : request.model_file;
       models_.push_back({request.name, file, request.replicas, request.replicas, 2048});

@@ -72,6 +72,29 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->rollout_canary_percent = must(r.register_gauge(
       "exaserve_rollout_canary_percent", "Share of a deployment's traffic sent to the version being rolled out.",
       {"deployment"}));
+  m->warm_pool_events = must(r.register_counter(
+      "exaserve_warm_pool_events_total",
+      "Warm-pool changes by deployment and event: take (a standby began serving), return (a serving replica "
+      "stood by again), refill (a new replica was placed to stand by).",
+      {"deployment", "event"}));
+  m->warm_pool_standby = must(r.register_gauge(
+      "exaserve_warm_pool_standby",
+      "Loaded standbys of a deployment that has a warm pool (0 while its pool is empty or refilling).",
+      {"deployment"}));
+  m->warm_pool_wanted = must(r.register_gauge(
+      "exaserve_warm_pool_wanted",
+      "Standbys a deployment with warm_pool_percent above 0 keeps now: its share of the serving count, 0 while "
+      "its pool is suspended by a rollout.",
+      {"deployment"}));
+  m->migrations = must(r.register_counter(
+      "exaserve_migrations_total",
+      "Slots the controller placed on another node, by reason: node_lost, or the drain cause (replica, node, "
+      "shutdown, degraded, defrag), or orphaned (stopped by a predecessor's drain).",
+      {"reason"}));
+  m->heartbeat_misses = must(r.register_counter(
+      "exaserve_heartbeat_misses_total",
+      "Heartbeat intervals a node stayed silent through, counted once each as the failure detector sees them.",
+      {"node"}));
   return m;
 }
 

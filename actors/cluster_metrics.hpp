@@ -34,6 +34,11 @@ struct cluster_metrics {
   metrics::counter_family* autoscale_decisions = nullptr;  // {deployment, direction}: up, down
   metrics::counter_family* rollout_transitions = nullptr;  // {deployment, phase}: started, step, complete, ...
   metrics::gauge_family* rollout_canary_percent = nullptr;  // {deployment}: traffic on the new version now
+  metrics::counter_family* warm_pool_events = nullptr;  // {deployment, event}: take, return, refill
+  metrics::gauge_family* warm_pool_standby = nullptr;   // {deployment}: loaded standbys now (pooled deployments only)
+  metrics::gauge_family* warm_pool_wanted = nullptr;    // {deployment}: the pool size it keeps now (0 in a rollout)
+  metrics::counter_family* migrations = nullptr;        // {reason}: slots placed on another node
+  metrics::counter_family* heartbeat_misses = nullptr;  // {node}: heartbeat intervals that passed in silence
 
   /// Registers every family in `registry` (a fresh one when null).
   static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);

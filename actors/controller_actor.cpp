@@ -60,6 +60,9 @@ void admit_loads(self_ptr self);
 void tell_split(self_ptr self, const std::string& base);
 bool rollout_active(const controller_state& st, const std::string& base);
 void rebalance_pool(self_ptr self, const std::string& name);
+void count_pool_event(self_ptr self, const std::string& deployment, std::string_view event);
+void update_standby_gauge(self_ptr self, const std::string& deployment);
+void count_migration(self_ptr self, std::string_view reason);
 
 // The warm pool a deployment keeps now: none while its plain name is in a
 // rollout (the rollout counts replicas as they serve), else its share.
@@ -112,6 +115,7 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, false,
          spec};
   rec.standby = rec.told_standby = spec.standby;
+  if (spec.standby) count_pool_event(self, p.slot.deployment, "refill");
   spdlog::info("event=replica_placed replica={} deployment={} slot={} epoch={} node={} device={} bytes={}{}", p.replica,
                spec.deployment, spec.slot, epoch, p.node, spec.device, p.per_device.total_bytes(),
                spec.standby ? " standby=true" : "");
@@ -407,6 +411,7 @@ void rebalance_pool(self_ptr self, const std::string& name) {
     r.spec.standby = standby;  // a replica not spawned yet starts that way
     spdlog::info("event={} replica={} deployment={} slot={} state={}", standby ? "warm_pool_return" : "warm_pool_take",
                  id, name, r.slot, cluster::to_string(r.state));
+    count_pool_event(self, name, standby ? "return" : "take");
     if (r.handle && r.told_standby != standby) {
       r.told_standby = standby;
       self->send(r.handle, set_standby{id, standby});
@@ -416,6 +421,33 @@ void rebalance_pool(self_ptr self, const std::string& name) {
   };
   for (const auto id : changes.activate) tell(id, false);
   for (const auto id : changes.deactivate) tell(id, true);
+  update_standby_gauge(self, name);
+}
+
+void count_pool_event(self_ptr self, const std::string& deployment, std::string_view event) {
+  if (self->state.config.metrics)
+    cluster_metrics::series(self->state.config.metrics->warm_pool_events, deployment, event)->inc();
+}
+
+// Only loaded standbys count: one still loading cannot take a failed
+// replica's place without a load on the critical path. The wanted size
+// goes with it, so that an alert on an empty pool can tell a pool that
+// should hold standbys (0 of 2) from one suspended or too small (0 of 0);
+// an undeployed deployment reads 0 of 0.
+void update_standby_gauge(self_ptr self, const std::string& deployment) {
+  auto& st = self->state;
+  if (!st.config.metrics) return;
+  std::size_t ready = 0;
+  for (const auto& [id, r] : st.replicas)
+    ready += r.deployment == deployment && r.standby && r.state == replica_state::standby;
+  const auto dep = st.deployments.find(deployment);
+  const auto wanted = dep == st.deployments.end() ? 0 : pool_size(st, deployment, dep->second);
+  cluster_metrics::series(st.config.metrics->warm_pool_standby, deployment)->set(static_cast<double>(ready));
+  cluster_metrics::series(st.config.metrics->warm_pool_wanted, deployment)->set(static_cast<double>(wanted));
+}
+
+void count_migration(self_ptr self, std::string_view reason) {
+  if (self->state.config.metrics) cluster_metrics::series(self->state.config.metrics->migrations, reason)->inc();
 }
 
 // Queues the slot's placement elsewhere now (make before break): a planned
@@ -481,6 +513,7 @@ void drain_moved(self_ptr self, cluster::replica_id id) {
   auto& st = self->state;
   if (!st.drains->mark_slot_moved(id)) return;
   const auto* d = st.drains->find(id);
+  count_migration(self, cluster::to_string(d->cause));
   move_slot(self, d->slot.deployment, d->slot.index, d->avoid);
   pump_migrations(self);
 }
@@ -536,6 +569,7 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
       const auto key = model_key(dep->second);
       if (st.cached_models[key].insert(it->second.node).second) note_cached(self, key);
     }
+    if (state == replica_state::standby) update_standby_gauge(self, it->second.deployment);
   }
   if ((cluster::accepts_requests(state) || state == replica_state::standby) && st.slots->settled(ev.id))
     pump_migrations(self);
@@ -560,6 +594,7 @@ void on_replica_event(self_ptr self, const replica_event& ev) {
     } else if (slot_wanted_and_empty(self, rec.deployment, rec.slot)) {
       // Stopped without a drain this controller knows of (one begun by its
       // predecessor): the slot is still wanted, so it goes elsewhere.
+      count_migration(self, "orphaned");
       move_slot(self, rec.deployment, rec.slot, {});
     }
     pump_migrations(self);
@@ -616,7 +651,10 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
   std::set<std::string> deployments;
   for (const auto& r : lost) deployments.insert(r.deployment);
   for (const auto& d : deployments) rebalance_pool(self, d);
-  for (const auto& r : to_replace) replace_slot(self, r.deployment, r.slot, {node});
+  for (const auto& r : to_replace) {
+    count_migration(self, "node_lost");
+    replace_slot(self, r.deployment, r.slot, {node});
+  }
   for (const auto& r : lost) defrag_progress(self, r.id);
   pump_migrations(self);
 }
@@ -1265,7 +1303,9 @@ void remove_deployment(self_ptr self, const std::string& name) {
   auto& s = self->state;
   if (!s.deployments.count(name)) return;
   stop_slots(self, name, 0);
+  const bool pooled = s.deployments.at(name).warm_percent > 0;
   s.deployments.erase(name);
+  if (pooled) update_standby_gauge(self, name);  // reads 0 of 0 now
   s.scalers.erase(name);
   s.loads_seen.erase(name);
   s.defrag_waiting.erase(name);

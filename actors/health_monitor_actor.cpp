@@ -27,6 +27,16 @@ void update_node_gauge(self_ptr self) {
     cluster_metrics::series(st.config.metrics->nodes, cluster::to_string(health))->set(static_cast<double>(n));
 }
 
+// Every silent interval once, long before a node turns suspect: a flaky
+// link shows as a rising misses rate while the node stays healthy.
+void count_misses(self_ptr self) {
+  auto& st = self->state;
+  const auto misses = st.detector->take_misses(clock_ns(self));
+  if (!st.config.metrics) return;
+  for (const auto& [node, n] : misses)
+    cluster_metrics::series(st.config.metrics->heartbeat_misses, std::to_string(node))->inc(n);
+}
+
 void announce(self_ptr self, const cluster::health_change& c) {
   auto& st = self->state;
   if (st.config.metrics) cluster_metrics::series(st.config.metrics->node_health_changes, cluster::to_string(c.to))->inc();
@@ -95,6 +105,7 @@ caf::behavior health_monitor_actor(caf::stateful_actor<health_monitor_state>* se
       },
       [=](tick_atom) {
         for (const auto& change : self->state.detector->tick(clock_ns(self))) announce(self, change);
+        count_misses(self);
         update_node_gauge(self);
         self->delayed_send(self, period, tick_atom::value);
       },

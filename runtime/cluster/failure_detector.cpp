@@ -22,6 +22,7 @@ void heartbeat_detector::forget(node_id node) { nodes_.erase(node); }
 std::optional<health_change> heartbeat_detector::heartbeat(node_id node, std::int64_t now_ns) {
   auto [it, inserted] = nodes_.try_emplace(node, node_record{now_ns, 0, node_health::healthy});
   auto& r = it->second;
+  if (now_ns > r.last_heard_ns) r.misses_taken = 0;  // a new silence starts now
   r.last_heard_ns = std::max(r.last_heard_ns, now_ns);
   if (inserted || r.health == node_health::healthy) return std::nullopt;
   const health_change change{node, r.health, node_health::healthy, now_ns};
@@ -49,6 +50,20 @@ std::vector<health_change> heartbeat_detector::tick(std::int64_t now_ns) {
       r.health = node_health::confirmed;
       out.push_back({node, node_health::suspect, node_health::confirmed, now_ns});
     }
+  }
+  return out;
+}
+
+std::vector<std::pair<node_id, std::uint64_t>> heartbeat_detector::take_misses(std::int64_t now_ns) {
+  std::vector<std::pair<node_id, std::uint64_t>> out;
+  const std::int64_t interval = config_.heartbeat_interval.count();
+  if (interval <= 0) return out;
+  for (auto& [node, r] : nodes_) {
+    if (now_ns <= r.last_heard_ns) continue;
+    const auto missed = static_cast<std::uint64_t>((now_ns - r.last_heard_ns) / interval);
+    if (missed <= r.misses_taken) continue;
+    out.emplace_back(node, missed - r.misses_taken);
+    r.misses_taken = missed;
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "cluster/types.hpp"
@@ -53,6 +54,11 @@ class heartbeat_detector {
   /// every interval / 2 for timely detection.
   std::vector<health_change> tick(std::int64_t now_ns);
 
+  /// Heartbeat intervals each node has stayed silent through since the
+  /// last call, each interval counted once (the misses counter): a node
+  /// heard again starts from zero. Nodes with nothing new are left out.
+  std::vector<std::pair<node_id, std::uint64_t>> take_misses(std::int64_t now_ns);
+
   node_health health(node_id node) const;
   /// Watched nodes by health (every health present, zero or not).
   std::map<node_health, std::size_t> counts() const;
@@ -65,6 +71,7 @@ class heartbeat_detector {
     std::int64_t last_heard_ns = 0;
     std::int64_t suspected_at_ns = 0;
     node_health health = node_health::healthy;
+    std::uint64_t misses_taken = 0;  // intervals of the current silence already reported
   };
   detector_config config_;
   std::map<node_id, node_record> nodes_;  // ordered: deterministic tick output

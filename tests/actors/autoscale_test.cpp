@@ -12,6 +12,7 @@
 
 #include <caf/send.hpp>
 
+#include "actors/messages.hpp"
 #include "cluster_fixture.hpp"
 
 using namespace exa;
@@ -138,6 +139,77 @@ TEST_CASE("a lost node's serving replica is replaced by a standby at once and th
   f.advance(200ms);
   REQUIRE(k->result.has_value());
   CHECK_FALSE(k->result->err.has_value());
+}
+
+TEST_CASE("a lost node moves the warm-pool take, refill and migration counters and the standby gauge",
+          "[actors][warm_pool][metrics]") {
+  auto o = test::cluster_fixture::defaults(2);
+  o.deployments[0].warm_pool_percent = 50;  // 2 serving, 1 standing by
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  const auto metrics = [&] {
+    std::string text;
+    f.backend().metrics([&](std::string t) { text = std::move(t); });
+    f.run();
+    return text;
+  };
+  auto m = metrics();
+  // The first standby was placed to stand by: a refill; nothing taken yet.
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_events_total{deployment=\"tiny\",event=\"refill\"} 1\n"));
+  CHECK_THAT(m, !Catch::Contains("event=\"take\""));
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_standby{deployment=\"tiny\"} 1\n"));
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_wanted{deployment=\"tiny\"} 1\n"));
+  CHECK_THAT(m, !Catch::Contains("exaserve_migrations_total{"));
+  const auto s = f.status();
+  std::string standby;
+  for (const auto& r : s.replicas)
+    if (r.state == "standby") standby = r.id;
+  REQUIRE_FALSE(standby.empty());
+  const std::uint32_t keep = node_of(s, standby);
+  std::uint32_t lost = keep;
+  std::size_t on_lost = 0;
+  for (const auto& r : s.replicas)
+    if (r.node != keep) lost = r.node;
+  for (const auto& r : s.replicas) on_lost += r.node == lost;
+  REQUIRE(lost != keep);
+  // Loads take 5 s on the surviving node, so the empty pool can be seen.
+  caf::anon_send(f.node(keep), actors::inject_fault{"slow_load", 0, 60000, 5000});
+  f.run();
+  caf::anon_send_exit(f.node(lost), caf::exit_reason::user_shutdown);
+  f.run();
+  m = metrics();
+  // The standby serves now; its replacement is placed, still loading.
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_events_total{deployment=\"tiny\",event=\"take\"} 1\n"));
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_standby{deployment=\"tiny\"} 0\n"));
+  CHECK_THAT(m, Catch::Contains("exaserve_migrations_total{reason=\"node_lost\"} " + std::to_string(on_lost) + "\n"));
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_events_total{deployment=\"tiny\",event=\"refill\"} 2\n"));
+  f.advance(6000ms);
+  m = metrics();
+  // Loaded on the surviving node: a standby again, and nothing counted twice.
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_standby{deployment=\"tiny\"} 1\n"));
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_events_total{deployment=\"tiny\",event=\"refill\"} 2\n"));
+  CHECK_THAT(m, Catch::Contains("exaserve_warm_pool_events_total{deployment=\"tiny\",event=\"take\"} 1\n"));
+}
+
+TEST_CASE("a pool too small for a standby reads 0 of 0, a deployment without one exports none",
+          "[actors][warm_pool][metrics]") {
+  auto o = test::cluster_fixture::defaults(2);
+  const bool pooled = GENERATE(true, false);
+  o.deployments[0].warm_pool_percent = pooled ? 10 : 0;  // 10 % of 2 serving is no standby
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  std::string text;
+  f.backend().metrics([&](std::string t) { text = std::move(t); });
+  f.run();
+  REQUIRE_THAT(text, Catch::Contains("exaserve_replicas{"));
+  // The alert on an empty pool must fire for neither.
+  if (pooled) {
+    CHECK_THAT(text, Catch::Contains("exaserve_warm_pool_standby{deployment=\"tiny\"} 0\n"));
+    CHECK_THAT(text, Catch::Contains("exaserve_warm_pool_wanted{deployment=\"tiny\"} 0\n"));
+  } else {
+    CHECK_THAT(text, !Catch::Contains("exaserve_warm_pool_standby{"));
+  }
+  CHECK_THAT(text, !Catch::Contains("exaserve_warm_pool_events_total{"));
 }
 
 TEST_CASE("warmed standbys give their turn to load back, so the whole pool loads one at a time", "[actors][warm_pool]") {

@@ -43,6 +43,16 @@ std::int64_t now_ns(test::cluster_fixture& f) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(f.system().clock().now().time_since_epoch()).count();
 }
 
+// A counter's value in the metrics text, 0 when its series is absent.
+std::uint64_t counter_value(test::cluster_fixture& f, const std::string& series) {
+  std::string text;
+  f.backend().metrics([&](std::string t) { text = std::move(t); });
+  f.run();
+  const auto at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return 0;
+  return std::stoull(text.substr(at + series.size() + 2));
+}
+
 std::map<std::uint32_t, api::replica_status> by_slot(const api::cluster_status& s) {
   std::map<std::uint32_t, api::replica_status> out;
   for (const auto& r : s.replicas) out[r.slot] = r;
@@ -84,10 +94,16 @@ TEST_CASE("a partition longer than the window: suspect, self-fence, confirm, mig
   const auto lost_node = before.at(0).node;
   inj->arm(lost_node, cluster::channel_fault::partition, now_ns(f) + 3'000'000'000);
 
+  const std::string misses = "exaserve_heartbeat_misses_total{node=\"" + std::to_string(lost_node) + "\"}";
+  const auto misses_before = counter_value(f, misses);
   f.advance(700ms);  // 500 ms of silence: suspect
   auto s = f.status();
   for (const auto& n : s.nodes)
     if (n.id == lost_node) CHECK(n.state == "suspect");
+  // Each silent 100 ms interval counted once: 5 to suspect, at most 7 in 700 ms.
+  const auto misses_suspect = counter_value(f, misses) - misses_before;
+  CHECK(misses_suspect >= 5);
+  CHECK(misses_suspect <= 7);
   // New requests avoid the suspect node's replica.
   std::vector<std::shared_ptr<test::recording_sink>> sinks;
   for (int i = 0; i < 4; ++i) sinks.push_back(f.generate(request("p" + std::to_string(i))));
@@ -104,6 +120,8 @@ TEST_CASE("a partition longer than the window: suspect, self-fence, confirm, mig
   CHECK(after.at(0).epoch == before.at(0).epoch + 1);
   CHECK(after.at(0).state == "ready");
   CHECK(after.at(1).id == before.at(1).id);  // the healthy slot did not move
+  CHECK(counter_value(f, "exaserve_migrations_total{reason=\"node_lost\"}") == 1);
+  CHECK(counter_value(f, misses) - misses_before >= misses_suspect + 10);  // still silent, still counted
 
   f.advance(1500ms);  // the partition heals; the node rejoins
   s = f.status();

@@ -193,6 +193,8 @@ TEST_CASE("a drained node gives up every replica and takes nothing new until und
   f.backend().metrics([&](std::string text) { metrics = std::move(text); });
   f.run();
   CHECK_THAT(metrics, Catch::Contains("exaserve_drains_total{cause=\"node\"} " + std::to_string(on_node)));
+  // Each drained replica's slot was placed again elsewhere: a migration by the drain's cause.
+  CHECK_THAT(metrics, Catch::Contains("exaserve_migrations_total{reason=\"node\"} " + std::to_string(on_node) + "\n"));
   s = f.status();
   CHECK(ready_count(s) == 3);
   for (const auto& rep : s.replicas) CHECK(rep.node != node);

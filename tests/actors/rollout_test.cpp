@@ -179,6 +179,12 @@ TEST_CASE("a clearly slower version is rolled back at once and no request fails"
   CHECK_THAT(line->status, Catch::StartsWith("rolled_back step 1/2 split 1=100% 2=0% verdict regression"));
   CHECK_THAT(line->status, Catch::Contains("p99 above its limit"));
   check_all_served(sinks);
+  std::string metrics;  // the rolled-back outcome has its own label (the alert counts it)
+  f.backend().metrics([&](std::string text) { metrics = std::move(text); });
+  f.run();
+  CHECK_THAT(metrics,
+             Catch::Contains("exaserve_rollout_transitions_total{deployment=\"tiny\",phase=\"rolled_back\"} 1\n"));
+  CHECK_THAT(metrics, !Catch::Contains("phase=\"complete\""));
   f.advance(3000ms);
   const auto after = f.status();
   CHECK(replicas_of(after, "tiny@2").empty());

@@ -112,3 +112,27 @@ TEST_CASE("fault points partition, jitter, drop and duplicate a node's channel",
   f.arm(1, channel_fault::duplicate, 100 * s, 1.0);
   CHECK(f.decide(1, message_class::control, 30 * s).copies == 2);
 }
+
+TEST_CASE("each silent heartbeat interval is counted once, and a heartbeat starts a new silence", "[detector]") {
+  heartbeat_detector d(defaults());  // 2 s interval
+  d.watch(1, 0);
+  d.watch(2, 0);
+  CHECK(d.take_misses(1 * s).empty());  // under one interval: nothing missed yet
+  d.heartbeat(2, 3 * s);
+  auto m = d.take_misses(5 * s);  // node 1: 2 intervals; node 2: 1 since its beat at 3 s
+  REQUIRE(m.size() == 2);
+  CHECK(m[0] == std::pair<node_id, std::uint64_t>{1, 2});
+  CHECK(m[1] == std::pair<node_id, std::uint64_t>{2, 1});
+  CHECK(d.take_misses(5 * s).empty());  // the same instant again: nothing new
+  m = d.take_misses(6 * s);  // node 1 reaches 3 intervals; node 2 still 1
+  REQUIRE(m.size() == 1);
+  CHECK(m[0] == std::pair<node_id, std::uint64_t>{1, 1});
+  d.heartbeat(1, 7 * s);  // heard again: its counted misses restart from zero
+  m = d.take_misses(8 * s);  // node 1: 1 s of silence, none; node 2: 5 s since 3 s, 2 in all
+  REQUIRE(m.size() == 1);
+  CHECK(m[0] == std::pair<node_id, std::uint64_t>{2, 1});
+  m = d.take_misses(9 * s);
+  REQUIRE(m.size() == 2);
+  CHECK(m[0] == std::pair<node_id, std::uint64_t>{1, 1});
+  CHECK(m[1] == std::pair<node_id, std::uint64_t>{2, 1});  // 6 s since 3 s: 3 in all
+}

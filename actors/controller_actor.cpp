@@ -16,6 +16,7 @@
 #include "cluster/routing.hpp"
 #include "model/file_digest.hpp"
 #include "model/llama_model.hpp"
+#include "template/chat_template.hpp"
 
 namespace exa::actors {
 namespace {
@@ -159,7 +160,7 @@ void admit_loads(self_ptr self) {
 
 deployment_announce announce(const std::string& name, const controller_state::deployment& dep) {
   return {name,       dep.model_file, dep.spec.model.vocab_size, dep.spec.model.context_length,
-          dep.routing, dep.tenant,     dep.autoscale.enabled()};
+          dep.routing, dep.tenant,     dep.autoscale.enabled(), dep.chat_template};
 }
 
 void remember(self_ptr self, const api::deploy_request& req) {
@@ -822,7 +823,11 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
     return make_error(errc::invalid_argument, "sha256 must be 64 hex digits, got '" + req.model_sha256 + "'");
   if (!req.tenant.empty())
     if (auto ok = auth::check_tenant(req.tenant); !ok) return std::unexpected(ok.error());
+  // Refused here rather than at each router, where it would only fail chats.
+  if (auto ok = jinja::check_template_text(req.chat_template); !ok)
+    return make_error(ok.error().code, "deployment '" + req.name + "': " + ok.error().message);
   controller_state::deployment dep;
+  dep.chat_template = req.chat_template;
   dep.model_sha256 = model::normalize_sha256(req.model_sha256);
   dep.tenant = req.tenant;
   dep.model_file = file;

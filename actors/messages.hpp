@@ -72,7 +72,8 @@ typename Inspector::result_type inspect(Inspector& f, rollout_status& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
   return f(caf::meta::type_name("exa.deploy_request"), x.name, x.model_file, x.replicas, x.kv_tokens, x.routing,
-           x.max_replicas_per_node, x.model_sha256, x.tenant, x.chat_template);
+           x.max_replicas_per_node, x.model_sha256, x.tenant, x.chat_template, x.warm_pool_percent,
+           x.autoscale_min, x.autoscale_max, x.autoscale_metric, x.autoscale_target, x.idle_to_zero_s);
 }
 
 }  // namespace exa::api

@@ -112,3 +112,19 @@ TEST_CASE("a deployment's announce and deploy request keep its chat template acr
   d.chat_template = a.chat_template;
   CHECK(round_trip(sys, d).chat_template == a.chat_template);
 }
+
+TEST_CASE("a deploy request keeps its warm pool and autoscaling across processes", "[actors][messages]") {
+  // A gateway process hands `exaserve-cli deploy` to a remote controller: a
+  // field left out of inspect arrives as its default, silently.
+  config cfg;
+  caf::actor_system sys{cfg};
+  api::deploy_request d;
+  d.name = "auto";
+  d.warm_pool_percent = 25;
+  d.autoscale_min = 2;
+  d.autoscale_max = 9;
+  d.autoscale_metric = "ttft_p99_ms";
+  d.autoscale_target = 250;
+  d.idle_to_zero_s = 600;
+  CHECK(round_trip(sys, d) == d);
+}

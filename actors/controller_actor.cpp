@@ -1994,7 +1994,8 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
           status.nodes.push_back({n.id, n.rack, !up ? "down" : std::string(cluster::to_string(h)),
                                   contact == s.contacts.end() ? "" : contact->second.address,
                                   clock == s.clock_offsets_ns.end() ? 0.0 : clock->second / 1e6,
-                                  drained ? std::string(cluster::to_string(*drained)) : std::string()});
+                                  drained ? std::string(cluster::to_string(*drained)) : std::string(),
+                                  s.placement->region_of(n.id)});
           for (std::uint32_t d = 0; d < n.devices; ++d) {
             const auto* l = s.placement->ledger({n.id, d});
             status.devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});

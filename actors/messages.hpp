@@ -59,7 +59,8 @@ typename Inspector::result_type inspect(Inspector& f, device_status& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_status& x) {
-  return f(caf::meta::type_name("exa.node_status"), x.id, x.rack, x.state, x.address, x.clock_offset_ms, x.drained);
+  return f(caf::meta::type_name("exa.node_status"), x.id, x.rack, x.state, x.address, x.clock_offset_ms, x.drained,
+           x.region);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_status& x) {

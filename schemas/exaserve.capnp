@@ -267,6 +267,9 @@ struct NodeStatus {
   # Empty, or why nothing new is placed on the node: "node" (an operator
   # drained it; it stays drained until undrained, across restarts) or
   # "shutdown" (its process is stopping; a restarted process takes slots).
+
+  region @6 :Text;
+  # The region the node joined with (`--region`); empty for none.
 }
 
 struct DeviceStatus {

@@ -79,11 +79,11 @@ std::string render_models(const std::vector<api::model_info>& models) {
 std::string render_status(const api::cluster_status& s) {
   std::vector<std::vector<std::string>> nodes;
   for (const auto& n : s.nodes)
-    nodes.push_back({std::to_string(n.id), std::to_string(n.rack),
+    nodes.push_back({std::to_string(n.id), n.region.empty() ? "-" : n.region, std::to_string(n.rack),
                      n.drained.empty() ? n.state : n.state + ",drained(" + n.drained + ")",
                      n.address.empty() ? "-" : n.address, fmt::format("{:+.1f} ms", n.clock_offset_ms)});
   std::string out;
-  out += fmt::format("NODES ({})\n", s.nodes.size()) + render_table({"NODE", "RACK", "STATE", "ADDRESS", "CLOCK"}, nodes);
+  out += fmt::format("NODES ({})\n", s.nodes.size()) + render_table({"NODE", "REGION", "RACK", "STATE", "ADDRESS", "CLOCK"}, nodes);
   out += fmt::format("\nDEVICES ({})\n", s.devices.size()) + devices_table(s);
   out += fmt::format("\nREPLICAS ({})\n", s.replicas.size()) + replicas_table(s);
   out += fmt::format("\nDEPLOYMENTS ({})\n", s.models.size()) + render_models(s.models);
@@ -175,12 +175,13 @@ std::string render_top(const api::cluster_status& s, const std::string& now, std
         mem_used += d.memory_used_bytes;
         mem_total += d.memory_bytes;
       }
-    nodes.push_back({std::to_string(n.id), std::to_string(n.rack), n.state, n.drained.empty() ? "-" : n.drained,
+    nodes.push_back({std::to_string(n.id), n.region.empty() ? "-" : n.region, std::to_string(n.rack), n.state,
+                     n.drained.empty() ? "-" : n.drained,
                      std::to_string(replicas), std::to_string(running), std::to_string(queued),
                      percent(mem_used, mem_total)});
   }
   out += "\nNODES\n" +
-         render_table({"NODE", "RACK", "STATE", "DRAINED", "REPLICAS", "RUNNING", "QUEUED", "MEM USE"}, nodes);
+         render_table({"NODE", "REGION", "RACK", "STATE", "DRAINED", "REPLICAS", "RUNNING", "QUEUED", "MEM USE"}, nodes);
 
   // Replicas to watch: not ready/serving first (by id), then the busiest.
   std::vector<const api::replica_status*> watch;

@@ -57,7 +57,8 @@ api::model_info to_api(rpc::ModelInfo::Reader m) {
 api::cluster_status to_api(rpc::ClusterStatus::Reader s) {
   api::cluster_status out;
   for (auto n : s.getNodes())
-    out.nodes.push_back({n.getId(), n.getRack(), n.getState(), n.getAddress(), n.getClockOffsetMs(), n.getDrained()});
+    out.nodes.push_back({n.getId(), n.getRack(), n.getState(), n.getAddress(), n.getClockOffsetMs(), n.getDrained(),
+                         n.getRegion()});
   for (auto d : s.getDevices())
     out.devices.push_back({d.getNode(), d.getDevice(), d.getKind(), d.getMemoryBytes(), d.getMemoryUsedBytes()});
   for (auto r : s.getReplicas())

@@ -123,6 +123,7 @@ void fill(rpc::ClusterStatus::Builder out, const api::cluster_status& s) {
     nodes[i].setAddress(s.nodes[i].address);
     nodes[i].setClockOffsetMs(s.nodes[i].clock_offset_ms);
     nodes[i].setDrained(s.nodes[i].drained);
+    nodes[i].setRegion(s.nodes[i].region);
   }
   auto devices = out.initDevices(static_cast<unsigned>(s.devices.size()));
   for (unsigned i = 0; i < devices.size(); ++i) {

@@ -196,6 +196,7 @@ struct node_status {
   /// Drained: nothing new is placed on it until undrained ("" = not drained;
   /// else why: "node" for an operator's drain, "shutdown" for a stopping process).
   std::string drained;
+  std::string region;  // the region it joined with ("" = none)
 };
 
 /// The latest rollout of a deployment (kept once finished).

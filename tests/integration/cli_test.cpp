@@ -44,6 +44,22 @@ TEST_CASE("cli status prints nodes and devices and replicas and deployments", "[
   CHECK(r.out.find("DEPLOYMENTS (1)") != std::string::npos);
 }
 
+TEST_CASE("cli status and top show each node's region, carried over RPC", "[cli]") {
+  test_server s;
+  auto status = run_cli(s.rpc_port(), {"status"});
+  CHECK(status.exit_code == 0);
+  const auto nodes = status.out.substr(0, status.out.find("DEVICES"));
+  CHECK(nodes.find("REGION") != std::string::npos);
+  CHECK(nodes.find("eu-west") != std::string::npos);
+  auto top = run_cli(s.rpc_port(), {"top"});
+  CHECK(top.exit_code == 0);
+  const auto at = top.out.find("\nNODES");
+  REQUIRE(at != std::string::npos);
+  const auto top_nodes = top.out.substr(at);
+  CHECK(top_nodes.find("REGION") != std::string::npos);
+  CHECK(top_nodes.find("eu-west") != std::string::npos);
+}
+
 TEST_CASE("cli generate streams the completion to stdout", "[cli]") {
   test_server s;
   auto r = run_cli(s.rpc_port(), {"generate", "--model", "fake", "--max-tokens", "5", "--temperature", "0.5",

@@ -253,7 +253,7 @@ void fake_backend::status(std::function<void(expected<api::cluster_status>)> don
       return done(std::unexpected(e));
     }
     api::cluster_status s;
-    s.nodes.push_back({0, 0, "healthy"});
+    s.nodes.push_back({0, 0, "healthy", "", 0, "", "eu-west"});  // a region: the cli shows it
     s.devices.push_back({0, 0, "cpu", 8ull << 30, 1ull << 30});
     for (const auto& m : models_)
       for (std::uint32_t r = 0; r < m.replicas_desired; ++r)

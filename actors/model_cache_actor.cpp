@@ -16,6 +16,14 @@ namespace {
 
 void evict_unpinned(model_cache_state& st, cluster::node_id node, std::uint64_t incoming = 0) {
   for (const auto& key : st.lru.evict_for(incoming)) {
+    if (auto d = st.on_disk.find(key); d != st.on_disk.end()) {  // from an earlier run, never loaded
+      spdlog::info("event=model_evicted node={} key={} file={} cache_used_bytes={} capacity_bytes={}", node, key,
+                   d->second, st.lru.used_bytes(), st.lru.capacity_bytes());
+      std::error_code ec;
+      std::filesystem::remove(d->second, ec);
+      st.on_disk.erase(d);
+      continue;
+    }
     auto it = st.entries.find(key);
     if (it == st.entries.end()) continue;
     spdlog::info("event=model_evicted node={} key={} file={} cache_used_bytes={} capacity_bytes={}", node, key,
@@ -76,10 +84,12 @@ expected<loaded> load(model_cache_state& st, cluster::node_id node, const std::s
   if (!file && !st.config.store_dir.empty() && !st.config.cache_dir.empty()) {
     // Nowhere on the node: from the store into our cache, checked on the
     // way, after room is made for it (the cache's disk may be sized to it).
+    // A copy found at start is already counted: no room to make for it.
     std::error_code size_ec;
     const auto incoming =
         std::filesystem::file_size(st.config.store_dir + "/" + model::store_name(path, sha256), size_ec);
-    if (!size_ec) evict_unpinned(st, node, incoming);
+    const bool counted = st.on_disk.count("file:" + st.config.cache_dir + "/" + model::store_name(path, sha256)) != 0;
+    if (!size_ec && !counted) evict_unpinned(st, node, incoming);
     auto f = model::fetch_from_store(st.config.store_dir, st.config.cache_dir, path, sha256);
     if (!f) return make_error(f.error().code, "node " + std::to_string(node) + ": " + f.error().message);
     ++st.fetches;
@@ -110,7 +120,14 @@ model_handle acquire(model_cache_state& st, cluster::node_id node, const std::st
     ++st.loads;
     std::error_code ec;
     const auto bytes = std::filesystem::file_size(m->file, ec);
-    it = st.entries.emplace(key, model_cache_state::entry{m->model, m->file, m->fetched}).first;
+    // A copy found at start: its bytes move to this entry (and it stays ours
+    // to delete when evicted).
+    bool fetched = m->fetched;
+    if (st.on_disk.erase("file:" + m->file)) {
+      st.lru.erase("file:" + m->file);
+      fetched = true;
+    }
+    it = st.entries.emplace(key, model_cache_state::entry{m->model, m->file, fetched}).first;
     st.lru.insert(key, ec ? 0 : bytes);
   }
   st.lru.pin(key);
@@ -119,12 +136,33 @@ model_handle acquire(model_cache_state& st, cluster::node_id node, const std::st
   return handle;
 }
 
+// Copies an earlier run left in the cache directory: counted now, oldest
+// first in use order, so the capacity holds from the start.
+void scan_at_start(model_cache_state& st, cluster::node_id node) {
+  if (st.config.cache_dir.empty()) return;
+  auto scan = model::scan_cache_dir(st.config.cache_dir, st.lru.capacity_bytes());
+  if (!scan) {
+    spdlog::warn("event=model_cache_scan_failed node={} error=\"{}\"", node, to_string(scan.error()));
+    return;
+  }
+  for (const auto& f : scan->evicted)
+    spdlog::info("event=model_evicted node={} file={} bytes={} detail=\"over capacity at start\"", node, f.path,
+                 f.bytes);
+  for (const auto& f : scan->kept) {
+    st.lru.insert("file:" + f.path, f.bytes);
+    st.on_disk["file:" + f.path] = f.path;
+  }
+  spdlog::info("event=model_cache_scanned node={} dir={} files={} bytes={} evicted={} skipped={}", node,
+               st.config.cache_dir, scan->kept.size(), st.lru.used_bytes(), scan->evicted.size(), scan->skipped);
+}
+
 }  // namespace
 
 caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cluster::node_id node,
                                 model_cache_config config) {
   self->state.lru = cluster::byte_lru(config.capacity_bytes);
   self->state.config = std::move(config);
+  scan_at_start(self->state, node);
   return {
       [=](const inject_fault& f) {
         if (f.kind != "slow_load") return;

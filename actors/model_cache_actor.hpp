@@ -14,6 +14,11 @@
 // path. A named digest is checked before the model is used, and a file
 // missing at its path is looked for in the node's model directory, as
 // DIR/<sha256>.gguf or DIR/<file name>.
+//
+// At start the cache directory is scanned (model::scan_cache_dir: sizes
+// only): files an earlier run fetched count against the capacity at once,
+// as "file:<path>" entries that are deleted when evicted, and become a
+// model's entry when a deployment uses them (checked then, not refetched).
 
 #include <caf/fwd.hpp>
 
@@ -43,6 +48,7 @@ struct model_cache_state {
   };
   model_cache_config config;
   std::map<std::string, entry> entries;  // "sha256:<hex>" or "path:<path>"
+  std::map<std::string, std::string> on_disk;  // "file:<path>" -> path: found at start, not loaded yet
   cluster::byte_lru lru{0};              // same keys: bytes, pins, use order
   std::shared_ptr<model::file_digest_cache> digests = std::make_shared<model::file_digest_cache>();
   std::uint64_t loads = 0;

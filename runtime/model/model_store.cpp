@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -154,6 +156,55 @@ expected<store_fetch> fetch_from_store(const std::string& store_dir, const std::
   return make_error(errc::corrupt_data, "model " + name + " from the store " + source + " hashes to " + last_digest +
                                             " after " + std::to_string(out.attempts) + " copies, not " + want +
                                             (sha256.empty() ? " (the store file's own digest)" : " (the pinned sha256)"));
+}
+
+expected<cache_scan> scan_cache_dir(const std::string& cache_dir, std::uint64_t capacity_bytes,
+                                    std::size_t max_files) {
+  cache_scan out;
+  std::error_code ec;
+  if (!fs::exists(cache_dir, ec)) return out;  // a first start: nothing cached yet
+  fs::directory_iterator it(cache_dir, ec);
+  if (ec) return make_error(errc::io_error, "cannot read the model cache " + cache_dir + ": " + ec.message());
+  std::size_t seen = 0;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) return make_error(errc::io_error, "cannot read the model cache " + cache_dir + ": " + ec.message());
+    const std::string name = it->path().filename().string();
+    const bool named_like_ours = !name.empty() && name[0] != '.' && name.size() > 5 &&
+                                 name.compare(name.size() - 5, 5, ".gguf") == 0;
+    std::error_code fec;
+    if (!named_like_ours || !it->is_regular_file(fec) || ++seen > max_files) {
+      ++out.skipped;
+      continue;
+    }
+    const auto bytes = it->file_size(fec);
+    const auto mtime = it->last_write_time(fec);
+    if (fec) {
+      ++out.skipped;  // gone or unreadable since listed: fetched again when wanted
+      continue;
+    }
+    // Named as fetch_from_store names its copies, so a deployment's copy is recognized.
+    out.kept.push_back({cache_dir + "/" + name, bytes,
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(mtime.time_since_epoch()).count()});
+  }
+  std::sort(out.kept.begin(), out.kept.end(), [](const cached_file& a, const cached_file& b) {
+    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.path < b.path;
+  });
+  std::uint64_t total = 0;
+  for (const auto& f : out.kept) total += f.bytes;
+  // Over capacity (it shrank, or files were put there by hand): the least
+  // recently written go, as the running cache would have evicted them.
+  std::size_t first_kept = 0;
+  while (total > capacity_bytes && first_kept < out.kept.size()) {
+    const auto& f = out.kept[first_kept];
+    std::error_code rec;
+    if (!fs::remove(f.path, rec) && rec)
+      return make_error(errc::io_error, "cannot evict " + f.path + " from the model cache: " + rec.message());
+    total -= f.bytes;
+    out.evicted.push_back(f);
+    ++first_kept;
+  }
+  out.kept.erase(out.kept.begin(), out.kept.begin() + static_cast<std::ptrdiff_t>(first_kept));
+  return out;
 }
 
 }  // namespace exa::model

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 
@@ -42,5 +43,29 @@ std::string store_name(const std::string& path, const std::string& sha256);
 expected<store_fetch> fetch_from_store(const std::string& store_dir, const std::string& cache_dir,
                                        const std::string& path, const std::string& sha256,
                                        const store_options& options = {});
+
+/// A model file a node's cache directory held when the node started.
+struct cached_file {
+  std::string path;
+  std::uint64_t bytes = 0;
+  std::int64_t mtime_ns = 0;  // last written: the use order a new process knows
+};
+
+struct cache_scan {
+  std::vector<cached_file> kept;     // oldest first (least recently used first)
+  std::vector<cached_file> evicted;  // deleted: the kept ones alone exceeded the capacity
+  std::size_t skipped = 0;           // entries not named like a cached model (or past the bound)
+};
+
+/// Files of an earlier run in a node's cache directory, so that a restarted
+/// node counts them against its capacity and reuses them without a fetch.
+/// Only regular files named like the cache's own (ending in .gguf, not a
+/// hidden ".NAME.tmp.*" temporary) count. Only their sizes are read: their
+/// bytes are checked against the digest when a deployment uses them, as for
+/// any copy in the cache. When they exceed `capacity_bytes`, the oldest by
+/// mtime are deleted until the rest fit. At most `max_files` are looked at.
+/// A missing directory is an empty cache; an unreadable one is an io_error.
+expected<cache_scan> scan_cache_dir(const std::string& cache_dir, std::uint64_t capacity_bytes,
+                                    std::size_t max_files = 4096);
 
 }  // namespace exa::model

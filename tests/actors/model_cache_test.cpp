@@ -184,3 +184,38 @@ TEST_CASE("a release that comes before its delayed load completes still unpins t
   CHECK_FALSE(std::filesystem::exists(dir + "/cache/b.gguf"));  // fetched, then unpinned and evicted
   caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a node's cache directory from an earlier run is counted at start and reused without a copy",
+          "[actors][models]") {
+  const std::string& model = test::tiny_model_path();
+  const auto bytes = std::filesystem::file_size(model);
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/model-cache-scan";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/store");
+  std::filesystem::create_directories(dir + "/cache");
+  std::filesystem::copy_file(model, dir + "/store/b.gguf");
+  std::filesystem::copy_file(model, dir + "/store/c.gguf");
+  std::filesystem::copy_file(model, dir + "/cache/b.gguf");  // fetched by an earlier run
+  { std::ofstream(dir + "/cache/old.gguf", std::ios::binary) << "an older copy no one asked for yet"; }
+  const auto now = std::filesystem::file_time_type::clock::now();
+  std::filesystem::last_write_time(dir + "/cache/old.gguf", now - std::chrono::seconds(600));
+  const auto b_written = now - std::chrono::seconds(300);
+  std::filesystem::last_write_time(dir + "/cache/b.gguf", b_written);
+  cache_system cs;
+  // Room for one model and a half: b and old fit; c too only once old goes.
+  auto cache = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{11},
+                             actors::model_cache_config{bytes + bytes / 2, "", dir + "/store", dir + "/cache"});
+  const auto b = acquire(*cs.sys, cache, "/not/on/this/node/b.gguf", "");
+  INFO(b.error.to_error().message);
+  REQUIRE(b.model);
+  // The copy was checked and used as it was, not copied again.
+  CHECK(std::filesystem::last_write_time(dir + "/cache/b.gguf") == b_written);
+  CHECK(std::filesystem::exists(dir + "/cache/old.gguf"));
+  // c needs room: the copy found at start counts and is the least recently
+  // used, so it goes (b is in use and stays).
+  const auto c = acquire(*cs.sys, cache, "/not/on/this/node/c.gguf", "");
+  REQUIRE(c.model);
+  CHECK_FALSE(std::filesystem::exists(dir + "/cache/old.gguf"));
+  CHECK(std::filesystem::exists(dir + "/cache/b.gguf"));
+  caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
+}

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -106,4 +107,61 @@ TEST_CASE("a store file with other bytes than pinned is refused, and nothing is 
   REQUIRE_FALSE(missing);
   CHECK(missing.error().code == errc::not_found);
   CHECK_THAT(missing.error().message, Catch::Contains("absent.gguf"));
+}
+
+namespace {
+
+void write_aged(const std::string& path, std::size_t bytes, int age_s) {
+  write(path, std::string(bytes, 'm'));
+  fs::last_write_time(path, fs::file_time_type::clock::now() - std::chrono::seconds(age_s));
+}
+
+}  // namespace
+
+TEST_CASE("a cache directory's model files are found at start, oldest first, by size only", "[model][store]") {
+  const auto dir = fresh("scan") + "/cache";
+  fs::create_directories(dir + "/sub.gguf");  // a directory, not a file
+  write_aged(dir + "/old.gguf", 100, 300);
+  write_aged(dir + "/" + std::string(64, 'a') + ".gguf", 200, 100);
+  write_aged(dir + "/.new.gguf.tmp.Xy12ab", 50, 10);  // a torn temporary
+  write_aged(dir + "/notes.txt", 10, 10);
+  auto s = scan_cache_dir(dir, 1000);
+  REQUIRE(s);
+  REQUIRE(s->kept.size() == 2);
+  CHECK(s->kept[0].path == dir + "/old.gguf");
+  CHECK(s->kept[0].bytes == 100);
+  CHECK(s->kept[1].path == dir + "/" + std::string(64, 'a') + ".gguf");
+  CHECK(s->kept[1].bytes == 200);
+  CHECK(s->evicted.empty());
+  CHECK(s->skipped == 3);
+  // Bytes that match no digest are still kept: they are checked on use.
+  CHECK(fs::exists(dir + "/old.gguf"));
+}
+
+TEST_CASE("a cache directory over capacity at start loses its least recently written files", "[model][store]") {
+  const auto dir = fresh("scan-over") + "/cache";
+  fs::create_directories(dir);
+  write_aged(dir + "/a.gguf", 400, 300);
+  write_aged(dir + "/b.gguf", 400, 200);
+  write_aged(dir + "/c.gguf", 400, 100);
+  auto s = scan_cache_dir(dir, 900);
+  REQUIRE(s);
+  REQUIRE(s->evicted.size() == 1);
+  CHECK(s->evicted[0].path == dir + "/a.gguf");
+  CHECK_FALSE(fs::exists(dir + "/a.gguf"));
+  REQUIRE(s->kept.size() == 2);
+  CHECK(s->kept[0].path == dir + "/b.gguf");
+  CHECK(fs::exists(dir + "/c.gguf"));
+  // The bound on files looked at: the rest are skipped, not counted.
+  auto bounded = scan_cache_dir(dir, 900, 1);
+  REQUIRE(bounded);
+  CHECK(bounded->kept.size() == 1);
+  CHECK(bounded->skipped == 1);
+}
+
+TEST_CASE("a missing cache directory is an empty cache", "[model][store]") {
+  auto s = scan_cache_dir(fresh("scan-none") + "/no-such-dir", 1000);
+  REQUIRE(s);
+  CHECK(s->kept.empty());
+  CHECK(s->evicted.empty());
 }

@@ -958,8 +958,13 @@ std::vector<api::model_info> list_models(self_ptr self) {
     // The current version is listed under the plain name; others as NAME@V.
     const std::string base(cluster::split_version(name).base);
     const std::string listed = current_of(self->state, base) == name ? base : name;
-    api::model_info mi{listed, dep.model_file, 0, dep.serving, dep.spec.model.context_length, dep.tenant,
-                       cluster::version_of(name)};
+    api::model_info mi;
+    mi.name = listed;
+    mi.model_file = dep.model_file;
+    mi.replicas_desired = dep.serving;
+    mi.context_length = dep.spec.model.context_length;
+    mi.tenant = dep.tenant;
+    mi.version = cluster::version_of(name);
     mi.architecture = dep.facts.architecture;
     mi.quantization = dep.facts.quantization;
     mi.tokenizer = dep.facts.tokenizer;
@@ -1815,7 +1820,7 @@ void on_autoscale_tick(self_ptr self) {
     if (!any) continue;  // no router reports it: nothing is known of its load
     scaler.observe(s);
     const std::string base(cluster::split_version(name).base);
-    if (st.reconciling || st.rollouts.count(base) && (rollout_active(st, base) || st.rollouts.at(base).finishing))
+    if (st.reconciling || (st.rollouts.count(base) && (rollout_active(st, base) || st.rollouts.at(base).finishing)))
       continue;  // a rollout (or its finish) owns the counts
     if (current_of(st, base) != name) continue;  // a version not serving the plain name
     const auto d = scaler.decide(now, dep->second.serving);

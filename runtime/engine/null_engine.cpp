@@ -69,7 +69,7 @@ step_result null_engine::step() {
         done = true;
         reason = finish_reason::stop;
       } else {
-        out.tokens.push_back({r.id, t, s.generated});
+        out.tokens.push_back({r.id, t, s.generated, std::nullopt});
         s.tokens.push_back(t);
         ++s.generated;
         ++stats_.generated_tokens;

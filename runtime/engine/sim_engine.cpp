@@ -308,7 +308,7 @@ bool sim_engine::emit(seq& s, step_result& out) {
     out.finished.push_back({s.id, finish_reason::stop, s.generated});
     return true;
   }
-  out.tokens.push_back({s.id, t, s.generated});
+  out.tokens.push_back({s.id, t, s.generated, std::nullopt});
   s.hash = extend(s.hash, t);
   ++s.generated;
   if (s.generated < s.max_tokens) return false;

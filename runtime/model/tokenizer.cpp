@@ -126,26 +126,6 @@ std::unexpected<error> invalid(std::string message) {
   return make_error(errc::invalid_argument, std::move(message));
 }
 
-struct named_id {
-  const char* key;
-  std::optional<token_id> special_token_ids::*member;
-};
-
-constexpr named_id named_ids[] = {
-    {"tokenizer.ggml.bos_token_id", &special_token_ids::bos},
-    {"tokenizer.ggml.eos_token_id", &special_token_ids::eos},
-    {"tokenizer.ggml.eot_token_id", &special_token_ids::eot},
-    {"tokenizer.ggml.eom_token_id", &special_token_ids::eom},
-    {"tokenizer.ggml.unknown_token_id", &special_token_ids::unk},
-    {"tokenizer.ggml.seperator_token_id", &special_token_ids::sep},
-    {"tokenizer.ggml.padding_token_id", &special_token_ids::pad},
-    {"tokenizer.ggml.fim_pre_token_id", &special_token_ids::fim_pre},
-    {"tokenizer.ggml.fim_suf_token_id", &special_token_ids::fim_suf},
-    {"tokenizer.ggml.fim_mid_token_id", &special_token_ids::fim_mid},
-    {"tokenizer.ggml.fim_pad_token_id", &special_token_ids::fim_pad},
-    {"tokenizer.ggml.fim_rep_token_id", &special_token_ids::fim_rep},
-    {"tokenizer.ggml.fim_sep_token_id", &special_token_ids::fim_sep},
-};
 
 }  // namespace
 
@@ -167,7 +147,7 @@ expected<tokenizer> tokenizer::from_gguf(const gguf_file& file, std::uint32_t vo
 }
 
 expected<tokenizer> tokenizer::from_vocab(vocab v, std::uint32_t vocab_size, std::string_view model_name) {
-  for (const named_id& k : named_ids) {
+  for (const special_id_key& k : special_id_keys) {
     const auto& id = v.ids.*k.member;
     if (id && (*id < 0 || static_cast<std::uint32_t>(*id) >= vocab_size)) {
       return invalid(fmt::format("{} = {} is out of range for vocabulary size {}", k.key, *id, vocab_size));
@@ -211,7 +191,7 @@ void tokenizer::apply_type_defaults() {
     if (vocab_.pre == "glm4" || vocab_.pre == "chatglm-bpe") special_.bos.reset();
     clean_spaces_ = true;
   }
-  for (const named_id& k : named_ids) {
+  for (const special_id_key& k : special_id_keys) {
     if (const auto& id = vocab_.ids.*k.member) special_.*k.member = *id;
   }
 }

@@ -11,29 +11,6 @@ namespace exa::model {
 
 namespace {
 
-struct id_key {
-  const char* key;
-  std::optional<token_id> special_token_ids::*member;
-};
-
-// Every id key llama.cpp reads (llama-arch.cpp's LLM_KV_TOKENIZER_*_ID;
-// "seperator" is spelled as llama.cpp and gguf-py spell it).
-constexpr id_key id_keys[] = {
-    {"tokenizer.ggml.bos_token_id", &special_token_ids::bos},
-    {"tokenizer.ggml.eos_token_id", &special_token_ids::eos},
-    {"tokenizer.ggml.eot_token_id", &special_token_ids::eot},
-    {"tokenizer.ggml.eom_token_id", &special_token_ids::eom},
-    {"tokenizer.ggml.unknown_token_id", &special_token_ids::unk},
-    {"tokenizer.ggml.seperator_token_id", &special_token_ids::sep},
-    {"tokenizer.ggml.padding_token_id", &special_token_ids::pad},
-    {"tokenizer.ggml.fim_pre_token_id", &special_token_ids::fim_pre},
-    {"tokenizer.ggml.fim_suf_token_id", &special_token_ids::fim_suf},
-    {"tokenizer.ggml.fim_mid_token_id", &special_token_ids::fim_mid},
-    {"tokenizer.ggml.fim_pad_token_id", &special_token_ids::fim_pad},
-    {"tokenizer.ggml.fim_rep_token_id", &special_token_ids::fim_rep},
-    {"tokenizer.ggml.fim_sep_token_id", &special_token_ids::fim_sep},
-};
-
 struct flag_key {
   const char* key;
   std::optional<bool> vocab::*member;
@@ -111,7 +88,7 @@ expected<void> read_arrays(const gguf_file& file, vocab& v) {
 }
 
 expected<void> read_scalars(const gguf_file& file, vocab& v) {
-  for (const id_key& k : id_keys) {
+  for (const special_id_key& k : special_id_keys) {
     if (file.find(k.key) == nullptr) continue;
     auto id = file.get_int(k.key);
     if (!id) return std::unexpected(id.error());
@@ -170,7 +147,7 @@ expected<void> vocab::validate() const {
     }
     if (!seen.insert(tokens[i]).second) return invalid(fmt::format("token {} '{}' appears twice", i, tokens[i]));
   }
-  for (const id_key& k : id_keys) {
+  for (const special_id_key& k : special_id_keys) {
     const auto& id = ids.*k.member;
     if (id && (*id < 0 || static_cast<std::size_t>(*id) >= tokens.size())) {
       return invalid(fmt::format("{} = {} is out of range for {} tokens", k.key, *id, tokens.size()));
@@ -191,7 +168,7 @@ void vocab::write_gguf(gguf_writer& w) const {
     w.add_i32_array("tokenizer.ggml.token_type", std::move(k));
   }
   if (!merges.empty()) w.add_string_array("tokenizer.ggml.merges", merges);
-  for (const id_key& k : id_keys) {
+  for (const special_id_key& k : special_id_keys) {
     if (const auto& id = ids.*k.member) w.add_u32(k.key, static_cast<std::uint32_t>(*id));
   }
   for (const flag_key& k : flag_keys) {

@@ -31,6 +31,30 @@ struct special_token_ids {
   std::optional<token_id> fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
 };
 
+/// A GGUF key naming a special token id, and where it goes.
+struct special_id_key {
+  const char* key;
+  std::optional<token_id> special_token_ids::*member;
+};
+
+/// Every id key llama.cpp reads (llama-arch.cpp's LLM_KV_TOKENIZER_*_ID;
+/// "seperator" is spelled as llama.cpp and gguf-py spell it).
+inline constexpr special_id_key special_id_keys[] = {
+    {"tokenizer.ggml.bos_token_id", &special_token_ids::bos},
+    {"tokenizer.ggml.eos_token_id", &special_token_ids::eos},
+    {"tokenizer.ggml.eot_token_id", &special_token_ids::eot},
+    {"tokenizer.ggml.eom_token_id", &special_token_ids::eom},
+    {"tokenizer.ggml.unknown_token_id", &special_token_ids::unk},
+    {"tokenizer.ggml.seperator_token_id", &special_token_ids::sep},
+    {"tokenizer.ggml.padding_token_id", &special_token_ids::pad},
+    {"tokenizer.ggml.fim_pre_token_id", &special_token_ids::fim_pre},
+    {"tokenizer.ggml.fim_suf_token_id", &special_token_ids::fim_suf},
+    {"tokenizer.ggml.fim_mid_token_id", &special_token_ids::fim_mid},
+    {"tokenizer.ggml.fim_pad_token_id", &special_token_ids::fim_pad},
+    {"tokenizer.ggml.fim_rep_token_id", &special_token_ids::fim_rep},
+    {"tokenizer.ggml.fim_sep_token_id", &special_token_ids::fim_sep},
+};
+
 /// Bounds on what a vocabulary may hold: far above any real model (the largest
 /// common vocabularies are ~260k tokens), small enough to refuse garbage early.
 inline constexpr std::size_t vocab_max_tokens = std::size_t{1} << 20;

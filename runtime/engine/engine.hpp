@@ -51,6 +51,10 @@ struct finish_event {
   seq_id id = 0;
   finish_reason reason = finish_reason::stop;
   std::uint32_t generated = 0;  // total generated tokens, resume_tokens included
+  /// Prompt tokens whose KV came from the prefix cache instead of being
+  /// computed (at the request's first admission): OpenAI's
+  /// usage.prompt_tokens_details.cached_tokens.
+  std::uint32_t cached_tokens = 0;
 };
 
 struct step_result {
@@ -73,6 +77,19 @@ struct engine_stats {
   std::uint64_t generated_tokens = 0;
   std::uint64_t prefill_tokens = 0;
   std::uint64_t preemptions = 0;
+  /// Prefix cache: prompt tokens looked up at admission, and how many of
+  /// them were found cached (hit rate = hit / lookup); blocks held in the
+  /// cache now (referenced or evictable).
+  std::uint64_t prefix_lookup_tokens = 0;
+  std::uint64_t prefix_hit_tokens = 0;
+  std::uint32_t prefix_cached_blocks = 0;
+};
+
+/// What a replica tells the router about its prefix cache: the chained block
+/// hashes (model/prefix_hash.hpp) it holds, most recently used first.
+struct prefix_summary {
+  std::uint32_t block_tokens = 0;  // 0: no prefix cache
+  std::vector<std::uint64_t> hashes;
 };
 
 class inference_engine {
@@ -95,6 +112,12 @@ class inference_engine {
   /// one prefill chunk.
   virtual step_result step() = 0;
   virtual engine_stats stats() const = 0;
+  /// The prefix cache's block hashes, at most `max_hashes`, most recently
+  /// used first; an empty summary for engines without a prefix cache.
+  virtual prefix_summary cached_prefixes(std::size_t max_hashes) const {
+    (void)max_hashes;
+    return {};
+  }
 
   /// Simulated engines: how many replicas share this engine's device right
   /// now (memory bandwidth is split among them). Real engines ignore it.

@@ -266,10 +266,13 @@ struct finish_msg {
   std::uint64_t request = 0;
   std::uint8_t reason = 0;
   std::uint32_t generated = 0;
+  /// engine::finish_event::cached_tokens: tokens of this admission's prompt
+  /// (the request's prompt plus any resumed tokens) read from the prefix cache.
+  std::uint32_t cached_tokens = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, finish_msg& x) {
-  return f(caf::meta::type_name("exa.finish"), x.request, x.reason, x.generated);
+  return f(caf::meta::type_name("exa.finish"), x.request, x.reason, x.generated, x.cached_tokens);
 }
 
 /// request -> replica: stop generating and free the KV blocks.

@@ -213,7 +213,8 @@ void on_step_done(self_ptr self, const step_done& done) {
     auto it = st.active.find(f.id);
     if (it == st.active.end()) continue;
     if (st.health) st.health->observe_request(false);
-    self->send(it->second.requester, finish_msg{f.id, static_cast<std::uint8_t>(f.reason), f.generated});
+    self->send(it->second.requester,
+               finish_msg{f.id, static_cast<std::uint8_t>(f.reason), f.generated, f.cached_tokens});
     self->demonitor(it->second.requester);
     st.active.erase(it);
   }

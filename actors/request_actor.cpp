@@ -35,7 +35,8 @@ void finish(self_ptr self, api::finish_reason reason, std::optional<error> err =
   api::generate_result r;
   r.reason = reason;
   r.err = std::move(err);
-  r.usage = {static_cast<std::uint32_t>(st.prompt.size()), static_cast<std::uint32_t>(st.generated.size())};
+  r.usage = {static_cast<std::uint32_t>(st.prompt.size()), static_cast<std::uint32_t>(st.generated.size()),
+             std::min(st.cached_tokens, static_cast<std::uint32_t>(st.prompt.size()))};
   const std::int64_t end = now_ns(self);
   r.timings.e2e_ms = (end - st.start_ns) / 1e6;
   if (st.first_token_ns) {
@@ -235,6 +236,7 @@ void on_finish(self_ptr self, const finish_msg& m) {
   out += st.held_text;  // the stream ended: a partial stop sequence is just text
   st.held_text.clear();
   emit(self, std::move(out));
+  st.cached_tokens = m.cached_tokens;
   self->send(st.router, replica_outcome{st.replica_id, true});
   finish(self, reason == engine::finish_reason::stop ? api::finish_reason::stop : api::finish_reason::length);
 }

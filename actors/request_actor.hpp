@@ -81,6 +81,13 @@ struct request_actor_state {
   std::vector<caf::actor_addr> failed_actors;  // replica actors that failed this request (bounded)
   bool done = false;
   std::uint32_t resumes = 0;  // moves to another replica after one was serving it
+  /// Prompt tokens the finishing replica read from its prefix cache. A
+  /// resumed request reports what the replica that finished it reused: its
+  /// admission covered the prompt and the tokens already streamed, and only
+  /// the prompt's share counts (capped at the prompt in finish()). The
+  /// replicas left behind never said (the engine tells at finish only), and
+  /// that admission produced the answer the client got.
+  std::uint32_t cached_tokens = 0;
   std::string last_failure;  // why the last attempt failed, for the final error
   std::int64_t start_ns = 0, first_token_ns = 0;
   std::int64_t deadline_ns = 0;  // absolute, for a router that adopts us

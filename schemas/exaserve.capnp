@@ -126,6 +126,11 @@ struct Usage {
 
   completionTokens @1 :UInt32;
   # Tokens generated.
+
+  cachedTokens @2 :UInt32;
+  # Prompt tokens whose KV the replica read from its prefix cache instead of
+  # computing (at most promptTokens; 0 from servers that predate it). A
+  # request resumed on another replica reports the one that finished it.
 }
 
 struct Timings {

@@ -198,10 +198,11 @@ int cmd_generate(cli::rpc_client& client, const command_args& args) {
   if (result->err) return fail("generate", *result->err);
   if (result->reason == api::finish_reason::cancelled)
     return fail("generate", error{errc::cancelled, "the request was cancelled"});
-  spdlog::info("event=generate_done model={} finish={} prompt_tokens={} completion_tokens={} ttft_ms={:.1f} e2e_ms={:.1f}",
-               req->model, result->reason == api::finish_reason::length ? "length" : "stop",
-               result->usage.prompt_tokens, result->usage.completion_tokens, result->timings.ttft_ms,
-               result->timings.e2e_ms);
+  spdlog::info(
+      "event=generate_done model={} finish={} prompt_tokens={} cached_tokens={} completion_tokens={} ttft_ms={:.1f} "
+      "e2e_ms={:.1f}",
+      req->model, result->reason == api::finish_reason::length ? "length" : "stop", result->usage.prompt_tokens,
+      result->usage.cached_tokens, result->usage.completion_tokens, result->timings.ttft_ms, result->timings.e2e_ms);
   return 0;
 }
 

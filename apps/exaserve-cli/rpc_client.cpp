@@ -83,7 +83,7 @@ api::finish_reason to_api(rpc::FinishReason r) {
 api::generate_result to_api(rpc::GenerateResult::Reader r) {
   api::generate_result out;
   out.reason = to_api(r.getFinishReason());
-  out.usage = {r.getUsage().getPromptTokens(), r.getUsage().getCompletionTokens()};
+  out.usage = {r.getUsage().getPromptTokens(), r.getUsage().getCompletionTokens(), r.getUsage().getCachedTokens()};
   out.timings = {r.getTimings().getTtftMs(), r.getTimings().getTpotMs(), r.getTimings().getE2eMs()};
   if (r.hasError()) {
     const std::string code = r.getError().getCode();

@@ -277,10 +277,13 @@ check read_model(const json& body, api::generate_request& gen) {
   return std::nullopt;
 }
 
+// OpenAI's usage object. prompt_tokens_details is always there (0 cached
+// when the prefix cache had nothing, or the engine has none), as OpenAI sends it.
 json usage_json(const api::token_usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 json chunk_envelope(const response_meta& meta) {

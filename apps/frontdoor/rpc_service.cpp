@@ -74,6 +74,7 @@ void fill(rpc::GenerateResult::Builder out, const api::generate_result& r, const
   out.setFinishReason(to_rpc(r.reason));
   out.initUsage().setPromptTokens(r.usage.prompt_tokens);
   out.getUsage().setCompletionTokens(r.usage.completion_tokens);
+  out.getUsage().setCachedTokens(r.usage.cached_tokens);
   auto t = out.initTimings();
   t.setTtftMs(r.timings.ttft_ms);
   t.setTpotMs(r.timings.tpot_ms);

@@ -117,6 +117,9 @@ enum class finish_reason { stop, length, cancelled, error };
 struct token_usage {
   std::uint32_t prompt_tokens = 0;
   std::uint32_t completion_tokens = 0;
+  /// Prompt tokens whose KV came from the replica's prefix cache (OpenAI's
+  /// prompt_tokens_details.cached_tokens); never more than prompt_tokens.
+  std::uint32_t cached_tokens = 0;
 };
 
 struct request_timings {

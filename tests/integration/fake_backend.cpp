@@ -198,6 +198,7 @@ void fake_backend::run_job(const std::shared_ptr<job>& j) {
   }
   const auto out = fake_complete(j->request);
   result.usage.prompt_tokens = out.prompt_tokens;
+  result.usage.cached_tokens = std::min(b.cached_tokens, out.prompt_tokens);
   result.replica = j->request.model + "/0";
   for (std::size_t i = 0; i < out.tokens.size(); ++i) {
     {

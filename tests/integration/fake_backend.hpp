@@ -37,6 +37,7 @@ struct fake_behavior {
   std::optional<std::size_t> hang_after{};   // tokens sent before waiting for cancel()
   std::chrono::milliseconds token_delay{0};  // simulated decode time per token
   bool synchronous = false;                  // answer inside generate(), on the caller's thread
+  std::uint32_t cached_tokens = 0;           // usage.cached_tokens it reports (at most the prompt's)
 };
 
 /// The completion the fake produces for a request (for expected values).

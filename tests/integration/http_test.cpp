@@ -76,7 +76,10 @@ TEST_CASE("completion: non-stream response has the OpenAI shape and the fake's t
   CHECK(j["choices"][0]["text"] == "oll");
   CHECK(j["choices"][0]["finish_reason"] == "length");
   CHECK(j["choices"][0]["logprobs"].is_null());
-  CHECK(j["usage"] == json{{"prompt_tokens", 5}, {"completion_tokens", 3}, {"total_tokens", 8}});
+  CHECK(j["usage"] == json{{"prompt_tokens", 5},
+                            {"completion_tokens", 3},
+                            {"total_tokens", 8},
+                            {"prompt_tokens_details", {{"cached_tokens", 0}}}});
 
   auto seen = s.backend->requests();
   REQUIRE(seen.size() == 1);
@@ -161,7 +164,10 @@ TEST_CASE("completion: a stream is SSE with one event per chunk and equals the n
   REQUIRE(events.size() == 6 + 3);
   auto usage = json::parse(events[events.size() - 2]);
   CHECK(usage["choices"].empty());
-  CHECK(usage["usage"] == json{{"prompt_tokens", 9}, {"completion_tokens", 6}, {"total_tokens", 15}});
+  CHECK(usage["usage"] == json{{"prompt_tokens", 9},
+                                {"completion_tokens", 6},
+                                {"total_tokens", 15},
+                                {"prompt_tokens_details", {{"cached_tokens", 0}}}});
 }
 
 TEST_CASE("chat: messages reach the backend as sent and responses have the chat shape", "[http]") {
@@ -207,6 +213,41 @@ TEST_CASE("chat: messages reach the backend as sent and responses have the chat 
   CHECK(finish["choices"][0]["finish_reason"] == "length");
   CHECK(events.back() == "[DONE]");
   CHECK(streamed_text(events) == "\nih :");
+}
+
+TEST_CASE("usage says how many prompt tokens came from the prefix cache, streamed and not", "[http]") {
+  test_server s;
+  s.backend->set_behavior("fake", {.cached_tokens = 4});
+  const json completion = {{"model", "fake"}, {"prompt", "cached prompt"}, {"max_tokens", 3}};  // 13 tokens
+  const json chat = {{"model", "fake"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}};
+  const json want = {{"prompt_tokens", 13},
+                     {"completion_tokens", 3},
+                     {"total_tokens", 16},
+                     {"prompt_tokens_details", {{"cached_tokens", 4}}}};
+  CHECK(parse(post(s.http_port(), "/v1/completions", completion))["usage"] == want);
+  auto j = parse(post(s.http_port(), "/v1/chat/completions", chat));  // "user: hi\n": 9 tokens
+  CHECK(j["usage"]["prompt_tokens"] == 9);
+  CHECK(j["usage"]["prompt_tokens_details"] == json{{"cached_tokens", 4}});
+
+  // Streamed: only the usage event (with include_usage) carries it.
+  for (const auto& [path, body] :
+       {std::pair{"/v1/completions", completion}, std::pair{"/v1/chat/completions", chat}}) {
+    INFO(path);
+    json streaming = body;
+    streaming["stream"] = true;
+    streaming["stream_options"] = {{"include_usage", true}};
+    auto events = sse_events(post(s.http_port(), path, streaming).body);
+    REQUIRE(events.size() >= 3);
+    CHECK(events.back() == "[DONE]");
+    auto usage = json::parse(events[events.size() - 2]);
+    CHECK(usage["choices"].empty());
+    CHECK(usage["usage"]["prompt_tokens_details"] == json{{"cached_tokens", 4}});
+    for (std::size_t i = 0; i + 2 < events.size(); ++i) CHECK_FALSE(json::parse(events[i]).contains("usage"));
+  }
+
+  // Never more than the prompt: a 2-token prompt reports 2.
+  j = parse(post(s.http_port(), "/v1/completions", {{"model", "fake"}, {"prompt", "ab"}, {"max_tokens", 1}}));
+  CHECK(j["usage"]["prompt_tokens_details"]["cached_tokens"] == 2);
 }
 
 TEST_CASE("models and health and readiness and metrics endpoints", "[http]") {

@@ -106,6 +106,7 @@ std::string text_of(const std::vector<api::token_chunk>& chunks) {
 
 TEST_CASE("rpc generate streams chunks in order and returns usage", "[rpc]") {
   test_server s;
+  s.backend->set_behavior("fake", {.cached_tokens = 6});  // prompt tokens from the prefix cache
   rpc_fixture c(s.rpc_port());
   auto gateway = c.service.gatewayRequest().send().getGateway();
   auto sink = std::make_shared<sink_state>();
@@ -114,6 +115,7 @@ TEST_CASE("rpc generate streams chunks in order and returns usage", "[rpc]") {
   CHECK(result.getFinishReason() == rpc::FinishReason::LENGTH);
   CHECK(result.getUsage().getPromptTokens() == 11);
   CHECK(result.getUsage().getCompletionTokens() == 8);
+  CHECK(result.getUsage().getCachedTokens() == 6);
   CHECK_FALSE(result.hasError());
   CHECK(std::string(result.getRequestId()).rfind("req-", 0) == 0);
   CHECK(std::string(result.getReplica()) == "fake/0");

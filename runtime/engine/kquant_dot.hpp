@@ -17,11 +17,13 @@
 #include <cstdint>
 
 #include "model/kquants.hpp"
+#include "engine/isa.hpp"
 #include "model/tensor_type.hpp"
 
 namespace exa::engine::kquant {
 
-/// The implementations compiled into this binary.
+/// The implementations: the scalar and AVX2 kernel variants (isa.hpp); the
+/// AVX-512 variant runs the AVX2 code for these types.
 enum class path { scalar, avx2 };
 
 /// True for tensor types these kernels multiply.
@@ -29,11 +31,14 @@ constexpr bool is_k_quant(model::tensor_type t) noexcept {
   return t == model::tensor_type::q4_K || t == model::tensor_type::q5_K || t == model::tensor_type::q6_K;
 }
 
-/// True when `p` was compiled in (scalar always is).
+/// True when this CPU can run `p` (scalar always).
 bool available(path p) noexcept;
 
-/// The fastest path compiled in; the one matmul uses.
+/// The path of the engine's active ISA (isa.hpp).
 path best_path() noexcept;
+
+/// The kernel variant that implements `p`.
+isa isa_of(path p) noexcept;
 
 /// y[t · y_stride] = Σ_k W[k]·x_t[k] for t < n_tokens, where token t's `nb`
 /// Q8_K blocks start at x + t · x_stride: one weight row against several

@@ -4,7 +4,7 @@
 
 #include "common/assert.hpp"
 #include "engine/ops.hpp"
-#include "engine/simd.hpp"
+#include "engine/kernel_table.hpp"
 #include "engine/thread_pool.hpp"
 #include "model/half.hpp"
 
@@ -15,27 +15,6 @@ std::vector<float> dequantize_vector(const model::weight_view& w) {
   std::vector<float> out(w.cols);
   dequantize_row(w, 0, out.data());
   return out;
-}
-
-// q (rounded to fp16 precision, as llama.cpp multiplies it with an fp16
-// cache) · k in the engine's fixed reduction order.
-float dot_f16(const float* q, const std::uint16_t* k, std::size_t n) noexcept {
-  simd::vfloat acc = simd::zero();
-  std::size_t i = 0;
-  for (; i + simd::lanes <= n; i += simd::lanes)
-    acc = simd::fma(simd::load(q + i), simd::load_f16(k + i), acc);
-  float s = simd::hsum(acc);
-  for (; i < n; ++i) s = simd::fma1(q[i], model::f16_to_float(k[i]), s);
-  return s;
-}
-
-// out += w · v for an fp16 vector v: elementwise, so no reduction order issue.
-void axpy_f16(float w, const std::uint16_t* v, float* out, std::size_t n) noexcept {
-  const simd::vfloat wv = simd::splat(w);
-  std::size_t i = 0;
-  for (; i + simd::lanes <= n; i += simd::lanes)
-    simd::store(out + i, simd::fma(wv, simd::load_f16(v + i), simd::load(out + i)));
-  for (; i < n; ++i) out[i] = simd::fma1(w, model::f16_to_float(v[i]), out[i]);
 }
 
 void round_to_f16(float* x, std::size_t n) noexcept {
@@ -106,11 +85,12 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
   const std::size_t n = std::size_t{tok.pos} + 1;
   scores.resize(n);
   for (std::uint32_t j = 0; j < n; ++j)
-    scores[j] = dot_f16(q, cache_.k(table, layer, j) + kv_head * hd, hd) * scale;
+    scores[j] = kernels_->dot_f16(q, cache_.k(table, layer, j) + kv_head * hd, hd) * scale;
   softmax(scores.data(), n);
   float* out = att_.data() + t * config_.dim + head * hd;
   for (std::size_t i = 0; i < hd; ++i) out[i] = 0.0f;
-  for (std::uint32_t j = 0; j < n; ++j) axpy_f16(scores[j], cache_.v(table, layer, j) + kv_head * hd, out, hd);
+  for (std::uint32_t j = 0; j < n; ++j)
+    kernels_->axpy_f16(scores[j], cache_.v(table, layer, j) + kv_head * hd, out, hd);
 }
 
 void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t layer) {
@@ -157,6 +137,7 @@ void llama_forward::run(const forward_batch& batch, std::vector<float>& logits) 
   const std::size_t dim = config_.dim, kv_dim = config_.kv_dim(), ff = config_.ff_dim;
   logits.clear();
   if (n_tok == 0) return;
+  kernels_ = &active_kernels();
   x_.resize(n_tok * dim);
   xn_.resize(n_tok * dim);
   q_.resize(n_tok * dim);

@@ -24,6 +24,7 @@
 namespace exa::engine {
 
 class thread_pool;
+struct kernel_table;
 
 struct forward_token {
   model::token_id token = 0;
@@ -59,6 +60,7 @@ class llama_forward {
   const model::llama_weights& weights_;
   kv_cache& cache_;
   thread_pool& pool_;
+  const kernel_table* kernels_ = nullptr;  // the active ISA's, taken at each run()
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;  // per layer, dequantized
   std::vector<float> output_norm_;
   // Per layer, dequantized; empty where the file has no such bias.

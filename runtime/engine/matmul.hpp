@@ -22,6 +22,7 @@
 namespace exa::engine {
 
 class thread_pool;
+struct kernel_table;
 
 /// How activations are converted for a weight type.
 enum class act_format { f32, f16_rounded, bf16_rounded, q8_0, q8_1, q8_K };
@@ -46,13 +47,14 @@ class activations {
  private:
   friend struct activations_access;
   act_format format_ = act_format::f32;
+  const kernel_table* kernels_ = nullptr;  // the variant converted for, which must multiply
   std::size_t n_tokens_ = 0;
   std::size_t k_ = 0;
   const float* xf_ = nullptr;  // f32 and rounded formats
   std::size_t xf_stride_ = 0;
   std::vector<float> xf_store_;
   std::vector<model::block_q8_0> xq_;  // q8_0, generic kernel layout
-  std::vector<std::uint8_t> xu_;       // q8_0, AVX-512 kernel layout (q + 128)
+  std::vector<std::uint8_t> xu_;       // q8_0, AVX-512 kernel layout (q + 128), when it runs
   std::vector<float> xd_;              // q8_0, AVX-512 kernel scales
   std::vector<model::block_q8_K> xk_;  // q8_K: k / 256 blocks per token
   std::vector<model::block_q8_1> x1_;  // q8_1: k / 32 blocks per token
@@ -72,7 +74,7 @@ void matmul(const model::weight_view& w, const float* x, std::size_t x_stride, s
             float* y, std::size_t y_stride, thread_pool& pool, activations& scratch);
 
 /// Quantizes one row to Q8_0 exactly as model::quantize_row_q8_0 (ggml's
-/// reference) does, vectorized where the build allows. Exposed for tests.
+/// reference) does, with the active ISA's kernel. Exposed for tests.
 void quantize_row_q8_0_fast(const float* x, model::block_q8_0* out, std::size_t n) noexcept;
 
 /// Dequantizes row `r` of a weight into `out` (cols floats): embeddings and norms.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/assert.hpp"
+#include "engine/det_math.hpp"
 
 namespace exa::engine {
 
@@ -17,7 +18,9 @@ void rms_norm(const float* x, const float* w, std::size_t n, float eps, float* o
 
 void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos,
           const rope_params& p) noexcept {
-  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.rope_dim));
+  // Our own pow, sin, cos and exp (det_math.hpp): libm's differ by CPU.
+  const auto theta_scale = static_cast<float>(
+      det::pow(static_cast<double>(p.freq_base), static_cast<double>(-2.0f / static_cast<float>(p.rope_dim))));
   // The angles are the same for every head: compute them once.
   float cos_t[512], sin_t[512];
   EXA_ASSERT_MSG(p.rope_dim / 2 <= 512, "rope_dim above 1024 (config validation bounds it)");
@@ -29,8 +32,10 @@ void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos
     // theta itself (x / 1 and 1 * x are exact).
     const float factor = p.freq_factors != nullptr ? p.freq_factors[i] : 1.0f;
     const float angle = p.freq_scale * (theta / factor);
-    cos_t[i] = std::cos(angle);
-    sin_t[i] = std::sin(angle);
+    double s, c;
+    det::sincos(static_cast<double>(angle), s, c);
+    cos_t[i] = static_cast<float>(c);
+    sin_t[i] = static_cast<float>(s);
     theta *= theta_scale;
   }
   // Element strides of a pair's two members, and between successive pairs.
@@ -48,7 +53,7 @@ void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos
 }
 
 void silu_mul(float* g, const float* u, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  for (std::size_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + det::expf(-g[i])) * u[i];
 }
 
 void softmax(float* x, std::size_t n) noexcept {
@@ -56,7 +61,7 @@ void softmax(float* x, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
   double sum = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
+    x[i] = det::expf(x[i] - mx);
     sum += x[i];
   }
   const float inv = static_cast<float>(1.0 / sum);

@@ -6,6 +6,7 @@
 
 #include "common/assert.hpp"
 #include "common/splitmix64.hpp"
+#include "engine/det_math.hpp"
 
 namespace exa::engine {
 namespace {
@@ -47,10 +48,10 @@ token_logprobs compute_logprobs(const float* logits, std::size_t vocab, model::t
   double total = 0.0;
   if (std::isfinite(max_logit))
     for (std::size_t i = 0; i < vocab; ++i)
-      if (valid(i)) total += std::exp(static_cast<double>(logits[i]) - max_logit);
+      if (valid(i)) total += det::exp(static_cast<double>(logits[i]) - max_logit);
   // log Z = max + log(sum exp(l - max)); without a finite logit every token
   // is impossible and every log-probability is -inf.
-  const double log_z = total > 0.0 ? max_logit + std::log(total) : INFINITY;
+  const double log_z = total > 0.0 ? max_logit + det::log(total) : INFINITY;
   const auto logprob_of = [&](std::size_t i) -> float {
     if (!valid(i) || !std::isfinite(log_z)) return -INFINITY;
     return static_cast<float>(static_cast<double>(logits[i]) - log_z);
@@ -110,7 +111,7 @@ model::token_id sampler::sample(const float* logits, std::size_t vocab, const sa
   probs_.resize(keep);
   double total = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {
-    probs_[i] = std::exp((candidates_[i].first - max_logit) / p.temperature);
+    probs_[i] = det::exp((candidates_[i].first - max_logit) / p.temperature);
     total += probs_[i];
   }
   if (p.top_p < 1.0f) {  // candidates are sorted: keep the smallest prefix reaching top_p

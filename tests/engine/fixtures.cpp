@@ -1,5 +1,7 @@
 #include "fixtures.hpp"
 
+#include <stdexcept>
+
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -73,5 +75,20 @@ std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engin
   }
   return out;
 }
+
+std::vector<engine::isa> runnable_isas() {
+  const auto caps = engine::detect_cpu();
+  std::vector<engine::isa> out;
+  for (const auto v : {engine::isa::scalar, engine::isa::avx2, engine::isa::avx512})
+    if (engine::supports(caps, v)) out.push_back(v);
+  return out;
+}
+
+isa_scope::isa_scope(engine::isa v) : previous_(engine::active_isa()) {
+  const auto ok = engine::set_active_isa(engine::to_string(v));
+  if (!ok) throw std::runtime_error("isa_scope: " + ok.error().message);
+}
+
+isa_scope::~isa_scope() { (void)engine::set_active_isa(engine::to_string(previous_)); }
 
 }  // namespace exa::test

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/cpu_engine.hpp"
+#include "engine/isa.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/thread_pool.hpp"
 #include "gpu/cpu_memory_pool.hpp"
@@ -31,5 +32,20 @@ std::vector<std::int32_t> test_prompt(std::size_t n, std::uint32_t vocab, std::u
 std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engine& eng,
                                                          std::size_t n_requests,
                                                          std::uint64_t* preemptions = nullptr);
+
+/// The engine ISA variants this CPU can run, scalar first.
+std::vector<engine::isa> runnable_isas();
+
+/// Makes `v` the process's engine ISA for a scope, then restores the one before.
+class isa_scope {
+ public:
+  explicit isa_scope(engine::isa v);
+  ~isa_scope();
+  isa_scope(const isa_scope&) = delete;
+  isa_scope& operator=(const isa_scope&) = delete;
+
+ private:
+  engine::isa previous_;
+};
 
 }  // namespace exa::test

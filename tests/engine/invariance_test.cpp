@@ -91,7 +91,10 @@ TEST_CASE("logits are bitwise batch- and chunk-invariant", "[engine][invariance]
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
                              model::tensor_type::q4_0, model::tensor_type::q4_K, model::tensor_type::q5_0,
                              model::tensor_type::q5_1);
-  CAPTURE(model::to_string(type));
+  // On every kernel variant this CPU runs (isa.hpp), not only the fastest.
+  const auto variant = GENERATE(from_range(test::runnable_isas()));
+  CAPTURE(model::to_string(type), engine::to_string(variant));
+  test::isa_scope scope(variant);
   auto spec = spec_for(type);
   spec.n_layers = 2;
   auto m = test::make_model(spec);
@@ -136,6 +139,9 @@ TEST_CASE("matmul output does not depend on batch size, tile or row split", "[en
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::bf16, model::tensor_type::q8_0,
                              model::tensor_type::q4_0, model::tensor_type::q4_K, model::tensor_type::q6_K,
                              model::tensor_type::q4_1, model::tensor_type::q5_0, model::tensor_type::q5_1);
+  const auto variant = GENERATE(from_range(test::runnable_isas()));
+  CAPTURE(model::to_string(type), engine::to_string(variant));
+  test::isa_scope scope(variant);
   auto spec = spec_for(type);
   spec.mix = model::quant_mix::uniform;
   auto m = test::make_model(spec);
@@ -164,6 +170,8 @@ TEST_CASE("matmul output does not depend on batch size, tile or row split", "[en
 }
 
 TEST_CASE("fast activation quantization equals ggml's reference bit for bit", "[engine][quantize]") {
+  const auto variant = GENERATE(from_range(test::runnable_isas()));
+  test::isa_scope scope(variant);
   std::vector<float> x(4096);
   std::uint64_t state = 99;
   for (int round = 0; round < 50; ++round) {

@@ -1,0 +1,22 @@
+#pragma once
+// exp, log, sin, cos and pow computed with our own code from IEEE +, −, ×, ÷
+// only, so they give the same bits on every x86-64 CPU. glibc's libm picks
+// among implementations by CPU (FMA and non-FMA variants of expf, powf,
+// sinf, ...), which may round differently; the engine's logits and sampling
+// must not depend on which one a node happens to get. Accuracy: within about
+// one ulp of double for the double functions (so the float ones are nearly
+// always correctly rounded), on the ranges the engine uses.
+
+namespace exa::engine::det {
+
+double exp(double x) noexcept;  // overflow → +inf, underflow → 0, NaN → NaN
+double log(double x) noexcept;  // x > 0 (0 → −inf, x < 0 or NaN → NaN)
+/// sin and cos of x with |x| ≤ 2^20 (beyond it, reduction loses accuracy:
+/// RoPE angles stay below the context length).
+void sincos(double x, double& s, double& c) noexcept;
+
+inline float expf(float x) noexcept { return static_cast<float>(exp(static_cast<double>(x))); }
+/// x^y for x > 0.
+inline double pow(double x, double y) noexcept { return exp(y * log(x)); }
+
+}  // namespace exa::engine::det

@@ -1,0 +1,71 @@
+#pragma once
+// The engine's hot loops, one table per instruction-set variant (isa.hpp).
+// Each variant is the same source (kernels_impl.hpp) compiled for its ISA
+// (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp); they agree
+// bitwise on every output. Everything else in the engine is compiled once for
+// baseline x86-64 and so is the same instructions on every machine.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/isa.hpp"
+#include "model/kquants.hpp"
+#include "model/legacy_quants.hpp"
+#include "model/llama_weights.hpp"
+#include "model/tensor_type.hpp"
+
+namespace exa::engine {
+
+/// Activations as the tile kernels read them (see matmul.hpp's activations).
+struct kernel_acts {
+  const float* xf = nullptr;  // f32 and f16/bf16-rounded activations
+  std::size_t xf_stride = 0;  // floats per token
+  const model::block_q8_0* xq = nullptr;  // q8_0 blocks
+  std::size_t xq_stride = 0;              // blocks per token
+  // q8_0 for the AVX-512 kernel: bytes q + 128 per token, padded to an even
+  // block count, and per 64-element step 16 scales [d0 ×8, d1 ×8].
+  const std::uint8_t* xu = nullptr;
+  std::size_t xu_stride = 0;  // bytes per token
+  const float* xd = nullptr;
+  std::size_t xd_stride = 0;              // floats per token
+  const model::block_q8_K* xk = nullptr;  // q8_K activations
+  std::size_t xk_stride = 0;              // blocks per token
+  const void* x32 = nullptr;              // q8_0 or q8_1 blocks for Q4_1/Q5_0/Q5_1
+  std::size_t x32_stride = 0;             // blocks per token
+};
+
+struct kernel_table {
+  isa id;
+  /// The q8_0 kernel reads xu/xd (the activations must fill them).
+  bool q8_0_unsigned_layout;
+  /// y[t · y_stride + r] for weight rows [row_begin, row_end) and every token.
+  void (*rows)(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,
+               std::size_t y_stride, std::size_t row_begin, std::size_t row_end);
+  /// Q8_0 quantization of one row of n floats (ggml's reference rounding).
+  void (*quantize_q8_0)(const float* x, model::block_q8_0* out, std::size_t n);
+  /// q · k for an fp16 k, in the fixed 16-lane order.
+  float (*dot_f16)(const float* q, const std::uint16_t* k, std::size_t n);
+  /// out[i] = fma(w, v[i], out[i]) for an fp16 v.
+  void (*axpy_f16)(float w, const std::uint16_t* v, float* out, std::size_t n);
+  /// One K-quant row against n_tokens tokens' Q8_K blocks (kquant_dot.hpp).
+  void (*kquant_row_tokens)(model::tensor_type type, const std::byte* row, const model::block_q8_K* x,
+                            std::size_t x_stride, std::size_t n_tokens, std::size_t nb, float* y,
+                            std::size_t y_stride);
+  /// One Q4_1/Q5_0/Q5_1 row against n_tokens tokens (legacy_dot.hpp).
+  void (*legacy_row_tokens)(model::tensor_type type, const std::byte* row, const void* x,
+                            std::size_t x_stride, std::size_t n_tokens, std::size_t nb, float* y,
+                            std::size_t y_stride);
+};
+
+/// The table of variant `i` (whether this CPU can run it is the caller's
+/// check: isa.hpp's supports()).
+const kernel_table& kernels_for(isa i) noexcept;
+
+/// The table of active_isa().
+inline const kernel_table& active_kernels() noexcept { return kernels_for(active_isa()); }
+
+namespace kernels_scalar { extern const kernel_table table; }
+namespace kernels_avx2 { extern const kernel_table table; }
+namespace kernels_avx512 { extern const kernel_table table; }
+
+}  // namespace exa::engine

@@ -1,0 +1,30 @@
+// The engine's kernels for AVX2 + FMA + F16C (Haswell and later, Zen).
+// Only functions defined below the pragma get the ISA; everything included
+// above it keeps the baseline (see kernels_impl.hpp).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <immintrin.h>
+
+#include "engine/kernel_table.hpp"
+#include "engine/kquant_dot.hpp"
+#include "engine/legacy_dot.hpp"
+#include "model/half.hpp"
+#include "model/quantize.hpp"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define EXA_K_NS kernels_avx2
+#define EXA_K_AVX2 1
+#include "engine/kernels_impl.hpp"
+
+namespace exa::engine::kernels_avx2 {
+extern const kernel_table table;
+const kernel_table table{isa::avx2, false, rows_fn, quantize_fn, dot_f16_fn, axpy_f16_fn, kquant_fn, legacy_fn};
+}  // namespace exa::engine::kernels_avx2
+
+#pragma GCC pop_options

@@ -1,0 +1,1004 @@
+// The engine's kernels, written once for every instruction-set variant. Not a
+// normal header: only kernels_<isa>.cpp include it, after their own includes,
+// inside `#pragma GCC target(...)` for their ISA, with EXA_K_NS naming the
+// variant's namespace and exactly one of EXA_K_SCALAR / EXA_K_AVX2 /
+// EXA_K_AVX512 defined. Everything defined here lives in that namespace, so
+// the variants never share an inline function (which the linker could
+// otherwise merge into the wrong ISA's copy).
+//
+// The contract that makes the variants agree bitwise, element by element:
+//  - float dot products run 16 logical lanes: lane l accumulates products
+//    k ≡ l (mod 16) with one fused multiply-add each, in k order; then one
+//    fixed tree sums the lanes (l + l+8, then + 4, + 2, + 1); then the tail
+//    elements follow with fused multiply-adds in order. AVX-512 holds the 16
+//    lanes in one register, AVX2 in two, scalar code in an array with fmaf.
+//  - q8_0/q4_0 weights × q8_0 activations: per step of two 32-element blocks,
+//    lane l (of 16) takes the exact integer sum of 4 products (elements
+//    4l..4l+3 of block 2s for l < 8, of block 2s+1 for l ≥ 8), then
+//    acc_l = fma(float(isum) · d_w, d_x, acc_l); a missing odd block counts
+//    as zeros; then the same tree.
+//  - K-quants and Q4_1/Q5_0/Q5_1: exact integer sums per (super-)block, then
+//    one scalar float step per block in order (kquant_dot.hpp, legacy_dot.hpp).
+// Nothing here reassociates floating point; the build has -ffp-contract=off.
+
+#if !defined(EXA_K_NS) || (defined(EXA_K_SCALAR) + defined(EXA_K_AVX2) + defined(EXA_K_AVX512)) != 1
+#error "include kernels_impl.hpp only from kernels_<isa>.cpp"
+#endif
+
+#if defined(EXA_K_AVX2) || defined(EXA_K_AVX512)
+#define EXA_K_HAS_AVX2 1
+#endif
+
+namespace exa::engine::EXA_K_NS {
+
+using model::block_q4_0;
+using model::block_q4_1;
+using model::block_q4_K;
+using model::block_q5_0;
+using model::block_q5_1;
+using model::block_q5_K;
+using model::block_q6_K;
+using model::block_q8_0;
+using model::block_q8_1;
+using model::block_q8_K;
+using model::tensor_type;
+
+// ================================================================ 16 float lanes
+
+#if defined(EXA_K_AVX512)
+
+struct v16 {
+  __m512 v;
+};
+inline v16 vzero() noexcept { return {_mm512_setzero_ps()}; }
+inline v16 vsplat(float x) noexcept { return {_mm512_set1_ps(x)}; }
+inline v16 vload(const float* p) noexcept { return {_mm512_loadu_ps(p)}; }
+inline void vstore(float* p, v16 a) noexcept { _mm512_storeu_ps(p, a.v); }
+inline v16 vfma(v16 a, v16 b, v16 c) noexcept { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline v16 vload_f16(const std::uint16_t* p) noexcept {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline v16 vload_bf16(const std::uint16_t* p) noexcept {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+}
+// Keeps a loaded vector in registers (see float_tile).
+inline void pin(v16& a) noexcept { asm("" : "+v"(a.v)); }
+
+#elif defined(EXA_K_AVX2)
+
+struct v16 {
+  __m256 lo, hi;  // lanes 0-7, 8-15
+};
+inline v16 vzero() noexcept { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline v16 vsplat(float x) noexcept { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline v16 vload(const float* p) noexcept { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void vstore(float* p, v16 a) noexcept {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline v16 vfma(v16 a, v16 b, v16 c) noexcept {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline v16 vload_f16(const std::uint16_t* p) noexcept {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline v16 vload_bf16(const std::uint16_t* p) noexcept {
+  const auto half = [](const std::uint16_t* q) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  };
+  return {half(p), half(p + 8)};
+}
+inline void pin(v16& a) noexcept { asm("" : "+x"(a.lo), "+x"(a.hi)); }
+
+#else  // scalar
+
+struct v16 {
+  float v[16];
+};
+inline v16 vzero() noexcept { return v16{}; }
+inline v16 vsplat(float x) noexcept {
+  v16 r;
+  for (float& e : r.v) e = x;
+  return r;
+}
+inline v16 vload(const float* p) noexcept {
+  v16 r;
+  std::memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+inline void vstore(float* p, v16 a) noexcept { std::memcpy(p, a.v, sizeof a.v); }
+inline v16 vfma(v16 a, v16 b, v16 c) noexcept {
+  v16 r;
+  for (int i = 0; i < 16; ++i) r.v[i] = __builtin_fmaf(a.v[i], b.v[i], c.v[i]);
+  return r;
+}
+inline v16 vload_f16(const std::uint16_t* p) noexcept {
+  v16 r;
+  for (int i = 0; i < 16; ++i) r.v[i] = model::f16_to_float(p[i]);
+  return r;
+}
+inline v16 vload_bf16(const std::uint16_t* p) noexcept {
+  v16 r;
+  for (int i = 0; i < 16; ++i) r.v[i] = model::bf16_to_float(p[i]);
+  return r;
+}
+inline void pin(v16&) noexcept {}
+
+#endif
+
+/// a · b + c with one rounding, on every variant.
+inline float fma1(float a, float b, float c) noexcept {
+#if defined(EXA_K_HAS_AVX2)
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+
+#if defined(EXA_K_HAS_AVX2)
+// Lanes 0-7 of the tree: (l + l+4), then (+ 2), then (+ 1).
+inline float hsum8(__m256 v) noexcept {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#endif
+
+/// The fixed tree over 16 lanes: l + l+8, then l + l+4, l + l+2, l + l+1.
+inline float vhsum(v16 a) noexcept {
+#if defined(EXA_K_AVX512)
+  const __m256 lo = _mm512_castps512_ps256(a.v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
+  return hsum8(_mm256_add_ps(lo, hi));
+#elif defined(EXA_K_AVX2)
+  return hsum8(_mm256_add_ps(a.lo, a.hi));
+#else
+  float t[16];
+  std::memcpy(t, a.v, sizeof t);
+  for (int width = 8; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) t[i] = t[i] + t[i + width];
+  return t[0];
+#endif
+}
+
+// ================================================================ float weights
+
+struct f32_row {
+  static v16 load(const std::byte* row, std::size_t k) noexcept {
+    return vload(reinterpret_cast<const float*>(row) + k);
+  }
+  static float at(const std::byte* row, std::size_t k) noexcept {
+    float v;
+    std::memcpy(&v, row + k * 4, 4);
+    return v;
+  }
+};
+struct f16_row {
+  static v16 load(const std::byte* row, std::size_t k) noexcept {
+    return vload_f16(reinterpret_cast<const std::uint16_t*>(row) + k);
+  }
+  static float at(const std::byte* row, std::size_t k) noexcept {
+    std::uint16_t h;
+    std::memcpy(&h, row + k * 2, 2);
+    return model::f16_to_float(h);
+  }
+};
+struct bf16_row {
+  static v16 load(const std::byte* row, std::size_t k) noexcept {
+    return vload_bf16(reinterpret_cast<const std::uint16_t*>(row) + k);
+  }
+  static float at(const std::byte* row, std::size_t k) noexcept {
+    std::uint16_t h;
+    std::memcpy(&h, row + k * 2, 2);
+    return model::bf16_to_float(h);
+  }
+};
+
+// Rows handed to a tile: base pointer of row r0 and the row pitch in bytes.
+struct row_span {
+  const std::byte* base;
+  std::size_t pitch;
+  std::size_t cols;
+  const std::byte* row(std::size_t r) const noexcept { return base + r * pitch; }
+};
+
+// One tile: R weight rows × C tokens. Each output is one accumulator chain
+// over k in steps of 16, then the tree, then the scalar tail: identical for
+// every (R, C), which is the batch-invariance guarantee.
+template <class Row, int R, int C>
+void float_tile(row_span w, std::size_t r0, const float* x, std::size_t x_stride, std::size_t t0, float* y,
+                std::size_t y_stride) noexcept {
+  const std::size_t k_full = w.cols / 16 * 16;
+  const std::byte* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = w.row(r0 + r);
+  const float* xs[C];
+  for (int c = 0; c < C; ++c) xs[c] = x + (t0 + c) * x_stride;
+
+  v16 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+  for (std::size_t k = 0; k < k_full; k += 16) {
+    v16 wv[R];
+    // Keep every loaded vector in a register: left to itself GCC folds the
+    // loads into the FMAs, re-reading each one R or C times, and the loop
+    // becomes load-bound.
+    for (int r = 0; r < R; ++r) {
+      wv[r] = Row::load(rows[r], k);
+      pin(wv[r]);
+    }
+    for (int c = 0; c < C; ++c) {
+      v16 xv = vload(xs[c] + k);
+      pin(xv);
+      for (int r = 0; r < R; ++r) acc[r][c] = vfma(wv[r], xv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = vhsum(acc[r][c]);
+      for (std::size_t k = k_full; k < w.cols; ++k) s = fma1(Row::at(rows[r], k), xs[c][k], s);
+      y[(t0 + c) * y_stride + r0 + r] = s;
+    }
+}
+
+// ============================================================ q8_0 / q4_0 weights
+
+#if defined(EXA_K_AVX512)
+
+inline float f16_scalar(std::uint16_t h) noexcept { return _cvtsh_ss(h); }
+
+// Weight side of one 64-element step for one row: the int8 values, -128·Σw
+// per 4-byte lane group (vpdpbusd's seed, since activations are stored as
+// q + 128), and the two scales expanded.
+struct wstep {
+  __m512i q;
+  __m512i neg_corr;
+  __m512 d;
+};
+
+inline __m512 expand_scales(float d0, float d1) noexcept {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(d0)),
+                                             _mm256_castps_pd(_mm256_set1_ps(d1)), 1));
+}
+
+inline wstep finish_wstep(__m512i q, float d0, float d1) noexcept {
+  const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), q);
+  return {q, _mm512_sub_epi32(_mm512_setzero_si512(), corr), expand_scales(d0, d1)};
+}
+
+struct q8_0_row {
+  using block = block_q8_0;
+  // Blocks b and b + 1 (b + 1 may be past the row: zeros, contributing 0).
+  static wstep load(const block* row, std::size_t b, bool has_second) noexcept {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs));
+    const __m256i hi = has_second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b + 1].qs))
+                                  : _mm256_setzero_si256();
+    return finish_wstep(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), f16_scalar(row[b].d),
+                        has_second ? f16_scalar(row[b + 1].d) : 0.0f);
+  }
+};
+
+struct q4_0_row {
+  using block = block_q4_0;
+  static wstep load(const block* row, std::size_t b, bool has_second) noexcept {
+    const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[b].qs));
+    const __m128i p1 = has_second ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[b + 1].qs))
+                                  : _mm_set1_epi8(char(0x88));  // nibbles of 8: zero after -8
+    const __m256i packed = _mm256_inserti128_si256(_mm256_castsi128_si256(p0), p1, 1);
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    const __m256i lo = _mm256_and_si256(packed, mask);                        // [lo0 | lo1]
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);  // [hi0 | hi1]
+    // Element order per block is 16 low nibbles then 16 high nibbles.
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // [lo0 lo1 hi0 hi1]
+    q = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(3, 1, 2, 0));            // [lo0 hi0 lo1 hi1]
+    q = _mm512_sub_epi8(q, _mm512_set1_epi8(8));
+    return finish_wstep(q, f16_scalar(row[b].d), has_second ? f16_scalar(row[b + 1].d) : 0.0f);
+  }
+};
+
+template <class Row, int R, int C>
+void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0, float* y,
+                std::size_t y_stride) noexcept {
+  using block = typename Row::block;
+  const std::size_t nb = w.cols / 32;
+  const block* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
+  const std::uint8_t* xu[C];
+  const float* xd[C];
+  for (int c = 0; c < C; ++c) {
+    xu[c] = a.xu + (t0 + c) * a.xu_stride;
+    xd[c] = a.xd + (t0 + c) * a.xd_stride;
+  }
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (std::size_t b = 0, s = 0; b < nb; b += 2, ++s) {
+    wstep ws[R];
+    for (int r = 0; r < R; ++r) ws[r] = Row::load(rows[r], b, b + 1 < nb);
+    for (int c = 0; c < C; ++c) {
+      const __m512i xv = _mm512_loadu_si512(xu[c] + s * 64);
+      const __m512 xs = _mm512_loadu_ps(xd[c] + s * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512i sum = _mm512_dpbusd_epi32(ws[r].neg_corr, xv, ws[r].q);
+        const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), ws[r].d);
+        acc[r][c] = _mm512_fmadd_ps(scaled, xs, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[(t0 + c) * y_stride + r0 + r] = vhsum(v16{acc[r][c]});
+}
+
+#elif defined(EXA_K_AVX2)
+
+// The 8 int32 sums of 4 adjacent products of two int8 blocks (lane j: bytes
+// 4j..4j+3), exact: maddubs pairs stay within int16 since |w| ≤ 128, |x| ≤ 127.
+inline __m256i dot_i8x32(__m256i w, __m256i x) noexcept {
+  // maddubs multiplies unsigned by signed bytes: move w's sign onto x.
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  const __m256i sx = _mm256_sign_epi8(x, w);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+}
+
+struct q8_0_row {
+  using block = block_q8_0;
+  static __m256i load(const block& b) noexcept {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+  }
+};
+
+struct q4_0_row {
+  using block = block_q4_0;
+  static __m256i load(const block& b) noexcept {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(packed, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  }
+};
+
+// Lanes 0-7 come from block 2s, lanes 8-15 from block 2s + 1: two registers.
+template <class Row, int R, int C>
+void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0, float* y,
+                std::size_t y_stride) noexcept {
+  using block = typename Row::block;
+  const std::size_t nb = w.cols / 32;
+  const block* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
+  const block_q8_0* xs[C];
+  for (int c = 0; c < C; ++c) xs[c] = a.xq + (t0 + c) * a.xq_stride;
+  __m256 acc[R][C][2];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < nb; b += 2) {
+    const int halves = b + 1 < nb ? 2 : 1;
+    for (int h = 0; h < halves; ++h) {
+      __m256i wv[R];
+      __m256 wd[R];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = Row::load(rows[r][b + h]);
+        wd[r] = _mm256_set1_ps(model::f16_to_float(rows[r][b + h].d));
+      }
+      for (int c = 0; c < C; ++c) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b + h].qs));
+        const __m256 xd = _mm256_set1_ps(model::f16_to_float(xs[c][b + h].d));
+        for (int r = 0; r < R; ++r) {
+          const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(wv[r], xv)), wd[r]);
+          acc[r][c][h] = _mm256_fmadd_ps(scaled, xd, acc[r][c][h]);
+        }
+      }
+    }
+    if (halves == 1)  // the missing odd block: zeros, as the AVX-512 kernel adds them
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c)
+          acc[r][c][1] = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), acc[r][c][1]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      y[(t0 + c) * y_stride + r0 + r] = vhsum(v16{acc[r][c][0], acc[r][c][1]});
+}
+
+#else  // scalar
+
+struct q8_0_row {
+  using block = block_q8_0;
+  static int value(const block& b, int i) noexcept { return b.qs[i]; }
+};
+
+struct q4_0_row {
+  using block = block_q4_0;
+  static int value(const block& b, int i) noexcept {
+    const int nib = i < 16 ? (b.qs[i] & 0x0f) : (b.qs[i - 16] >> 4);
+    return nib - 8;
+  }
+};
+
+template <class Row, int R, int C>
+void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0, float* y,
+                std::size_t y_stride) noexcept {
+  using block = typename Row::block;
+  const std::size_t nb = w.cols / 32;
+  for (int r = 0; r < R; ++r) {
+    const auto* row = reinterpret_cast<const block*>(w.row(r0 + r));
+    for (int c = 0; c < C; ++c) {
+      const block_q8_0* x = a.xq + (t0 + c) * a.xq_stride;
+      v16 acc = vzero();
+      for (std::size_t b = 0; b < nb; b += 2) {
+        for (int l = 0; l < 16; ++l) {
+          const std::size_t blk = b + static_cast<std::size_t>(l / 8);
+          float scaled = 0.0f, d_x = 0.0f;
+          if (blk < nb) {
+            int isum = 0;
+            for (int i = 4 * (l % 8); i < 4 * (l % 8) + 4; ++i) isum += Row::value(row[blk], i) * x[blk].qs[i];
+            scaled = static_cast<float>(isum) * model::f16_to_float(row[blk].d);
+            d_x = model::f16_to_float(x[blk].d);
+          }
+          acc.v[l] = __builtin_fmaf(scaled, d_x, acc.v[l]);
+        }
+      }
+      y[(t0 + c) * y_stride + r0 + r] = vhsum(acc);
+    }
+  }
+}
+
+#endif
+
+// ================================================================ K-quants
+
+namespace kq {
+
+// Integer results of one super-block: sum_q = Σ_sub scale·Σ q·x, and for
+// Q4_K/Q5_K sum_m = Σ_sub min·Σ x (from bsums). Both exact in int32: at most
+// 63·31·127·256 ≈ 6.4e7 for Q5_K and 127·63·127·256 ≈ 2.6e8 for Q6_K.
+struct block_sums {
+  std::int32_t sum_q = 0;
+  std::int32_t sum_m = 0;
+};
+
+// The float step, shared by every path so that all of them round alike.
+inline float scale_min_step(float s, block_sums b, float d_w, float dmin_w, float d_x) noexcept {
+  s = fma1(static_cast<float>(b.sum_q), d_w * d_x, s);
+  return fma1(static_cast<float>(-b.sum_m), dmin_w * d_x, s);
+}
+
+inline float scale_step(float s, std::int32_t sum_q, float d_w, float d_x) noexcept {
+  return fma1(static_cast<float>(sum_q), d_w * d_x, s);
+}
+
+#if !defined(EXA_K_HAS_AVX2)
+
+// Σ_sub m_sub · (bsum of its 32 elements): the part of Q4_K/Q5_K's dot
+// product the mins contribute.
+inline std::int32_t mins_sum(const std::uint8_t* scales, const block_q8_K& x) noexcept {
+  std::int32_t sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    std::uint8_t sc, m;
+    model::scale_min_k4(j, scales, sc, m);
+    sum += m * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+  }
+  return sum;
+}
+
+// Q4_K and Q5_K differ only in the fifth bit; `qh` is null for Q4_K.
+inline block_sums sums_scale_min(const std::uint8_t* scales, const std::uint8_t* qs, const std::uint8_t* qh,
+                                 const block_q8_K& x) noexcept {
+  block_sums out;
+  for (int c = 0; c < 4; ++c) {
+    std::int32_t lo = 0, hi = 0;
+    for (int l = 0; l < 32; ++l) {
+      int q_lo = qs[32 * c + l] & 0x0f;
+      int q_hi = qs[32 * c + l] >> 4;
+      if (qh != nullptr) {
+        q_lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+        q_hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+      }
+      lo += q_lo * x.qs[64 * c + l];
+      hi += q_hi * x.qs[64 * c + 32 + l];
+    }
+    std::uint8_t sc, m;
+    model::scale_min_k4(2 * c, scales, sc, m);
+    out.sum_q += sc * lo;
+    model::scale_min_k4(2 * c + 1, scales, sc, m);
+    out.sum_q += sc * hi;
+  }
+  out.sum_m = mins_sum(scales, x);
+  return out;
+}
+
+inline std::int32_t sum_q6_K(const block_q6_K& w, const block_q8_K& x) noexcept {
+  std::int32_t group[16] = {};
+  for (int h = 0; h < 2; ++h) {
+    const std::uint8_t* ql = w.ql + 64 * h;
+    const std::uint8_t* qh = w.qh + 32 * h;
+    const std::int8_t* xq = x.qs + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      const int q1 = static_cast<int>((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = static_cast<int>((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = static_cast<int>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = static_cast<int>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      const int is = 8 * h + l / 16;
+      group[is + 0] += q1 * xq[l];
+      group[is + 2] += q2 * xq[l + 32];
+      group[is + 4] += q3 * xq[l + 64];
+      group[is + 6] += q4 * xq[l + 96];
+    }
+  }
+  std::int32_t sum = 0;
+  for (int i = 0; i < 16; ++i) sum += w.scales[i] * group[i];
+  return sum;
+}
+
+template <class Block>
+void dot_scale_min_tokens(const std::byte* row, const block_q8_K* x, std::size_t x_stride, std::size_t n_tokens,
+                          std::size_t nb, float* y, std::size_t y_stride) noexcept {
+  const auto* w = reinterpret_cast<const Block*>(row);
+  for (std::size_t t = 0; t < n_tokens; ++t) {
+    const block_q8_K* xt = x + t * x_stride;
+    float s = 0.0f;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::uint8_t* qh = nullptr;
+      if constexpr (requires { w[b].qh; }) qh = w[b].qh;
+      const block_sums bs = sums_scale_min(w[b].scales, w[b].qs, qh, xt[b]);
+      s = scale_min_step(s, bs, model::f16_to_float(w[b].d), model::f16_to_float(w[b].dmin), xt[b].d);
+    }
+    y[t * y_stride] = s;
+  }
+}
+
+inline void dot_q6_K_tokens(const std::byte* row, const block_q8_K* x, std::size_t x_stride, std::size_t n_tokens,
+                            std::size_t nb, float* y, std::size_t y_stride) noexcept {
+  const auto* w = reinterpret_cast<const block_q6_K*>(row);
+  for (std::size_t t = 0; t < n_tokens; ++t) {
+    const block_q8_K* xt = x + t * x_stride;
+    float s = 0.0f;
+    for (std::size_t b = 0; b < nb; ++b) s = scale_step(s, sum_q6_K(w[b], xt[b]), model::f16_to_float(w[b].d), xt[b].d);
+    y[t * y_stride] = s;
+  }
+}
+
+inline void row_tokens(tensor_type type, const std::byte* row, const block_q8_K* x, std::size_t x_stride,
+                       std::size_t n_tokens, std::size_t nb, float* y, std::size_t y_stride) noexcept {
+  switch (type) {
+    case tensor_type::q4_K: return dot_scale_min_tokens<block_q4_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
+    case tensor_type::q5_K: return dot_scale_min_tokens<block_q5_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
+    default: return dot_q6_K_tokens(row, x, x_stride, n_tokens, nb, y, y_stride);
+  }
+}
+
+#else  // AVX2 (also what the AVX-512 variant runs for K-quants)
+
+inline std::int32_t hsum_i32(__m256i v) noexcept {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline __m256i load32(const void* p) noexcept { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// maddubs (u8 × s8, adjacent pairs; no saturation: |q| ≤ 63, |x| ≤ 128) then
+// madd with the 16-bit scales `sc` (pairs again) gives 8 exact int32 lanes.
+inline __m256i scaled_dot(__m256i q_u8, __m256i x_s8, __m256i sc) noexcept {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q_u8, x_s8), sc);
+}
+
+// A Q4_K/Q5_K super-block unpacked once and multiplied with several tokens:
+// sub-block j's 32 values (unsigned, 0..31) and its integer scale and min.
+struct unpacked_scale_min {
+  __m256i q[8];
+  __m256i m_pairs;  // int16: m_j at lanes 2j and 2j + 1, to meet bsums[2j], bsums[2j + 1]
+  std::int16_t sc[8];
+  float d, dmin;
+
+  template <class Block>
+  explicit unpacked_scale_min(const Block& w) noexcept {
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i packed = load32(w.qs + 32 * c);
+      q[2 * c] = _mm256_and_si256(packed, nib);
+      q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nib);
+    }
+    if constexpr (requires { w.qh; }) {
+      // Bit 2c (2c + 1) of each qh byte is the fifth bit of sub-block 2c (2c + 1).
+      const __m256i one = _mm256_set1_epi8(1);
+      const __m256i bits = load32(w.qh);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(bits, j), one);
+        q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(hb, 4));
+      }
+    }
+    // scale_min_k4 on 32-bit words: bytes 0-3 hold sc0-3 (low 6 bits) and
+    // the top bits of sc4-7; bytes 4-7 likewise for the mins; bytes 8-11 the
+    // low nibbles of sc4-7 (low) and m4-7 (high).
+    std::uint32_t word[3];
+    std::memcpy(word, w.scales, sizeof word);
+    const std::uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const std::uint32_t sc_words[2] = {word[0] & low6, (word[2] & low4) | (((word[0] >> 6) & low2) << 4)};
+    const std::uint32_t m_words[2] = {word[1] & low6, ((word[2] >> 4) & low4) | (((word[1] >> 6) & low2) << 4)};
+    std::uint8_t scale8[8], min8[8];
+    std::memcpy(scale8, sc_words, 8);
+    std::memcpy(min8, m_words, 8);
+    std::int16_t m_rep[16];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = scale8[j];
+      m_rep[2 * j] = m_rep[2 * j + 1] = min8[j];
+    }
+    m_pairs = load32(m_rep);
+    d = model::f16_to_float(w.d);
+    dmin = model::f16_to_float(w.dmin);
+  }
+
+  float step(float s, const block_q8_K& x) const noexcept {
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j)
+      acc = _mm256_add_epi32(acc, scaled_dot(q[j], load32(x.qs + 32 * j), _mm256_set1_epi16(sc[j])));
+    // |bsum| <= 16·127 and m <= 63: the pair products fit int32 exactly.
+    const std::int32_t sum_m = hsum_i32(_mm256_madd_epi16(load32(x.bsums), m_pairs));
+    return scale_min_step(s, {hsum_i32(acc), sum_m}, d, dmin, x.d);
+  }
+};
+
+// A Q6_K super-block unpacked once: 32-element quarter i (of 8) as unsigned
+// 6-bit values; the offset 32 is removed exactly through the bsums.
+struct unpacked_q6_K {
+  __m256i q[8];
+  const std::int8_t* scales;
+  float d;
+
+  explicit unpacked_q6_K(const block_q6_K& w) noexcept : scales(w.scales), d(model::f16_to_float(w.d)) {
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    const __m256i two_bits = _mm256_set1_epi8(3);
+    const auto high = [&](__m256i qh, int shift) {
+      return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, shift), two_bits), 4);
+    };
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = load32(w.ql + 64 * h);
+      const __m256i ql1 = load32(w.ql + 64 * h + 32);
+      const __m256i qh = load32(w.qh + 32 * h);
+      q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(ql0, nib), high(qh, 0));
+      q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, nib), high(qh, 2));
+      q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), nib), high(qh, 4));
+      q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), nib), high(qh, 6));
+    }
+  }
+
+  float step(float s, const block_q8_K& x) const noexcept {
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < 8; ++i) {
+      // Quarter i holds 16-element groups 2i and 2i + 1.
+      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * i + 1]), _mm_set1_epi16(scales[2 * i]));
+      acc = _mm256_add_epi32(acc, scaled_dot(q[i], load32(x.qs + 32 * i), sc));
+    }
+    std::int32_t offset = 0;
+    for (int g = 0; g < 16; ++g) offset += scales[g] * x.bsums[g];
+    return scale_step(s, hsum_i32(acc) - 32 * offset, d, x.d);
+  }
+};
+
+// Each super-block unpacked once per group of up to 8 tokens; each token's
+// accumulator still takes the super-blocks in order.
+template <class Unpacked, class Block>
+void dot_tokens(const std::byte* row, const block_q8_K* x, std::size_t x_stride, std::size_t n_tokens,
+                std::size_t nb, float* y, std::size_t y_stride) noexcept {
+  constexpr std::size_t group = 8;
+  const auto* w = reinterpret_cast<const Block*>(row);
+  for (std::size_t t0 = 0; t0 < n_tokens; t0 += group) {
+    const std::size_t n = n_tokens - t0 < group ? n_tokens - t0 : group;
+    float s[group] = {};
+    for (std::size_t b = 0; b < nb; ++b) {
+      const Unpacked u(w[b]);
+      for (std::size_t c = 0; c < n; ++c) s[c] = u.step(s[c], x[(t0 + c) * x_stride + b]);
+    }
+    for (std::size_t c = 0; c < n; ++c) y[(t0 + c) * y_stride] = s[c];
+  }
+}
+
+inline void row_tokens(tensor_type type, const std::byte* row, const block_q8_K* x, std::size_t x_stride,
+                       std::size_t n_tokens, std::size_t nb, float* y, std::size_t y_stride) noexcept {
+  switch (type) {
+    case tensor_type::q4_K:
+      return dot_tokens<unpacked_scale_min, block_q4_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
+    case tensor_type::q5_K:
+      return dot_tokens<unpacked_scale_min, block_q5_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
+    default: return dot_tokens<unpacked_q6_K, block_q6_K>(row, x, x_stride, n_tokens, nb, y, y_stride);
+  }
+}
+
+#endif
+
+}  // namespace kq
+
+// ======================================================= Q4_1 / Q5_0 / Q5_1
+
+namespace lg {
+
+inline float offset_step(float s, std::int32_t isum, float d_w, float d_x) noexcept {
+  return fma1(static_cast<float>(isum), d_w * d_x, s);
+}
+inline float min_step(float s, std::int32_t isum, float d_w, float d_x, float m_w, float s_x) noexcept {
+  return fma1(m_w, s_x, offset_step(s, isum, d_w, d_x));
+}
+
+#if !defined(EXA_K_HAS_AVX2)
+
+// Level (0..15 or 0..31) of element j of a weight block.
+template <class Block>
+int level(const Block& b, int j) noexcept {
+  int nib = j < 16 ? (b.qs[j] & 0x0f) : (b.qs[j - 16] >> 4);
+  if constexpr (requires { b.qh; }) nib |= model::q5_high_bit(b.qh, j);
+  return nib;
+}
+
+template <class Block, class Act>
+float step(float s, const Block& w, const Act& x) noexcept {
+  std::int32_t isum = 0;
+  constexpr int offset = std::is_same_v<Block, block_q5_0> ? 16 : 0;
+  for (int j = 0; j < 32; ++j) isum += (level(w, j) - offset) * x.qs[j];
+  const float d_w = model::f16_to_float(w.d), d_x = model::f16_to_float(x.d);
+  if constexpr (requires { w.m; }) {
+    return min_step(s, isum, d_w, d_x, model::f16_to_float(w.m), model::f16_to_float(x.s));
+  } else {
+    return offset_step(s, isum, d_w, d_x);
+  }
+}
+
+template <class Block, class Act>
+void dot_tokens(const std::byte* row, const Act* x, std::size_t x_stride, std::size_t n_tokens, std::size_t nb,
+                float* y, std::size_t y_stride) noexcept {
+  const auto* w = reinterpret_cast<const Block*>(row);
+  for (std::size_t t = 0; t < n_tokens; ++t) {
+    float s = 0.0f;
+    for (std::size_t b = 0; b < nb; ++b) s = step(s, w[b], x[t * x_stride + b]);
+    y[t * y_stride] = s;
+  }
+}
+
+#else
+
+inline std::int32_t hsum_i32(__m256i v) noexcept {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 0xff in byte j where bit j of `bits` is set: each byte takes the bits byte
+// it belongs to, ORs in every bit but its own, and compares with all-ones.
+inline __m256i bytes_from_bits(std::uint32_t bits) noexcept {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+}
+
+// A weight block unpacked once for several tokens: 32 levels (elements in
+// order), signed for Q5_0, and its scales.
+template <class Block>
+struct unpacked {
+  __m256i q;  // levels; Q5_0: level − 16
+  float d, m = 0.0f;
+
+  explicit unpacked(const Block& w) noexcept : d(model::f16_to_float(w.d)) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
+    const __m128i nib = _mm_set1_epi8(0x0f);
+    q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nib), _mm_and_si128(packed, nib));
+    if constexpr (requires { w.qh; }) {
+      std::uint32_t bits;
+      std::memcpy(&bits, w.qh, 4);
+      q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(bits), _mm256_set1_epi8(0x10)));
+    }
+    if constexpr (std::is_same_v<Block, block_q5_0>) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    if constexpr (requires { w.m; }) m = model::f16_to_float(w.m);
+  }
+
+  template <class Act>
+  float step(float s, const Act& x) const noexcept {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
+    __m256i pairs;
+    if constexpr (std::is_same_v<Block, block_q5_0>) {
+      // maddubs multiplies unsigned by signed bytes: move w's sign onto x.
+      pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+    } else {
+      pairs = _mm256_maddubs_epi16(q, xv);
+    }
+    const std::int32_t isum = hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    const float d_x = model::f16_to_float(x.d);
+    if constexpr (requires { x.s; }) return min_step(s, isum, d, d_x, m, model::f16_to_float(x.s));
+    else return offset_step(s, isum, d, d_x);
+  }
+};
+
+template <class Block, class Act>
+void dot_tokens(const std::byte* row, const Act* x, std::size_t x_stride, std::size_t n_tokens, std::size_t nb,
+                float* y, std::size_t y_stride) noexcept {
+  constexpr std::size_t group = 8;
+  const auto* w = reinterpret_cast<const Block*>(row);
+  for (std::size_t t0 = 0; t0 < n_tokens; t0 += group) {
+    const std::size_t n = n_tokens - t0 < group ? n_tokens - t0 : group;
+    float s[group] = {};
+    for (std::size_t b = 0; b < nb; ++b) {
+      const unpacked<Block> u(w[b]);
+      for (std::size_t c = 0; c < n; ++c) s[c] = u.step(s[c], x[(t0 + c) * x_stride + b]);
+    }
+    for (std::size_t c = 0; c < n; ++c) y[(t0 + c) * y_stride] = s[c];
+  }
+}
+
+#endif
+
+inline void row_tokens(tensor_type type, const std::byte* row, const void* x, std::size_t x_stride,
+                       std::size_t n_tokens, std::size_t nb, float* y, std::size_t y_stride) noexcept {
+  switch (type) {
+    case tensor_type::q5_0:
+      return dot_tokens<block_q5_0>(row, static_cast<const block_q8_0*>(x), x_stride, n_tokens, nb, y, y_stride);
+    case tensor_type::q4_1:
+      return dot_tokens<block_q4_1>(row, static_cast<const block_q8_1*>(x), x_stride, n_tokens, nb, y, y_stride);
+    default:
+      return dot_tokens<block_q5_1>(row, static_cast<const block_q8_1*>(x), x_stride, n_tokens, nb, y, y_stride);
+  }
+}
+
+}  // namespace lg
+
+// ================================================================ the row driver
+
+// Tile heights per token count: what fits in the registers next to the loads.
+#if defined(EXA_K_AVX512)
+constexpr int float_rows(int c) { return c == 1 ? 8 : c == 2 ? 8 : 4; }
+constexpr int quant_rows(int c) { return c == 1 ? 6 : c == 2 ? 4 : c == 3 ? 4 : 3; }
+#elif defined(EXA_K_AVX2)
+// 16 ymm registers; a 16-lane accumulator takes two.
+constexpr int float_rows(int c) { return c == 1 ? 4 : c == 2 ? 2 : 1; }
+constexpr int quant_rows(int c) { return c == 1 ? 4 : c == 2 ? 2 : 1; }
+#else
+constexpr int float_rows(int) { return 1; }
+constexpr int quant_rows(int) { return 1; }
+#endif
+constexpr int max_tile_tokens = 4;
+// Every tile height divides this, so only a matrix's last rows use 1-row tiles.
+constexpr std::size_t row_multiple = 24;
+// Weight rows processed together across all token tiles, sized so their bytes
+// stay in L1/L2 while every token streams past them.
+constexpr std::size_t row_block_bytes = 32 * 1024;
+
+template <int C>
+void run_float(tensor_type type, row_span w, const kernel_acts& p, std::size_t rb, std::size_t re, std::size_t t0,
+               float* y, std::size_t ys) noexcept {
+  constexpr int R = float_rows(C);
+  const auto tile = [&]<int RR>(std::size_t r) {
+    switch (type) {
+      case tensor_type::f32: return float_tile<f32_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
+      case tensor_type::f16: return float_tile<f16_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
+      default: return float_tile<bf16_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
+    }
+  };
+  std::size_t r = rb;
+  for (; r + R <= re; r += R) tile.template operator()<R>(r);
+  for (; r < re; ++r) tile.template operator()<1>(r);
+}
+
+template <int C>
+void run_quant(tensor_type type, row_span w, const kernel_acts& p, std::size_t rb, std::size_t re, std::size_t t0,
+               float* y, std::size_t ys) noexcept {
+  constexpr int R = quant_rows(C);
+  const auto tile = [&]<int RR>(std::size_t r) {
+    if (type == tensor_type::q8_0) return quant_tile<q8_0_row, RR, C>(w, r, p, t0, y, ys);
+    return quant_tile<q4_0_row, RR, C>(w, r, p, t0, y, ys);
+  };
+  std::size_t r = rb;
+  for (; r + R <= re; r += R) tile.template operator()<R>(r);
+  for (; r < re; ++r) tile.template operator()<1>(r);
+}
+
+template <int C>
+void run_token_tile(tensor_type type, row_span w, const kernel_acts& p, std::size_t rb, std::size_t re,
+                    std::size_t t0, float* y, std::size_t ys) noexcept {
+  if (type == tensor_type::q8_0 || type == tensor_type::q4_0) run_quant<C>(type, w, p, rb, re, t0, y, ys);
+  else run_float<C>(type, w, p, rb, re, t0, y, ys);
+}
+
+inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t n_tokens, float* y,
+                 std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
+  const std::size_t pitch = w.row_bytes();
+  if (kquant::is_k_quant(w.type)) {
+    const std::size_t nb = w.cols / model::qk_k;
+    for (std::size_t r = row_begin; r < row_end; ++r)
+      kq::row_tokens(w.type, w.data + r * pitch, p.xk, p.xk_stride, n_tokens, nb, y + r, y_stride);
+    return;
+  }
+  if (legacy::handles(w.type)) {
+    for (std::size_t r = row_begin; r < row_end; ++r)
+      lg::row_tokens(w.type, w.data + r * pitch, p.x32, p.x32_stride, n_tokens, w.cols / 32, y + r, y_stride);
+    return;
+  }
+  const row_span span{w.data, pitch, w.cols};
+  const std::size_t rows_per_block =
+      std::max<std::size_t>(1, row_block_bytes / std::max<std::size_t>(1, pitch) / row_multiple) * row_multiple;
+  for (std::size_t rb = row_begin; rb < row_end; rb += rows_per_block) {
+    const std::size_t re = std::min(row_end, rb + rows_per_block);
+    // Ask for the next block's weights while this one computes: with many
+    // tokens the block is reused from cache, and the next one arrives in time.
+    if (re < row_end) {
+      const std::byte* next = span.row(re);
+      const std::size_t bytes = std::min(row_end - re, rows_per_block) * pitch;
+      for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off, 0, 2);
+    }
+    std::size_t t = 0;
+    for (; t + max_tile_tokens <= n_tokens; t += max_tile_tokens)
+      run_token_tile<max_tile_tokens>(w.type, span, p, rb, re, t, y, y_stride);
+    switch (n_tokens - t) {
+      case 1: run_token_tile<1>(w.type, span, p, rb, re, t, y, y_stride); break;
+      case 2: run_token_tile<2>(w.type, span, p, rb, re, t, y, y_stride); break;
+      case 3: run_token_tile<3>(w.type, span, p, rb, re, t, y, y_stride); break;
+      default: break;
+    }
+  }
+}
+
+// ================================================================ the rest
+
+inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
+#if defined(EXA_K_AVX512)
+  const __m512 sign_mask = _mm512_set1_ps(-0.0f);
+  for (std::size_t b = 0; b < n / 32; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
+    const __m512 a = _mm512_max_ps(_mm512_andnot_ps(sign_mask, v0), _mm512_andnot_ps(sign_mask, v1));
+    const float amax = _mm512_reduce_max_ps(a);  // max is exact in any order
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = model::float_to_f16(d);
+    for (int h = 0; h < 2; ++h) {
+      // roundf exactly: trunc, then away from zero when the fraction is >= 0.5
+      // (x - trunc(x) is exact for |x| < 2^23).
+      const __m512 s = _mm512_mul_ps(h ? v1 : v0, _mm512_set1_ps(id));
+      const __m512 t = _mm512_roundscale_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m512 frac = _mm512_andnot_ps(sign_mask, _mm512_sub_ps(s, t));
+      const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+      const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(s, sign_mask));
+      const __m512 r = _mm512_mask_add_ps(t, up, t, one);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs + 16 * h),
+                       _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(r)));
+    }
+  }
+#else
+  model::quantize_row_q8_0(x, out, n);
+#endif
+}
+
+inline float dot_f16(const float* q, const std::uint16_t* k, std::size_t n) {
+  v16 acc = vzero();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = vfma(vload(q + i), vload_f16(k + i), acc);
+  float s = vhsum(acc);
+  for (; i < n; ++i) s = fma1(q[i], model::f16_to_float(k[i]), s);
+  return s;
+}
+
+inline void axpy_f16(float w, const std::uint16_t* v, float* out, std::size_t n) {
+  const v16 wv = vsplat(w);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) vstore(out + i, vfma(wv, vload_f16(v + i), vload(out + i)));
+  for (; i < n; ++i) out[i] = fma1(w, model::f16_to_float(v[i]), out[i]);
+}
+
+void rows_fn(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,
+             std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
+  rows(w, a, n_tokens, y, y_stride, row_begin, row_end);
+}
+void quantize_fn(const float* x, block_q8_0* out, std::size_t n) { quantize_q8_0(x, out, n); }
+float dot_f16_fn(const float* q, const std::uint16_t* k, std::size_t n) { return dot_f16(q, k, n); }
+void axpy_f16_fn(float w, const std::uint16_t* v, float* out, std::size_t n) { axpy_f16(w, v, out, n); }
+void kquant_fn(tensor_type type, const std::byte* row, const block_q8_K* x, std::size_t x_stride,
+               std::size_t n_tokens, std::size_t nb, float* y, std::size_t y_stride) {
+  kq::row_tokens(type, row, x, x_stride, n_tokens, nb, y, y_stride);
+}
+void legacy_fn(tensor_type type, const std::byte* row, const void* x, std::size_t x_stride, std::size_t n_tokens,
+               std::size_t nb, float* y, std::size_t y_stride) {
+  lg::row_tokens(type, row, x, x_stride, n_tokens, nb, y, y_stride);
+}
+
+}  // namespace exa::engine::EXA_K_NS

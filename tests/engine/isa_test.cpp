@@ -1,0 +1,245 @@
+// One binary, every ISA, the same numbers: the kernel variants this CPU can
+// run (at least scalar and AVX2 on any x86-64 CI machine) give bitwise equal
+// results kernel by kernel and logits end to end, and the choice of variant
+// follows what the CPU reports.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "engine/det_math.hpp"
+#include "engine/isa.hpp"
+#include "engine/kernel_table.hpp"
+#include "engine/llama_forward.hpp"
+#include "engine/matmul.hpp"
+#include "fixtures.hpp"
+#include "model/half.hpp"
+#include "model/quantize.hpp"
+
+using namespace exa;
+using engine::isa;
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// A weight of `rows` × `cols` of `type`, from seeded random floats.
+struct weight_buffer {
+  std::vector<std::byte> bytes;
+  model::weight_view view;
+
+  weight_buffer(model::tensor_type type, std::size_t rows, std::size_t cols, std::uint64_t seed) {
+    const std::size_t rb = model::row_bytes(type, cols);
+    bytes.resize(rows * rb);
+    const auto x = random_floats(rows * cols, seed, 1.0f);
+    for (std::size_t r = 0; r < rows; ++r)
+      model::convert_row(std::span<const float>(x.data() + r * cols, cols), type, bytes.data() + r * rb);
+    view.type = type;
+    view.rows = rows;
+    view.cols = cols;
+    view.data = bytes.data();
+    view.name = "test";
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<float> multiply(isa variant, const model::weight_view& w, const std::vector<float>& x,
+                            std::size_t n_tokens) {
+  test::isa_scope scope(variant);
+  engine::activations acts;
+  acts.convert(w.type, x.data(), w.cols, n_tokens, w.cols, nullptr);
+  std::vector<float> y(n_tokens * w.rows);
+  engine::matmul_rows(w, acts, y.data(), w.rows, 0, w.rows);
+  return y;
+}
+
+engine::cpu_caps all_features() {
+  engine::cpu_caps c;
+  c.avx2 = c.fma = c.f16c = true;
+  c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = c.avxvnni = true;
+  c.os_avx = c.os_avx512 = true;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][isa]") {
+  engine::cpu_caps c = all_features();
+  CHECK(engine::best_isa(c) == isa::avx512);
+  CHECK(engine::choose_isa(c, "") == isa::avx512);
+  CHECK(engine::choose_isa(c, "auto") == isa::avx512);
+  CHECK(engine::choose_isa(c, "avx2") == isa::avx2);
+  CHECK(engine::choose_isa(c, "scalar") == isa::scalar);
+
+  SECTION("an AVX2-only CPU (no AVX-512) runs the AVX2 variant") {
+    c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = false;
+    CHECK(engine::best_isa(c) == isa::avx2);
+    const auto refused = engine::choose_isa(c, "avx512");
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == errc::unavailable);
+    CHECK_THAT(refused.error().message, Catch::Contains("avx512f"));
+  }
+  SECTION("AVX-512 without VNNI (Skylake-SP) is run as AVX2") {
+    c.avx512vnni = false;
+    CHECK(engine::best_isa(c) == isa::avx2);
+  }
+  SECTION("an OS that does not save ZMM state rules AVX-512 out") {
+    c.os_avx512 = false;
+    CHECK(engine::best_isa(c) == isa::avx2);
+  }
+  SECTION("no FMA or F16C: scalar") {
+    c.fma = false;
+    CHECK(engine::best_isa(c) == isa::scalar);
+    const auto refused = engine::choose_isa(c, "avx2");
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error().message, Catch::Contains("fma"));
+  }
+  SECTION("an unknown name is refused with the valid ones") {
+    const auto bad = engine::choose_isa(c, "neon");
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code == errc::invalid_argument);
+    CHECK_THAT(bad.error().message, Catch::Contains("scalar, avx2 or avx512"));
+  }
+  SECTION("this machine: detection agrees with what the kernels need") {
+    const auto here = engine::detect_cpu();
+    CHECK(engine::supports(here, isa::scalar));
+    INFO("cpu: " << engine::describe(here));
+    CHECK(engine::kernels_for(engine::best_isa(here)).id == engine::best_isa(here));
+  }
+}
+
+TEST_CASE("every kernel variant computes every weight type bitwise alike", "[engine][isa]") {
+  const auto variants = test::runnable_isas();
+  REQUIRE(variants.front() == isa::scalar);
+  if (variants.size() < 2) WARN("only the scalar variant runs on this CPU: nothing to compare");
+  // Widths with tails: 100 floats (16-lane tail of 4), 160 (an odd count of
+  // 32-element blocks: the two-block step has a missing half), 512 (K-quants).
+  struct shape {
+    model::tensor_type type;
+    std::size_t cols;
+  };
+  const auto s = GENERATE(shape{model::tensor_type::f32, 100}, shape{model::tensor_type::f16, 100},
+                          shape{model::tensor_type::bf16, 100}, shape{model::tensor_type::f16, 64},
+                          shape{model::tensor_type::q8_0, 160}, shape{model::tensor_type::q8_0, 128},
+                          shape{model::tensor_type::q4_0, 160}, shape{model::tensor_type::q4_1, 160},
+                          shape{model::tensor_type::q5_0, 96}, shape{model::tensor_type::q5_1, 96},
+                          shape{model::tensor_type::q4_K, 512}, shape{model::tensor_type::q5_K, 512},
+                          shape{model::tensor_type::q6_K, 256});
+  CAPTURE(model::to_string(s.type), s.cols);
+  const weight_buffer w(s.type, 53, s.cols, 7 + s.cols);
+  for (const std::size_t n : {1, 2, 3, 4, 5, 9}) {
+    const auto x = random_floats(n * s.cols, 100 + n, 3.0f);
+    const auto reference = multiply(isa::scalar, w.view, x, n);
+    for (const isa v : variants) {
+      CAPTURE(n, engine::to_string(v));
+      CHECK(same_bits(multiply(v, w.view, x, n), reference));
+    }
+  }
+  SECTION("the comparison can fail: another input gives other bits") {
+    const auto x = random_floats(s.cols, 1, 3.0f);
+    auto y = x;
+    y[s.cols / 2] += 0.5f;
+    CHECK_FALSE(same_bits(multiply(isa::scalar, w.view, x, 1), multiply(variants.back(), w.view, y, 1)));
+  }
+}
+
+TEST_CASE("attention's fp16 dot and axpy and the Q8_0 quantizer agree across variants", "[engine][isa]") {
+  const auto variants = test::runnable_isas();
+  const auto& ref = engine::kernels_for(isa::scalar);
+  for (const std::size_t n : {16, 64, 100, 128, 7}) {
+    const auto q = random_floats(n, n, 2.0f);
+    const auto kf = random_floats(n, n + 1, 2.0f);
+    std::vector<std::uint16_t> k(n);
+    for (std::size_t i = 0; i < n; ++i) k[i] = model::float_to_f16(kf[i]);
+    for (const isa v : variants) {
+      const auto& t = engine::kernels_for(v);
+      CAPTURE(n, engine::to_string(v));
+      const float a = ref.dot_f16(q.data(), k.data(), n), b = t.dot_f16(q.data(), k.data(), n);
+      CHECK(std::memcmp(&a, &b, sizeof a) == 0);
+      auto out_ref = q, out = q;
+      ref.axpy_f16(0.37f, k.data(), out_ref.data(), n);
+      t.axpy_f16(0.37f, k.data(), out.data(), n);
+      CHECK(same_bits(out, out_ref));
+    }
+  }
+  const auto x = random_floats(4096, 5, 40.0f);
+  std::vector<model::block_q8_0> expect(128), got(128);
+  model::quantize_row_q8_0(x.data(), expect.data(), x.size());
+  for (const isa v : variants) {
+    engine::kernels_for(v).quantize_q8_0(x.data(), got.data(), x.size());
+    CHECK(std::memcmp(expect.data(), got.data(), expect.size() * sizeof expect[0]) == 0);
+  }
+}
+
+TEST_CASE("a model's logits are bitwise the same on every ISA variant", "[engine][isa]") {
+  const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
+                             model::tensor_type::q4_0, model::tensor_type::q4_K);
+  CAPTURE(model::to_string(type));
+  auto spec = test::tiny_spec(type);
+  if (model::block_elems(type) == model::qk_k) {
+    spec.dim = 256;
+    spec.ff_dim = 512;
+    spec.mix = model::quant_mix::k_m;
+  }
+  spec.n_layers = 2;
+  auto m = test::make_model(spec);
+  const auto prompt = test::test_prompt(40, m->config().vocab_size, 11);
+
+  const auto logits_on = [&](isa v) {
+    test::isa_scope scope(v);
+    auto pool = test::make_pool(*m, 64);
+    engine::kv_cache cache(*pool, {m->config().n_layers, m->config().kv_dim(), 16});
+    engine::thread_pool threads(2);
+    engine::llama_forward fwd(m->config(), m->weights(), cache, threads);
+    REQUIRE(cache.reserve(1, 40));
+    engine::forward_batch batch;
+    batch.tables.push_back(&cache.table(1));
+    for (std::uint32_t p = 0; p < 40; ++p) batch.tokens.push_back({prompt[p], p, 0, p % 3 == 0 || p == 39});
+    std::vector<float> logits;
+    fwd.run(batch, logits);
+    return logits;
+  };
+  const auto reference = logits_on(isa::scalar);
+  REQUIRE_FALSE(reference.empty());
+  for (const isa v : test::runnable_isas()) {
+    CAPTURE(engine::to_string(v));
+    CHECK(same_bits(logits_on(v), reference));
+  }
+}
+
+TEST_CASE("our exp, log, sin and cos are accurate where the engine uses them", "[engine][isa][math]") {
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> wide(-700.0, 700.0), angle(0.0, 131072.0), pos(1e-300, 1e300);
+  double worst_exp = 0, worst_log = 0, worst_trig = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const double x = wide(rng);
+    worst_exp = std::max(worst_exp, std::fabs(engine::det::exp(x) - std::exp(x)) / std::exp(x));
+    const double y = pos(rng);
+    worst_log = std::max(worst_log, std::fabs(engine::det::log(y) - std::log(y)) / std::fabs(std::log(y)));
+    const double a = static_cast<float>(angle(rng));
+    double s, c;
+    engine::det::sincos(a, s, c);
+    worst_trig = std::max({worst_trig, std::fabs(s - std::sin(a)), std::fabs(c - std::cos(a))});
+  }
+  CHECK(worst_exp < 1e-15);
+  CHECK(worst_log < 1e-15);
+  CHECK(worst_trig < 1e-15);
+  CHECK(engine::det::exp(0.0) == 1.0);
+  CHECK(engine::det::log(1.0) == 0.0);
+  CHECK(std::isinf(engine::det::exp(800.0)));
+  CHECK(engine::det::exp(-800.0) == 0.0);
+  CHECK(std::isnan(engine::det::log(-1.0)));
+  CHECK(std::isinf(engine::det::log(0.0)));
+  CHECK(engine::det::exp(-745.0) > 0.0);  // subnormal results survive the scaling
+}

@@ -95,6 +95,19 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
       "exaserve_heartbeat_misses_total",
       "Heartbeat intervals a node stayed silent through, counted once each as the failure detector sees them.",
       {"node"}));
+  m->prefix_lookup_tokens = must(r.register_counter(
+      "exaserve_prefix_cache_lookup_tokens_total",
+      "Prompt tokens (with any resumed tokens) the replicas of a deployment looked up in their prefix caches at "
+      "admission.",
+      {"model"}));
+  m->prefix_hit_tokens = must(r.register_counter(
+      "exaserve_prefix_cache_hit_tokens_total",
+      "Of the tokens looked up, those whose KV was found in the prefix cache and not computed again (hit rate = "
+      "hit / lookup).",
+      {"model"}));
+  m->prefix_cached_blocks = must(r.register_gauge(
+      "exaserve_prefix_cache_blocks", "KV blocks a replica's prefix cache holds now, in use or evictable.",
+      {"replica"}));
   return m;
 }
 

@@ -39,6 +39,9 @@ struct cluster_metrics {
   metrics::gauge_family* warm_pool_wanted = nullptr;    // {deployment}: the pool size it keeps now (0 in a rollout)
   metrics::counter_family* migrations = nullptr;        // {reason}: slots placed on another node
   metrics::counter_family* heartbeat_misses = nullptr;  // {node}: heartbeat intervals that passed in silence
+  metrics::counter_family* prefix_lookup_tokens = nullptr;  // {model}: prompt tokens looked up in prefix caches
+  metrics::counter_family* prefix_hit_tokens = nullptr;     // {model}: of them, found cached
+  metrics::gauge_family* prefix_cached_blocks = nullptr;    // {replica}: KV blocks a prefix cache holds now
 
   /// Registers every family in `registry` (a fresh one when null).
   static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);

@@ -93,6 +93,26 @@ void fail(self_ptr self, const std::string& reason) {
   self->quit(caf::make_error(caf::sec::runtime_error, reason));
 }
 
+// The deployment's prefix-cache counters grow by what the engine counted
+// since the last export; the replica's cached-blocks gauge is set.
+void export_prefix_stats(replica_actor_state& st, const engine::engine_stats& s) {
+  if (!st.ctx.metrics) return;
+  const auto& m = *st.ctx.metrics;
+  EXA_ASSERT_MSG(s.prefix_hit_tokens <= s.prefix_lookup_tokens, "prefix cache hits exceed lookups");
+  if (s.prefix_lookup_tokens > st.prefix_lookup_exported) {
+    cluster_metrics::series(m.prefix_lookup_tokens, st.ctx.spec.deployment)
+        ->inc(s.prefix_lookup_tokens - st.prefix_lookup_exported);
+    st.prefix_lookup_exported = s.prefix_lookup_tokens;
+  }
+  if (s.prefix_hit_tokens > st.prefix_hit_exported) {
+    cluster_metrics::series(m.prefix_hit_tokens, st.ctx.spec.deployment)
+        ->inc(s.prefix_hit_tokens - st.prefix_hit_exported);
+    st.prefix_hit_exported = s.prefix_hit_tokens;
+  }
+  cluster_metrics::series(m.prefix_cached_blocks, std::to_string(st.ctx.spec.id))
+      ->set(static_cast<double>(s.prefix_cached_blocks));
+}
+
 void report_load(self_ptr self, bool force) {
   auto& st = self->state;
   const auto now = now_ns(self);
@@ -112,6 +132,7 @@ void report_load(self_ptr self, bool force) {
     load.queued = s.waiting;
     load.kv_capacity_tokens = s.kv_capacity_tokens;
     load.kv_used_tokens = s.kv_capacity_tokens - s.kv_free_tokens;
+    export_prefix_stats(st, s);
   }
   if (st.ctx.metrics) {
     const auto id = std::to_string(st.ctx.spec.id);
@@ -498,6 +519,7 @@ replica_actor_state::~replica_actor_state() {
     const auto id = std::to_string(ctx.spec.id);
     cluster_metrics::series(ctx.metrics->kv_used_tokens, id)->set(0);
     cluster_metrics::series(ctx.metrics->kv_capacity_tokens, id)->set(0);
+    cluster_metrics::series(ctx.metrics->prefix_cached_blocks, id)->set(0);
   }
   // Unpin the model in the node's cache, however the replica ended -- also
   // when it was asked for and had not arrived yet (the cache pins it anyway).

@@ -69,6 +69,10 @@ struct replica_actor_state {
   double decode_tokens_per_s = 0;   // EWMA of decode-only steps
   double prefill_tokens_per_s = 0;  // EWMA of steps with prefill
   std::int64_t last_load_report_ns = 0;
+  /// The engine's prefix-cache counters as last added to the metrics (the
+  /// engine's count from its start; the metrics grow by the difference).
+  std::uint64_t prefix_lookup_exported = 0;
+  std::uint64_t prefix_hit_exported = 0;
   std::optional<cluster::degradation_detector> health;  // set at start from ctx.degradation
   bool probe_out = false;
   bool model_requested = false;  // acquire_model sent: released at the end even if the answer never came

@@ -5,15 +5,28 @@
 // block the layout is [layer][K, V][slot][kv_dim] in fp16 (as llama.cpp keeps
 // its cache), so one block holds every layer of its positions.
 //
-// Every block belongs to at most one sequence; reserve() takes all the blocks
-// it needs or none, so a sequence that cannot grow never disturbs another.
+// Prefix caching (when enabled): a full block whose positions are all
+// computed is published under its chained hash (prefix_cache.hpp) and from
+// then on is read-only and may be shared: a new sequence attaches the longest
+// cached run of its tokens' blocks instead of computing them. Blocks carry
+// reference counts; a private block belongs to exactly one sequence, a cached
+// one to as many as reference it. A sequence never writes into a cached block:
+// reserve() copies it into a private block first (copy-on-write). A cached
+// block nobody references stays in the cache, evictable in LRU order; it
+// counts as free, and allocation evicts it when the pool or quota is short.
+//
+// reserve() takes all the blocks it needs or none, so a sequence that cannot
+// grow never disturbs another.
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/block_pool.hpp"
+#include "engine/prefix_cache.hpp"
+#include "model/vocab.hpp"
 
 namespace exa::engine {
 
@@ -33,22 +46,42 @@ struct kv_layout {
 class kv_cache {
  public:
   /// The pool's blocks must be host-accessible and at least layout.block_bytes().
-  /// `max_blocks` caps what this cache may hold when several caches (replicas)
-  /// share one device pool; 0 means the whole pool.
-  kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks = 0);
+  /// `max_blocks` caps what this cache may hold (cached blocks included) when
+  /// several caches (replicas) share one device pool; 0 means the whole pool.
+  kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks = 0,
+           bool prefix_cache = false);
   ~kv_cache();
   kv_cache(const kv_cache&) = delete;
   kv_cache& operator=(const kv_cache&) = delete;
 
   const kv_layout& layout() const noexcept { return layout_; }
+  bool prefix_cache_enabled() const noexcept { return prefix_enabled_; }
 
-  /// Makes `seq`'s table cover positions [0, n_tokens). Returns false -- and
-  /// changes nothing -- when the pool has too few free blocks.
-  bool reserve(seq_id seq, std::uint32_t n_tokens);
-  /// Blocks `seq` would still need to cover n_tokens positions.
-  std::uint32_t blocks_needed(seq_id seq, std::uint32_t n_tokens) const;
-  /// Frees all of `seq`'s blocks (no-op for an unknown sequence).
+  /// Makes `seq`'s table cover positions [0, n_tokens) and the blocks holding
+  /// positions [write_from, n_tokens) private to it (copies of cached blocks),
+  /// so they may be written. Returns false -- and changes nothing -- when too
+  /// few blocks are free (evictable cached blocks count as free).
+  bool reserve(seq_id seq, std::uint32_t n_tokens, std::uint32_t write_from);
+  /// reserve() for a sequence that writes only positions in new blocks.
+  bool reserve(seq_id seq, std::uint32_t n_tokens) { return reserve(seq, n_tokens, n_tokens); }
+  /// Blocks reserve(seq, n_tokens, write_from) would take.
+  std::uint32_t blocks_needed(seq_id seq, std::uint32_t n_tokens, std::uint32_t write_from) const;
+  std::uint32_t blocks_needed(seq_id seq, std::uint32_t n_tokens) const {
+    return blocks_needed(seq, n_tokens, n_tokens);
+  }
+  /// Drops `seq`'s table (no-op for an unknown sequence): private blocks go
+  /// back to the pool, cached ones lose a reference (evictable at none).
   void release(seq_id seq);
+
+  /// Prefix cache: gives `seq` (which must hold no blocks) the cached blocks
+  /// of the longest run of full blocks of `tokens` that is cached; returns the
+  /// positions they cover (0 when the cache is off or nothing matches).
+  std::uint32_t attach_prefix(seq_id seq, std::span<const model::token_id> tokens);
+  /// Prefix cache: publishes `seq`'s full blocks whose positions are all below
+  /// `computed` (tokens are the sequence's tokens). A block whose prefix is
+  /// already cached elsewhere is swapped for the cached one (same contents:
+  /// the engine is batch-invariant), so one prefix is held once.
+  void publish(seq_id seq, std::span<const model::token_id> tokens, std::uint32_t computed);
 
   bool has(seq_id seq) const { return tables_.count(seq) != 0; }
   /// Positions `seq`'s blocks can hold.
@@ -63,21 +96,52 @@ class kv_cache {
   std::uint32_t capacity_tokens() const noexcept;
   std::uint32_t free_tokens() const noexcept;
   /// Blocks this cache could still take: its quota left, or the pool's free
-  /// blocks if fewer.
+  /// blocks if fewer, plus its evictable cached blocks.
   std::uint32_t free_blocks() const noexcept;
+  /// Blocks this cache holds, cached ones (referenced or evictable) included.
   std::uint32_t used_blocks() const noexcept { return used_blocks_; }
   std::size_t sequences() const noexcept { return tables_.size(); }
 
+  /// Blocks in the prefix cache (referenced or evictable) and evictable ones.
+  std::uint32_t cached_blocks() const noexcept { return index_.size(); }
+  std::uint32_t evictable_blocks() const noexcept { return index_.evictable(); }
+  /// Hashes of cached blocks, most recently used first.
+  std::vector<std::uint64_t> cached_hashes(std::size_t max) const { return index_.cached_hashes(max); }
+  /// Sequences referencing `b` (0 for a free or evictable block).
+  std::uint32_t refs(block_id b) const { return refs_.at(b); }
+  bool is_cached(block_id b) const noexcept { return index_.contains(b); }
+  /// Asserts `seq` owns (privately) the blocks of positions [from, to).
+  void assert_writable(seq_id seq, std::uint32_t from, std::uint32_t to) const;
+  /// Walks every table and block and asserts the bookkeeping agrees (tests).
+  void check_invariants() const;
+
  private:
+  struct seq_table {
+    std::vector<block_id> blocks;
+    std::uint32_t published = 0;      // leading blocks that are cached
+    std::uint64_t last_hash = 0;      // chained hash of block published - 1
+    std::uint64_t last_serial = 0;    // its registration in the index
+    bool unpublishable = false;       // a hash collision broke the chain
+  };
+
   std::uint16_t* slot(const std::vector<block_id>& table, std::uint32_t layer, std::uint32_t kv,
                       std::uint32_t pos) noexcept;
+  std::uint32_t copies_needed(const seq_table* t, std::uint32_t n_tokens, std::uint32_t write_from) const;
+  bool take_blocks(std::uint32_t n, std::vector<block_id>& out);
+  void give_private(seq_id seq, block_id b);
+  void drop_ref(block_id b);
+  void free_block(block_id b);
+  bool publish_block(seq_id seq, seq_table& t, std::uint32_t i, std::span<const model::token_id> tokens);
 
   block_pool& pool_;
   kv_layout layout_;
-  std::unordered_map<seq_id, std::vector<block_id>> tables_;
+  bool prefix_enabled_;
+  std::unordered_map<seq_id, seq_table> tables_;
   std::uint32_t max_blocks_;
-  std::vector<seq_id> owner_;  // block -> owning sequence + 1, 0 when free (invariant checks)
-  std::uint32_t used_blocks_ = 0;
+  std::vector<seq_id> owner_;        // private block -> owning sequence + 1; 0 when free or cached
+  std::vector<std::uint32_t> refs_;  // tables holding the block
+  prefix_index index_;
+  std::uint32_t used_blocks_ = 0;    // blocks taken from the pool (private and cached)
 };
 
 }  // namespace exa::engine

@@ -73,7 +73,7 @@ void batch_scheduler::preempt(sequence& victim, std::vector<scheduled_chunk>& pl
 
 bool batch_scheduler::grow(std::vector<scheduled_chunk>& plan, sequence& seq, std::uint32_t n,
                            std::uint32_t& budget, std::uint32_t& preempted) {
-  while (!cache_.reserve(seq.request.id, seq.computed + n)) {
+  while (!cache_.reserve(seq.request.id, seq.computed + n, seq.computed)) {
     sequence* victim = newest_after(seq);
     if (victim == nullptr) {
       // `seq` is the newest. The oldest sequence always fits (the engine
@@ -91,16 +91,34 @@ bool batch_scheduler::grow(std::vector<scheduled_chunk>& plan, sequence& seq, st
   return true;
 }
 
+void batch_scheduler::attach_cached(sequence& seq) {
+  EXA_ASSERT(seq.computed == 0);
+  const auto attached = cache_.attach_prefix(seq.request.id, seq.tokens);
+  // The last token is computed again even when cached: its logits are needed.
+  seq.computed = std::min<std::uint32_t>(attached, static_cast<std::uint32_t>(seq.tokens.size()) - 1);
+}
+
 void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget) {
   while (!waiting_.empty() && running_.size() < config_.max_running && budget > 0) {
     sequence& seq = *waiting_.front();
+    attach_cached(seq);
     const std::uint32_t n = std::min({seq.pending(), config_.prefill_chunk, budget});
     // Keep one free block per running sequence so admitting new work does
     // not immediately force preemptions when the others grow.
-    const std::uint32_t need = cache_.blocks_needed(seq.request.id, seq.computed + n);
-    if (need + running_.size() > cache_.free_blocks()) break;
-    const bool ok = cache_.reserve(seq.request.id, seq.computed + n);
+    const std::uint32_t need = cache_.blocks_needed(seq.request.id, seq.computed + n, seq.computed);
+    if (need + running_.size() > cache_.free_blocks()) {
+      cache_.release(seq.request.id);  // the cached blocks it attached
+      seq.computed = 0;
+      break;
+    }
+    const bool ok = cache_.reserve(seq.request.id, seq.computed + n, seq.computed);
     EXA_ASSERT(ok);
+    if (!seq.was_admitted) {
+      seq.was_admitted = true;
+      seq.cached_tokens = std::min(seq.computed, seq.prompt_len);
+      prefix_lookup_tokens_ += cache_.prefix_cache_enabled() ? seq.tokens.size() : 0;
+      prefix_hit_tokens_ += seq.computed;
+    }
     seq.is_running = true;
     seq.admit_order = next_admit_++;
     running_.push_back(std::move(waiting_.front()));
@@ -130,6 +148,8 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
     grow(plan, *s, std::min({s->pending(), config_.prefill_chunk, budget}), budget, preempted);
   }
   admit(plan, budget);
+  for (const scheduled_chunk& c : plan)
+    cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
   return plan;
 }
 

@@ -5,7 +5,10 @@
 // the decoding sequences; when the cache runs out the newest sequence is
 // preempted (its blocks freed, recomputed later from prompt + generated
 // tokens, which batch invariance makes exact). The oldest running sequence
-// always progresses, so nothing deadlocks.
+// always progresses, so nothing deadlocks. With the prefix cache on, an
+// admitted sequence (new or preempted) starts from the longest cached run of
+// its tokens' blocks and computes only the rest, always at least its last
+// token, whose logits it needs.
 
 #include <cstdint>
 #include <deque>
@@ -31,6 +34,9 @@ struct sequence {
   std::uint32_t computed = 0;     // tokens whose K/V are in the cache
   std::uint64_t admit_order = 0;  // larger = admitted later
   bool is_running = false;
+  bool was_admitted = false;      // admitted at least once (preemption re-admits)
+  /// Prompt tokens taken from the prefix cache at the first admission.
+  std::uint32_t cached_tokens = 0;
 
   std::uint32_t generated() const noexcept {
     return static_cast<std::uint32_t>(tokens.size()) - prompt_len;
@@ -68,18 +74,25 @@ class batch_scheduler {
   std::size_t waiting() const noexcept { return waiting_.size(); }
   bool empty() const noexcept { return running_.empty() && waiting_.empty(); }
 
+  /// Prefix cache: tokens looked up at first admissions, and those found.
+  std::uint64_t prefix_lookup_tokens() const noexcept { return prefix_lookup_tokens_; }
+  std::uint64_t prefix_hit_tokens() const noexcept { return prefix_hit_tokens_; }
+
  private:
   bool grow(std::vector<scheduled_chunk>& plan, sequence& seq, std::uint32_t n,
             std::uint32_t& budget, std::uint32_t& preempted);
   void preempt(sequence& victim, std::vector<scheduled_chunk>& plan, std::uint32_t& budget);
   sequence* newest_after(const sequence& seq);
   void admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget);
+  void attach_cached(sequence& seq);
 
   scheduler_config config_;
   kv_cache& cache_;
   std::deque<std::unique_ptr<sequence>> waiting_;
   std::vector<std::unique_ptr<sequence>> running_;  // admission order, oldest first
   std::uint64_t next_admit_ = 1;
+  std::uint64_t prefix_lookup_tokens_ = 0;
+  std::uint64_t prefix_hit_tokens_ = 0;
 };
 
 }  // namespace exa::engine

@@ -25,7 +25,7 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
     : model_(std::move(model)),
       config_(config),
       cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(), config.kv_block_tokens},
-             config.kv_max_blocks),
+             config.kv_max_blocks, config.prefix_cache),
       scheduler_(config.scheduler, cache_),
       forward_(model_->config(), model_->weights(), cache_, threads) {}
 
@@ -82,9 +82,9 @@ expected<void> cpu_engine::submit(generation_request request) {
 
 void cpu_engine::cancel(seq_id id) {
   if (const sequence* s = scheduler_.find(id)) {
-    const std::uint32_t generated = s->generated();
+    const finish_event event{id, finish_reason::cancelled, s->generated(), s->cached_tokens};
     scheduler_.remove(id);  // frees its KV blocks now, not at the next step
-    pending_finished_.push_back({id, finish_reason::cancelled, generated});
+    pending_finished_.push_back(event);
   }
 }
 
@@ -95,7 +95,7 @@ void cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_res
   const model::token_id next =
       sampler_.sample(logits, model_->config().vocab_size, r.sampling, seq.generated());
   if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end()) {
-    out.finished.push_back({r.id, finish_reason::stop, seq.generated()});
+    out.finished.push_back({r.id, finish_reason::stop, seq.generated(), seq.cached_tokens});
     scheduler_.finish(r.id);
     return;
   }
@@ -104,7 +104,7 @@ void cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_res
   seq.tokens.push_back(next);
   ++stats_.generated_tokens;
   if (seq.generated() >= r.max_tokens) {
-    out.finished.push_back({r.id, finish_reason::length, seq.generated()});
+    out.finished.push_back({r.id, finish_reason::length, seq.generated(), seq.cached_tokens});
     scheduler_.finish(r.id);
   }
 }
@@ -134,7 +134,10 @@ step_result cpu_engine::step() {
   ++stats_.steps;
   stats_.prefill_tokens += out.prefill_tokens;
 
-  for (const scheduled_chunk& c : plan) c.seq->computed += c.n_tokens;
+  for (const scheduled_chunk& c : plan) {
+    c.seq->computed += c.n_tokens;
+    cache_.publish(c.seq->request.id, c.seq->tokens, c.seq->computed);  // full blocks join the prefix cache
+  }
   const std::size_t vocab = model_->config().vocab_size;
   for (std::size_t i = 0; i < wants_logits.size(); ++i)
     sample_and_advance(*wants_logits[i], logits_.data() + i * vocab, out);
@@ -148,7 +151,15 @@ engine_stats cpu_engine::stats() const {
   s.waiting = static_cast<std::uint32_t>(scheduler_.waiting());
   s.kv_capacity_tokens = cache_.capacity_tokens();
   s.kv_free_tokens = cache_.free_tokens();
+  s.prefix_lookup_tokens = scheduler_.prefix_lookup_tokens();
+  s.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
+  s.prefix_cached_blocks = cache_.cached_blocks();
   return s;
+}
+
+prefix_summary cpu_engine::cached_prefixes(std::size_t max_hashes) const {
+  if (!cache_.prefix_cache_enabled()) return {};
+  return {cache_.layout().block_tokens, cache_.cached_hashes(max_hashes)};
 }
 
 }  // namespace exa::engine

@@ -25,6 +25,8 @@ struct cpu_engine_config {
   /// Shares on one device must not add up to more than the pool, so that
   /// every replica can always reach its own share.
   std::uint32_t kv_max_blocks = 0;
+  /// Share KV blocks between sequences with the same token prefix (kv_cache.hpp).
+  bool prefix_cache = true;
 };
 
 class cpu_engine final : public inference_engine {
@@ -41,6 +43,7 @@ class cpu_engine final : public inference_engine {
   bool idle() const override;
   step_result step() override;
   engine_stats stats() const override;
+  prefix_summary cached_prefixes(std::size_t max_hashes) const override;
 
   const model::llama_model& model() const noexcept { return *model_; }
   const kv_cache& cache() const noexcept { return cache_; }

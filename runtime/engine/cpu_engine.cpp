@@ -27,7 +27,14 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
       cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(), config.kv_block_tokens},
              config.kv_max_blocks, config.prefix_cache),
       scheduler_(config.scheduler, cache_),
-      forward_(model_->config(), model_->weights(), cache_, threads) {}
+      forward_(model_->config(), model_->weights(), cache_, threads) {
+  if (config_.draft) {  // speculative decoding (speculative.hpp)
+    EXA_ASSERT_MSG(check_draft(*model_, *config_.draft, config_.draft_tokens).has_value(),
+                   "a draft model that check_draft() refuses");
+    spec_ = std::make_unique<speculator>(config_.draft, config_.draft_tokens, config_.kv_block_tokens,
+                                         cache_.capacity_tokens() / config_.kv_block_tokens, threads);
+  }
+}
 
 expected<void> cpu_engine::check(const generation_request& r) const {
   const auto& c = model_->config();
@@ -84,20 +91,22 @@ void cpu_engine::cancel(seq_id id) {
   if (const sequence* s = scheduler_.find(id)) {
     const finish_event event{id, finish_reason::cancelled, s->generated(), s->cached_tokens};
     scheduler_.remove(id);  // frees its KV blocks now, not at the next step
+    if (spec_) spec_->forget(id);
     pending_finished_.push_back(event);
   }
 }
 
 bool cpu_engine::idle() const { return scheduler_.empty() && pending_finished_.empty(); }
 
-void cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_result& out) {
+bool cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_result& out,
+                                    std::optional<model::token_id> decided) {
   const auto& r = seq.request;
   const model::token_id next =
-      sampler_.sample(logits, model_->config().vocab_size, r.sampling, seq.generated());
+      decided ? *decided : sampler_.sample(logits, model_->config().vocab_size, r.sampling, seq.generated());
   if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end()) {
     out.finished.push_back({r.id, finish_reason::stop, seq.generated(), seq.cached_tokens});
     scheduler_.finish(r.id);
-    return;
+    return false;
   }
   token_event& event = out.tokens.emplace_back(token_event{r.id, next, seq.generated(), std::nullopt});
   if (r.logprobs) event.logprobs = compute_logprobs(logits, model_->config().vocab_size, next, r.top_logprobs);
@@ -106,7 +115,9 @@ void cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_res
   if (seq.generated() >= r.max_tokens) {
     out.finished.push_back({r.id, finish_reason::length, seq.generated(), seq.cached_tokens});
     scheduler_.finish(r.id);
+    return false;
   }
+  return true;
 }
 
 step_result cpu_engine::step() {
@@ -116,6 +127,7 @@ step_result cpu_engine::step() {
   const std::vector<scheduled_chunk> plan = scheduler_.plan(out.preempted);
   stats_.preemptions += out.preempted;
   if (plan.empty()) return out;
+  if (spec_) spec_->propose(plan, scheduler_, cache_);  // the draft's proposals (speculative.hpp)
 
   forward_batch batch;
   std::vector<sequence*> wants_logits;
@@ -128,6 +140,7 @@ step_result cpu_engine::step() {
       batch.tokens.push_back({c.seq->tokens[p], p, index, last});
       if (last) wants_logits.push_back(c.seq);
     }
+    if (spec_) append_proposals(batch, *c.seq, index);
     if (c.seq->pending() > 1) out.prefill_tokens += c.n_tokens;  // not a one-token decode
   }
   forward_.run(batch, logits_);
@@ -139,8 +152,11 @@ step_result cpu_engine::step() {
     cache_.publish(c.seq->request.id, c.seq->tokens, c.seq->computed);  // full blocks join the prefix cache
   }
   const std::size_t vocab = model_->config().vocab_size;
-  for (std::size_t i = 0; i < wants_logits.size(); ++i)
-    sample_and_advance(*wants_logits[i], logits_.data() + i * vocab, out);
+  if (spec_)
+    emit_speculated(wants_logits, out);
+  else
+    for (std::size_t i = 0; i < wants_logits.size(); ++i)
+      sample_and_advance(*wants_logits[i], logits_.data() + i * vocab, out);
   out.decode_tokens = static_cast<std::uint32_t>(wants_logits.size());
   return out;
 }
@@ -154,12 +170,53 @@ engine_stats cpu_engine::stats() const {
   s.prefix_lookup_tokens = scheduler_.prefix_lookup_tokens();
   s.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
   s.prefix_cached_blocks = cache_.cached_blocks();
+  if (spec_) {
+    s.draft_proposed_tokens = spec_->stats().proposed;
+    s.draft_accepted_tokens = spec_->stats().accepted;
+  }
   return s;
 }
 
 prefix_summary cpu_engine::cached_prefixes(std::size_t max_hashes) const {
   if (!cache_.prefix_cache_enabled()) return {};
   return {cache_.layout().block_tokens, cache_.cached_hashes(max_hashes)};
+}
+
+// ---- Speculative decoding hooks (speculative.hpp) ----
+
+void cpu_engine::append_proposals(forward_batch& batch, const sequence& seq, std::uint32_t index) {
+  // The draft's tokens follow the sequence's last token, each with logits:
+  // the target verifies all of them in this one batch. Their K/V lands past
+  // `computed`, in blocks private to the sequence (speculator::propose
+  // reserved them); only accepted ones become `computed`.
+  auto pos = static_cast<std::uint32_t>(seq.tokens.size());
+  for (const model::token_id d : spec_->proposals(seq)) batch.tokens.push_back({d, pos++, index, true});
+}
+
+void cpu_engine::emit_speculated(const std::vector<sequence*>& wants_logits, step_result& out) {
+  const std::size_t vocab = model_->config().vocab_size;
+  std::vector<std::pair<sequence*, const float*>> rows;
+  std::size_t row = 0;
+  for (sequence* seq : wants_logits) {
+    rows.emplace_back(seq, logits_.data() + row * vocab);
+    row += 1 + spec_->proposals(*seq).size();
+  }
+  spec_->verify(rows);
+  const std::size_t finished_before = out.finished.size();
+  for (const auto& [seq, logits] : rows) {
+    if (!spec_->speculates(*seq)) {
+      sample_and_advance(*seq, logits, out);
+      continue;
+    }
+    // Accepted draft tokens (K/V computed), then the target's own token; a
+    // stop token or max_tokens may end the sequence anywhere in between.
+    const auto tokens = spec_->decided(*seq);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (!sample_and_advance(*seq, logits + i * vocab, out, tokens[i])) break;
+      if (i + 1 < tokens.size()) ++seq->computed;
+    }
+  }
+  for (std::size_t i = finished_before; i < out.finished.size(); ++i) spec_->forget(out.finished[i].id);
 }
 
 }  // namespace exa::engine

@@ -12,6 +12,7 @@
 #include "engine/kv_cache.hpp"
 #include "engine/llama_forward.hpp"
 #include "engine/sampler.hpp"
+#include "engine/speculative.hpp"
 #include "model/llama_model.hpp"
 
 namespace exa::engine {
@@ -27,6 +28,11 @@ struct cpu_engine_config {
   std::uint32_t kv_max_blocks = 0;
   /// Share KV blocks between sequences with the same token prefix (kv_cache.hpp).
   bool prefix_cache = true;
+  /// Speculative decoding (speculative.hpp): a draft model with the target's
+  /// vocabulary proposes `draft_tokens` tokens per step for each decoding
+  /// sequence; none without a draft. Check the pair with check_draft() first.
+  std::shared_ptr<const model::llama_model> draft;
+  std::uint32_t draft_tokens = default_draft_tokens;
 };
 
 class cpu_engine final : public inference_engine {
@@ -47,10 +53,18 @@ class cpu_engine final : public inference_engine {
 
   const model::llama_model& model() const noexcept { return *model_; }
   const kv_cache& cache() const noexcept { return cache_; }
+  /// The draft side of speculative decoding; null without a draft model.
+  const speculator* speculation() const noexcept { return spec_.get(); }
 
  private:
   expected<void> check(const generation_request& r) const;
-  void sample_and_advance(sequence& seq, const float* logits, step_result& out);
+  /// Samples (or takes `decided`), emits and advances; false when that
+  /// finished the sequence (it is gone then).
+  bool sample_and_advance(sequence& seq, const float* logits, step_result& out,
+                          std::optional<model::token_id> decided = std::nullopt);
+  // Speculative decoding hooks (speculative.hpp).
+  void append_proposals(forward_batch& batch, const sequence& seq, std::uint32_t index);
+  void emit_speculated(const std::vector<sequence*>& wants_logits, step_result& out);
 
   std::shared_ptr<const model::llama_model> model_;
   cpu_engine_config config_;
@@ -61,6 +75,7 @@ class cpu_engine final : public inference_engine {
   std::vector<float> logits_;
   std::vector<finish_event> pending_finished_;  // cancellations, reported next step
   engine_stats stats_;
+  std::unique_ptr<speculator> spec_;  // null without a draft model
 };
 
 }  // namespace exa::engine

@@ -83,6 +83,10 @@ struct engine_stats {
   std::uint64_t prefix_lookup_tokens = 0;
   std::uint64_t prefix_hit_tokens = 0;
   std::uint32_t prefix_cached_blocks = 0;
+  /// Speculative decoding: draft tokens the target verified, and how many of
+  /// them it accepted (acceptance rate = accepted / proposed).
+  std::uint64_t draft_proposed_tokens = 0;
+  std::uint64_t draft_accepted_tokens = 0;
 };
 
 /// What a replica tells the router about its prefix cache: the chained block

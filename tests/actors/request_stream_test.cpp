@@ -127,8 +127,10 @@ struct fixture {
     caf::send_as(from, request, std::move(m));
     run();
   }
-  void finished(const caf::actor& from, std::uint32_t generated) {
-    caf::send_as(from, request, actors::finish_msg{7, static_cast<std::uint8_t>(engine::finish_reason::length), generated});
+  void finished(const caf::actor& from, std::uint32_t generated, std::uint32_t cached_tokens = 0) {
+    caf::send_as(from, request,
+                 actors::finish_msg{7, static_cast<std::uint8_t>(engine::finish_reason::length), generated,
+                                    cached_tokens});
     run();
   }
 };
@@ -161,6 +163,32 @@ TEST_CASE("a finish that overtook its last tokens waits for them", "[actors][req
   REQUIRE(f.sink->result);
   CHECK(f.sink->result->reason == api::finish_reason::length);
   CHECK(f.sink->tokens() == std::vector<std::int32_t>{10, 11, 12, 13});
+}
+
+TEST_CASE("usage carries the replica's cached prompt tokens, also from a finish that waited", "[actors][request]") {
+  fixture f(2);
+  f.tokens(f.a, 0, {10});
+  f.finished(f.a, 2, 2);  // overtook token 1
+  CHECK_FALSE(f.sink->result);
+  f.tokens(f.a, 1, {11});
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->usage.prompt_tokens == 3);
+  CHECK(f.sink->result->usage.cached_tokens == 2);
+}
+
+TEST_CASE("a resumed request reports the finishing replica's cached tokens, at most its prompt",
+          "[actors][request]") {
+  fixture f(3);
+  f.tokens(f.a, 0, {10});
+  f.tokens(f.a, 2, {12});  // token 1 was lost: replica a is left
+  f.sched.advance_time(600ms);
+  f.run();
+  REQUIRE(f.log_b->submits.size() == 1);
+  f.tokens(f.b, 1, {21, 22});
+  f.finished(f.b, 3, 4);  // b found the prompt and the resumed token cached
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->resumes == 1);
+  CHECK(f.sink->result->usage.cached_tokens == 3);
 }
 
 TEST_CASE("a gap that never fills: the replica is left and the stream resumes elsewhere token-exact",

@@ -7,9 +7,20 @@
 #include <filesystem>
 #include <system_error>
 
+#include "engine/isa.hpp"
 #include "model/model_gen.hpp"
 
 namespace exa::app {
+
+expected<void> init_engine_isa() {
+  const char* env = std::getenv("EXA_ENGINE_ISA");
+  const std::string requested = env != nullptr ? env : "";
+  auto chosen = engine::set_active_isa(requested);
+  if (!chosen) return make_error(chosen.error().code, "EXA_ENGINE_ISA: " + chosen.error().message);
+  spdlog::info("event=engine_isa isa={} requested={} cpu=\"{}\"", engine::to_string(*chosen),
+               requested.empty() ? "auto" : requested, engine::describe(engine::detect_cpu()));
+  return {};
+}
 
 int fail(const char* command, const error& e) {
   std::fprintf(stderr, "exaserve %s: %s\n", command, to_string(e).c_str());

@@ -20,6 +20,12 @@ expected<std::string> cache_dir();
 /// `s` as a JSON string literal, quotes included.
 std::string json_string(std::string_view s);
 
+/// Chooses the engine's kernel variant (isa.hpp) from EXA_ENGINE_ISA, or the
+/// best the CPU supports, and logs it with the CPU's features. An unknown or
+/// unsupported EXA_ENGINE_ISA is an error (a misconfigured node should not
+/// start on another path than asked).
+expected<void> init_engine_isa();
+
 /// Path of the default model (the `tiny` preset, f32, seed 1), generating it
 /// on first use.
 expected<std::string> default_model_path();

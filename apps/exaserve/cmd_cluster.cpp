@@ -202,6 +202,7 @@ int cmd_node(int argc, char** argv) {
   }
   auto join = address_flag(*a, "join", "", true);
   if (!join) return fail("node", join.error());
+  if (auto ok = init_engine_isa(); !ok) return fail("node", ok.error());
   auto listen = address_flag(*a, "listen", "127.0.0.1:0", false);
   if (!listen) return fail("node", listen.error());
   if (!a->has("node-id")) return fail("node", {errc::invalid_argument, "--node-id N is required"});

@@ -124,6 +124,7 @@ int cmd_generate(int argc, char** argv) {
   }
   auto o = read_options(*a);
   if (!o) return fail("generate", o.error());
+  if (auto ok = init_engine_isa(); !ok) return fail("generate", ok.error());
   // Loading maps the file and binds views into it; pages come in on use.
   const auto load_t0 = std::chrono::steady_clock::now();
   auto model = model::llama_model::load(o->model_path);

@@ -73,6 +73,7 @@ int cmd_serve(int argc, char** argv) {
   }
   auto config = load_serve_config(*a);
   if (!config) return fail("serve", config.error());
+  if (auto ok = init_engine_isa(); !ok) return fail("serve", ok.error());
   if (auto ok = jinja::check_template_override(config->cluster.chat_template); !ok) return fail("serve", ok.error());
   auto keys = keys_from_flags(*a);
   if (!keys) return fail("serve", keys.error());

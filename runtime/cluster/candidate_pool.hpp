@@ -33,8 +33,21 @@ namespace exa::cluster {
 
 /// What one request will cost a replica, in tokens.
 struct request_cost {
+  // Constructors, not an aggregate, so that {prompt, max} stays the short
+  // form without the prefix fields (and without missing-initializer warnings).
+  request_cost() = default;
+  request_cost(std::uint32_t prompt, std::uint32_t max, std::uint32_t block_tokens = 0,
+               std::span<const std::uint64_t> hashes = {})
+      : prompt_tokens(prompt), max_tokens(max), prefix_block_tokens(block_tokens), prefix_hashes(hashes) {}
+
   std::uint32_t prompt_tokens = 0;
   std::uint32_t max_tokens = 0;
+  /// The prompt's chained block hashes (model/prefix_hash.hpp) at
+  /// `prefix_block_tokens` per block, for prefix_aware routing; empty when
+  /// the caller did not compute them (every other policy ignores them).
+  /// Borrowed for the one decision.
+  std::uint32_t prefix_block_tokens = 0;
+  std::span<const std::uint64_t> prefix_hashes;
 };
 
 /// queue_capacity_left value meaning "this replica reports no queue bound".
@@ -63,11 +76,27 @@ struct routing_candidate {
 /// A replica's periodic load report. Speeds are raw observations (0 = none
 /// this period); the table smooths them.
 struct load_report {
+  // Constructors for the same reason as request_cost's: {requests, tokens,
+  // decode, prefill, queue} without the prefix summary.
+  load_report() = default;
+  load_report(std::uint32_t requests, std::uint64_t tokens, double decode = 0, double prefill = 0,
+              std::uint32_t queue_left = queue_capacity_unbounded)
+      : outstanding_requests(requests),
+        outstanding_tokens(tokens),
+        decode_tokens_per_s(decode),
+        prefill_tokens_per_s(prefill),
+        queue_capacity_left(queue_left) {}
+
   std::uint32_t outstanding_requests = 0;
   std::uint64_t outstanding_tokens = 0;
   double decode_tokens_per_s = 0;
   double prefill_tokens_per_s = 0;
   std::uint32_t queue_capacity_left = queue_capacity_unbounded;
+  /// The replica's prefix cache summary (engine::prefix_summary): block size
+  /// (0: no prefix cache) and block hashes, most recently used first,
+  /// bounded by the replica. Only prefix_aware routing reads it.
+  std::uint32_t prefix_block_tokens = 0;
+  std::vector<std::uint64_t> prefix_hashes;
 };
 
 /// Seeded pseudo-random state, passed explicitly so a seed replays every

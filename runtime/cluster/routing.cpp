@@ -1,4 +1,4 @@
-// Routing: the candidate pool's indexes, the four policies, and the replica
+// Routing: the candidate pool's indexes, the five policies, and the replica
 // table. The pool is implemented here as well: the policies are its only
 // readers, and the build registers one source file for routing.
 
@@ -486,9 +486,54 @@ std::optional<candidate_pool::position> predictive_policy::choose_in(const reque
   return static_cast<candidate_pool::position>(best);
 }
 
+prefix_aware_policy::prefix_aware_policy(prefix_aware_config config)
+    : config_(config), index_(config.index) {
+  EXA_ASSERT(config_.load_slack_ratio >= 0 && std::isfinite(config_.load_slack_ratio));
+}
+
+void prefix_aware_policy::observe_load(replica_id id, const load_report& report) {
+  index_.replace(id, report.prefix_block_tokens, report.prefix_hashes);
+}
+
+void prefix_aware_policy::observe_routed(replica_id id, const request_cost& cost) {
+  index_.note_routed(id, cost.prefix_block_tokens, cost.prefix_hashes);
+}
+
+std::optional<candidate_pool::position> prefix_aware_policy::choose_in(const request_cost& cost,
+                                                                       const candidate_pool& pool,
+                                                                       rng_state&) {
+  const auto least = pool.least_loaded();
+  if (!least || cost.prefix_hashes.empty() || cost.prefix_block_tokens == 0 || index_.replicas() == 0)
+    return least;
+  const std::uint64_t min_load = pool.at(*least).outstanding_tokens;
+  const double relative = config_.load_slack_ratio * static_cast<double>(min_load);
+  const std::uint64_t slack =
+      std::max(config_.load_slack_tokens,
+               relative >= static_cast<double>(key_max) ? key_max : static_cast<std::uint64_t>(relative));
+  const std::uint64_t bound = saturating_add(min_load, slack);
+  candidate_pool::position best = *least;
+  std::uint64_t best_tokens = 0;
+  for (const candidate_pool::position p : pool.eligible_positions()) {
+    const routing_candidate& c = pool.at(p);
+    if (c.outstanding_tokens > bound) continue;
+    const std::uint64_t tokens =
+        std::uint64_t{cost.prefix_block_tokens} * index_.matched_blocks(c.id, cost.prefix_block_tokens, cost.prefix_hashes);
+    if (tokens == 0 || tokens < config_.min_match_tokens || tokens < best_tokens) continue;
+    const routing_candidate& b = pool.at(best);
+    // Longer match; on equal match, less load; then the lower id (position).
+    const bool better = tokens > best_tokens || c.outstanding_tokens < b.outstanding_tokens ||
+                        (c.outstanding_tokens == b.outstanding_tokens && p < best);
+    if (best_tokens == 0 || better) {
+      best = p;
+      best_tokens = tokens;
+    }
+  }
+  return best;
+}
+
 namespace {
-constexpr std::array<std::string_view, 4> policy_names = {"round_robin", "least_outstanding",
-                                                          "power_of_two", "predictive"};
+constexpr std::array<std::string_view, 5> policy_names = {"round_robin", "least_outstanding", "power_of_two",
+                                                          "predictive", "prefix_aware"};
 }  // namespace
 
 std::span<const std::string_view> routing_policy_names() noexcept { return policy_names; }
@@ -514,7 +559,8 @@ std::vector<replica_id> outside_region(std::string_view region, std::span<const 
 }
 
 expected<std::unique_ptr<routing_policy>> make_routing_policy(std::string_view name,
-                                                              const predictive_config& config) {
+                                                              const predictive_config& config,
+                                                              const prefix_aware_config& prefix) {
   if (name == "round_robin") return std::make_unique<round_robin_policy>();
   if (name == "least_outstanding") return std::make_unique<least_outstanding_policy>();
   if (name == "power_of_two") return std::make_unique<power_of_two_policy>();
@@ -526,6 +572,12 @@ expected<std::unique_ptr<routing_policy>> make_routing_policy(std::string_view n
                         "predictive routing needs finite positive default speeds");
     }
     return std::make_unique<predictive_policy>(config);
+  }
+  if (name == "prefix_aware") {
+    if (!(prefix.load_slack_ratio >= 0) || !std::isfinite(prefix.load_slack_ratio) || prefix.index.reported_max == 0)
+      return make_error(errc::invalid_argument,
+                        "prefix_aware routing needs a finite load_slack_ratio >= 0 and reported_max > 0");
+    return std::make_unique<prefix_aware_policy>(prefix);
   }
   std::string message = "unknown routing policy '" + std::string(name) + "'; valid policies: ";
   for (std::size_t i = 0; i < policy_names.size(); ++i)
@@ -547,7 +599,7 @@ expected<void> check_speeds(double decode_tokens_per_s, double prefill_tokens_pe
 }  // namespace
 
 expected<replica_table> replica_table::create(replica_table_config config) {
-  auto policy = make_routing_policy(config.default_policy, config.predictive);
+  auto policy = make_routing_policy(config.default_policy, config.predictive, config.prefix_aware);
   if (!policy) return std::unexpected(policy.error());
   if (!(config.speed_ewma_alpha > 0 && config.speed_ewma_alpha <= 1)) {
     return make_error(errc::invalid_argument, "speed_ewma_alpha must be in (0, 1]");
@@ -578,7 +630,7 @@ expected<replica_table::model_entry*> replica_table::model_for_insert(const std:
     return make_error(errc::overloaded, "cannot add model '" + model + "': the routing table holds " +
                                             std::to_string(config_.models_max) + " models (limit)");
   }
-  auto policy = make_routing_policy(config_.default_policy, config_.predictive);
+  auto policy = make_routing_policy(config_.default_policy, config_.predictive, config_.prefix_aware);
   EXA_ASSERT_MSG(policy.has_value(), "the default policy was validated by create()");
   auto& entry = models_[model];
   entry.policy = std::move(*policy);
@@ -702,6 +754,7 @@ void replica_table::mark_older_stale(const slot_ref& slot, epoch_t epoch) {
 }
 
 void replica_table::erase_existing(const routing_candidate& old) {
+  if (const auto model = models_.find(old.model); model != models_.end()) model->second.policy->forget(old.id);
   candidate_pool* pool = where_.at(old.id);
   const bool erased = pool->erase(old.id);
   EXA_ASSERT(erased);
@@ -731,6 +784,8 @@ expected<void> replica_table::update_load(replica_id id, const load_report& repo
   auto at = locate(id);
   if (!at) return std::unexpected(at.error());
   at->pool->apply_load(at->pos, report, config_.speed_ewma_alpha);
+  if (const auto model = models_.find(at->pool->at(at->pos).model); model != models_.end())
+    model->second.policy->observe_load(id, report);
   return {};
 }
 
@@ -765,7 +820,7 @@ expected<void> replica_table::fence(const slot_ref& slot, epoch_t epoch) {
 }
 
 expected<void> replica_table::set_policy(std::string_view model, std::string_view policy_name) {
-  auto policy = make_routing_policy(policy_name, config_.predictive);
+  auto policy = make_routing_policy(policy_name, config_.predictive, config_.prefix_aware);
   if (!policy) return std::unexpected(policy.error());
   auto entry = model_for_insert(std::string(model));
   if (!entry) return std::unexpected(entry.error());
@@ -847,6 +902,7 @@ expected<const routing_candidate*> replica_table::route(std::string_view model, 
   }
   if (!chosen) return std::unexpected(no_replica_error(model, pool));
   pool->charge(*chosen, cost);
+  target->model->policy->observe_routed(pool->at(*chosen).id, cost);
   return &pool->at(*chosen);
 }
 
@@ -859,6 +915,13 @@ expected<std::string_view> replica_table::policy_name(std::string_view model) co
   const auto it = models_.find(model);
   if (it == models_.end()) return make_error(errc::not_found, "unknown model '" + std::string(model) + "'");
   return it->second.policy->name();
+}
+
+std::uint32_t replica_table::prefix_block_tokens(std::string_view model) const {
+  const auto it = models_.find(model);
+  if (it == models_.end()) return 0;
+  const auto* policy = dynamic_cast<const prefix_aware_policy*>(it->second.policy.get());
+  return policy ? policy->index().block_tokens() : 0;
 }
 
 epoch_t replica_table::slot_epoch(const slot_ref& slot) const {

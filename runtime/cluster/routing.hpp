@@ -15,6 +15,8 @@
 //   predictive          O(n) branch-free scan of three double columns (five while an
 //                       eligible replica has no observed speed) + O(log n) charge; the
 //                       estimate depends on the request, so no one order serves every request
+//   prefix_aware        O(1) least-loaded, then O(n) scan of the eligible replicas within
+//                       the load bound, each costing (matched blocks + 1) hash lookups
 // Measured (bench/routing_bench.cpp, see docs/PERFORMANCE.md): tens of ns for
 // the first three, about half a nanosecond per replica for predictive.
 // Load updates are O(log n); membership changes cost one O(n log n) reindex,
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "cluster/candidate_pool.hpp"
+#include "cluster/prefix_index.hpp"
 #include "common/error.hpp"
 
 namespace exa::cluster {
@@ -55,6 +58,15 @@ class routing_policy {
   /// the chosen replica, or nullopt when no candidate is eligible.
   std::optional<replica_id> choose(const request_cost& cost,
                                    std::span<const routing_candidate> candidates, rng_state& rng);
+
+  // What the table tells every policy beyond the pool's columns; only
+  // prefix_aware keeps state from them.
+  /// A load report of replica `id` (after the pool applied it).
+  virtual void observe_load(replica_id id, const load_report& report) { (void)id, (void)report; }
+  /// The table charged `cost` to replica `id` (the policy's choice or a last resort).
+  virtual void observe_routed(replica_id id, const request_cost& cost) { (void)id, (void)cost; }
+  /// The replica left the table.
+  virtual void forget(replica_id id) { (void)id; }
 
  private:
   virtual std::optional<candidate_pool::position> choose_in(const request_cost& cost,
@@ -127,6 +139,45 @@ class predictive_policy final : public routing_policy {
   predictive_config config_;
 };
 
+struct prefix_aware_config {
+  /// A replica is "near the least loaded" while its outstanding tokens are
+  /// at most min + max(load_slack_tokens, load_slack_ratio * min), min being
+  /// the least loaded eligible replica's: among those the longest cached
+  /// prefix wins. Past the bound a cached prefix is not worth the queue, so
+  /// a hot prefix spreads to other replicas instead of piling onto one.
+  std::uint64_t load_slack_tokens = 2048;
+  double load_slack_ratio = 0.25;
+  /// Matched prefixes shorter than this (tokens) count as none (a match is
+  /// at least one block in any case).
+  std::uint32_t min_match_tokens = 1;
+  prefix_index_config index;
+};
+
+/// Longest cached prefix among the replicas near the least loaded (see
+/// prefix_aware_config), ties to the lower load, then the lower id; the
+/// least loaded replica when no replica within the bound holds any of the
+/// prompt's blocks. Replicas report their prefix cache's block hashes with
+/// their load (load_report::prefix_hashes); the policy also records the
+/// blocks of each request it routes, so the next turn of a conversation
+/// follows before the next report (prefix_index).
+class prefix_aware_policy final : public routing_policy {
+ public:
+  explicit prefix_aware_policy(prefix_aware_config config = {});
+  std::string_view name() const noexcept override { return "prefix_aware"; }
+
+  void observe_load(replica_id id, const load_report& report) override;
+  void observe_routed(replica_id id, const request_cost& cost) override;
+  void forget(replica_id id) override { index_.forget(id); }
+
+  const prefix_index& index() const noexcept { return index_; }
+
+ private:
+  std::optional<candidate_pool::position> choose_in(const request_cost& cost,
+                                                    const candidate_pool& pool, rng_state&) override;
+  prefix_aware_config config_;
+  prefix_index index_;
+};
+
 /// A region name: "" (none), or 1..64 letters, digits, '-', '_' or '.';
 /// invalid_argument naming it otherwise.
 expected<void> check_region(std::string_view region);
@@ -144,15 +195,17 @@ std::vector<replica_id> outside_region(std::string_view region,
 /// Names the factory accepts, in a stable order.
 std::span<const std::string_view> routing_policy_names() noexcept;
 
-/// "round_robin", "least_outstanding", "power_of_two" or "predictive";
-/// invalid_argument listing the valid names otherwise.
+/// "round_robin", "least_outstanding", "power_of_two", "predictive" or
+/// "prefix_aware"; invalid_argument listing the valid names otherwise.
 expected<std::unique_ptr<routing_policy>> make_routing_policy(std::string_view name,
-                                                              const predictive_config& config = {});
+                                                              const predictive_config& config = {},
+                                                              const prefix_aware_config& prefix = {});
 
 struct replica_table_config {
   /// Policy of a model until set_policy names another.
   std::string default_policy = "least_outstanding";
   predictive_config predictive;
+  prefix_aware_config prefix_aware;
   /// Weight of a new speed observation in the smoothed speed.
   double speed_ewma_alpha = 0.2;
   /// Seed of the table's routing randomness (power_of_two).
@@ -210,6 +263,11 @@ class replica_table {
   expected<std::string_view> policy_name(std::string_view model) const;
   /// Current epoch of a slot (0 if never seen).
   epoch_t slot_epoch(const slot_ref& slot) const;
+  /// Block size of the model's replicas' prefix caches as its policy knows
+  /// it: what a caller hashes a prompt with (request_cost::prefix_hashes).
+  /// 0 when the policy is not prefix_aware, no replica has reported a prefix
+  /// cache, or the model is unknown.
+  std::uint32_t prefix_block_tokens(std::string_view model) const;
 
  private:
   struct string_hash {

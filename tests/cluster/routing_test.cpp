@@ -224,8 +224,8 @@ TEST_CASE("predictive falls back to the median known speed, then to the default"
   CHECK(pred.estimate_s({4000, 100}, unknown, 0) == Approx(100.0 / 400 + 4000.0 / 4000));
 }
 
-TEST_CASE("the policy factory knows four names and lists them for a typo", "[routing]") {
-  REQUIRE(routing_policy_names().size() == 4);
+TEST_CASE("the policy factory knows five names and lists them for a typo", "[routing]") {
+  REQUIRE(routing_policy_names().size() == 5);
   for (const auto name : routing_policy_names()) {
     auto policy = make_routing_policy(name);
     REQUIRE(policy);
@@ -235,7 +235,7 @@ TEST_CASE("the policy factory knows four names and lists them for a typo", "[rou
   REQUIRE_FALSE(bad);
   CHECK(bad.error().code == errc::invalid_argument);
   CHECK(bad.error().message ==
-        "unknown routing policy 'fastest'; valid policies: round_robin, least_outstanding, power_of_two, predictive");
+        "unknown routing policy 'fastest'; valid policies: round_robin, least_outstanding, power_of_two, predictive, prefix_aware");
   CHECK_FALSE(make_routing_policy("predictive", predictive_config{0, 100}));
   replica_table_config config;
   config.default_policy = "nope";
@@ -526,7 +526,7 @@ TEST_CASE("table choices match brute force under random changes", "[routing]") {
 }
 
 TEST_CASE("degraded replicas get requests only when no healthy replica can take them", "[routing]") {
-  for (const char* policy : {"round_robin", "least_outstanding", "power_of_two", "predictive"}) {
+  for (const char* policy : {"round_robin", "least_outstanding", "power_of_two", "predictive", "prefix_aware"}) {
     INFO(policy);
     auto table = make_table(policy);
     for (replica_id id : {1, 2, 3}) REQUIRE(table.upsert(candidate(id, 0)).has_value());
@@ -572,7 +572,7 @@ TEST_CASE("a retry passes over a degraded replica it already failed on, unless o
 }
 
 TEST_CASE("a retry passes over the replicas it already failed on, unless only they are left", "[routing]") {
-  for (const char* policy : {"round_robin", "least_outstanding", "power_of_two", "predictive"}) {
+  for (const char* policy : {"round_robin", "least_outstanding", "power_of_two", "predictive", "prefix_aware"}) {
     INFO(policy);
     auto table = make_table(policy);
     for (replica_id id : {1, 2, 3}) REQUIRE(table.upsert(candidate(id, id == 2 ? 0 : 100)).has_value());

@@ -1,0 +1,284 @@
+// Prefix-aware routing: the router's prefix index (reports, optimistic
+// updates, bounds), the policy's choice between cached prefix and load, and a
+// seeded cross-check of the table against a brute-force reference.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "cluster/routing.hpp"
+#include "model/prefix_hash.hpp"
+
+using namespace exa;
+using namespace exa::cluster;
+
+namespace {
+
+constexpr std::uint32_t block = 16;
+
+// A conversation's prompt: a shared system prompt of `app`, then `user`
+// tokens of its own, so prompts of one app share their first blocks.
+std::vector<model::token_id> prompt(std::uint32_t app, std::uint32_t system_tokens, std::uint32_t conv,
+                                    std::uint32_t user_tokens) {
+  std::vector<model::token_id> t;
+  for (std::uint32_t i = 0; i < system_tokens; ++i) t.push_back(static_cast<model::token_id>(1000 * app + i % 997));
+  for (std::uint32_t i = 0; i < user_tokens; ++i) t.push_back(static_cast<model::token_id>(50000 + conv * 131 + i));
+  return t;
+}
+
+std::vector<std::uint64_t> hashes(const std::vector<model::token_id>& tokens) {
+  return model::prefix_block_hashes(tokens, block);
+}
+
+routing_candidate candidate(replica_id id, std::uint64_t tokens = 0) {
+  routing_candidate c;
+  c.id = id;
+  c.slot = slot_ref{"m", static_cast<std::uint32_t>(id)};
+  c.epoch = 1;
+  c.model = "m";
+  c.version = "v1";
+  c.state = replica_state::ready;
+  c.outstanding_tokens = tokens;
+  return c;
+}
+
+load_report report(std::uint64_t outstanding, std::vector<std::uint64_t> held, std::uint32_t block_tokens = block) {
+  load_report r;
+  r.outstanding_tokens = outstanding;
+  r.prefix_block_tokens = block_tokens;
+  r.prefix_hashes = std::move(held);
+  return r;
+}
+
+request_cost cost_of(const std::vector<std::uint64_t>& h, std::uint32_t prompt_tokens = 0) {
+  request_cost c{prompt_tokens == 0 ? static_cast<std::uint32_t>(h.size() * block) : prompt_tokens, 16};
+  c.prefix_block_tokens = block;
+  c.prefix_hashes = h;
+  return c;
+}
+
+replica_table prefix_table(std::uint32_t replicas, prefix_aware_config config = {}) {
+  replica_table_config tc;
+  tc.default_policy = "prefix_aware";
+  tc.prefix_aware = config;
+  auto table = replica_table::create(tc);
+  REQUIRE(table);
+  for (replica_id id = 1; id <= replicas; ++id) REQUIRE(table->upsert(candidate(id)));
+  return std::move(*table);
+}
+
+}  // namespace
+
+TEST_CASE("the prefix index matches leading blocks only, per block size", "[routing][prefix]") {
+  prefix_index index;
+  const auto a = hashes(prompt(1, 64, 1, 64));  // 8 blocks
+  const auto b = hashes(prompt(1, 64, 2, 64));  // shares the 4 system blocks
+  const auto c = hashes(prompt(2, 64, 1, 64));  // another app: shares nothing
+  REQUIRE(a.size() == 8);
+  index.replace(7, block, a);
+  CHECK(index.matched_blocks(7, block, a) == 8);
+  CHECK(index.matched_blocks(7, block, b) == 4);
+  CHECK(index.matched_blocks(7, block, c) == 0);
+  CHECK(index.matched_blocks(8, block, a) == 0);         // unknown replica
+  CHECK(index.matched_blocks(7, 32, a) == 0);            // another block size never matches
+  CHECK(index.block_tokens() == block);
+  // A hole: the replica holds blocks 0, 1 and 3 but not 2 -- only 2 count.
+  std::vector<std::uint64_t> holed = {a[0], a[1], a[3]};
+  index.replace(7, block, holed);
+  CHECK(index.matched_blocks(7, block, a) == 2);
+  // Block size 0 (no prefix cache any more) forgets the replica.
+  index.replace(7, 0, a);
+  CHECK(index.replicas() == 0);
+}
+
+TEST_CASE("the prefix index keeps the most recent reported hashes up to its bound", "[routing][prefix]") {
+  prefix_index index(prefix_index_config{4, 3});
+  const auto a = hashes(prompt(1, 0, 1, 160));  // 10 blocks
+  // Most recently used first: the replica's newest blocks are the tail of a.
+  std::vector<std::uint64_t> mru(a.rbegin(), a.rend());
+  index.replace(1, block, mru);
+  CHECK(index.held(1) == 4);
+  CHECK(index.matched_blocks(1, block, std::vector<std::uint64_t>(a.begin() + 6, a.end())) == 4);
+  CHECK(index.matched_blocks(1, block, a) == 0);
+  // Routed blocks: bounded by pending_max, oldest dropped first.
+  index.note_routed(1, block, std::span(a).first(5));
+  CHECK(index.held(1) == 4 + 3);
+  CHECK(index.matched_blocks(1, block, a) == 0);  // blocks 0 and 1 were dropped
+  // Pending 2..4, reported 6..9: block 5 is held by neither.
+  CHECK(index.matched_blocks(1, block, std::span(a).subspan(2)) == 3);
+  CHECK(index.matched_blocks(1, block, std::span(a).subspan(6)) == 4);
+}
+
+TEST_CASE("blocks the router sent survive exactly one report", "[routing][prefix]") {
+  prefix_index index;
+  const auto a = hashes(prompt(1, 64, 1, 64));
+  index.replace(1, block, {});
+  index.note_routed(1, block, a);
+  CHECK(index.matched_blocks(1, block, a) == a.size());
+  index.replace(1, block, {});  // the request has not reached the engine yet
+  CHECK(index.matched_blocks(1, block, a) == a.size());
+  index.replace(1, block, {});  // by now the engine would report them if it had them
+  CHECK(index.matched_blocks(1, block, a) == 0);
+  // A routed request to a replica that reported another block size (or none) is ignored.
+  index.note_routed(2, block, a);
+  CHECK(index.held(2) == 0);
+  index.replace(3, 32, {});
+  index.note_routed(3, block, a);
+  CHECK(index.held(3) == 0);
+}
+
+TEST_CASE("prefix_aware picks the longest cached prefix near the least loaded", "[routing][prefix]") {
+  auto table = prefix_table(3);
+  const auto conv = hashes(prompt(1, 256, 1, 256));  // 32 blocks
+  const auto other = hashes(prompt(1, 256, 2, 256));  // same app: 16 shared blocks
+  // Replica 2 holds the conversation, replica 3 only the app's system prompt.
+  REQUIRE(table.update_load(1, report(0, {})));
+  REQUIRE(table.update_load(2, report(1000, conv)));
+  REQUIRE(table.update_load(3, report(500, std::vector<std::uint64_t>(conv.begin(), conv.begin() + 16))));
+  CHECK(table.prefix_block_tokens("m") == block);
+  CHECK((*table.route("m", "", cost_of(conv)))->id == 2);
+  // Back to the reported loads: the other conversation of the app has 16
+  // blocks on 2 and on 3; the less loaded (3) wins the tie.
+  REQUIRE(table.update_load(2, report(1000, conv)));
+  CHECK((*table.route("m", "", cost_of(other)))->id == 3);
+  // No hashes at all (a caller that did not hash): least loaded.
+  REQUIRE(table.update_load(2, report(1000, conv)));
+  REQUIRE(table.update_load(3, report(500, {})));
+  CHECK((*table.route("m", "", request_cost{512, 16}))->id == 1);
+}
+
+TEST_CASE("prefix_aware leaves a cached prefix when its replica is past the load bound", "[routing][prefix]") {
+  prefix_aware_config config;
+  config.load_slack_tokens = 1000;
+  config.load_slack_ratio = 0.5;
+  const auto conv = hashes(prompt(1, 256, 1, 256));
+  // A fresh table per decision: a routed request's blocks would otherwise
+  // count for the replica it went to.
+  const auto choose = [&](std::uint64_t load1, std::uint64_t load2) {
+    auto table = prefix_table(2, config);
+    REQUIRE(table.update_load(1, report(load1, {})));
+    REQUIRE(table.update_load(2, report(load2, conv)));
+    return (*table.route("m", "", cost_of(conv)))->id;
+  };
+  // Bound = min + max(1000, 0.5 min). min 0: 1000 is within, 1001 is not.
+  CHECK(choose(0, 1000) == 2);
+  CHECK(choose(0, 1001) == 1);
+  // min 4000: the ratio's 2000 is the slack.
+  CHECK(choose(4000, 6000) == 2);
+  CHECK(choose(4000, 6001) == 1);
+  // The cached replica is itself the least loaded: it wins.
+  CHECK(choose(10, 0) == 2);
+}
+
+TEST_CASE("a burst of one conversation sticks before any report, then spreads under load", "[routing][prefix]") {
+  prefix_aware_config config;
+  config.load_slack_tokens = 2048;
+  config.load_slack_ratio = 0;
+  auto table = prefix_table(4, config);
+  for (replica_id id = 1; id <= 4; ++id) REQUIRE(table.update_load(id, report(0, {})));
+  const auto p = prompt(3, 512, 9, 512);
+  const auto h = hashes(p);
+  // Each request is charged 1024 + 16 tokens. The first lands on the least
+  // loaded (1), the second follows its blocks (within 2048 of the others'
+  // 0), the third would put 1 past the bound: it goes to 2, which from then
+  // on holds the prefix too.
+  std::vector<replica_id> got;
+  for (int i = 0; i < 6; ++i) got.push_back((*table.route("m", "", cost_of(h)))->id);
+  CHECK(got == std::vector<replica_id>{1, 1, 2, 2, 3, 3});
+  // With least_outstanding the same burst goes round the replicas.
+  auto plain = prefix_table(4);
+  REQUIRE(plain.set_policy("m", "least_outstanding"));
+  std::vector<replica_id> spread;
+  for (int i = 0; i < 4; ++i) spread.push_back((*plain.route("m", "", cost_of(h)))->id);
+  CHECK(spread == std::vector<replica_id>{1, 2, 3, 4});
+}
+
+TEST_CASE("a replica that leaves is forgotten by the prefix index", "[routing][prefix]") {
+  auto table = prefix_table(2);
+  const auto conv = hashes(prompt(1, 256, 1, 256));
+  REQUIRE(table.update_load(1, report(100, {})));
+  REQUIRE(table.update_load(2, report(200, conv)));
+  REQUIRE(table.remove(2));
+  REQUIRE(table.upsert(candidate(2, 200)));  // back with the same id, nothing reported yet
+  REQUIRE(table.update_load(1, report(100, {})));
+  CHECK((*table.route("m", "", cost_of(conv)))->id == 1);
+  CHECK(table.prefix_block_tokens("unknown") == 0);
+  REQUIRE(table.set_policy("m", "least_outstanding"));
+  CHECK(table.prefix_block_tokens("m") == 0);
+}
+
+TEST_CASE("prefix_aware's choices match brute force under random reports", "[routing][prefix]") {
+  // Replicas report random prefixes of a few conversations' blocks before
+  // every decision; requests are random conversations. The reference
+  // recomputes the rule from the reports, plus the blocks of the previous
+  // decision on the replica it chose (routed before this report, so carried
+  // through it).
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    prefix_aware_config config;
+    config.load_slack_tokens = 1500;
+    config.load_slack_ratio = 0.2;
+    rng_state rng(seed);
+    const std::uint32_t n = 2 + rng.below(7);
+    auto table = prefix_table(n, config);
+    std::vector<std::vector<std::uint64_t>> convs;
+    for (std::uint32_t c = 0; c < 6; ++c) convs.push_back(hashes(prompt(c % 2, 128, c, 64 + 32 * c)));
+    std::map<replica_id, std::set<std::uint64_t>> held;
+    std::map<replica_id, std::uint64_t> load;
+    replica_id last_chosen = 0;
+    std::vector<std::uint64_t> last_request;
+    for (int step = 0; step < 400; ++step) {
+      // A report from every replica: a random prefix of random conversations, random load.
+      for (replica_id id = 1; id <= n; ++id) {
+        std::vector<std::uint64_t> h;
+        for (const auto& cv : convs)
+          if (rng.below(3) == 0) h.insert(h.end(), cv.begin(), cv.begin() + rng.below(cv.size() + 1));
+        load[id] = rng.below(6000);
+        held[id] = std::set<std::uint64_t>(h.begin(), h.end());
+        if (id == last_chosen) held[id].insert(last_request.begin(), last_request.end());
+        REQUIRE(table.update_load(id, report(load[id], h)));
+      }
+      const auto& req = convs[rng.below(convs.size())];
+      const std::uint64_t min = std::min_element(load.begin(), load.end(), [](auto& a, auto& b) {
+                                  return a.second < b.second;
+                                })->second;
+      const std::uint64_t bound = min + std::max<std::uint64_t>(1500, static_cast<std::uint64_t>(0.2 * min));
+      replica_id expect = 0;
+      std::size_t best = 0;
+      for (replica_id id = 1; id <= n; ++id) {  // least loaded, lowest id
+        if (load[id] == min && expect == 0) expect = id;
+      }
+      for (replica_id id = 1; id <= n; ++id) {
+        if (load[id] > bound) continue;
+        std::size_t m = 0;
+        while (m < req.size() && held[id].count(req[m])) ++m;
+        if (m == 0) continue;
+        if (m > best || (m == best && load[id] < load[expect])) {
+          best = m;
+          expect = id;
+        }
+      }
+      INFO("seed " << seed << " step " << step);
+      const auto routed = table.route("m", "", cost_of(req));
+      REQUIRE(routed);
+      REQUIRE((*routed)->id == expect);
+      last_chosen = expect;
+      last_request = req;
+    }
+  }
+}
+
+TEST_CASE("prefix_aware refuses a bad configuration", "[routing][prefix]") {
+  prefix_aware_config bad;
+  bad.load_slack_ratio = -1;
+  CHECK_FALSE(make_routing_policy("prefix_aware", {}, bad));
+  bad.load_slack_ratio = 0.5;
+  bad.index.reported_max = 0;
+  CHECK_FALSE(make_routing_policy("prefix_aware", {}, bad));
+  replica_table_config tc;
+  tc.default_policy = "prefix_aware";
+  tc.prefix_aware = bad;
+  CHECK_FALSE(replica_table::create(tc));
+}

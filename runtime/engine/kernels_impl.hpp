@@ -138,6 +138,16 @@ inline float fma1(float a, float b, float c) noexcept {
 #endif
 }
 
+/// fp16 → float, exact: F16C where the variant has it (llama.cpp uses a
+/// table; a software conversion costs a dozen instructions per scale).
+inline float h2f(std::uint16_t h) noexcept {
+#if defined(EXA_K_HAS_AVX2)
+  return _cvtsh_ss(h);
+#else
+  return model::f16_to_float(h);
+#endif
+}
+
 #if defined(EXA_K_HAS_AVX2)
 // Lanes 0-7 of the tree: (l + l+4), then (+ 2), then (+ 1).
 inline float hsum8(__m256 v) noexcept {
@@ -183,7 +193,7 @@ struct f16_row {
   static float at(const std::byte* row, std::size_t k) noexcept {
     std::uint16_t h;
     std::memcpy(&h, row + k * 2, 2);
-    return model::f16_to_float(h);
+    return h2f(h);
   }
 };
 struct bf16_row {
@@ -247,8 +257,6 @@ void float_tile(row_span w, std::size_t r0, const float* x, std::size_t x_stride
 
 #if defined(EXA_K_AVX512)
 
-inline float f16_scalar(std::uint16_t h) noexcept { return _cvtsh_ss(h); }
-
 // Weight side of one 64-element step for one row: the int8 values, -128·Σw
 // per 4-byte lane group (vpdpbusd's seed, since activations are stored as
 // q + 128), and the two scales expanded.
@@ -275,8 +283,8 @@ struct q8_0_row {
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs));
     const __m256i hi = has_second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b + 1].qs))
                                   : _mm256_setzero_si256();
-    return finish_wstep(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), f16_scalar(row[b].d),
-                        has_second ? f16_scalar(row[b + 1].d) : 0.0f);
+    return finish_wstep(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), h2f(row[b].d),
+                        has_second ? h2f(row[b + 1].d) : 0.0f);
   }
 };
 
@@ -294,7 +302,7 @@ struct q4_0_row {
     __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // [lo0 lo1 hi0 hi1]
     q = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(3, 1, 2, 0));            // [lo0 hi0 lo1 hi1]
     q = _mm512_sub_epi8(q, _mm512_set1_epi8(8));
-    return finish_wstep(q, f16_scalar(row[b].d), has_second ? f16_scalar(row[b + 1].d) : 0.0f);
+    return finish_wstep(q, h2f(row[b].d), has_second ? h2f(row[b + 1].d) : 0.0f);
   }
 };
 
@@ -380,11 +388,11 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
       __m256 wd[R];
       for (int r = 0; r < R; ++r) {
         wv[r] = Row::load(rows[r][b + h]);
-        wd[r] = _mm256_set1_ps(model::f16_to_float(rows[r][b + h].d));
+        wd[r] = _mm256_set1_ps(h2f(rows[r][b + h].d));
       }
       for (int c = 0; c < C; ++c) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b + h].qs));
-        const __m256 xd = _mm256_set1_ps(model::f16_to_float(xs[c][b + h].d));
+        const __m256 xd = _mm256_set1_ps(h2f(xs[c][b + h].d));
         for (int r = 0; r < R; ++r) {
           const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(wv[r], xv)), wd[r]);
           acc[r][c][h] = _mm256_fmadd_ps(scaled, xd, acc[r][c][h]);
@@ -433,8 +441,8 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
           if (blk < nb) {
             int isum = 0;
             for (int i = 4 * (l % 8); i < 4 * (l % 8) + 4; ++i) isum += Row::value(row[blk], i) * x[blk].qs[i];
-            scaled = static_cast<float>(isum) * model::f16_to_float(row[blk].d);
-            d_x = model::f16_to_float(x[blk].d);
+            scaled = static_cast<float>(isum) * h2f(row[blk].d);
+            d_x = h2f(x[blk].d);
           }
           acc.v[l] = __builtin_fmaf(scaled, d_x, acc.v[l]);
         }
@@ -542,7 +550,7 @@ void dot_scale_min_tokens(const std::byte* row, const block_q8_K* x, std::size_t
       const std::uint8_t* qh = nullptr;
       if constexpr (requires { w[b].qh; }) qh = w[b].qh;
       const block_sums bs = sums_scale_min(w[b].scales, w[b].qs, qh, xt[b]);
-      s = scale_min_step(s, bs, model::f16_to_float(w[b].d), model::f16_to_float(w[b].dmin), xt[b].d);
+      s = scale_min_step(s, bs, h2f(w[b].d), h2f(w[b].dmin), xt[b].d);
     }
     y[t * y_stride] = s;
   }
@@ -554,7 +562,7 @@ inline void dot_q6_K_tokens(const std::byte* row, const block_q8_K* x, std::size
   for (std::size_t t = 0; t < n_tokens; ++t) {
     const block_q8_K* xt = x + t * x_stride;
     float s = 0.0f;
-    for (std::size_t b = 0; b < nb; ++b) s = scale_step(s, sum_q6_K(w[b], xt[b]), model::f16_to_float(w[b].d), xt[b].d);
+    for (std::size_t b = 0; b < nb; ++b) s = scale_step(s, sum_q6_K(w[b], xt[b]), h2f(w[b].d), xt[b].d);
     y[t * y_stride] = s;
   }
 }
@@ -627,8 +635,8 @@ struct unpacked_scale_min {
       m_rep[2 * j] = m_rep[2 * j + 1] = min8[j];
     }
     m_pairs = load32(m_rep);
-    d = model::f16_to_float(w.d);
-    dmin = model::f16_to_float(w.dmin);
+    d = h2f(w.d);
+    dmin = h2f(w.dmin);
   }
 
   float step(float s, const block_q8_K& x) const noexcept {
@@ -648,7 +656,7 @@ struct unpacked_q6_K {
   const std::int8_t* scales;
   float d;
 
-  explicit unpacked_q6_K(const block_q6_K& w) noexcept : scales(w.scales), d(model::f16_to_float(w.d)) {
+  explicit unpacked_q6_K(const block_q6_K& w) noexcept : scales(w.scales), d(h2f(w.d)) {
     const __m256i nib = _mm256_set1_epi8(0x0f);
     const __m256i two_bits = _mm256_set1_epi8(3);
     const auto high = [&](__m256i qh, int shift) {
@@ -737,9 +745,9 @@ float step(float s, const Block& w, const Act& x) noexcept {
   std::int32_t isum = 0;
   constexpr int offset = std::is_same_v<Block, block_q5_0> ? 16 : 0;
   for (int j = 0; j < 32; ++j) isum += (level(w, j) - offset) * x.qs[j];
-  const float d_w = model::f16_to_float(w.d), d_x = model::f16_to_float(x.d);
+  const float d_w = h2f(w.d), d_x = h2f(x.d);
   if constexpr (requires { w.m; }) {
-    return min_step(s, isum, d_w, d_x, model::f16_to_float(w.m), model::f16_to_float(x.s));
+    return min_step(s, isum, d_w, d_x, h2f(w.m), h2f(x.s));
   } else {
     return offset_step(s, isum, d_w, d_x);
   }
@@ -782,7 +790,7 @@ struct unpacked {
   __m256i q;  // levels; Q5_0: level − 16
   float d, m = 0.0f;
 
-  explicit unpacked(const Block& w) noexcept : d(model::f16_to_float(w.d)) {
+  explicit unpacked(const Block& w) noexcept : d(h2f(w.d)) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
     const __m128i nib = _mm_set1_epi8(0x0f);
     q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nib), _mm_and_si128(packed, nib));
@@ -792,7 +800,7 @@ struct unpacked {
       q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(bits), _mm256_set1_epi8(0x10)));
     }
     if constexpr (std::is_same_v<Block, block_q5_0>) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-    if constexpr (requires { w.m; }) m = model::f16_to_float(w.m);
+    if constexpr (requires { w.m; }) m = h2f(w.m);
   }
 
   template <class Act>
@@ -806,8 +814,8 @@ struct unpacked {
       pairs = _mm256_maddubs_epi16(q, xv);
     }
     const std::int32_t isum = hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-    const float d_x = model::f16_to_float(x.d);
-    if constexpr (requires { x.s; }) return min_step(s, isum, d, d_x, m, model::f16_to_float(x.s));
+    const float d_x = h2f(x.d);
+    if constexpr (requires { x.s; }) return min_step(s, isum, d, d_x, m, h2f(x.s));
     else return offset_step(s, isum, d, d_x);
   }
 };
@@ -974,7 +982,7 @@ inline float dot_f16(const float* q, const std::uint16_t* k, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) acc = vfma(vload(q + i), vload_f16(k + i), acc);
   float s = vhsum(acc);
-  for (; i < n; ++i) s = fma1(q[i], model::f16_to_float(k[i]), s);
+  for (; i < n; ++i) s = fma1(q[i], h2f(k[i]), s);
   return s;
 }
 
@@ -982,7 +990,7 @@ inline void axpy_f16(float w, const std::uint16_t* v, float* out, std::size_t n)
   const v16 wv = vsplat(w);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) vstore(out + i, vfma(wv, vload_f16(v + i), vload(out + i)));
-  for (; i < n; ++i) out[i] = fma1(w, model::f16_to_float(v[i]), out[i]);
+  for (; i < n; ++i) out[i] = fma1(w, h2f(v[i]), out[i]);
 }
 
 void rows_fn(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,

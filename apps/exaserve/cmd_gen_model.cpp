@@ -9,6 +9,7 @@
 #include "args.hpp"
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "model/draft_model.hpp"
 #include "model/model_gen.hpp"
 #include "model/vocab_json.hpp"
 
@@ -35,8 +36,29 @@ const std::vector<flag_spec> flags = {
     {"rope-scaling", true, "none (default), linear ({arch}.rope.scaling.*) or llama3 (rope_freqs.weight, llama only)"},
     {"rope-factor", true, "RoPE scaling factor for linear/llama3 (default 8)"},
     {"rope-original-context", true, "llama3: original context length (default 8192)"},
+    {"deep-block-scale", true, "scale of the outputs of blocks from --deep-block-from on (default 1): "
+                               "under 1, deep blocks only refine, as in trained models, and a draft cut to "
+                               "the first blocks agrees often"},
+    {"deep-block-from", true, "first block --deep-block-scale applies to (default 0)"},
+    {"draft-of", true, "TARGET.gguf: write a draft for speculative decoding instead: the target's first "
+                       "--layers blocks with its embeddings, head, norms and tokenizer (default 2 layers)"},
     {"help", false, "show this help"},
 };
+
+// --draft-of TARGET [--layers L]: a draft cut from its target (model/draft_model.hpp).
+int write_draft(const args& a, const std::string& target, const std::string& out) {
+  auto layers = a.get_int("layers", 2, 1, 1 << 16);
+  if (!layers) return fail("gen-model", layers.error());
+  const auto t0 = std::chrono::steady_clock::now();
+  if (auto ok = model::derive_draft(target, static_cast<std::uint32_t>(*layers), out); !ok)
+    return fail("gen-model", ok.error());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(out, ec);
+  spdlog::info("event=draft_written path={} target={} layers={} bytes={} seconds={:.2f}", out, target, *layers,
+               ec ? 0 : bytes, secs);
+  return 0;
+}
 
 // --arch and the RoPE scaling flags.
 expected<void> read_arch_options(const args& a, model::model_spec& spec) {
@@ -100,6 +122,12 @@ expected<model::model_spec> spec_from(const args& a) {
   if (auto n = a.get("name")) spec->name = *n;
   if (a.has("tie-embeddings")) spec->tie_embeddings = true;
   if (auto r = read_arch_options(a, *spec); !r) return std::unexpected(r.error());
+  auto deep_scale = a.get_double("deep-block-scale", 1.0, 1e-6, 4.0);
+  auto deep_from = a.get_int("deep-block-from", 0, 0, 1 << 16);
+  if (!deep_scale) return std::unexpected(deep_scale.error());
+  if (!deep_from) return std::unexpected(deep_from.error());
+  spec->deep_block_scale = static_cast<float>(*deep_scale);
+  spec->deep_block_from = static_cast<std::uint32_t>(*deep_from);
   if (auto ok = model::validate(*spec); !ok) return std::unexpected(ok.error());
   return *spec;
 }
@@ -111,6 +139,7 @@ int cmd_gen_model(int argc, char** argv) {
   if (!a) return fail("gen-model", a.error());
   if (a->has("help")) {
     std::printf("usage: exaserve gen-model --preset tiny|small [--seed S] [--type T] --out FILE [shape flags]\n"
+                "       exaserve gen-model --draft-of TARGET.gguf [--layers L] --out FILE\n"
                 "  --vocab FILE.json writes random weights under a real vocabulary (SentencePiece 'llama'\n"
                 "  or byte-level BPE 'gpt2', with merges, special ids, add_bos/eos, chat template), so\n"
                 "  llama.cpp and exaserve can be compared on tokenization and templates.\n%s",
@@ -119,6 +148,7 @@ int cmd_gen_model(int argc, char** argv) {
   }
   const auto out = a->get("out");
   if (!out) return fail("gen-model", {errc::invalid_argument, "--out FILE is required"});
+  if (auto target = a->get("draft-of")) return write_draft(*a, *target, *out);
   auto spec = spec_from(*a);
   if (!spec) return fail("gen-model", spec.error());
   const auto t0 = std::chrono::steady_clock::now();

@@ -85,6 +85,7 @@ struct tensor_plan {
   std::string name;
   std::vector<std::uint64_t> shape;  // ggml ne: {cols, rows} or {cols}
   weight_kind kind;
+  float gain = 1.0f;  // on top of the 1/sqrt(fan_in) scale (deep_block_scale)
 };
 
 std::vector<tensor_plan> plan_tensors(const model_spec& s) {
@@ -107,11 +108,12 @@ std::vector<tensor_plan> plan_tensors(const model_spec& s) {
       plan.push_back({fmt::format("blk.{}.attn_k.bias", i), {kv_dim}, weight_kind::bias});
       plan.push_back({fmt::format("blk.{}.attn_v.bias", i), {kv_dim}, weight_kind::bias});
     }
-    plan.push_back({name("attn_output"), {dim, dim}, weight_kind::matrix});
+    const float gain = i >= s.deep_block_from ? s.deep_block_scale : 1.0f;
+    plan.push_back({name("attn_output"), {dim, dim}, weight_kind::matrix, gain});
     plan.push_back({name("ffn_norm"), {dim}, weight_kind::norm});
     plan.push_back({name("ffn_gate"), {dim, ff}, weight_kind::matrix});
     plan.push_back({name("ffn_up"), {dim, ff}, weight_kind::matrix});
-    plan.push_back({name("ffn_down"), {ff, dim}, weight_kind::matrix});
+    plan.push_back({name("ffn_down"), {ff, dim}, weight_kind::matrix, gain});
   }
   plan.push_back({"output_norm.weight", {dim}, weight_kind::norm});
   if (!s.tie_embeddings) plan.push_back({"output.weight", {dim, s.vocab_size}, weight_kind::matrix});
@@ -159,7 +161,7 @@ void fill_tensor(const model_spec& spec, const tensor_plan& p, tensor_type type,
   EXA_ASSERT(out.size() == rows * row_size);
   // Scaled by 1/sqrt(fan_in) so activations keep roughly unit scale through
   // each matmul; embeddings are looked up, not multiplied, so stay unit.
-  const float scale = p.kind == weight_kind::matrix ? 1.0f / std::sqrt(static_cast<float>(cols)) : 1.0f;
+  const float scale = p.kind == weight_kind::matrix ? p.gain / std::sqrt(static_cast<float>(cols)) : 1.0f;
   std::vector<float> row(static_cast<std::size_t>(cols));
   for (std::uint64_t r = 0; r < rows; ++r) {
     for (std::uint64_t c = 0; c < cols; ++c) {
@@ -290,6 +292,9 @@ expected<void> validate(const model_spec& s) {
   }
   if (auto r = check_k_quant_rows(s); !r) return r;
   if (auto r = check_rope_scaling(s); !r) return r;
+  if (!std::isfinite(s.deep_block_scale) || s.deep_block_scale <= 0.0f || s.deep_block_scale > 4.0f) {
+    return invalid(fmt::format("deep_block_scale must be in (0, 4], got {}", s.deep_block_scale));
+  }
   if (!std::isfinite(s.rope_freq_base) || !(s.rope_freq_base > 0.0f)) {
     return invalid(fmt::format("rope_freq_base = {} must be positive and finite", s.rope_freq_base));
   }

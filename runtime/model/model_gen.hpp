@@ -43,6 +43,14 @@ struct model_spec {
   rope_scaling_kind rope_scaling = rope_scaling_kind::none;
   float rope_scaling_factor = 8.0f;             // linear and llama3
   std::uint32_t rope_original_context = 8192;   // llama3's original_max_position_embeddings
+  /// Blocks from `deep_block_from` on write their attention and MLP outputs
+  /// scaled by `deep_block_scale` (their attn_output and ffn_down weights):
+  /// random weights give every block an equal say, while a trained model's
+  /// deep blocks mostly refine what the first ones computed -- which is what
+  /// lets a draft cut to those first blocks (model/draft_model.hpp) agree
+  /// with it. 1: off; the scale sets how often such a draft agrees.
+  float deep_block_scale = 1.0f;
+  std::uint32_t deep_block_from = 0;
   /// The vocabulary to write; absent: the byte-level one of `vocab_size`
   /// tokens. When present, `vocab_size` must equal its token count.
   std::optional<model::vocab> vocabulary;

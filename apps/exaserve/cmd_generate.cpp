@@ -33,6 +33,8 @@ const std::vector<flag_spec> flags = {
     {"top-k", true, "sample among the k most likely (default 0: off)"},
     {"seed", true, "sampling seed (default 0)"},
     {"threads", true, "worker threads (default: all cores)"},
+    {"draft-model", true, "GGUF draft model for speculative decoding (the model's vocabulary)"},
+    {"draft-tokens", true, "tokens the draft proposes per step (default 4, at most 8)"},
     {"ids", false, "print generated token ids (comma-separated) instead of text"},
     {"margins", false, "print one JSON line {ids, margins, top}: each step's top-1 minus top-2 "
                        "logit and the two best ids with their log-probabilities (near-tie checks)"},
@@ -44,6 +46,8 @@ struct options {
   std::string model_path;
   engine::generation_request request;
   std::size_t threads = 0;
+  std::string draft_path;  // empty: no speculative decoding
+  std::uint32_t draft_tokens = engine::default_draft_tokens;
   bool ids = false;
   bool margins = false;
   bool have_text_prompt = false;
@@ -76,6 +80,10 @@ expected<options> read_options(const args& a) {
   o.request.sampling = {static_cast<float>(*temperature), static_cast<float>(*top_p),
                         static_cast<std::uint32_t>(*top_k), static_cast<std::uint64_t>(*seed)};
   o.threads = static_cast<std::size_t>(*threads);
+  auto draft_tokens = a.get_int("draft-tokens", engine::default_draft_tokens, 1, engine::max_draft_tokens);
+  if (!draft_tokens) return std::unexpected(draft_tokens.error());
+  o.draft_tokens = static_cast<std::uint32_t>(*draft_tokens);
+  if (auto d = a.get("draft-model")) o.draft_path = *d;
   o.ids = a.has("ids");
   o.margins = a.has("margins");
   if (o.margins) {
@@ -148,7 +156,15 @@ int cmd_generate(int argc, char** argv) {
   auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, block_tokens), blocks, true);
   if (!pool) return fail("generate", pool.error());
   engine::thread_pool threads(o->threads);
-  engine::cpu_engine eng(*model, **pool, threads, {});
+  engine::cpu_engine_config engine_cfg;
+  if (!o->draft_path.empty()) {  // speculative decoding
+    auto draft = model::llama_model::load(o->draft_path);
+    if (!draft) return fail("generate", draft.error());
+    if (auto ok = engine::check_draft(**model, **draft, o->draft_tokens); !ok) return fail("generate", ok.error());
+    engine_cfg.draft = *draft;
+    engine_cfg.draft_tokens = o->draft_tokens;
+  }
+  engine::cpu_engine eng(*model, **pool, threads, engine_cfg);
   if (auto ok = eng.submit(o->request); !ok) return fail("generate", ok.error());
 
   spdlog::info("event=generate_start model={} load_ms={:.1f} prompt_tokens={} max_tokens={} threads={}",
@@ -194,6 +210,12 @@ int cmd_generate(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("event=generate_done tokens={} finish={} seconds={:.3f} tok_s={:.1f}", n,
                engine::to_string(reason), secs, secs > 0 ? n / secs : 0.0);
+  if (!o->draft_path.empty()) {
+    const auto st = eng.stats();
+    spdlog::info("event=speculation draft={} draft_tokens={} proposed={} accepted={} acceptance={:.3f}",
+                 o->draft_path, o->draft_tokens, st.draft_proposed_tokens, st.draft_accepted_tokens,
+                 st.draft_proposed_tokens ? double(st.draft_accepted_tokens) / st.draft_proposed_tokens : 0.0);
+  }
   return 0;
 }
 

@@ -266,8 +266,8 @@ struct finish_msg {
   std::uint64_t request = 0;
   std::uint8_t reason = 0;
   std::uint32_t generated = 0;
-  /// engine::finish_event::cached_tokens: tokens of this admission's prompt
-  /// (the request's prompt plus any resumed tokens) read from the prefix cache.
+  /// engine::finish_event::cached_tokens: prompt tokens this replica read
+  /// from its prefix cache when it admitted the request.
   std::uint32_t cached_tokens = 0;
 };
 template <class Inspector>

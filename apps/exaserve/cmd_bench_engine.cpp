@@ -130,9 +130,11 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
     const double tok_s = tokens / secs;
     if (env.draft && r + 1 == repeat) {
       const auto st = eng.stats();
-      spdlog::info("event=bench_speculation batch={} draft_tokens={} proposed={} accepted={} acceptance={:.3f}",
+      spdlog::info("event=bench_speculation batch={} draft_tokens={} proposed={} accepted={} acceptance={:.3f} "
+                   "token_acceptance={:.3f}",
                    batch, env.draft_tokens, st.draft_proposed_tokens, st.draft_accepted_tokens,
-                   st.draft_proposed_tokens ? double(st.draft_accepted_tokens) / st.draft_proposed_tokens : 0.0);
+                   st.draft_proposed_tokens ? double(st.draft_accepted_tokens) / st.draft_proposed_tokens : 0.0,
+                   eng.speculation()->stats().token_acceptance());
     }
     if (tok_s > best.tok_s) {
       best.tok_s = tok_s;

@@ -377,7 +377,10 @@ void speculator::verify(const std::vector<std::pair<sequence*, const float*>>& r
     stats_.accepted += accepted;
     // Draft KV stays valid up to the last accepted token.
     st.computed = std::min(st.computed, w.last_pos + 1 + accepted);
-    if (accepted < w.k) continue;
+    if (accepted < w.k) {
+      ++stats_.rejected;
+      continue;
+    }
     if (!w.sampled || w.drafted.size() > w.k) {
       bool ok = false;
       w.decided.push_back(decide_at(*seq, w, w.k, target_rows + std::size_t{w.k} * vocab_, ok));

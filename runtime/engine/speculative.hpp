@@ -91,6 +91,13 @@ model::token_id speculative_choice(std::span<const float> p_target, std::span<co
 struct speculation_stats {
   std::uint64_t proposed = 0;  // draft tokens the target verified
   std::uint64_t accepted = 0;  // of them, accepted
+  std::uint64_t rejected = 0;  // windows that ended at a rejected draft token
+  /// Per-token acceptance: accepted tokens over tokens decided by the rule
+  /// (accepted / proposed undercounts it: proposals after a rejection are
+  /// never judged).
+  double token_acceptance() const noexcept {
+    return accepted + rejected == 0 ? 0.0 : static_cast<double>(accepted) / static_cast<double>(accepted + rejected);
+  }
 };
 
 /// The draft side of one engine: its model, cache and forward pass, and the

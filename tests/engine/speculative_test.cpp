@@ -36,6 +36,10 @@ model::model_spec target_spec() {
   auto s = test::tiny_spec();
   s.name = "spec-target";
   s.n_layers = 4;
+  // Deep blocks that mostly refine (model_gen.hpp): a draft cut to the first
+  // block agrees often, as with trained models.
+  s.deep_block_scale = 0.1f;
+  s.deep_block_from = 1;
   return s;
 }
 
@@ -203,7 +207,8 @@ TEST_CASE("greedy output with any draft is the target's own, token for token", "
       const auto s = r.eng->stats();
       CHECK(s.draft_proposed_tokens > 0);
       if (d.draft == target()) CHECK(s.draft_accepted_tokens == s.draft_proposed_tokens);
-      if (d.draft == unrelated_draft()) CHECK(acceptance(s) < 0.5);
+      if (d.draft == unrelated_draft()) CHECK(acceptance(s) < 0.3);
+      if (d.draft == derived_draft(1)) CHECK(acceptance(s) > 0.5);
       // Everything finished: the draft's KV is all back.
       CHECK(r.eng->speculation()->cache().used_blocks() == 0);
       CHECK(s.kv_free_tokens == s.kv_capacity_tokens);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Speculative decoding behind docs/PERFORMANCE.md ("Speculative decoding"):
+# greedy batch-1 decode of the small q8_0 preset with 1 thread, alone and with
+# a 2-block draft cut from it (gen-model --draft-of) proposing k tokens per
+# step. Targets are generated with --deep-block-scale S from block 2 on: the
+# smaller S, the less the deep blocks change the first blocks' prediction and
+# the more often the draft agrees, so the sweep spans acceptance rates from
+# ~0 to ~0.9. Prints, per (S, k): acceptance, tok/s, and speedup over the
+# target alone (best of --repeat runs each, the target alone measured next to
+# every draft configuration).
+#   usage: scripts/bench_speculative.sh [scales] [ks]   e.g. "1 0.15 0.05" "1 2 4 8"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=build/bin/exaserve
+dir="${EXASERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve}/models/speculative"
+mkdir -p "$dir"
+scales="${1:-1 0.3 0.15 0.05 0.02}"
+ks="${2:-1 2 4 8}"
+steps="${STEPS:-32}"
+repeat="${REPEAT:-3}"
+common=(--threads 1 --batches 1 --decode-steps "$steps" --prefill-tokens 16 --repeat "$repeat" --no-copy-bandwidth --json)
+tok_s() { sed -n 's/.*"decode":\[{"batch":1,"tok_s":\([0-9.]*\).*/\1/p'; }
+printf "%-6s %-3s %10s %10s %8s\n" scale k acceptance tok/s speedup
+for s in $scales; do
+  target="$dir/small-q8_0-deep$s.gguf"
+  draft="$dir/small-q8_0-deep$s-draft2.gguf"
+  [ -f "$target" ] || "$bin" gen-model --preset small --type q8_0 --deep-block-scale "$s" --deep-block-from 2 \
+    --out "$target" 2>/dev/null
+  [ -f "$draft" ] || "$bin" gen-model --draft-of "$target" --layers 2 --out "$draft" 2>/dev/null
+  for k in $ks; do
+    alone=$("$bin" bench-engine --model "$target" "${common[@]}" 2>/dev/null | tok_s)
+    out=$("$bin" bench-engine --model "$target" --draft-model "$draft" --draft-tokens "$k" "${common[@]}" 2>&1)
+    spec=$(echo "$out" | tok_s)
+    acc=$(echo "$out" | sed -n 's/.*event=bench_speculation.*acceptance=\([0-9.]*\).*/\1/p' | tail -1)
+    printf "%-6s %-3s %10s %10s %8s   (alone %s tok/s)\n" "$s" "$k" "$acc" "$spec" \
+      "$(awk -v a="$spec" -v b="$alone" 'BEGIN { printf "%.2f", a / b }')" "$alone"
+  done
+done

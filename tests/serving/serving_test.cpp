@@ -352,3 +352,76 @@ TEST_CASE("an engine without logits refuses logprobs naming it", "[serving][http
   CHECK(r.status == 400);
   CHECK_THAT(r.body, Catch::Contains("null engine has none"));
 }
+
+namespace {
+
+// A counter or gauge's value in /metrics text (the exact series), or -1.
+double metric_value(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+}  // namespace
+
+TEST_CASE("a prompt sent again is served from the replica's prefix cache: usage and metrics say so, text unchanged",
+          "[serving][http][prefix]") {
+  server s("cpu", 1);  // one replica: the second request lands where the first one's KV is
+  const auto port = s.door->http_port();
+  // Over 256 tokens (a byte each, about): at least one full KV block at any
+  // block size a replica picks (at most 256 tokens), within the context.
+  std::string prompt;
+  while (prompt.size() < 290) prompt += "Every request of this test shares this preamble. ";
+  const json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 8}};
+  const auto cold = post_json(port, "/v1/completions", body);
+  const auto prompt_tokens = cold["usage"]["prompt_tokens"].get<std::uint32_t>();
+  REQUIRE(prompt_tokens > 256);
+  CHECK(cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+
+  const auto warm = post_json(port, "/v1/completions", body);
+  const auto cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"].get<std::uint32_t>();
+  CHECK(cached > 0);
+  CHECK(cached < prompt_tokens);  // at least the last prompt token is computed for its logits
+  CHECK(warm["choices"][0]["text"] == cold["choices"][0]["text"]);
+  CHECK(warm["choices"][0]["text"] == engine_text(prompt, 8));
+
+  // Streamed, the usage event says the same.
+  json streamed = body;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  const auto r = test::http_request(port, "POST", "/v1/completions", streamed.dump());
+  REQUIRE(r.status == 200);
+  json usage;
+  std::string text;
+  for (const auto& e : test::sse_events(r.body)) {
+    if (e == "[DONE]") break;
+    const auto ev = json::parse(e);
+    if (ev.contains("usage")) usage = ev["usage"];
+    if (!ev["choices"].empty()) text += ev["choices"][0]["text"].get<std::string>();
+  }
+  CHECK(text == cold["choices"][0]["text"].get<std::string>());
+  CHECK(usage["prompt_tokens_details"]["cached_tokens"] == cached);
+
+  // Chat: the same conversation again reuses its rendered prompt.
+  const json chat = {{"model", "tiny"},
+                     {"messages", {{{"role", "system"}, {"content", prompt}}, {{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", 4}};
+  const auto chat_cold = post_json(port, "/v1/chat/completions", chat);
+  const auto chat_warm = post_json(port, "/v1/chat/completions", chat);
+  CHECK(chat_cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);  // rendered, it starts otherwise
+  CHECK(chat_warm["usage"]["prompt_tokens_details"]["cached_tokens"].get<std::uint32_t>() > 0);
+  CHECK(chat_warm["choices"][0]["message"] == chat_cold["choices"][0]["message"]);
+
+  // The replica exported the engine's counters when it went idle after each
+  // request, so everything up to the streamed one is counted by now: three
+  // prompts looked up, two of them hits.
+  const auto m = test::http_request(port, "GET", "/metrics");
+  REQUIRE(m.status == 200);
+  const double lookup = metric_value(m.body, "exaserve_prefix_cache_lookup_tokens_total{model=\"tiny\"}");
+  const double hit = metric_value(m.body, "exaserve_prefix_cache_hit_tokens_total{model=\"tiny\"}");
+  INFO(m.body);
+  CHECK(lookup >= 3.0 * prompt_tokens);
+  CHECK(hit >= 2.0 * cached);
+  CHECK(hit < lookup);
+  CHECK_THAT(m.body, Catch::Contains("exaserve_prefix_cache_blocks{replica="));
+}

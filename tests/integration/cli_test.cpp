@@ -62,11 +62,14 @@ TEST_CASE("cli status and top show each node's region, carried over RPC", "[cli]
 
 TEST_CASE("cli generate streams the completion to stdout", "[cli]") {
   test_server s;
+  s.backend->set_behavior("fake", {.cached_tokens = 3});
   auto r = run_cli(s.rpc_port(), {"generate", "--model", "fake", "--max-tokens", "5", "--temperature", "0.5",
                                   "--seed", "9", "hello world"});
   INFO(r.err);
   CHECK(r.exit_code == 0);
   CHECK(r.out == "dlrow\n");
+  // The usage line on stderr, with the prompt tokens read from the prefix cache.
+  CHECK_THAT(r.err, Catch::Contains("prompt_tokens=11 cached_tokens=3 completion_tokens=5"));
   auto req = s.backend->requests().at(0);
   CHECK(req.max_tokens == 5);
   CHECK(req.sampling.temperature == Approx(0.5));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/assert.hpp"
+#include "model/prefix_hash.hpp"
 
 namespace exa::engine {
 
@@ -66,7 +67,10 @@ double sim_cost_model::load_s() const {
 
 // ---- engine: requests ------------------------------------------------------
 
-sim_engine::sim_engine(sim_cost_model cost, sim_engine_config config) : cost_(cost), config_(config) {
+sim_engine::sim_engine(sim_cost_model cost, sim_engine_config config)
+    : cost_(cost),
+      config_(config),
+      prefix_(config.prefix_block_tokens > 0 ? config.kv_capacity_tokens / config.prefix_block_tokens : 0) {
   EXA_ASSERT_MSG(config_.max_running >= 1, "sim_engine needs room for one running sequence");
   EXA_ASSERT_MSG(config_.horizon_s > 0, "sim_engine needs a positive horizon");
   EXA_ASSERT_MSG(cost_.model().vocab_size >= 1, "sim_model needs a vocabulary");
@@ -125,6 +129,11 @@ expected<void> sim_engine::submit(generation_request r) {
   s.hash = fnv_offset;
   for (const auto t : r.prompt) s.hash = extend(s.hash, t);
   for (const auto t : r.resume_tokens) s.hash = extend(s.hash, t);
+  if (config_.prefix_block_tokens > 0) {
+    std::vector<model::token_id> context(r.prompt);
+    context.insert(context.end(), r.resume_tokens.begin(), r.resume_tokens.end());
+    s.blocks = model::prefix_block_hashes(context, config_.prefix_block_tokens);
+  }
   if (s.generated >= s.max_tokens) {  // a resume with nothing left to do
     pending_finished_.push_back({s.id, finish_reason::length, s.generated});
     return {};
@@ -141,7 +150,7 @@ void sim_engine::cancel(seq_id id) {
   const auto running = std::find_if(running_.begin(), running_.end(), [id](const seq& s) { return s.id == id; });
   if (running != running_.end()) {
     kv_used_ -= running->kv_tokens();
-    pending_finished_.push_back({id, finish_reason::cancelled, running->generated});
+    pending_finished_.push_back({id, finish_reason::cancelled, running->generated, running->cached_tokens});
     running_.erase(running);
     // It ran in the last macro step; undoing that step would revive it.
     last_.valid = false;
@@ -161,7 +170,56 @@ engine_stats sim_engine::stats() const {
   s.waiting = static_cast<std::uint32_t>(waiting_.size());
   s.kv_capacity_tokens = clamp_u32(config_.kv_capacity_tokens);
   s.kv_free_tokens = clamp_u32(config_.kv_capacity_tokens - kv_used_);
+  s.prefix_cached_blocks = clamp_u32(prefix_.size());
   return s;
+}
+
+prefix_summary sim_engine::cached_prefixes(std::size_t max_hashes) const {
+  if (config_.prefix_block_tokens == 0) return {};
+  // The last step's blocks first: they enter the cache when the next step
+  // begins (a replay after a cut admits the same ones), and an engine gone
+  // idle takes no next step before it reports.
+  prefix_summary out{config_.prefix_block_tokens, {}};
+  std::unordered_set<std::uint64_t> seen;
+  for (const std::uint64_t h : last_.cache_inserts) {
+    if (out.hashes.size() >= max_hashes) return out;
+    if (seen.insert(h).second) out.hashes.push_back(h);
+  }
+  for (const std::uint64_t h : prefix_.most_recent(max_hashes)) {
+    if (out.hashes.size() >= max_hashes) break;
+    if (!seen.contains(h)) out.hashes.push_back(h);
+  }
+  return out;
+}
+
+std::size_t sim_engine::prefix_lru::match(std::span<const std::uint64_t> blocks) const {
+  std::size_t n = 0;
+  while (n < blocks.size() && where_.contains(blocks[n])) ++n;
+  return n;
+}
+
+void sim_engine::prefix_lru::touch(std::span<const std::uint64_t> blocks) {
+  if (capacity_ == 0) return;
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    if (const auto found = where_.find(*it); found != where_.end()) {
+      order_.splice(order_.begin(), order_, found->second);
+      continue;
+    }
+    order_.push_front(*it);
+    where_.emplace(*it, order_.begin());
+    if (where_.size() > capacity_) {
+      where_.erase(order_.back());
+      order_.pop_back();
+    }
+  }
+  EXA_ASSERT(where_.size() == order_.size() && where_.size() <= capacity_);
+}
+
+std::vector<std::uint64_t> sim_engine::prefix_lru::most_recent(std::size_t max) const {
+  std::vector<std::uint64_t> out;
+  out.reserve(std::min(max, order_.size()));
+  for (auto it = order_.begin(); it != order_.end() && out.size() < max; ++it) out.push_back(*it);
+  return out;
 }
 
 void sim_engine::set_device_sharing(std::uint32_t active_replicas) {
@@ -183,7 +241,10 @@ step_result sim_engine::step() {
 }
 
 void sim_engine::begin_step(std::uint32_t sharing) {
-  // The previous step is final now: what it retired is gone for good.
+  // The previous step is final now: what it retired is gone for good, and
+  // what it prefilled is in the prefix cache.
+  prefix_.touch(last_.cache_inserts);
+  last_.cache_inserts.clear();
   last_.finished.clear();
   last_.valid = false;
   last_.sharing = sharing;
@@ -240,11 +301,25 @@ double sim_engine::admit(step_result& out, std::uint32_t admit_limit) {
   std::uint32_t admitted = 0;
   while (!waiting_.empty() && admitted < admit_limit && running_.size() < config_.max_running) {
     seq& s = waiting_.front();
-    const std::uint64_t prefill_tokens = s.context();  // prompt + resumed tokens
+    // Blocks found in the prefix cache are not computed again; the last
+    // token always is (its logits give the first token).
+    std::uint64_t cached = 0;
+    if (!s.blocks.empty()) {
+      const std::size_t usable = static_cast<std::size_t>((s.context() - 1) / config_.prefix_block_tokens);
+      cached = std::uint64_t{config_.prefix_block_tokens} * std::min(prefix_.match(s.blocks), usable);
+    }
+    const std::uint64_t prefill_tokens = s.context() - cached;  // prompt + resumed tokens, less the cached
     if (kv_used_ + s.kv_tokens() > config_.kv_capacity_tokens) break;
     if (admitted > 0 && tokens + prefill_tokens > config_.max_batch_tokens) break;
-    // Attention is per sequence: each prompt attends only to itself.
-    prefill_s += cost_.prefill_s(prefill_tokens);
+    if (config_.prefix_block_tokens > 0) {
+      stats_.prefix_lookup_tokens += s.context();
+      stats_.prefix_hit_tokens += cached;
+      last_.cache_inserts.insert(last_.cache_inserts.end(), s.blocks.begin(), s.blocks.end());
+    }
+    s.cached_tokens = static_cast<std::uint32_t>(cached);
+    // Attention is per sequence: each prompt attends only to itself (and
+    // its cached prefix).
+    prefill_s += cost_.prefill_s(prefill_tokens, cached);
     tokens += prefill_tokens;
     kv_used_ += s.kv_tokens();
     s.admit_order = next_admit_++;
@@ -305,7 +380,7 @@ bool sim_engine::emit(seq& s, step_result& out) {
   const model::token_id t = token_of(s.hash, cost_.model().vocab_size);
   if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), t) != s.stop_tokens.end()) {
     s.done = true;
-    out.finished.push_back({s.id, finish_reason::stop, s.generated});
+    out.finished.push_back({s.id, finish_reason::stop, s.generated, s.cached_tokens});
     return true;
   }
   out.tokens.push_back({s.id, t, s.generated, std::nullopt});
@@ -313,7 +388,7 @@ bool sim_engine::emit(seq& s, step_result& out) {
   ++s.generated;
   if (s.generated < s.max_tokens) return false;
   s.done = true;
-  out.finished.push_back({s.id, finish_reason::length, s.generated});
+  out.finished.push_back({s.id, finish_reason::length, s.generated, s.cached_tokens});
   return true;
 }
 
@@ -384,6 +459,7 @@ void sim_engine::rollback() {
     waiting_.push_front(std::move(running_.back()));
     running_.pop_back();
   }
+  last_.cache_inserts.clear();  // the replay admits them again
   kv_used_ = last_.kv_used;
   next_admit_ = last_.next_admit;
   stats_ = last_.stats;

@@ -14,7 +14,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <optional>
+#include <span>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -84,6 +87,14 @@ struct sim_engine_config {
   /// Off: prefill and the decode steps after it share one macro step (fewer
   /// events, TTFT late by up to a macro step).
   bool prefill_ends_step = false;
+  /// Prefix cache block size in tokens; 0: no prefix cache. The cache is an
+  /// LRU of chained block hashes (model/prefix_hash.hpp) of the prompts
+  /// admitted, at most kv_capacity_tokens / prefix_block_tokens blocks: a
+  /// sequence admitted with its first k blocks cached prefills only the
+  /// rest (attending to the cached k). Blocks of generated tokens are not
+  /// cached, and cached blocks do not lower a sequence's KV reservation
+  /// (both err toward fewer savings).
+  std::uint32_t prefix_block_tokens = 0;
 };
 
 class sim_engine final : public inference_engine {
@@ -105,6 +116,7 @@ class sim_engine final : public inference_engine {
   /// cancel of one of its sequences (or a reuse of an id it finished) has
   /// made it final. See docs/SIMULATION.md.
   std::optional<step_result> truncate_last_step(double elapsed_s) override;
+  prefix_summary cached_prefixes(std::size_t max_hashes) const override;
 
   const sim_cost_model& cost() const noexcept { return cost_; }
 
@@ -124,6 +136,8 @@ class sim_engine final : public inference_engine {
     std::uint64_t hash_before = 0;
     bool done = false;              // finished within the current macro step
     std::vector<model::token_id> stop_tokens;
+    std::vector<std::uint64_t> blocks;  // chained hashes of the context's full blocks (prefix cache)
+    std::uint32_t cached_tokens = 0;    // of the context, found in the prefix cache at admission
 
     std::uint64_t kv_tokens() const noexcept { return std::uint64_t{prompt_tokens} + max_tokens; }
     std::uint64_t context() const noexcept { return std::uint64_t{prompt_tokens} + generated; }
@@ -142,6 +156,29 @@ class sim_engine final : public inference_engine {
     std::vector<finish_event> pending;  // finishes decided before it (cancellations) that it reported
     std::vector<seq> finished;          // sequences it retired, kept until the next step
     std::vector<double> boundaries_s;   // its step boundaries; the last one is its duration
+    /// Blocks its admissions prefilled: they enter the prefix cache when the
+    /// step is final (begin_step), so undoing it has nothing to undo there.
+    /// Sequences admitted in one step do not share blocks with each other.
+    std::vector<std::uint64_t> cache_inserts;
+  };
+
+  /// The prefix cache: block hashes, most recently used first, bounded.
+  class prefix_lru {
+   public:
+    explicit prefix_lru(std::size_t capacity_blocks) : capacity_(capacity_blocks) {}
+    /// Leading hashes of `blocks` held.
+    std::size_t match(std::span<const std::uint64_t> blocks) const;
+    /// Inserts or refreshes each of `blocks`, the first becoming the most
+    /// recent (a chain is evicted from its end, never its shared start),
+    /// evicting the least recently used beyond the capacity.
+    void touch(std::span<const std::uint64_t> blocks);
+    std::vector<std::uint64_t> most_recent(std::size_t max) const;
+    std::size_t size() const noexcept { return where_.size(); }
+
+   private:
+    std::size_t capacity_;
+    std::list<std::uint64_t> order_;  // front: most recent
+    std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> where_;
   };
 
   expected<void> check(const generation_request& r) const;
@@ -165,6 +202,7 @@ class sim_engine final : public inference_engine {
   std::uint64_t next_admit_ = 0;
   engine_stats stats_;
   last_step last_;
+  prefix_lru prefix_;
 };
 
 }  // namespace exa::engine

@@ -12,6 +12,7 @@
 
 #include "engine/null_engine.hpp"
 #include "engine/sim_engine.hpp"
+#include "model/prefix_hash.hpp"
 
 using namespace exa;
 using namespace exa::engine;
@@ -725,4 +726,139 @@ TEST_CASE("sim engine: with prefill_ends_step the first tokens come out at the e
   CHECK(rest.tokens.size() == 49);
   REQUIRE(rest.finished.size() == 1);
   CHECK(rest.tokens.front().index == 1);
+}
+
+// ---- prefix cache ------------------------------------------------------------
+
+namespace {
+
+// A prompt of `shared` tokens every request of the test has, then `own` of
+// the request's own.
+generation_request shared_prefix_request(seq_id id, std::uint32_t shared, std::uint32_t own, std::uint32_t max_tokens) {
+  generation_request r;
+  r.id = id;
+  r.prompt = prompt_of(shared, 1);
+  const auto tail = prompt_of(own, 1000 + id);
+  r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+// One step, its events kept (run_to_idle checks token indices from 0).
+step_result step_into(sim_engine& e, streams& s) {
+  step_result r = e.step();
+  s.absorb(r);
+  return r;
+}
+
+sim_engine_config with_prefix_cache(std::uint64_t kv_capacity_tokens = 1 << 20) {
+  sim_engine_config cfg;
+  cfg.prefix_block_tokens = 16;
+  cfg.kv_capacity_tokens = kv_capacity_tokens;
+  cfg.prefill_ends_step = true;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("sim prefix cache: a shared prefix is prefilled once, and reported", "[sim][prefix]") {
+  auto e = make_engine(with_prefix_cache());
+  streams s;
+  REQUIRE(e.submit(shared_prefix_request(1, 1000, 200, 4)));
+  const step_result first = step_into(e, s);
+  CHECK(first.prefill_tokens == 1200);
+  CHECK(rel_close(first.duration_s, e.cost().prefill_s(1200)));
+  s = run_to_idle(e, s);
+  // 1000 shared tokens are 62 full blocks (992 tokens); the rest is computed.
+  REQUIRE(e.submit(shared_prefix_request(2, 1000, 300, 4)));
+  const step_result second = step_into(e, s);
+  CHECK(second.prefill_tokens == 1300 - 992);
+  CHECK(rel_close(second.duration_s, e.cost().prefill_s(1300 - 992, 992)));
+  s = run_to_idle(e, s);
+  CHECK(s.finished.at(2).cached_tokens == 992);
+  // Request 2's prompt again: all its 81 full blocks (1296 of 1300 tokens).
+  auto r3 = shared_prefix_request(2, 1000, 300, 4);
+  r3.id = 3;
+  REQUIRE(e.submit(r3));
+  CHECK(step_into(e, s).prefill_tokens == 1300 - (1299 / 16) * 16);
+  const engine_stats st = e.stats();
+  CHECK(st.prefix_lookup_tokens == 1200 + 1300 + 1300);
+  CHECK(st.prefix_hit_tokens == 992 + 1296);
+  // Requests 1 and 2 (75 and 81 blocks, 62 shared); request 3's enter at the next step.
+  CHECK(st.prefix_cached_blocks == 75 + 81 - 62);
+  const prefix_summary sum = e.cached_prefixes(1000);
+  CHECK(sum.block_tokens == 16);
+  CHECK(sum.hashes.size() == st.prefix_cached_blocks);
+  // Most recent first: the last prompt's first block (a chain's start is the
+  // most recently used of it, so eviction takes chains from their ends).
+  CHECK(sum.hashes.front() == model::prefix_block_hashes(r3.prompt, 16, 1).front());
+  CHECK(e.cached_prefixes(5).hashes.size() == 5);
+}
+
+TEST_CASE("sim prefix cache: bounded by the KV capacity, least recently used out first", "[sim][prefix]") {
+  auto e = make_engine(with_prefix_cache(1600));  // 100 blocks
+  for (seq_id id = 1; id <= 4; ++id) {
+    REQUIRE(e.submit(request(id, 800, 4)));  // 50 blocks each, nothing shared
+    run_to_idle(e);
+  }
+  REQUIRE(e.submit(request(9, 16, 1)));  // a step after the last: its blocks enter the cache
+  run_to_idle(e);
+  CHECK(e.stats().prefix_cached_blocks == 100);
+  // Requests 3 and 4 are cached whole, 1 and 2 are gone.
+  auto again = request(4, 800, 4);
+  again.id = 10;
+  REQUIRE(e.submit(again));
+  streams s;
+  CHECK(step_into(e, s).prefill_tokens == 800 - 784);
+  s = run_to_idle(e, s);
+  auto old = request(1, 800, 4);
+  old.id = 11;
+  REQUIRE(e.submit(old));
+  CHECK(e.step().prefill_tokens == 800);
+}
+
+TEST_CASE("sim prefix cache: off unless configured; requests admitted together share nothing", "[sim][prefix]") {
+  auto off = make_engine();
+  REQUIRE(off.submit(shared_prefix_request(1, 1000, 10, 2)));
+  run_to_idle(off);
+  REQUIRE(off.submit(shared_prefix_request(2, 1000, 10, 2)));
+  CHECK(off.step().prefill_tokens == 1010);
+  CHECK(off.cached_prefixes(10).block_tokens == 0);
+  CHECK(off.stats().prefix_lookup_tokens == 0);
+  // Two requests in one step: neither finds the other's blocks (they are
+  // computed in the same batch), the next one finds them.
+  auto on = make_engine(with_prefix_cache());
+  REQUIRE(on.submit(shared_prefix_request(1, 512, 10, 2)));
+  REQUIRE(on.submit(shared_prefix_request(2, 512, 10, 2)));
+  streams s;
+  CHECK(step_into(on, s).prefill_tokens == 1044);
+  s = run_to_idle(on, s);
+  REQUIRE(on.submit(shared_prefix_request(3, 512, 10, 2)));
+  CHECK(on.step().prefill_tokens == 522 - 512);
+}
+
+TEST_CASE("sim prefix cache: a cut step replays with the same cache hits", "[sim][prefix]") {
+  sim_engine_config cfg = with_prefix_cache();
+  cfg.prefill_ends_step = false;
+  auto a = make_engine(cfg);
+  auto b = make_engine(cfg);
+  for (auto* e : {&a, &b}) {
+    REQUIRE(e->submit(shared_prefix_request(1, 640, 0, 2)));
+    run_to_idle(*e);
+    REQUIRE(e->submit(shared_prefix_request(2, 640, 100, 50)));
+  }
+  streams sa, sb;
+  const step_result whole = step_into(a, sa);
+  const step_result first = b.step();
+  REQUIRE(first.duration_s == whole.duration_s);
+  const auto cut = b.truncate_last_step(whole.duration_s / 2);
+  REQUIRE(cut);
+  sb.absorb(*cut);
+  CHECK(cut->prefill_tokens == whole.prefill_tokens);
+  CHECK(whole.prefill_tokens == 100);  // the shared 640 tokens are 40 whole blocks
+  sa = run_to_idle(a, sa);
+  sb = run_to_idle(b, sb);
+  CHECK(sa.finished.at(2).cached_tokens == 640);
+  CHECK(sb.finished.at(2).cached_tokens == 640);
+  CHECK(a.stats().prefix_hit_tokens == b.stats().prefix_hit_tokens);
 }

@@ -67,7 +67,8 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
   if (config.sim) {  // no memory to reserve, no threads: a cost model
     spdlog::debug("event=device_started node={} device={} kind=sim", config.node, config.index);
     return {
-        [=](resources_atom) { return device_resources{nullptr, nullptr, self->state.config.page_bytes, self->state.config.sim}; },
+        [=](resources_atom) { return device_resources{nullptr, nullptr, self->state.config.page_bytes, self->state.config.sim,
+                                                       self->state.config.sim_prefix_block_tokens}; },
         [=](check_atom) { return ok_atom::value; },
         [=](const step_job& job) { return sim_step(self, job); },
         [=](const interrupt_step& m) {
@@ -109,7 +110,7 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
   return {
       [=](resources_atom) {
         auto& s = self->state;
-        return device_resources{s.pool, s.threads, s.config.page_bytes, std::nullopt};
+        return device_resources{s.pool, s.threads, s.config.page_bytes, std::nullopt, 0};
       },
       [=](check_atom) -> caf::result<ok_atom> {
         auto& s = self->state;

@@ -44,6 +44,8 @@ struct device_config {
   /// take their modeled duration in virtual time, several replicas' steps
   /// overlapping and sharing the device's bandwidth.
   std::optional<engine::sim_device> sim;
+  /// Simulated device: its engines' prefix cache block size (0: none).
+  std::uint32_t sim_prefix_block_tokens = 0;
   chaos_hooks hooks;
   /// The node's metrics: this device's memory, reserved and in use (KV
   /// pages); null: none.
@@ -57,6 +59,7 @@ struct device_resources {
   std::shared_ptr<engine::thread_pool> threads;
   std::size_t page_bytes = 0;
   std::optional<engine::sim_device> sim;  // set on simulated devices
+  std::uint32_t sim_prefix_block_tokens = 0;  // simulated devices: engines' prefix cache (0: none)
 };
 
 /// replica -> device (simulated): a request arrived while my step runs; cut

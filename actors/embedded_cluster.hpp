@@ -41,6 +41,8 @@ struct cluster_options {
   std::uint32_t scheduler_threads = 0;             // CAF workers; 0 = cores
   std::string engine = "cpu";                      // "cpu", "null" (zero-cost) or "sim" (cost model)
   std::string sim_gpu = "h100-80gb";               // engine "sim": the device preset simulated
+  /// engine "sim": prefix cache block size of the simulated engines (0: none).
+  std::uint32_t sim_prefix_block_tokens = 0;
   std::string default_model_file;                  // for deployments naming no file
   std::uint32_t default_kv_tokens = 4096;
   std::string default_routing = "least_outstanding";

@@ -204,11 +204,17 @@ struct replica_load {
   double prefill_tokens_per_s = 0;
   std::uint32_t kv_used_tokens = 0;
   std::uint32_t kv_capacity_tokens = 0;
+  /// The engine's prefix cache (engine::prefix_summary): block size, 0 when
+  /// it has none, and at most replica_context::prefix_hashes_reported block
+  /// hashes, most recently used first (prefix-aware routing).
+  std::uint32_t prefix_block_tokens = 0;
+  std::vector<std::uint64_t> prefix_hashes;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_load& x) {
   return f(caf::meta::type_name("exa.replica_load"), x.id, x.running, x.queued, x.outstanding_tokens,
-           x.decode_tokens_per_s, x.prefill_tokens_per_s, x.kv_used_tokens, x.kv_capacity_tokens);
+           x.decode_tokens_per_s, x.prefill_tokens_per_s, x.kv_used_tokens, x.kv_capacity_tokens,
+           x.prefix_block_tokens, x.prefix_hashes);
 }
 
 // ------------------------------------------------------------ generation
@@ -291,10 +297,16 @@ struct pick_replica {
   std::uint32_t prompt_tokens = 0;
   std::uint32_t max_tokens = 0;
   std::vector<cluster::replica_id> exclude;
+  /// The prompt's chained block hashes at prefix_block_tokens per block
+  /// (request_context::prefix_block_tokens; none when 0), for prefix-aware
+  /// routing: hashed by the request actor, off the router's thread.
+  std::uint32_t prefix_block_tokens = 0;
+  std::vector<std::uint64_t> prefix_hashes;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pick_replica& x) {
-  return f(caf::meta::type_name("exa.pick_replica"), x.deployment, x.prompt_tokens, x.max_tokens, x.exclude);
+  return f(caf::meta::type_name("exa.pick_replica"), x.deployment, x.prompt_tokens, x.max_tokens, x.exclude,
+           x.prefix_block_tokens, x.prefix_hashes);
 }
 
 struct picked_replica {

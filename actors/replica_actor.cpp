@@ -141,6 +141,13 @@ void report_load(self_ptr self, bool force) {
   }
   load.decode_tokens_per_s = st.decode_tokens_per_s;
   load.prefill_tokens_per_s = st.prefill_tokens_per_s;
+  // What the prefix cache holds, for prefix-aware routing: bounded, most
+  // recently used first; nothing from engines without a prefix cache.
+  if (st.engine && st.ctx.prefix_hashes_reported > 0) {
+    auto summary = st.engine->cached_prefixes(st.ctx.prefix_hashes_reported);
+    load.prefix_block_tokens = summary.block_tokens;
+    load.prefix_hashes = std::move(summary.hashes);
+  }
   control_send(self, st.ctx.hooks, st.ctx.node, cluster::message_class::control, st.ctx.router, load);
 }
 
@@ -352,6 +359,7 @@ expected<std::shared_ptr<engine::inference_engine>> make_sim_engine(const replic
   engine::sim_engine_config c;
   c.kv_capacity_tokens = spec.kv_tokens;
   c.prefill_ends_step = true;  // first tokens at the moment they exist: exact TTFT
+  c.prefix_block_tokens = res.sim_prefix_block_tokens;
   return std::make_shared<engine::sim_engine>(*cost, c);
 }
 

@@ -37,6 +37,9 @@ struct replica_context {
   caf::actor router;
   std::uint32_t step_timeout_ms = 60000;      // a step taking longer means a hung device
   std::uint32_t load_report_interval_ms = 5;  // at most one load report per interval
+  /// Prefix-cache block hashes (8 bytes each) a load report carries at most,
+  /// for prefix-aware routing; 0: none.
+  std::uint32_t prefix_hashes_reported = 512;
   chaos_hooks hooks;
   /// The node's metrics (replicas by state, KV use); null: none.
   std::shared_ptr<cluster_metrics> metrics;

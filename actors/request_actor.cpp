@@ -13,6 +13,7 @@
 #include "actors/cluster_supervisor.hpp"
 #include "engine/engine.hpp"
 #include "model/llama_model.hpp"
+#include "model/prefix_hash.hpp"
 
 namespace exa::actors {
 namespace {
@@ -299,6 +300,9 @@ void submit(self_ptr self, const picked_replica& p) {
 // Picks that may wait for the router to learn that an actor which failed
 // this request is gone (see try_replica), per request.
 constexpr std::uint32_t max_repicks = 8;
+// Prompt blocks hashed for routing (128 Ki tokens at 16 per block): a
+// longer shared prefix is rare and gains little more.
+constexpr std::size_t max_prefix_blocks = 8192;
 
 void try_replica(self_ptr self) {
   auto& st = self->state;
@@ -309,6 +313,13 @@ void try_replica(self_ptr self) {
   ++st.attempts;
   pick_replica pick{st.ctx.request.model, static_cast<std::uint32_t>(st.prompt.size() + st.generated.size()),
                     st.ctx.request.max_tokens - static_cast<std::uint32_t>(st.generated.size()), st.tried};
+  if (!st.prefix_hashed) {
+    // Hashed here, once, so the router's one thread does not hash prompts.
+    st.prefix_hashed = true;
+    st.prefix_hashes = model::prefix_block_hashes(st.prompt, st.ctx.prefix_block_tokens, max_prefix_blocks);
+  }
+  pick.prefix_block_tokens = st.prefix_hashes.empty() ? 0 : st.ctx.prefix_block_tokens;
+  pick.prefix_hashes = st.prefix_hashes;
   if (!st.router) {  // between routers: look again shortly
     --st.attempts;
     self->delayed_send(self, std::chrono::milliseconds(st.ctx.retry_backoff_ms), tick_atom::value);

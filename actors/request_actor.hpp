@@ -50,6 +50,10 @@ struct request_context {
   std::uint32_t reorder_timeout_ms = 2000;
   std::uint32_t effective_deadline_ms = 0;  // the request's own, or deadline_ms
   std::shared_ptr<cluster_metrics> metrics;  // may be null
+  /// Block size of the deployment's prefix caches as the router knows it
+  /// (replica_table::prefix_block_tokens): the request hashes its prompt's
+  /// blocks with it for prefix-aware routing; 0: no hashes.
+  std::uint32_t prefix_block_tokens = 0;
 };
 
 struct request_actor_state {
@@ -74,6 +78,10 @@ struct request_actor_state {
   caf::actor replica;
   cluster::replica_id replica_id = 0;
   std::vector<cluster::replica_id> tried;
+  /// The prompt's block hashes for prefix-aware routing, computed at the
+  /// first pick (a resumed request's prompt still starts with them).
+  std::vector<std::uint64_t> prefix_hashes;
+  bool prefix_hashed = false;
   std::uint32_t attempts = 0;
   bool picking = false;  // a pick_replica is out
   std::uint32_t backoff_ms = 0;

@@ -324,6 +324,7 @@ void on_route(self_ptr self, const route_request& m) {
   rc.retry_backoff_ms = st.config.retry_backoff_ms;
   rc.effective_deadline_ms = m.request.deadline_ms ? m.request.deadline_ms : st.config.request_deadline_ms;
   rc.metrics = st.metrics;
+  rc.prefix_block_tokens = st.table->prefix_block_tokens(m.request.model);
   const std::uint32_t deadline_ms = m.request.deadline_ms ? m.request.deadline_ms : st.config.request_deadline_ms;
   auto actor = self->spawn(request_actor, std::move(rc));
   self->monitor(actor);
@@ -428,7 +429,10 @@ expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const ca
     }
     exclude.insert(exclude.end(), cached->second.begin(), cached->second.end());
   }
-  auto chosen = st.table->route(m.deployment, "", {m.prompt_tokens, m.max_tokens}, exclude);
+  cluster::request_cost cost{m.prompt_tokens, m.max_tokens};
+  cost.prefix_block_tokens = m.prefix_block_tokens;
+  cost.prefix_hashes = m.prefix_hashes;
+  auto chosen = st.table->route(m.deployment, "", cost, exclude);
   if (!chosen) return std::unexpected(chosen.error());
   const auto id = (*chosen)->id;
   const auto epoch = (*chosen)->epoch;
@@ -758,12 +762,17 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
           if (fence_if_stale(self, w->second.slot, w->second.epoch, h == s.replicas.end() ? caf::actor{} : h->second))
             return;
         }
-        s.loads[l.id] = l;
         cluster::load_report r;
         r.outstanding_requests = l.running + l.queued;
         r.outstanding_tokens = l.outstanding_tokens;
         r.decode_tokens_per_s = l.decode_tokens_per_s;
         r.prefill_tokens_per_s = l.prefill_tokens_per_s;
+        r.prefix_block_tokens = l.prefix_block_tokens;
+        r.prefix_hashes = l.prefix_hashes;
+        // The loads kept for status answers need no hashes.
+        auto& kept = s.loads[l.id];
+        kept = l;
+        kept.prefix_hashes.clear();
         // KV use is exported by the replica's node, not here: every gateway
         // hears the same load reports, and an aggregate over gateways would
         // count each replica once per gateway.

@@ -26,7 +26,7 @@ TEST_CASE("a late subscriber of a hub learns every live replica and its load", "
   const auto state = [](cluster::replica_state s) { return static_cast<std::uint8_t>(s); };
   caf::anon_send(hub, actors::replica_event{1, "d", 0, 1, 7, 0, state(cluster::replica_state::ready), "", replica});
   caf::anon_send(hub, actors::replica_event{1, "d", 0, 1, 7, 0, state(cluster::replica_state::serving), "", caf::actor{}});
-  caf::anon_send(hub, actors::replica_load{1, 2, 0, 10, 0, 0, 5, 2048});
+  caf::anon_send(hub, actors::replica_load{1, 2, 0, 10, 0, 0, 5, 2048, 0, {}});
   caf::anon_send(hub, actors::replica_event{2, "d", 1, 1, 7, 0, state(cluster::replica_state::ready), "", replica});
   caf::anon_send(hub, actors::replica_event{2, "d", 1, 1, 7, 0, state(cluster::replica_state::stopped), "", caf::actor{}});
   caf::scoped_actor gateway{sys};

@@ -36,6 +36,7 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
   o.racks = s.topology.racks;
   o.engine = "sim";
   o.sim_gpu = s.topology.gpu;
+  o.sim_prefix_block_tokens = s.topology.prefix_cache_block_tokens;
   o.deterministic = true;
   o.heartbeat_interval_ms = s.timing.heartbeat_interval_ms;
   o.suspect_after_missed = s.timing.suspect_after_missed;
@@ -137,6 +138,8 @@ struct record_sink final : api::stream_sink {
     record->generated_tokens = received;
     record->completed = r.reason == api::finish_reason::stop || r.reason == api::finish_reason::length;
     if (r.err) record->error = std::string(to_string(r.err->code));
+    record->cached_tokens = r.usage.cached_tokens;
+    record->replica = r.replica;
     if (r.usage.completion_tokens != received) ++*gaps;
     *done = 1;
   }
@@ -296,7 +299,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, bool
       api::generate_request g;
       g.request_id = "s" + std::to_string(sent);
       g.model = s.deployments.front().name;
-      g.prompt_ids = prompt_ids(sent, w.prompt_tokens, vocab);
+      g.prompt_ids = w.segments.empty() ? prompt_ids(sent, w.prompt_tokens, vocab) : segment_prompt_ids(w.segments, vocab);
       g.max_tokens = w.max_tokens;
       g.ignore_eos = true;
       g.tenant = w.tenant;

@@ -93,6 +93,12 @@ ojson summary_json(const sim_summary& s) {
   j["max_queued"] = ms(s.max_queued);
   j["replica_hours"] = ms(s.replica_hours);
   j["peak_replicas"] = ms(s.peak_replicas);
+  j["prompt_tokens"] = s.prompt_tokens;
+  j["cached_tokens"] = s.cached_tokens;
+  j["prefix_hit_rate"] = share(s.prompt_tokens ? double(s.cached_tokens) / double(s.prompt_tokens) : 0.0);
+  j["replicas_serving"] = s.replicas_serving;
+  j["requests_per_replica_max"] = ms(s.requests_per_replica_max);
+  j["requests_per_replica_mean"] = ms(s.requests_per_replica_mean);
   return j;
 }
 
@@ -172,6 +178,18 @@ sim_summary summarize(const sim_run& run, double slo_ttft_ms, double slo_tpot_ms
     s.throughput_tokens_per_s = all_tokens / duration_s;
   }
   summarize_samples(run.samples, s);
+  std::map<std::string, std::uint64_t> per_replica;
+  for (const sim_request_record& r : run.requests) {
+    if (!r.completed) continue;
+    s.prompt_tokens += r.prompt_tokens;
+    s.cached_tokens += r.cached_tokens;
+    if (!r.replica.empty()) ++per_replica[r.replica];
+  }
+  s.replicas_serving = static_cast<std::uint32_t>(per_replica.size());
+  for (const auto& [replica, n] : per_replica) {
+    s.requests_per_replica_max = std::max(s.requests_per_replica_max, static_cast<double>(n));
+    s.requests_per_replica_mean += static_cast<double>(n) / static_cast<double>(per_replica.size());
+  }
   std::map<std::string, std::vector<double>> by_tenant;
   for (const sim_request_record& r : run.requests) {
     if (r.tenant.empty()) continue;
@@ -282,6 +300,19 @@ std::string to_text(const sim_report& r) {
     for (const auto& [name, t] : sums.front().tenants)
       out += fmt::format("{:<18} {:>9} {:>9} {:>19}\n", name, t.requests, t.completed,
                          num_or_dash(t.ttft_p50_ms, 0) + "/" + num_or_dash(t.ttft_p99_ms, 0));
+  }
+  const bool cached = std::any_of(sums.begin(), sums.end(), [](const sim_summary& s) { return s.cached_tokens > 0; });
+  if (cached) {
+    out += "\nprefix cache and load spread (completed requests)\n";
+    out += fmt::format("{:<24} {:>14} {:>14} {:>8} {:>9} {:>12}\n", "policy", "prompt tokens", "cached tokens",
+                       "hit %", "replicas", "req max/mean");
+    for (std::size_t i = 0; i < r.runs.size(); ++i) {
+      const sim_summary& s = sums[i];
+      out += fmt::format("{:<24} {:>14} {:>14} {:>8.1f} {:>9} {:>12}\n", r.runs[i].policy, s.prompt_tokens,
+                         s.cached_tokens, s.prompt_tokens ? 100.0 * s.cached_tokens / s.prompt_tokens : 0.0,
+                         s.replicas_serving,
+                         fmt::format("{:.0f}/{:.1f}", s.requests_per_replica_max, s.requests_per_replica_mean));
+    }
   }
   text_faults(r, out);
   return out;

@@ -24,6 +24,8 @@ struct sim_request_record {
   bool completed = false; // false: ended with an error (code in `error`)
   std::string tenant;     // the workload's, "" without tenants
   std::string error;
+  std::uint32_t cached_tokens = 0;  // prompt tokens the replica found in its prefix cache (usage)
+  std::string replica;              // which replica finished it
 };
 
 /// The cluster sampled every interval.
@@ -73,6 +75,13 @@ struct sim_summary {
   /// most of them at once.
   double replica_hours = 0;
   double peak_replicas = 0;
+  /// Prefix cache, over completed requests: prompt tokens, those read from
+  /// a replica's prefix cache (hit rate = cached / prompt, the prefill
+  /// tokens saved). Load spread: completed requests per replica that
+  /// finished any, the most of them and the mean (max / mean = 1: even).
+  std::uint64_t prompt_tokens = 0, cached_tokens = 0;
+  std::uint32_t replicas_serving = 0;
+  double requests_per_replica_max = 0, requests_per_replica_mean = 0;
   /// Per tenant, when the workload names tenants.
   struct tenant_summary {
     std::uint64_t requests = 0, completed = 0;

@@ -72,10 +72,11 @@ bool is_one_of(const Names& names, std::string_view s) {
 }
 
 void parse_topology(const object_reader& r, sim_topology& t) {
-  r.known_keys({"nodes", "gpus_per_node", "racks", "gpu"});
+  r.known_keys({"nodes", "gpus_per_node", "racks", "gpu", "prefix_cache_block_tokens"});
   r.u32("nodes", 1, max_nodes, t.nodes);
   r.u32("gpus_per_node", 1, max_gpus_per_node, t.gpus_per_node);
   r.u32("racks", 1, max_nodes, t.racks);
+  r.u32("prefix_cache_block_tokens", 0, 1024, t.prefix_cache_block_tokens);
   if (!r.errors().failed() && t.racks > t.nodes)
     r.errors().fail(r.field("racks"), fmt::format("{} racks for {} nodes leaves racks empty", t.racks, t.nodes));
   r.string("gpu", 32, t.gpu);
@@ -200,8 +201,22 @@ void parse_deployments(const object_reader& top, scenario& s) {
   }
 }
 
+void parse_conversations(const object_reader& r, sim_workload_spec& w) {
+  if (!is_object_field(r, "conversations")) return;
+  const object_reader c(r.at("conversations"), r.field("conversations"), r.errors());
+  auto& cs = w.conversations;
+  c.known_keys({"apps", "system_prompt_tokens", "continue_probability", "open_max", "turns_max"});
+  c.require("apps");
+  c.u32("apps", 1, 1u << 16, cs.apps);
+  c.u32("system_prompt_tokens", 0, max_trace_tokens, cs.system_prompt_tokens);
+  c.number("continue_probability", 0, false, 1, cs.continue_probability);
+  c.u32("open_max", 1, 1u << 16, cs.open_max);
+  c.u32("turns_max", 1, 1024, cs.turns_max);
+}
+
 void parse_trace_workload(const object_reader& r, sim_workload_spec& w) {
-  r.known_keys({"kind", "trace", "rate_multiplier", "diurnal"});
+  r.known_keys({"kind", "trace", "rate_multiplier", "diurnal", "conversations"});
+  parse_conversations(r, w);
   r.require("trace", "required for trace workloads");
   r.string("trace", max_trace_path_chars, w.trace);
   if (!r.errors().failed() && w.trace.empty()) r.errors().fail(r.field("trace"), "must not be empty");

@@ -10,7 +10,8 @@
 //   "deployments": [ { "name": "llama-13b", "model": "llama-2-13b", "precision": "int4",
 //                      "replicas": 3072, "kv_tokens": 32768, "context_length": 16384,
 //                      "max_replicas_per_node": 12, "routing": "least_outstanding" } ],
-//   "workload": { "trace": "chaos/traces/azure_llm_2023_conv.csv", "rate_multiplier": 20 }
+//   "workload": { "trace": "chaos/traces/azure_llm_2023_conv.csv", "rate_multiplier": 20,
+//                 "conversations": { "apps": 8, "system_prompt_tokens": 1024 } }
 //            or { "kind": "poisson" | "bursty", "rate_per_s": 100, "prompt_tokens": 1000,
 //                 "max_tokens": 200, "burst_factor": 5, "burst_period_s": 60 },
 //   "duration_s": 3600,
@@ -42,6 +43,9 @@ struct sim_topology {
   std::uint32_t gpus_per_node = 8;
   std::uint32_t racks = 1;
   std::string gpu = "h100-80gb";  // cluster::device_preset name
+  /// The simulated engines' prefix cache block size in tokens (0: none),
+  /// "prefix_cache_block_tokens" (actors::cluster_options::sim_prefix_block_tokens).
+  std::uint32_t prefix_cache_block_tokens = 0;
 };
 
 struct sim_deployment {
@@ -68,6 +72,18 @@ struct sim_deployment {
 
 enum class sim_workload_kind : std::uint8_t { trace, poisson, bursty };
 
+/// Trace workloads: the trace's rows as turns of multi-turn conversations
+/// (sim_workload.hpp, make_conversations), "conversations": {"apps": 8,
+/// "system_prompt_tokens": 1024, "continue_probability": 0.6,
+/// "open_max": 256, "turns_max": 16}. Off while apps is 0.
+struct conversation_spec {
+  std::uint32_t apps = 0;                    // applications, each with its own system prompt
+  std::uint32_t system_prompt_tokens = 1024; // a new conversation's shared start (at most its prompt - 1)
+  double continue_probability = 0.6;         // a row continues an open conversation when one fits
+  std::uint32_t open_max = 256;              // open conversations remembered (oldest forgotten)
+  std::uint32_t turns_max = 16;              // a conversation closes after this many turns
+};
+
 struct sim_workload_spec {
   sim_workload_kind kind = sim_workload_kind::trace;
   std::string trace;              // CSV path (kind == trace)
@@ -93,6 +109,7 @@ struct sim_workload_spec {
   /// probability (seeded). period 0: off.
   double diurnal_period_s = 0;
   double diurnal_trough = 1;
+  conversation_spec conversations;
 };
 
 struct sim_timing {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <deque>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -217,7 +218,7 @@ expected<std::vector<sim_request>> replay(const std::string& path, const std::ve
       const double at_s = shift_s + static_cast<double>(r.t_ns - t0) / 1e9 / rate_multiplier;
       if (!(at_s < duration_s)) break;  // rows are in time order
       if (out.size() >= max_workload_rows) return too_many();
-      out.push_back({.at_s = at_s, .prompt_tokens = r.prompt_tokens, .max_tokens = r.generated_tokens});
+      out.push_back({.at_s = at_s, .prompt_tokens = r.prompt_tokens, .max_tokens = r.generated_tokens, .tenant = {}, .segments = {}});
     }
   }
   return out;
@@ -264,7 +265,7 @@ std::vector<sim_request> synthetic_workload(const sim_workload_spec& w, double d
     if (!(t < duration_s)) break;
     if (bursty && arrivals.uniform() * peak >= rate_at(t)) continue;
     const std::uint32_t prompt = jittered(lengths, w.prompt_tokens);
-    out.push_back({.at_s = t, .prompt_tokens = prompt, .max_tokens = jittered(lengths, w.max_tokens)});
+    out.push_back({.at_s = t, .prompt_tokens = prompt, .max_tokens = jittered(lengths, w.max_tokens), .tenant = {}, .segments = {}});
   }
   return out;
 }
@@ -319,7 +320,84 @@ expected<std::vector<sim_request>> make_flat_workload(const scenario& s, std::ui
 expected<std::vector<sim_request>> make_workload(const scenario& s, std::uint64_t seed) {
   auto flat = make_flat_workload(s, seed);
   if (!flat) return flat;
-  return diurnal(s.workload, std::move(*flat), seed);
+  auto out = diurnal(s.workload, std::move(*flat), seed);
+  if (s.workload.kind == sim_workload_kind::trace && s.workload.conversations.apps > 0)
+    make_conversations(out, s.workload.conversations, seed);
+  return out;
+}
+
+namespace {
+
+std::uint64_t mix64(std::uint64_t z) noexcept {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Segment keys by kind, so a system prompt, a user turn and an answer never
+// share ids by accident.
+constexpr std::uint64_t system_key = 1ull << 62;
+constexpr std::uint64_t user_key = 2ull << 62;
+constexpr std::uint64_t answer_key = 3ull << 62;
+
+struct open_conversation {
+  std::uint64_t id = 0;
+  std::vector<token_segment> history;  // the last prompt and its answer
+  std::uint32_t length = 0;            // tokens of history
+  std::uint32_t turns = 0;
+};
+
+}  // namespace
+
+std::vector<std::int32_t> segment_prompt_ids(const std::vector<token_segment>& segments, std::uint32_t vocab) {
+  EXA_ASSERT(vocab > 3);
+  std::vector<std::int32_t> ids;
+  for (const auto& s : segments) {
+    const std::uint64_t base = mix64(s.key);
+    for (std::uint32_t j = 0; j < s.tokens; ++j)
+      ids.push_back(static_cast<std::int32_t>(3 + mix64(base + j) % (vocab - 3)));
+  }
+  return ids;
+}
+
+void make_conversations(std::vector<sim_request>& requests, const conversation_spec& spec, std::uint64_t seed) {
+  EXA_ASSERT(spec.apps > 0 && spec.open_max > 0 && spec.turns_max > 0);
+  splitmix64_stream rng(seed ^ 0xc0417e45a7105ULL);
+  std::deque<open_conversation> open;  // oldest first
+  std::uint64_t next_id = 0;
+  std::vector<std::size_t> fits;
+  for (auto& r : requests) {
+    const std::uint32_t c = r.prompt_tokens;
+    fits.clear();
+    if (rng.uniform() < spec.continue_probability)
+      for (std::size_t i = 0; i < open.size(); ++i)
+        if (open[i].length < c) fits.push_back(i);
+    if (!fits.empty()) {
+      const std::size_t at = fits[rng.below(static_cast<std::uint32_t>(fits.size()))];
+      open_conversation conv = std::move(open[at]);
+      open.erase(open.begin() + static_cast<std::ptrdiff_t>(at));
+      r.segments = conv.history;
+      r.segments.push_back({user_key | (mix64(conv.id * 1024 + conv.turns) >> 2), c - conv.length});
+      conv.history = r.segments;
+      conv.history.push_back({answer_key | (mix64(conv.id * 1024 + conv.turns) >> 2), r.max_tokens});
+      conv.length = c + r.max_tokens;
+      if (++conv.turns < spec.turns_max) open.push_back(std::move(conv));
+    } else {
+      open_conversation conv;
+      conv.id = next_id++;
+      const std::uint32_t app = rng.below(spec.apps);
+      const std::uint32_t system = std::min(spec.system_prompt_tokens, c > 0 ? c - 1 : 0);
+      if (system > 0) r.segments.push_back({system_key | app, system});
+      r.segments.push_back({user_key | (mix64(conv.id * 1024) >> 2), c - system});
+      conv.history = r.segments;
+      conv.history.push_back({answer_key | (mix64(conv.id * 1024) >> 2), r.max_tokens});
+      conv.length = c + r.max_tokens;
+      conv.turns = 1;
+      if (conv.turns < spec.turns_max) open.push_back(std::move(conv));
+    }
+    if (open.size() > spec.open_max) open.pop_front();
+  }
 }
 
 }  // namespace exa::chaos

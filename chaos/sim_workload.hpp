@@ -20,12 +20,43 @@ inline constexpr std::uint64_t max_workload_rows = 10'000'000;
 /// Largest token count of one trace row.
 inline constexpr std::uint32_t max_trace_tokens = 1u << 20;
 
+/// A run of token ids that stands for one piece of a prompt (a system
+/// prompt, a user turn, an earlier answer): equal keys, equal ids.
+struct token_segment {
+  std::uint64_t key = 0;
+  std::uint32_t tokens = 0;
+};
+
 struct sim_request {
   double at_s = 0;                 // arrival, from the start of the run
   std::uint32_t prompt_tokens = 0;
   std::uint32_t max_tokens = 0;    // tokens to generate (the trace's GeneratedTokens)
   std::string tenant;              // "" unless the workload names tenants
+  /// The prompt as segments (their tokens add up to prompt_tokens); empty:
+  /// a prompt of the request's own that shares nothing with another.
+  std::vector<token_segment> segments;
 };
+
+/// The prompt's token ids from its segments: a deterministic function of
+/// each segment's key and position, in [3, vocab) (ids 0..2 are special).
+std::vector<std::int32_t> segment_prompt_ids(const std::vector<token_segment>& segments, std::uint32_t vocab);
+
+/// Turns independent trace rows into multi-turn conversations, keeping every
+/// row's arrival, prompt and output length (seeded, deterministic). Rows in
+/// time order; each row either
+///   - continues an open conversation (with continue_probability, when one
+///     whose history -- last prompt plus last answer, L tokens -- is shorter
+///     than the row's prompt C; uniformly among those): its prompt is the
+///     history followed by C - L new user tokens; or
+///   - starts one: an application drawn uniformly, whose system prompt (the
+///     first min(system_prompt_tokens, C - 1) tokens, the same for every
+///     conversation of that application) is followed by user tokens.
+/// An answer is a segment of its own with the length the trace generated
+/// (the simulated engine's tokens differ; the engine caches prompt blocks
+/// only, so the next turn's prompt holds the answer as new tokens either way).
+/// At most open_max conversations stay open (the oldest is forgotten), each
+/// for at most turns_max turns.
+void make_conversations(std::vector<sim_request>& requests, const conversation_spec& spec, std::uint64_t seed);
 
 /// Parses an Azure-format CSV (header TIMESTAMP,ContextTokens,GeneratedTokens;
 /// timestamps "YYYY-MM-DD HH:MM:SS.fffffff"). Arrival times are offsets from

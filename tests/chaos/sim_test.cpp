@@ -15,6 +15,7 @@
 #include "chaos/sim_report.hpp"
 #include "chaos/sim_scenario.hpp"
 #include "chaos/sim_workload.hpp"
+#include "common/splitmix64.hpp"
 
 namespace {
 
@@ -676,4 +677,51 @@ TEST_CASE("the HTML report is self-contained with balanced SVG charts", "[sim]")
   sim_report escaped = hand_made_report();
   escaped.scenario = "a<b>";
   CHECK(to_html(escaped).find("a&lt;b&gt;") != std::string::npos);
+}
+
+TEST_CASE("conversations from a trace keep every row's arrival and sizes, and grow turn by turn", "[sim][prefix]") {
+  std::vector<exa::chaos::sim_request> rows;
+  exa::splitmix64_stream rng(7);
+  for (int i = 0; i < 2000; ++i)
+    rows.push_back({.at_s = i * 0.1, .prompt_tokens = 1 + rng.below(4000), .max_tokens = 1 + rng.below(300),
+                    .tenant = {}, .segments = {}});
+  exa::chaos::conversation_spec spec;
+  spec.apps = 4;
+  spec.system_prompt_tokens = 512;
+  auto a = rows;
+  auto b = rows;
+  exa::chaos::make_conversations(a, spec, 1);
+  exa::chaos::make_conversations(b, spec, 1);
+  std::size_t continued = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("row " << i);
+    CHECK(a[i].at_s == rows[i].at_s);
+    CHECK(a[i].prompt_tokens == rows[i].prompt_tokens);
+    CHECK(a[i].max_tokens == rows[i].max_tokens);
+    std::uint64_t sum = 0;
+    for (const auto& s : a[i].segments) sum += s.tokens;
+    CHECK(sum == a[i].prompt_tokens);
+    REQUIRE(a[i].segments.size() == b[i].segments.size());  // seeded: the same
+    continued += a[i].segments.size() > 2;
+  }
+  CHECK(continued > 200);
+  // A continued turn's prompt starts with an earlier turn's prompt, whole.
+  const auto vocab = 32000u;
+  std::size_t checked = 0;
+  for (std::size_t i = 0; i < a.size() && checked < 20; ++i) {
+    if (a[i].segments.size() <= 2) continue;
+    const std::vector<exa::chaos::token_segment> earlier(a[i].segments.begin(), a[i].segments.end() - 2);
+    const auto ids = exa::chaos::segment_prompt_ids(a[i].segments, vocab);
+    const auto prefix = exa::chaos::segment_prompt_ids(earlier, vocab);
+    REQUIRE(std::equal(prefix.begin(), prefix.end(), ids.begin()));
+    bool found = false;
+    for (std::size_t j = 0; j < i && !found; ++j) found = exa::chaos::segment_prompt_ids(a[j].segments, vocab) == prefix;
+    CHECK(found);
+    ++checked;
+  }
+  CHECK(checked == 20);
+  // Two new conversations of one application share its system prompt.
+  const auto first = exa::chaos::segment_prompt_ids({{(1ull << 62) | 2, 512}}, vocab);
+  CHECK(first.size() == 512);
+  for (const auto t : first) CHECK((t >= 3 && t < 32000));
 }

@@ -67,6 +67,11 @@ for n in "$rounds" "$prefill_tokens" "$decode_prompt" "$decode_steps"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vs_llamacpp.sh: counts must be positive integers" >&2; exit 2; }
 done
 [[ -x "$exaserve" ]] || { echo "vs_llamacpp.sh: $exaserve not built (cmake --build build --target exaserve)" >&2; exit 1; }
+# One binary for the whole run, even if the build tree is relinked meanwhile.
+snapshot="$(mktemp "${TMPDIR:-/tmp}/exaserve-bench.XXXXXX")"
+trap 'rm -f "$snapshot"' EXIT
+cp "$exaserve" "$snapshot" && chmod +x "$snapshot"
+exaserve="$snapshot"
 command -v node >/dev/null || { echo "vs_llamacpp.sh: node is required for llama.cpp (node-llama-cpp)" >&2; exit 1; }
 
 llama_dir="$root/bench/llamacpp"

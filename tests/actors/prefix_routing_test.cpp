@@ -1,0 +1,130 @@
+// Prefix-aware routing through the real router, request and replica actors
+// with real CPU engines (tiny model), on the deterministic scheduler: a
+// prompt sent again goes back to the replica whose prefix cache holds it,
+// and is served from that cache, where the load-only policies send it
+// elsewhere and compute it again.
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "cluster_fixture.hpp"
+
+using namespace exa;
+
+namespace {
+
+/// 16-token KV blocks for the tiny model (256 bytes a token): a 200-token
+/// prompt spans a dozen blocks.
+constexpr std::size_t page_bytes = 4096;
+constexpr std::uint32_t block_tokens = 16;
+/// Bound on the jobs run while waiting for a first token (habit 7).
+constexpr int jobs_max = 200000;
+
+test::cluster_fixture with_policy(const std::string& policy) {
+  auto o = test::cluster_fixture::defaults(2);
+  o.kv_page_bytes = page_bytes;
+  o.deployments[0].routing = policy;
+  return test::cluster_fixture(o);
+}
+
+std::vector<std::int32_t> long_prompt() {
+  std::vector<std::int32_t> ids;
+  for (std::int32_t i = 0; i < 200; ++i) ids.push_back(3 + (i * 37) % 250);
+  return ids;
+}
+
+api::generate_request request(std::string id, std::vector<std::int32_t> prompt, std::uint32_t max_tokens = 4) {
+  api::generate_request r;
+  r.request_id = std::move(id);
+  r.model = "tiny";
+  r.prompt_ids = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+const api::generate_result& finished(const std::shared_ptr<test::recording_sink>& s) {
+  REQUIRE(s->result.has_value());
+  INFO((s->result->err ? s->result->err->message : std::string()));
+  REQUIRE_FALSE(s->result->err.has_value());
+  return *s->result;
+}
+
+/// Sends the long prompt `n` times, one after the other, and returns each
+/// one's result.
+std::vector<api::generate_result> repeat_sequentially(test::cluster_fixture& f, int n) {
+  std::vector<api::generate_result> out;
+  for (int i = 0; i < n; ++i) {
+    auto s = f.generate(request("p" + std::to_string(i), long_prompt()));
+    f.run();
+    out.push_back(finished(s));
+  }
+  return out;
+}
+
+/// The long prompt once; then a long request of another prompt that is
+/// still generating (it has its first token, 60 more to go) when the long
+/// prompt comes again. Returns {first, other, again}.
+std::vector<api::generate_result> repeat_beside_busy(test::cluster_fixture& f) {
+  auto first = f.generate(request("first", long_prompt()));
+  f.run();
+  std::vector<std::int32_t> other_prompt(40);
+  for (std::size_t i = 0; i < other_prompt.size(); ++i) other_prompt[i] = static_cast<std::int32_t>(200 + i);
+  auto other = f.generate(request("other", other_prompt, 64));
+  for (int jobs = 0; other->chunks.empty(); ++jobs) {
+    REQUIRE(jobs < jobs_max);
+    f.run_some(1);
+  }
+  REQUIRE_FALSE(other->result.has_value());
+  auto again = f.generate(request("again", long_prompt()));
+  f.run();
+  return {finished(first), finished(other), finished(again)};
+}
+
+}  // namespace
+
+TEST_CASE("prefix_aware sends a prompt sent again to the replica that cached it, served from its cache",
+          "[actors][routing][prefix]") {
+  auto f = with_policy("prefix_aware");
+  const auto results = repeat_sequentially(f, 5);
+  CHECK(results[0].usage.cached_tokens == 0);
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    INFO("request " << i);
+    CHECK(results[i].replica == results[0].replica);
+    // Every full block before the last token's: (200 - 1) / 16 blocks.
+    CHECK(results[i].usage.cached_tokens == (200 - 1) / block_tokens * block_tokens);
+    CHECK(results[i].usage.prompt_tokens == 200);
+  }
+}
+
+TEST_CASE("round_robin spreads the same prompt, so each replica computes it once", "[actors][routing][prefix]") {
+  auto f = with_policy("round_robin");
+  const auto results = repeat_sequentially(f, 4);
+  CHECK(results[1].replica != results[0].replica);
+  CHECK(results[1].usage.cached_tokens == 0);  // the other replica has not seen it
+  // Both replicas hold it now.
+  CHECK(results[2].usage.cached_tokens > 0);
+  CHECK(results[3].usage.cached_tokens > 0);
+}
+
+TEST_CASE("prefix_aware follows the cache to a busier replica within the load slack; least_outstanding does not",
+          "[actors][routing][prefix]") {
+  SECTION("prefix_aware") {
+    auto f = with_policy("prefix_aware");
+    const auto r = repeat_beside_busy(f);
+    // Idle replicas tie to the same one, so the other request shares the
+    // cached replica: the setup this test is about.
+    REQUIRE(r[1].replica == r[0].replica);
+    CHECK(r[2].replica == r[0].replica);
+    CHECK(r[2].usage.cached_tokens > 0);
+  }
+  SECTION("least_outstanding") {
+    auto f = with_policy("least_outstanding");
+    const auto r = repeat_beside_busy(f);
+    REQUIRE(r[1].replica == r[0].replica);
+    CHECK(r[2].replica != r[0].replica);  // the idle one
+    CHECK(r[2].usage.cached_tokens == 0);
+  }
+}

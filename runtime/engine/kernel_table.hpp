@@ -22,12 +22,14 @@ struct kernel_acts {
   std::size_t xf_stride = 0;  // floats per token
   const model::block_q8_0* xq = nullptr;  // q8_0 blocks
   std::size_t xq_stride = 0;              // blocks per token
-  // q8_0 for the AVX-512 kernel: bytes q + 128 per token, padded to an even
-  // block count, and per 64-element step 16 scales [d0 ×8, d1 ×8].
+  // q8_0 for the AVX-512 kernel: the signed bytes q per token, padded to an
+  // even block count; per 64-element step 16 scales [d0 ×8, d1 ×8] and 16
+  // seeds −128 · Σ q over each lane's 4 bytes (xc, same stride as xd).
   const std::uint8_t* xu = nullptr;
   std::size_t xu_stride = 0;  // bytes per token
   const float* xd = nullptr;
-  std::size_t xd_stride = 0;              // floats per token
+  std::size_t xd_stride = 0;  // floats (and xc int32s) per token
+  const std::int32_t* xc = nullptr;
   const model::block_q8_K* xk = nullptr;  // q8_K activations
   std::size_t xk_stride = 0;              // blocks per token
   const void* x32 = nullptr;              // q8_0 or q8_1 blocks for Q4_1/Q5_0/Q5_1

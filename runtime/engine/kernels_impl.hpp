@@ -257,43 +257,43 @@ void float_tile(row_span w, std::size_t r0, const float* x, std::size_t x_stride
 
 #if defined(EXA_K_AVX512)
 
-// Weight side of one 64-element step for one row: the int8 values, -128·Σw
-// per 4-byte lane group (vpdpbusd's seed, since activations are stored as
-// q + 128), and the two scales expanded.
+// Weight side of one 64-element step for one row: the weights as unsigned
+// bytes (vpdpbusd's unsigned operand) and the two scales expanded.
 struct wstep {
   __m512i q;
-  __m512i neg_corr;
   __m512 d;
 };
 
-inline __m512 expand_scales(float d0, float d1) noexcept {
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(d0)),
-                                             _mm256_castps_pd(_mm256_set1_ps(d1)), 1));
+// [d0 ×8, d1 ×8] from two fp16 scales.
+inline __m512 expand_scales(std::uint16_t d0, std::uint16_t d1) noexcept {
+  const __m128 pair = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(d0), d1, 1));
+  const __m512i index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(index, _mm512_castps128_ps512(pair));
 }
 
-inline wstep finish_wstep(__m512i q, float d0, float d1) noexcept {
-  const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), q);
-  return {q, _mm512_sub_epi32(_mm512_setzero_si512(), corr), expand_scales(d0, d1)};
-}
-
+// Σ over a lane's 4 bytes of u·x = Σ q·x + offset · Σ x: the seed removes it.
 struct q8_0_row {
   using block = block_q8_0;
-  // Blocks b and b + 1 (b + 1 may be past the row: zeros, contributing 0).
+  static constexpr int seed_shift = 0;  // u = q + 128: seed −128 · Σ x
+  // Blocks b and b + 1 (b + 1 may be past the row: u = 128 against x = 0 and
+  // a zero scale, contributing 0).
   static wstep load(const block* row, std::size_t b, bool has_second) noexcept {
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs));
     const __m256i hi = has_second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b + 1].qs))
                                   : _mm256_setzero_si256();
-    return finish_wstep(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), h2f(row[b].d),
-                        has_second ? h2f(row[b + 1].d) : 0.0f);
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return {_mm512_xor_si512(q, _mm512_set1_epi8(char(0x80))),
+            expand_scales(row[b].d, has_second ? row[b + 1].d : std::uint16_t{0})};
   }
 };
 
 struct q4_0_row {
   using block = block_q4_0;
+  static constexpr int seed_shift = 4;  // u = q + 8: seed −8 · Σ x = (−128 · Σ x) / 16
   static wstep load(const block* row, std::size_t b, bool has_second) noexcept {
     const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[b].qs));
     const __m128i p1 = has_second ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[b + 1].qs))
-                                  : _mm_set1_epi8(char(0x88));  // nibbles of 8: zero after -8
+                                  : _mm_setzero_si128();  // against x = 0: contributes 0
     const __m256i packed = _mm256_inserti128_si256(_mm256_castsi128_si256(p0), p1, 1);
     const __m256i mask = _mm256_set1_epi8(0x0f);
     const __m256i lo = _mm256_and_si256(packed, mask);                        // [lo0 | lo1]
@@ -301,8 +301,7 @@ struct q4_0_row {
     // Element order per block is 16 low nibbles then 16 high nibbles.
     __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // [lo0 lo1 hi0 hi1]
     q = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(3, 1, 2, 0));            // [lo0 hi0 lo1 hi1]
-    q = _mm512_sub_epi8(q, _mm512_set1_epi8(8));
-    return finish_wstep(q, h2f(row[b].d), has_second ? h2f(row[b + 1].d) : 0.0f);
+    return {q, expand_scales(row[b].d, has_second ? row[b + 1].d : std::uint16_t{0})};
   }
 };
 
@@ -315,9 +314,11 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
   for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
   const std::uint8_t* xu[C];
   const float* xd[C];
+  const std::int32_t* xc[C];
   for (int c = 0; c < C; ++c) {
     xu[c] = a.xu + (t0 + c) * a.xu_stride;
     xd[c] = a.xd + (t0 + c) * a.xd_stride;
+    xc[c] = a.xc + (t0 + c) * a.xd_stride;
   }
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -328,8 +329,9 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
     for (int c = 0; c < C; ++c) {
       const __m512i xv = _mm512_loadu_si512(xu[c] + s * 64);
       const __m512 xs = _mm512_loadu_ps(xd[c] + s * 16);
+      const __m512i seed = _mm512_srai_epi32(_mm512_loadu_si512(xc[c] + s * 16), Row::seed_shift);
       for (int r = 0; r < R; ++r) {
-        const __m512i sum = _mm512_dpbusd_epi32(ws[r].neg_corr, xv, ws[r].q);
+        const __m512i sum = _mm512_dpbusd_epi32(seed, ws[r].q, xv);
         const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), ws[r].d);
         acc[r][c] = _mm512_fmadd_ps(scaled, xs, acc[r][c]);
       }
@@ -930,7 +932,10 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
     const std::size_t re = std::min(row_end, rb + rows_per_block);
     // Ask for the next block's weights while this one computes: with many
     // tokens the block is reused from cache, and the next one arrives in time.
-    if (re < row_end) {
+    // Not for a token or two: the block streams through once, the hardware
+    // prefetcher follows it, and a burst of prefetches only fills the miss
+    // buffers ahead of the loads the tile needs now (27 % of decode time).
+    if (re < row_end && n_tokens >= max_tile_tokens) {
       const std::byte* next = span.row(re);
       const std::size_t bytes = std::min(row_end - re, rows_per_block) * pitch;
       for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off, 0, 2);

@@ -31,6 +31,7 @@ struct activations_access {
     p.xu_stride = (a.k_ / 32 + 1) / 2 * 64;
     p.xd = a.xd_.data();
     p.xd_stride = (a.k_ / 32 + 1) / 2 * 16;
+    p.xc = a.xc_.data();
     p.xk = a.xk_.data();
     p.xk_stride = a.k_ / model::qk_k;
     p.x32 = a.format_ == act_format::q8_1 ? static_cast<const void*>(a.x1_.data()) : a.xq_.data();
@@ -69,10 +70,16 @@ void activations_access::quantize_token(activations& a, const float* x, std::siz
   a.kernels_->quantize_q8_0(x, blocks, a.k_);
   if (!a.kernels_->q8_0_unsigned_layout) return;
   const std::size_t steps = (nb + 1) / 2;
-  std::uint8_t* u = a.xu_.data() + t * steps * 64;
+  auto* u = reinterpret_cast<std::int8_t*>(a.xu_.data()) + t * steps * 64;
   float* d = a.xd_.data() + t * steps * 16;
+  std::int32_t* c = a.xc_.data() + t * steps * 16;
   for (std::size_t b = 0; b < nb; ++b) {
-    for (int i = 0; i < 32; ++i) u[b * 32 + i] = static_cast<std::uint8_t>(blocks[b].qs[i] + 128);
+    std::memcpy(u + b * 32, blocks[b].qs, 32);
+    // vpdpbusd multiplies unsigned by signed bytes: the kernel feeds w + 128
+    // and seeds each lane with −128 · (its 4 activations' sum), exactly.
+    for (int l = 0; l < 8; ++l)
+      c[b * 8 + l] = -128 * (blocks[b].qs[4 * l] + blocks[b].qs[4 * l + 1] + blocks[b].qs[4 * l + 2] +
+                             blocks[b].qs[4 * l + 3]);
     const float scale = model::f16_to_float(blocks[b].d);
     for (int i = 0; i < 8; ++i) d[b * 8 + i] = scale;
   }
@@ -115,8 +122,9 @@ void activations::convert(model::tensor_type type, const float* x, std::size_t x
       xq_.resize(n_tokens * (k / 32));
       if (kernels_->q8_0_unsigned_layout) {
         const std::size_t steps = (k / 32 + 1) / 2;
-        xu_.assign(n_tokens * steps * 64, 128);  // an odd block count pads with q = 0
+        xu_.assign(n_tokens * steps * 64, 0);  // an odd block count pads with q = 0
         xd_.assign(n_tokens * steps * 16, 0.0f);
+        xc_.assign(n_tokens * steps * 16, 0);
       }
       each_token([&](std::size_t t) { activations_access::quantize_token(*this, x + t * x_stride, t); });
       return;

@@ -1,5 +1,7 @@
 #include "engine/det_math.hpp"
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -11,8 +13,9 @@ namespace {
 // Rounds to the nearest integer (ties to even) with the 1.5·2^52 trick: exact
 // for |x| < 2^51, and no libm call.
 double round_even(double x) noexcept {
+  // IEEE semantics (no -ffast-math) forbid folding (x + s) − s to x.
   constexpr double shifter = 6755399441055744.0;  // 1.5 · 2^52
-  volatile double t = x + shifter;  // volatile: keep the rounding add
+  const double t = x + shifter;
   return t - shifter;
 }
 
@@ -45,6 +48,47 @@ double exp(double x) noexcept {
   if (ki < -1000) return scale2(scale2(p, ki + 1000), -1000);
   if (ki > 1000) return scale2(scale2(p, ki - 1000), 1000);
   return scale2(p, ki);
+}
+
+namespace {
+
+// 2^(j/64), j = 0..63, computed at compile time (constants in the binary,
+// so every machine has the same bits): the Taylor series of e^(j·ln2/64).
+constexpr std::array<double, 64> make_exp2_table() {
+  std::array<double, 64> t{};
+  constexpr double ln2 = 0.69314718055994530942;
+  for (int j = 0; j < 64; ++j) {
+    const double r = j * (ln2 / 64.0);
+    double term = 1.0, sum = 1.0;
+    for (int n = 1; n < 30; ++n) {
+      term = term * r / n;
+      sum += term;
+    }
+    t[static_cast<std::size_t>(j)] = sum;
+  }
+  return t;
+}
+constexpr std::array<double, 64> exp2_table = make_exp2_table();
+
+}  // namespace
+
+float expf(float xf) noexcept {
+  const double x = xf;
+  if (x != x) return xf;
+  if (x > 88.8) return std::numeric_limits<float>::infinity();
+  if (x < -104.0) return 0.0f;
+  // x = (64k + j)·ln2/64 + r, |r| ≤ ln2/128: e^x = 2^k · 2^(j/64) · e^r.
+  constexpr double scale = 92.33248261689366;  // 64 / ln2
+  constexpr double ln2_64_hi = 0.01083042469326756;  // ln2/64 to 32 significant bits
+  constexpr double ln2_64_lo = 2.9815858269852933e-12;   // the rest
+  const double kd = round_even(x * scale);
+  const double r = (x - kd * ln2_64_hi) - kd * ln2_64_lo;
+  // e^r to r^5/5!: below 4e-17 relative for |r| ≤ 0.0055.
+  const double p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0)))));
+  const auto n = static_cast<int>(kd);
+  const int j = n & 63;
+  const int k = (n - j) / 64;
+  return static_cast<float>(scale2(exp2_table[static_cast<std::size_t>(j)] * p, k));
 }
 
 double log(double x) noexcept {

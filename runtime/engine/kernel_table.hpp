@@ -57,6 +57,12 @@ struct kernel_table {
   void (*legacy_row_tokens)(model::tensor_type type, const std::byte* row, const void* x,
                             std::size_t x_stride, std::size_t n_tokens, std::size_t nb, float* y,
                             std::size_t y_stride);
+  /// out[i] = dot_f16(q, k + i · stride, n) for i < rows (one KV block).
+  void (*dot_f16_rows)(const float* q, const std::uint16_t* k, std::size_t stride, std::size_t rows,
+                       std::size_t n, float* out);
+  /// For i < rows in order: out[e] = fma(w[i], v[i · stride + e], out[e]).
+  void (*axpy_f16_rows)(const float* w, const std::uint16_t* v, std::size_t stride, std::size_t rows,
+                        std::size_t n, float* out);
 };
 
 /// The table of variant `i` (whether this CPU can run it is the caller's

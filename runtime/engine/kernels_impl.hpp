@@ -998,6 +998,27 @@ inline void axpy_f16(float w, const std::uint16_t* v, float* out, std::size_t n)
   for (; i < n; ++i) out[i] = fma1(w, h2f(v[i]), out[i]);
 }
 
+// Attention over one KV block: `rows` fp16 vectors `stride` elements apart.
+inline void dot_f16_rows(const float* q, const std::uint16_t* k, std::size_t stride, std::size_t rows,
+                         std::size_t n, float* out) {
+  for (std::size_t i = 0; i < rows; ++i) out[i] = dot_f16(q, k + i * stride, n);
+}
+
+// out[e] = fma(w[i], v_i[e], out[e]) for i in order: each 16-lane chunk of
+// `out` stays in a register across the rows (the same operations per element
+// as one axpy per row).
+inline void axpy_f16_rows(const float* w, const std::uint16_t* v, std::size_t stride, std::size_t rows,
+                          std::size_t n, float* out) {
+  std::size_t e = 0;
+  for (; e + 16 <= n; e += 16) {
+    v16 acc = vload(out + e);
+    for (std::size_t i = 0; i < rows; ++i) acc = vfma(vsplat(w[i]), vload_f16(v + i * stride + e), acc);
+    vstore(out + e, acc);
+  }
+  for (; e < n; ++e)
+    for (std::size_t i = 0; i < rows; ++i) out[e] = fma1(w[i], h2f(v[i * stride + e]), out[e]);
+}
+
 void rows_fn(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,
              std::size_t y_stride, std::size_t row_begin, std::size_t row_end) {
   rows(w, a, n_tokens, y, y_stride, row_begin, row_end);
@@ -1008,6 +1029,14 @@ void axpy_f16_fn(float w, const std::uint16_t* v, float* out, std::size_t n) { a
 void kquant_fn(tensor_type type, const std::byte* row, const block_q8_K* x, std::size_t x_stride,
                std::size_t n_tokens, std::size_t nb, float* y, std::size_t y_stride) {
   kq::row_tokens(type, row, x, x_stride, n_tokens, nb, y, y_stride);
+}
+void dot_f16_rows_fn(const float* q, const std::uint16_t* k, std::size_t stride, std::size_t rows, std::size_t n,
+                     float* out) {
+  dot_f16_rows(q, k, stride, rows, n, out);
+}
+void axpy_f16_rows_fn(const float* w, const std::uint16_t* v, std::size_t stride, std::size_t rows, std::size_t n,
+                      float* out) {
+  axpy_f16_rows(w, v, stride, rows, n, out);
 }
 void legacy_fn(tensor_type type, const std::byte* row, const void* x, std::size_t x_stride, std::size_t n_tokens,
                std::size_t nb, float* y, std::size_t y_stride) {

@@ -1,5 +1,6 @@
 #include "engine/llama_forward.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/assert.hpp"
@@ -84,13 +85,21 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
 
   const std::size_t n = std::size_t{tok.pos} + 1;
   scores.resize(n);
-  for (std::uint32_t j = 0; j < n; ++j)
-    scores[j] = kernels_->dot_f16(q, cache_.k(table, layer, j) + kv_head * hd, hd) * scale;
+  // One KV block at a time: its positions' K (and V) vectors are kv_dim apart.
+  const std::uint32_t bt = cache_.layout().block_tokens;
+  const std::size_t stride = config_.kv_dim();
+  for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
+    const std::size_t m = std::min<std::size_t>(bt, n - j0);
+    kernels_->dot_f16_rows(q, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd, scores.data() + j0);
+  }
+  for (std::size_t j = 0; j < n; ++j) scores[j] *= scale;
   softmax(scores.data(), n);
   float* out = att_.data() + t * config_.dim + head * hd;
   for (std::size_t i = 0; i < hd; ++i) out[i] = 0.0f;
-  for (std::uint32_t j = 0; j < n; ++j)
-    kernels_->axpy_f16(scores[j], cache_.v(table, layer, j) + kv_head * hd, out, hd);
+  for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
+    const std::size_t m = std::min<std::size_t>(bt, n - j0);
+    kernels_->axpy_f16_rows(scores.data() + j0, cache_.v(table, layer, j0) + kv_head * hd, stride, m, hd, out);
+  }
 }
 
 void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t layer) {

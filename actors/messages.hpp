@@ -74,7 +74,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
   return f(caf::meta::type_name("exa.deploy_request"), x.name, x.model_file, x.replicas, x.kv_tokens, x.routing,
            x.max_replicas_per_node, x.model_sha256, x.tenant, x.chat_template, x.warm_pool_percent,
-           x.autoscale_min, x.autoscale_max, x.autoscale_metric, x.autoscale_target, x.idle_to_zero_s);
+           x.autoscale_min, x.autoscale_max, x.autoscale_metric, x.autoscale_target, x.idle_to_zero_s,
+           x.draft_model, x.draft_sha256, x.draft_tokens);
 }
 
 }  // namespace exa::api
@@ -132,12 +133,19 @@ struct replica_spec {
   std::string engine = "cpu";   // "cpu" or "null"
   std::string model_sha256;     // "" = not pinned (api::deploy_request::model_sha256)
   bool standby = false;         // warmed, it stands by (the warm pool) instead of taking traffic
+  /// Speculative decoding (api::deploy_request::draft_model): the draft's
+  /// file and digest, loaded through the node's model cache like the model;
+  /// "" = none. draft_tokens 0: the engine's default.
+  std::string draft_model;
+  std::string draft_sha256;
+  std::uint32_t draft_tokens = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_spec& x) {
   return f(caf::meta::type_name("exa.replica_spec"), x.id, x.deployment, x.slot, x.epoch, x.model_file,
-           x.device, x.kv_tokens, x.engine, x.model_sha256, x.standby);
+           x.device, x.kv_tokens, x.engine, x.model_sha256, x.standby, x.draft_model, x.draft_sha256,
+           x.draft_tokens);
 }
 
 /// controller -> replica: stand by (the warm pool: loaded, no new traffic)

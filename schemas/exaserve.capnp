@@ -409,6 +409,18 @@ struct DeployRequest {
   # a built-in or a file where it runs and sends the text), at most 128 KiB.
   # It wins over the gateway's --chat-template and the model file's
   # template. Empty means none.
+
+  draftModel @14 :Text;
+  # Speculative decoding: a draft model's GGUF path on the server, with the
+  # model's vocabulary and at least its context. It proposes tokens the model
+  # verifies (greedy outputs stay the model's own); nodes load it like the
+  # model, and it counts in each replica's memory. Empty means none.
+
+  draftSha256 @15 :Text;
+  # SHA-256 (hex) the draft file must have; empty means not pinned.
+
+  draftTokens @16 :UInt32 = 0;
+  # Tokens the draft proposes per step (1 to 8); 0 means the default (4).
 }
 
 interface Admin {

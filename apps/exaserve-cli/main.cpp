@@ -47,6 +47,9 @@ commands:
          [--chat-template NAME|FILE]   (the deployment's own chat template: a built-in's name
                                         or a Jinja file read HERE and sent as text; it wins over
                                         the gateway's --chat-template and the model file's)
+         [--draft-model F [--draft-sha256 HEX] [--draft-tokens K]]   (speculative decoding: a
+                                        draft GGUF on the server with the model's vocabulary
+                                        proposes K tokens per step, 1-8, default 4)
   undeploy NAME
   scale NAME REPLICAS   (0: cold -- kept, and started again by its next request, which waits)
   drain node N | replica ID [--deadline-s S]
@@ -244,6 +247,16 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
     if (!t) return fail("deploy", t.error());
     req.chat_template = std::move(t->text);
   }
+  req.draft_model = args.get("draft-model");
+  req.draft_sha256 = args.get("draft-sha256");
+  if ((args.has("draft-tokens") || args.has("draft-sha256")) && req.draft_model.empty())
+    return usage_fail("deploy", {"--draft-tokens and --draft-sha256 need --draft-model"});
+  if (args.has("draft-tokens")) {
+    // The engine's bound (engine::max_draft_tokens); the controller checks it again.
+    auto k = parse_uint("--draft-tokens", args.get("draft-tokens"), 8);
+    if (!k || *k == 0) return usage_fail("deploy", {"--draft-tokens must be in [1, 8], got '" + args.get("draft-tokens") + "'"});
+    req.draft_tokens = static_cast<std::uint32_t>(*k);
+  }
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -391,7 +404,8 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"models", {}},
     {"generate", {"model", "max-tokens", "temperature", "seed", "priority"}},
     {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant", "warm-pool-percent",
-                "autoscale-min", "autoscale-max", "autoscale-metric", "autoscale-target", "idle-to-zero-s", "chat-template"}},
+                "autoscale-min", "autoscale-max", "autoscale-metric", "autoscale-target", "idle-to-zero-s", "chat-template",
+                "draft-model", "draft-sha256", "draft-tokens"}},
     {"undeploy", {}},
     {"scale", {}},
     {"drain", {"deadline-s"}},

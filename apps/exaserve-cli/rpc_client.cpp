@@ -288,6 +288,9 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setAutoscaleTarget(request.autoscale_target);
         d.setIdleToZeroS(request.idle_to_zero_s);
         d.setChatTemplate(request.chat_template);
+        d.setDraftModel(request.draft_model);
+        d.setDraftSha256(request.draft_sha256);
+        d.setDraftTokens(request.draft_tokens);
         return req.send().then([](auto) { return true; });
       },
       true);

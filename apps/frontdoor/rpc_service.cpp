@@ -330,6 +330,9 @@ class admin_impl final : public rpc::Admin::Server {
     req.autoscale_target = r.getAutoscaleTarget();
     req.idle_to_zero_s = r.getIdleToZeroS();
     req.chat_template = r.getChatTemplate();
+    req.draft_model = r.getDraftModel();
+    req.draft_sha256 = r.getDraftSha256();
+    req.draft_tokens = r.getDraftTokens();
     if (req.name.empty()) return to_rpc_exception(error{errc::invalid_argument, "deployment name must be given"});
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->deploy(std::move(req), std::move(cb.callback));

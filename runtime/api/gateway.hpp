@@ -248,6 +248,16 @@ struct deploy_request {
   /// jinja::deployment_template_bytes_max bytes). It wins over the
   /// gateway's --chat-template and the model file's. "": none.
   std::string chat_template;
+  /// Speculative decoding (engine/speculative.hpp): a draft model's GGUF
+  /// path, with the deployment model's vocabulary and at least its context,
+  /// whose proposals the model verifies; greedy outputs stay the model's own.
+  /// Nodes load it through their model cache like the model, and its weights
+  /// and KV cache count in each replica's memory. "": none.
+  std::string draft_model;
+  std::string draft_sha256;  // SHA-256 (hex) the draft file must have; "" = not pinned
+  /// Tokens the draft proposes per step, in [1, engine::max_draft_tokens];
+  /// 0: the engine's default. Only with draft_model.
+  std::uint32_t draft_tokens = 0;
   bool operator==(const deploy_request&) const = default;
 };
 

@@ -32,7 +32,8 @@ json to_json(const api::deploy_request& d) {
           {"model_sha256", d.model_sha256}, {"tenant", d.tenant}, {"warm_pool_percent", d.warm_pool_percent},
           {"autoscale_min", d.autoscale_min}, {"autoscale_max", d.autoscale_max},
           {"autoscale_metric", d.autoscale_metric}, {"autoscale_target", d.autoscale_target},
-          {"idle_to_zero_s", d.idle_to_zero_s}, {"chat_template", d.chat_template}};
+          {"idle_to_zero_s", d.idle_to_zero_s}, {"chat_template", d.chat_template},
+          {"draft_model", d.draft_model}, {"draft_sha256", d.draft_sha256}, {"draft_tokens", d.draft_tokens}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -53,6 +54,9 @@ api::deploy_request deploy_from(const json& j) {
   d.autoscale_target = j.value("autoscale_target", 0.0);
   d.idle_to_zero_s = j.value("idle_to_zero_s", 0u);
   d.chat_template = j.value("chat_template", std::string());  // journals before it: none
+  d.draft_model = j.value("draft_model", std::string());      // journals before drafts: none
+  d.draft_sha256 = j.value("draft_sha256", std::string());
+  d.draft_tokens = j.value("draft_tokens", 0u);
   return d;
 }
 

@@ -113,6 +113,34 @@ TEST_CASE("a deployment's announce and deploy request keep its chat template acr
   CHECK(round_trip(sys, d).chat_template == a.chat_template);
 }
 
+TEST_CASE("a deploy request and a replica spec keep their draft model across processes",
+          "[actors][messages][speculative]") {
+  config cfg;
+  caf::actor_system sys{cfg};
+  api::deploy_request d;
+  d.name = "spec";
+  d.chat_template = "{{ bos_token }}";
+  d.draft_model = "/models/draft.gguf";
+  d.draft_sha256 = std::string(64, 'c');
+  d.draft_tokens = 5;
+  CHECK(round_trip(sys, d) == d);
+
+  actors::replica_spec r;
+  r.id = 7;
+  r.deployment = "spec";
+  r.model_file = "/models/target.gguf";
+  r.standby = true;
+  r.draft_model = d.draft_model;
+  r.draft_sha256 = d.draft_sha256;
+  r.draft_tokens = 5;
+  const auto r2 = round_trip(sys, r);
+  CHECK(r2.id == 7);
+  CHECK(r2.standby);
+  CHECK(r2.draft_model == d.draft_model);
+  CHECK(r2.draft_sha256 == d.draft_sha256);
+  CHECK(r2.draft_tokens == 5);
+}
+
 TEST_CASE("a deploy request keeps its warm pool and autoscaling across processes", "[actors][messages]") {
   // A gateway process hands `exaserve-cli deploy` to a remote controller: a
   // field left out of inspect arrives as its default, silently.

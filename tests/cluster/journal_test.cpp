@@ -276,3 +276,41 @@ TEST_CASE("journals written before per-deployment chat templates still load, wit
   CHECK(j->state().deployments.at("old").replicas == 2);
   CHECK(j->state().deployments.at("old").chat_template.empty());
 }
+
+TEST_CASE("a deployment's draft model survives the log and the snapshot; older journals load with none",
+          "[journal][speculative]") {
+  api::deploy_request d = dep("spec", 2);
+  d.draft_model = "/models/draft.gguf";
+  d.draft_sha256 = std::string(64, 'b');
+  d.draft_tokens = 6;
+  const auto dir = fresh_dir("draft-model");
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j);
+    REQUIRE(j->append(journal_record::deploy(d)));
+  }
+  auto again = journal::open(dir);
+  REQUIRE(again);
+  CHECK(again->state().deployments.at("spec") == d);
+  REQUIRE(again->snapshot());
+  auto from_snapshot = journal::open(dir);
+  REQUIRE(from_snapshot);
+  CHECK(from_snapshot->state().deployments.at("spec") == d);
+  CHECK(from_snapshot->state().deployments.at("spec").draft_tokens == 6);
+
+  // The chat-template test's old record has no draft keys: none, default k.
+  const auto old_dir = fresh_dir("draft-model-old");
+  std::filesystem::create_directories(old_dir);
+  const std::string payload =
+      R"({"op":"deploy","deployment":{"name":"old","model_file":"/m.gguf","replicas":1,"kv_tokens":0,)"
+      R"("routing":"","max_replicas_per_node":0}})";
+  std::string frame;
+  for (std::uint32_t v : {static_cast<std::uint32_t>(payload.size()), crc32(payload.data(), payload.size())})
+    for (int i = 0; i < 4; ++i) frame.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  std::ofstream(old_dir + "/journal.log", std::ios::binary) << frame << payload;
+  auto old = journal::open(old_dir);
+  REQUIRE(old);
+  CHECK(old->state().deployments.at("old").draft_model.empty());
+  CHECK(old->state().deployments.at("old").draft_sha256.empty());
+  CHECK(old->state().deployments.at("old").draft_tokens == 0);
+}

@@ -224,3 +224,26 @@ TEST_CASE("cli deploy --chat-template reads the file where it runs and sends its
   CHECK(r.err.find("chat template 'no-such-template' is neither a built-in") != std::string::npos);
   CHECK(s.backend->admin_log().size() == before);
 }
+
+TEST_CASE("cli deploy --draft-model sends the draft over RPC; bad draft flags never reach the server",
+          "[cli][speculative]") {
+  test_server s;
+  const std::string sha(64, 'd');
+  auto r = run_cli(s.rpc_port(), {"deploy", "--name", "spec", "--draft-model", "/models/draft.gguf", "--draft-sha256",
+                                  sha, "--draft-tokens", "3"});
+  CHECK(r.exit_code == 0);
+  CHECK(s.backend->admin_log().back().find(" draft_model=/models/draft.gguf draft_sha256=" + sha + " draft_tokens=3") !=
+        std::string::npos);
+  r = run_cli(s.rpc_port(), {"deploy", "--name", "spec2", "--draft-model", "/models/draft.gguf"});
+  CHECK(r.exit_code == 0);
+  CHECK(s.backend->admin_log().back().find(" draft_model=/models/draft.gguf draft_sha256= draft_tokens=0") !=
+        std::string::npos);
+  const auto before = s.backend->admin_log().size();
+  r = run_cli(s.rpc_port(), {"deploy", "--name", "x", "--draft-model", "/d.gguf", "--draft-tokens", "9"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--draft-tokens must be in [1, 8], got '9'") != std::string::npos);
+  r = run_cli(s.rpc_port(), {"deploy", "--name", "x", "--draft-tokens", "2"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("need --draft-model") != std::string::npos);
+  CHECK(s.backend->admin_log().size() == before);
+}

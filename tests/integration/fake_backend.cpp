@@ -295,6 +295,9 @@ void fake_backend::deploy(api::deploy_request request, std::function<void(expect
       admin_log_.push_back("deploy name=" + request.name + " model_file=" + request.model_file +
                            " replicas=" + std::to_string(request.replicas) +
                            " kv_tokens=" + std::to_string(request.kv_tokens) + " routing=" + request.routing +
+                           (request.draft_model.empty() ? "" : " draft_model=" + request.draft_model +
+                                                                    " draft_sha256=" + request.draft_sha256 +
+                                                                    " draft_tokens=" + std::to_string(request.draft_tokens)) +
                            (request.chat_template.empty() ? "" : " chat_template=" + request.chat_template));
       std::erase_if(models_, [&](const auto& m) { return m.name == request.name; });
       const std::string file = request.model_file.empty() ? "default.gguf" : request.model_file;

@@ -60,6 +60,17 @@ expected<memory_breakdown> estimate(const model_shape& model, const replica_conf
   m.activations_bytes = std::uint64_t{config.max_batch_tokens} * per_token * f32_bytes +
                         std::uint64_t{config.max_batch_sequences} * model.vocab_size * f32_bytes;
   m.overhead_bytes = config.replica_overhead_bytes;
+  if (config.draft) {
+    replica_config alone = config;
+    alone.draft.reset();
+    alone.tensor_parallel = 1;
+    alone.replica_overhead_bytes = 0;
+    auto d = estimate(*config.draft, alone);
+    if (!d) return make_error(d.error().code, "draft model: " + d.error().message);
+    m.weights_bytes += d->weights_bytes;
+    m.kv_bytes += d->kv_bytes;
+    m.activations_bytes += d->activations_bytes;
+  }
   return m;
 }
 

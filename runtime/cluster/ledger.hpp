@@ -41,6 +41,10 @@ struct replica_config {
   std::uint32_t max_batch_sequences = 1;
   /// Fixed framework cost per replica shard (device_spec::replica_overhead_bytes).
   std::uint64_t replica_overhead_bytes = 0;
+  /// A draft model for speculative decoding (engine/speculative.hpp), none
+  /// if empty. The engine keeps it whole beside each shard, with a KV cache
+  /// of as many tokens as the replica's and its own activations.
+  std::optional<model_shape> draft;
 };
 
 /// What one replica holds on each device of its TP group.
@@ -67,6 +71,8 @@ struct memory_breakdown {
 ///                 output, FFN gate and up; then the logits. Not divided by tp:
 ///                 a deliberate over-reserve, small next to weights and KV.)
 ///   overhead    = replica_overhead_bytes
+/// With a draft, its weights, KV (kv_tokens of it) and activations, computed
+/// alike unsharded (tp 1), add to the weights, KV and activations.
 /// Errors (invalid_argument, naming the field): an invalid shape, tp not in
 /// {1, 2, 4, 8} or not dividing n_heads, a size out of bounds.
 expected<memory_breakdown> estimate(const model_shape& model, const replica_config& config);

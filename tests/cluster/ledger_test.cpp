@@ -104,6 +104,40 @@ TEST_CASE("estimate refuses bad configurations, naming them", "[ledger]") {
   CHECK_THAT(estimate(broken, replica_config{}).error().message, Contains("n_kv_heads"));
 }
 
+TEST_CASE("estimate: a draft model adds its weights, KV and activations, unsharded", "[ledger][speculative]") {
+  const model_shape target = preset("llama-3-8b");
+  const model_shape draft = preset("tiny");
+  replica_config c;
+  c.kv_tokens = 4096;
+  c.max_batch_tokens = 256;
+  const auto alone = estimate(target, c);
+  REQUIRE(alone);
+  replica_config draft_alone = c;
+  const auto d = estimate(draft, draft_alone);
+  REQUIRE(d);
+  c.draft = draft;
+  const auto both = estimate(target, c);
+  REQUIRE(both);
+  CHECK(both->weights_bytes == alone->weights_bytes + d->weights_bytes);
+  CHECK(both->kv_bytes == alone->kv_bytes + 4096 * draft.kv_bytes_per_token());
+  CHECK(both->activations_bytes == alone->activations_bytes + d->activations_bytes);
+  CHECK(both->overhead_bytes == alone->overhead_bytes);
+  // At TP 2 the target shards; each shard keeps the whole draft.
+  c.tensor_parallel = 2;
+  const auto tp2 = estimate(target, c);
+  REQUIRE(tp2);
+  CHECK(tp2->weights_bytes == (target.weight_bytes + 1) / 2 + d->weights_bytes);
+  // A draft whose shape is broken is named.
+  model_shape broken = draft;
+  broken.n_kv_heads = 3;
+  c.draft = broken;
+  CHECK_THAT(estimate(target, c).error().message, Contains("draft model: "));
+  // A replica that fits alone may not with its draft.
+  device_ledger l(alone->total_bytes());
+  CHECK(l.can_admit(*alone));
+  CHECK_FALSE(l.can_admit(*both));
+}
+
 TEST_CASE("device ledger admits, refuses and releases", "[ledger]") {
   device_ledger l(80 * gib_bytes);
   CHECK(l.free_bytes() == 80 * gib_bytes);

@@ -108,6 +108,13 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->prefix_cached_blocks = must(r.register_gauge(
       "exaserve_prefix_cache_blocks", "KV blocks a replica's prefix cache holds now, in use or evictable.",
       {"replica"}));
+  m->draft_proposed_tokens = must(r.register_counter(
+      "exaserve_draft_proposed_tokens_total",
+      "Speculative decoding: tokens the draft models of a deployment's replicas proposed and the model verified.",
+      {"model"}));
+  m->draft_accepted_tokens = must(r.register_counter(
+      "exaserve_draft_accepted_tokens_total",
+      "Of the draft tokens verified, those the model accepted (acceptance rate = accepted / proposed).", {"model"}));
   return m;
 }
 

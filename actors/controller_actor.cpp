@@ -14,6 +14,7 @@
 #include "cluster/model_ref.hpp"
 #include "cluster/model_shape.hpp"
 #include "cluster/routing.hpp"
+#include "engine/speculative.hpp"
 #include "model/file_digest.hpp"
 #include "model/llama_model.hpp"
 #include "template/chat_template.hpp"
@@ -101,6 +102,9 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   spec.kv_tokens = static_cast<std::uint32_t>(dep.spec.replica.kv_tokens);
   spec.engine = st.config.engine;
   spec.model_sha256 = dep.model_sha256;
+  spec.draft_model = dep.draft_model;
+  spec.draft_sha256 = dep.draft_sha256;
+  spec.draft_tokens = dep.draft_tokens;
   // Serving places first; once the deployment has its serving count, a new
   // replica stands by (the warm pool), whatever its slot.
   std::uint32_t serving = 0;
@@ -805,6 +809,34 @@ void on_degraded_check(self_ptr self, const degraded_check& m) {
   if (!ok) spdlog::error("event=replica_drain_refused replica={} error=\"{}\"", m.id, to_string(ok.error()));
 }
 
+// A deployment's draft (api::deploy_request::draft_model): checked against
+// its model here, where the deploy is refused with both files named, rather
+// than on every node; its shape joins the replica's memory estimate.
+expected<void> add_draft(controller_state::deployment& dep, const api::deploy_request& req,
+                         const model::llama_model* target) {
+  const std::string who = "deployment '" + req.name + "': ";
+  if (req.draft_model.empty()) {
+    if (req.draft_tokens != 0 || !req.draft_sha256.empty())
+      return make_error(errc::invalid_argument, who + "draft_tokens and draft_sha256 need a draft_model");
+    return {};
+  }
+  if (!req.draft_sha256.empty() && !model::is_sha256_hex(req.draft_sha256))
+    return make_error(errc::invalid_argument, who + "draft sha256 must be 64 hex digits, got '" + req.draft_sha256 + "'");
+  if (!target)
+    return make_error(errc::invalid_argument, who + "a draft model needs a model file to draft for, not the preset '" +
+                                                  dep.model_file + "'");
+  auto draft = model::llama_model::load(req.draft_model);
+  if (!draft) return make_error(draft.error().code, who + "draft model: " + draft.error().message);
+  const auto k = req.draft_tokens ? req.draft_tokens : engine::default_draft_tokens;
+  if (auto ok = engine::check_draft(*target, **draft, k); !ok)
+    return make_error(ok.error().code, who + ok.error().message);
+  dep.draft_model = req.draft_model;
+  dep.draft_sha256 = model::normalize_sha256(req.draft_sha256);
+  dep.draft_tokens = req.draft_tokens;
+  dep.spec.replica.draft = cluster::model_shape_from(**draft);
+  return {};
+}
+
 // Validates a deploy request and reads the model's shape. Errors are the
 // caller's to fix (bad name, file, policy, counts).
 expected<controller_state::deployment> make_deployment(self_ptr self, const api::deploy_request& req,
@@ -834,12 +866,14 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   if (ref->is_preset()) {  // simulation: a published shape, no weights
     dep.spec.model = *ref->preset;
     dep.facts = {"simulated", std::string(cluster::to_string(dep.spec.model.weight_precision)), ""};
+    if (auto ok = add_draft(dep, req, nullptr); !ok) return std::unexpected(ok.error());
   } else {
     // Read for its shape only: nodes and gateways open the file themselves.
     auto model = model::llama_model::load(file);
     if (!model) return std::unexpected(model.error());
     dep.spec.model = cluster::model_shape_from(**model);
     dep.facts = model::describe_model((*model)->file());
+    if (auto ok = add_draft(dep, req, model->get()); !ok) return std::unexpected(ok.error());
   }
   dep.routing = routing;
   dep.spec.name = req.name;

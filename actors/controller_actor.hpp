@@ -155,6 +155,9 @@ struct controller_state {
     std::string routing;
     std::string tenant;  // "" = shared
     std::string chat_template;  // api::deploy_request::chat_template (text; "" = none)
+    std::string draft_model;    // api::deploy_request::draft_model ("" = none), checked against the model
+    std::string draft_sha256;   // "" = not pinned
+    std::uint32_t draft_tokens = 0;  // 0: the engine's default
     /// Replicas taking traffic, as deploy, scale and the autoscaler set
     /// them; spec.replicas is this plus the warm pool (pool_size).
     std::uint32_t serving = 0;

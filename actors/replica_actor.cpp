@@ -111,6 +111,17 @@ void export_prefix_stats(replica_actor_state& st, const engine::engine_stats& s)
   }
   cluster_metrics::series(m.prefix_cached_blocks, std::to_string(st.ctx.spec.id))
       ->set(static_cast<double>(s.prefix_cached_blocks));
+  EXA_ASSERT_MSG(s.draft_accepted_tokens <= s.draft_proposed_tokens, "draft tokens accepted exceed those proposed");
+  if (s.draft_proposed_tokens > st.draft_proposed_exported) {
+    cluster_metrics::series(m.draft_proposed_tokens, st.ctx.spec.deployment)
+        ->inc(s.draft_proposed_tokens - st.draft_proposed_exported);
+    st.draft_proposed_exported = s.draft_proposed_tokens;
+  }
+  if (s.draft_accepted_tokens > st.draft_accepted_exported) {
+    cluster_metrics::series(m.draft_accepted_tokens, st.ctx.spec.deployment)
+        ->inc(s.draft_accepted_tokens - st.draft_accepted_exported);
+    st.draft_accepted_exported = s.draft_accepted_tokens;
+  }
 }
 
 void report_load(self_ptr self, bool force) {
@@ -384,6 +395,14 @@ expected<std::shared_ptr<engine::inference_engine>> make_engine(const replica_ac
   engine::cpu_engine_config ec;
   ec.kv_block_tokens = static_cast<std::uint32_t>(std::min<std::size_t>(256, res.page_bytes / token_bytes));
   ec.kv_max_blocks = (spec.kv_tokens + ec.kv_block_tokens - 1) / ec.kv_block_tokens;
+  if (st.draft) {
+    // Checked again here: the node's files are what the engine runs, and
+    // they need not be the ones the controller read.
+    const auto k = spec.draft_tokens ? spec.draft_tokens : engine::default_draft_tokens;
+    if (auto ok = engine::check_draft(*st.model, *st.draft, k); !ok) return std::unexpected(ok.error());
+    ec.draft = st.draft;
+    ec.draft_tokens = k;
+  }
   return std::make_shared<engine::cpu_engine>(st.model, *res.pool, *res.threads, ec);
 }
 
@@ -429,6 +448,25 @@ void start_simulated(self_ptr self) {
           [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
 }
 
+// The draft (speculative decoding), from the node's model cache like the
+// model and pinned there alike; then the engine.
+void acquire_draft(self_ptr self) {
+  auto& st = self->state;
+  if (st.ctx.spec.draft_model.empty() || st.ctx.spec.engine != "cpu") return start_with_resources(self);
+  st.draft_requested = true;
+  self->request(st.ctx.model_cache, caf::infinite, acquire_model{st.ctx.spec.draft_model, st.ctx.spec.draft_sha256})
+      .then(
+          [=](const model_handle& h) {
+            if (!h.model) {
+              self->state.draft_requested = false;
+              return fail(self, "draft model load failed: " + h.error.message);
+            }
+            self->state.draft = h.model;
+            start_with_resources(self);
+          },
+          [=](const caf::error& err) { fail(self, "model cache unavailable: " + caf::to_string(err)); });
+}
+
 void start(self_ptr self) {
   auto& st = self->state;
   if (st.ctx.spec.engine == "sim") return start_simulated(self);
@@ -441,7 +479,7 @@ void start(self_ptr self) {
           return fail(self, "model load failed: " + h.error.message);
         }
         self->state.model = h.model;
-        start_with_resources(self);
+        acquire_draft(self);
       },
       [=](const caf::error& err) { fail(self, "model cache unavailable: " + caf::to_string(err)); });
 }
@@ -533,6 +571,8 @@ replica_actor_state::~replica_actor_state() {
   // when it was asked for and had not arrived yet (the cache pins it anyway).
   if ((model || model_requested) && ctx.model_cache)
     caf::anon_send(ctx.model_cache, release_model{ctx.spec.model_file, ctx.spec.model_sha256});
+  if ((draft || draft_requested) && ctx.model_cache)
+    caf::anon_send(ctx.model_cache, release_model{ctx.spec.draft_model, ctx.spec.draft_sha256});
 }
 
 caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, replica_context ctx) {

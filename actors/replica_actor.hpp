@@ -53,6 +53,7 @@ struct replica_actor_state {
   replica_context ctx;
   cluster::replica_state state = cluster::replica_state::creating;
   std::shared_ptr<const model::llama_model> model;
+  std::shared_ptr<const model::llama_model> draft;  // spec.draft_model, loaded; null without one
   // Declared before the engine so they are destroyed after it.
   std::shared_ptr<engine::block_pool> pool;
   std::shared_ptr<engine::thread_pool> threads;
@@ -76,9 +77,12 @@ struct replica_actor_state {
   /// engine's count from its start; the metrics grow by the difference).
   std::uint64_t prefix_lookup_exported = 0;
   std::uint64_t prefix_hit_exported = 0;
+  std::uint64_t draft_proposed_exported = 0;  // the same for speculative decoding's counters
+  std::uint64_t draft_accepted_exported = 0;
   std::optional<cluster::degradation_detector> health;  // set at start from ctx.degradation
   bool probe_out = false;
   bool model_requested = false;  // acquire_model sent: released at the end even if the answer never came
+  bool draft_requested = false;  // the same for spec.draft_model
   bool fenced_while_draining = false;  // logged once  // a probe (warm-up id) is in the engine
   static inline const char* name = "replica";
   ~replica_actor_state();

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "args.hpp"
+#include "engine/speculative.hpp"
 #include "template/chat_template.hpp"
 
 namespace exa::app {
@@ -67,6 +68,15 @@ setter template_setter(std::string& dst, const std::string& deployment) {
     auto t = jinja::resolve_template_override(v);
     if (!t) return make_error(t.error().code, what + " of deployment '" + deployment + "': " + t.error().message);
     dst = std::move(t->text);
+    return {};
+  };
+}
+
+// A file path that must be given (an empty one would silently mean "none").
+setter path_setter(std::string& dst) {
+  return [&dst](const std::string& v, const std::string& what) -> expected<void> {
+    if (v.empty()) return make_error(errc::invalid_argument, what + " needs a file (leave the key out for none)");
+    dst = v;
     return {};
   };
 }
@@ -143,7 +153,18 @@ std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
           {"autoscale_metric", string_setter(d.autoscale_metric)},
           {"autoscale_target", positive_double_setter(d.autoscale_target)},
           {"idle_to_zero_s", uint_setter(d.idle_to_zero_s, 0, 604800)},
-          {"chat_template", template_setter(d.chat_template, d.name)}};
+          {"chat_template", template_setter(d.chat_template, d.name)},
+          {"draft_model", path_setter(d.draft_model)},
+          {"draft_sha256", string_setter(d.draft_sha256)},
+          {"draft_tokens", uint_setter(d.draft_tokens, 1, engine::max_draft_tokens)}};
+}
+
+// Keys that only mean something together, checked once the file is read.
+expected<void> check_deployment(const api::deploy_request& d) {
+  if (d.draft_model.empty() && (d.draft_tokens != 0 || !d.draft_sha256.empty()))
+    return make_error(errc::invalid_argument,
+                      "deployment '" + d.name + "': draft_tokens and draft_sha256 need draft_model (a draft GGUF file)");
+  return {};
 }
 
 }  // namespace
@@ -195,6 +216,8 @@ expected<void> apply_config_text(const std::string& text, serve_config& config) 
     if (it == keys.end()) return make_error(errc::invalid_argument, where + ": unknown key '" + key + "' in [" + section + "]");
     if (auto ok = it->second(value, where + ": " + key); !ok) return ok;
   }
+  for (const auto& d : config.cluster.deployments)
+    if (auto ok = check_deployment(d); !ok) return ok;
   return {};
 }
 

@@ -15,7 +15,9 @@
 //                             warm_pool_percent, autoscale_*, idle_to_zero_s,
 //                             chat_template (built-in name or file, read and
 //                             compiled while parsing: the deployment carries
-//                             the text; it wins over [cluster] chat_template)
+//                             the text; it wins over [cluster] chat_template),
+//                             draft_model (a draft GGUF for speculative
+//                             decoding), draft_sha256, draft_tokens (1-8)
 
 #include <cstdint>
 #include <string>

@@ -343,13 +343,12 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
 
 #elif defined(EXA_K_AVX2)
 
-// The 8 int32 sums of 4 adjacent products of two int8 blocks (lane j: bytes
-// 4j..4j+3), exact: maddubs pairs stay within int16 since |w| ≤ 128, |x| ≤ 127.
-inline __m256i dot_i8x32(__m256i w, __m256i x) noexcept {
-  // maddubs multiplies unsigned by signed bytes: move w's sign onto x.
-  const __m256i aw = _mm256_sign_epi8(w, w);
-  const __m256i sx = _mm256_sign_epi8(x, w);
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+// maddubs multiplies unsigned by signed bytes: |w| (once per row and block)
+// against x carrying w's sign (per token). |w| ≤ 128 reads correctly as
+// unsigned and |x| ≤ 127, so the int16 pair sums cannot saturate; madd with
+// ones then gives 8 exact int32 sums of 4 products (lane j: bytes 4j..4j+3).
+inline __m256i dot_i8x32(__m256i abs_w, __m256i w, __m256i x) noexcept {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
 struct q8_0_row {
@@ -370,7 +369,40 @@ struct q4_0_row {
   }
 };
 
-// Lanes 0-7 come from block 2s, lanes 8-15 from block 2s + 1: two registers.
+// One half of the 16 lanes: lanes 0-7 take blocks 0, 2, 4, ... (h = 0),
+// lanes 8-15 blocks 1, 3, 5, ... (h = 1). The halves never meet until the
+// final tree, so they can be computed together (decode: every weight byte
+// read once) or one after the other (more tokens: twice the tiles fit the 16
+// registers, and the second pass finds the row block in cache).
+template <class Row, int R, int C>
+void quant_half(const typename Row::block* const* rows, const block_q8_0* const* xs, std::size_t nb, int h,
+                __m256 (&acc)[R][C]) noexcept {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (std::size_t b = static_cast<std::size_t>(h); b < nb; b += 2) {
+    __m256i wv[R], aw[R];
+    __m256 wd[R];
+    for (int r = 0; r < R; ++r) {
+      wv[r] = Row::load(rows[r][b]);
+      aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
+      wd[r] = _mm256_set1_ps(h2f(rows[r][b].d));
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b].qs));
+      const __m256 xd = _mm256_set1_ps(h2f(xs[c][b].d));
+      for (int r = 0; r < R; ++r) {
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(aw[r], wv[r], xv)), wd[r]);
+        acc[r][c] = _mm256_fmadd_ps(scaled, xd, acc[r][c]);
+      }
+    }
+  }
+  // An odd block count: the last step's missing block adds fma(0, 0, acc),
+  // as the AVX-512 kernel does.
+  if (h == 1 && nb % 2 == 1)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), acc[r][c]);
+}
+
 template <class Row, int R, int C>
 void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0, float* y,
                 std::size_t y_stride) noexcept {
@@ -380,35 +412,37 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
   for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
   const block_q8_0* xs[C];
   for (int c = 0; c < C; ++c) xs[c] = a.xq + (t0 + c) * a.xq_stride;
-  __m256 acc[R][C][2];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
-  for (std::size_t b = 0; b < nb; b += 2) {
-    const int halves = b + 1 < nb ? 2 : 1;
-    for (int h = 0; h < halves; ++h) {
-      __m256i wv[R];
-      __m256 wd[R];
+  if constexpr (C >= 2) {
+    __m256 lo[R][C], hi[R][C];
+    quant_half<Row, R, C>(rows, xs, nb, 0, lo);
+    quant_half<Row, R, C>(rows, xs, nb, 1, hi);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) y[(t0 + c) * y_stride + r0 + r] = vhsum(v16{lo[r][c], hi[r][c]});
+  } else {
+    // One token (decode): both halves in one pass, each weight byte read once
+    // while it streams in from memory.
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const auto step = [&](std::size_t b, int h) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[0][b].qs));
+      const __m256 xd = _mm256_set1_ps(h2f(xs[0][b].d));
       for (int r = 0; r < R; ++r) {
-        wv[r] = Row::load(rows[r][b + h]);
-        wd[r] = _mm256_set1_ps(h2f(rows[r][b + h].d));
+        const __m256i wv = Row::load(rows[r][b]);
+        const __m256i prod = dot_i8x32(_mm256_sign_epi8(wv, wv), wv, xv);
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(h2f(rows[r][b].d)));
+        acc[r][h] = _mm256_fmadd_ps(scaled, xd, acc[r][h]);
       }
-      for (int c = 0; c < C; ++c) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b + h].qs));
-        const __m256 xd = _mm256_set1_ps(h2f(xs[c][b + h].d));
-        for (int r = 0; r < R; ++r) {
-          const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(wv[r], xv)), wd[r]);
-          acc[r][c][h] = _mm256_fmadd_ps(scaled, xd, acc[r][c][h]);
-        }
-      }
+    };
+    std::size_t b = 0;
+    for (; b + 2 <= nb; b += 2) {  // constant half indices keep acc in registers
+      step(b, 0);
+      step(b + 1, 1);
     }
-    if (halves == 1)  // the missing odd block: zeros, as the AVX-512 kernel adds them
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c)
-          acc[r][c][1] = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), acc[r][c][1]);
+    if (b < nb) step(b, 0);
+    if (nb % 2 == 1)  // the missing odd block, as in quant_half
+      for (int r = 0; r < R; ++r) acc[r][1] = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), acc[r][1]);
+    for (int r = 0; r < R; ++r) y[t0 * y_stride + r0 + r] = vhsum(v16{acc[r][0], acc[r][1]});
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c)
-      y[(t0 + c) * y_stride + r0 + r] = vhsum(v16{acc[r][c][0], acc[r][c][1]});
 }
 
 #else  // scalar
@@ -863,7 +897,7 @@ constexpr int quant_rows(int c) { return c == 1 ? 8 : c == 2 ? 6 : c == 3 ? 4 : 
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
 constexpr int float_rows(int c) { return c == 1 ? 4 : c == 2 ? 2 : 1; }
-constexpr int quant_rows(int c) { return c == 1 ? 4 : c == 2 ? 2 : 1; }
+constexpr int quant_rows(int c) { return c == 1 ? 4 : c == 2 ? 3 : 2; }
 #else
 constexpr int float_rows(int) { return 1; }
 constexpr int quant_rows(int) { return 1; }

@@ -893,18 +893,18 @@ inline void row_tokens(tensor_type type, const std::byte* row, const void* x, st
 // Tile heights per token count: what fits in the registers next to the loads.
 #if defined(EXA_K_AVX512)
 constexpr int float_rows(int c) { return c == 1 ? 8 : c == 2 ? 8 : 4; }
-constexpr int quant_rows(int c) { return c == 1 ? 8 : c == 2 ? 6 : c == 3 ? 4 : 4; }
+constexpr int quant_rows(int c) { return c == 1 ? 16 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
 constexpr int float_rows(int c) { return c == 1 ? 4 : c == 2 ? 2 : 1; }
-constexpr int quant_rows(int c) { return c == 1 ? 4 : c == 2 ? 3 : 2; }
+constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 3 : 2; }
 #else
 constexpr int float_rows(int) { return 1; }
 constexpr int quant_rows(int) { return 1; }
 #endif
 constexpr int max_tile_tokens = 4;
 // Every tile height divides this, so only a matrix's last rows use 1-row tiles.
-constexpr std::size_t row_multiple = 24;
+constexpr std::size_t row_multiple = 48;
 // Weight rows processed together across all token tiles, sized so their bytes
 // stay in L1/L2 while every token streams past them.
 constexpr std::size_t row_block_bytes = 32 * 1024;

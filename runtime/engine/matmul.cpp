@@ -16,7 +16,7 @@ using model::tensor_type;
 
 // Every tile height of every kernel variant divides this (kernels_impl.hpp):
 // threads take whole groups of it.
-constexpr std::size_t row_multiple = 24;
+constexpr std::size_t row_multiple = 48;
 
 }  // namespace
 

@@ -343,12 +343,74 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
 
 #elif defined(EXA_K_AVX2)
 
+// The 256-bit kernel below (q256) is the AVX2 variant's.
+
+#else  // scalar
+
+struct q8_0_row {
+  using block = block_q8_0;
+  static int value(const block& b, int i) noexcept { return b.qs[i]; }
+};
+
+struct q4_0_row {
+  using block = block_q4_0;
+  static int value(const block& b, int i) noexcept {
+    const int nib = i < 16 ? (b.qs[i] & 0x0f) : (b.qs[i - 16] >> 4);
+    return nib - 8;
+  }
+};
+
+template <class Row, int R, int C>
+void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0, float* y,
+                std::size_t y_stride) noexcept {
+  using block = typename Row::block;
+  const std::size_t nb = w.cols / 32;
+  for (int r = 0; r < R; ++r) {
+    const auto* row = reinterpret_cast<const block*>(w.row(r0 + r));
+    for (int c = 0; c < C; ++c) {
+      const block_q8_0* x = a.xq + (t0 + c) * a.xq_stride;
+      v16 acc = vzero();
+      for (std::size_t b = 0; b < nb; b += 2) {
+        for (int l = 0; l < 16; ++l) {
+          const std::size_t blk = b + static_cast<std::size_t>(l / 8);
+          float scaled = 0.0f, d_x = 0.0f;
+          if (blk < nb) {
+            int isum = 0;
+            for (int i = 4 * (l % 8); i < 4 * (l % 8) + 4; ++i) isum += Row::value(row[blk], i) * x[blk].qs[i];
+            scaled = static_cast<float>(isum) * h2f(row[blk].d);
+            d_x = h2f(x[blk].d);
+          }
+          acc.v[l] = __builtin_fmaf(scaled, d_x, acc.v[l]);
+        }
+      }
+      y[(t0 + c) * y_stride + r0 + r] = vhsum(acc);
+    }
+  }
+}
+
+#endif
+
+#if defined(EXA_K_HAS_AVX2)
+// The 256-bit q8_0/q4_0 kernel: the AVX2 variant's for every tile, and the
+// AVX-512 variant's for one token (decode), where per-row latency rather than
+// width bounds the GEMV and 256-bit steps with more rows in flight win. Same
+// lanes, same operations: bitwise the AVX-512 tile's results.
+namespace q256 {
+
+// The 16-lane tree (vhsum) over lanes 0-7 in `lo` and 8-15 in `hi`.
+inline float tree16(__m256 lo, __m256 hi) noexcept { return hsum8(_mm256_add_ps(lo, hi)); }
+
 // maddubs multiplies unsigned by signed bytes: |w| (once per row and block)
 // against x carrying w's sign (per token). |w| ≤ 128 reads correctly as
 // unsigned and |x| ≤ 127, so the int16 pair sums cannot saturate; madd with
 // ones then gives 8 exact int32 sums of 4 products (lane j: bytes 4j..4j+3).
+// With AVX-512 VNNI (VL) one vpdpbusd on ymm gives the same exact sums.
 inline __m256i dot_i8x32(__m256i abs_w, __m256i w, __m256i x) noexcept {
+#if defined(EXA_K_AVX512)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, _mm256_sign_epi8(x, w));
+#else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+#endif
 }
 
 struct q8_0_row {
@@ -417,7 +479,7 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
     quant_half<Row, R, C>(rows, xs, nb, 0, lo);
     quant_half<Row, R, C>(rows, xs, nb, 1, hi);
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) y[(t0 + c) * y_stride + r0 + r] = vhsum(v16{lo[r][c], hi[r][c]});
+      for (int c = 0; c < C; ++c) y[(t0 + c) * y_stride + r0 + r] = tree16(lo[r][c], hi[r][c]);
   } else {
     // One token (decode): both halves in one pass, each weight byte read once
     // while it streams in from memory.
@@ -441,53 +503,17 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
     if (b < nb) step(b, 0);
     if (nb % 2 == 1)  // the missing odd block, as in quant_half
       for (int r = 0; r < R; ++r) acc[r][1] = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), acc[r][1]);
-    for (int r = 0; r < R; ++r) y[t0 * y_stride + r0 + r] = vhsum(v16{acc[r][0], acc[r][1]});
+    for (int r = 0; r < R; ++r) y[t0 * y_stride + r0 + r] = tree16(acc[r][0], acc[r][1]);
   }
 }
 
-#else  // scalar
+}  // namespace q256
+#endif
 
-struct q8_0_row {
-  using block = block_q8_0;
-  static int value(const block& b, int i) noexcept { return b.qs[i]; }
-};
-
-struct q4_0_row {
-  using block = block_q4_0;
-  static int value(const block& b, int i) noexcept {
-    const int nib = i < 16 ? (b.qs[i] & 0x0f) : (b.qs[i - 16] >> 4);
-    return nib - 8;
-  }
-};
-
-template <class Row, int R, int C>
-void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0, float* y,
-                std::size_t y_stride) noexcept {
-  using block = typename Row::block;
-  const std::size_t nb = w.cols / 32;
-  for (int r = 0; r < R; ++r) {
-    const auto* row = reinterpret_cast<const block*>(w.row(r0 + r));
-    for (int c = 0; c < C; ++c) {
-      const block_q8_0* x = a.xq + (t0 + c) * a.xq_stride;
-      v16 acc = vzero();
-      for (std::size_t b = 0; b < nb; b += 2) {
-        for (int l = 0; l < 16; ++l) {
-          const std::size_t blk = b + static_cast<std::size_t>(l / 8);
-          float scaled = 0.0f, d_x = 0.0f;
-          if (blk < nb) {
-            int isum = 0;
-            for (int i = 4 * (l % 8); i < 4 * (l % 8) + 4; ++i) isum += Row::value(row[blk], i) * x[blk].qs[i];
-            scaled = static_cast<float>(isum) * h2f(row[blk].d);
-            d_x = h2f(x[blk].d);
-          }
-          acc.v[l] = __builtin_fmaf(scaled, d_x, acc.v[l]);
-        }
-      }
-      y[(t0 + c) * y_stride + r0 + r] = vhsum(acc);
-    }
-  }
-}
-
+#if defined(EXA_K_AVX2)
+using q256::q4_0_row;
+using q256::q8_0_row;
+using q256::quant_tile;
 #endif
 
 // ================================================================ K-quants
@@ -893,7 +919,8 @@ inline void row_tokens(tensor_type type, const std::byte* row, const void* x, st
 // Tile heights per token count: what fits in the registers next to the loads.
 #if defined(EXA_K_AVX512)
 constexpr int float_rows(int c) { return c == 1 ? 8 : c == 2 ? 8 : 4; }
-constexpr int quant_rows(int c) { return c == 1 ? 16 : c == 2 ? 6 : c == 3 ? 4 : 4; }
+// One token runs the 256-bit kernel with 32 ymm registers.
+constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
 constexpr int float_rows(int c) { return c == 1 ? 4 : c == 2 ? 2 : 1; }
@@ -930,6 +957,12 @@ void run_quant(tensor_type type, row_span w, const kernel_acts& p, std::size_t r
                float* y, std::size_t ys) noexcept {
   constexpr int R = quant_rows(C);
   const auto tile = [&]<int RR>(std::size_t r) {
+#if defined(EXA_K_AVX512)
+    if constexpr (C == 1) {
+      if (type == tensor_type::q8_0) return q256::quant_tile<q256::q8_0_row, RR, C>(w, r, p, t0, y, ys);
+      return q256::quant_tile<q256::q4_0_row, RR, C>(w, r, p, t0, y, ys);
+    }
+#endif
     if (type == tensor_type::q8_0) return quant_tile<q8_0_row, RR, C>(w, r, p, t0, y, ys);
     return quant_tile<q4_0_row, RR, C>(w, r, p, t0, y, ys);
   };

@@ -918,7 +918,7 @@ inline void row_tokens(tensor_type type, const std::byte* row, const void* x, st
 
 // Tile heights per token count: what fits in the registers next to the loads.
 #if defined(EXA_K_AVX512)
-constexpr int float_rows(int c) { return c == 1 ? 8 : c == 2 ? 8 : 4; }
+constexpr int float_rows(int c) { return c == 1 ? 12 : c == 2 ? 8 : 4; }
 // One token runs the 256-bit kernel with 32 ymm registers.
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)

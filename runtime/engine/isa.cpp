@@ -14,6 +14,7 @@ std::string_view to_string(isa i) noexcept {
   switch (i) {
     case isa::scalar: return "scalar";
     case isa::avx2: return "avx2";
+    case isa::avxvnni: return "avxvnni";
     case isa::avx512: return "avx512";
   }
   return "unknown";
@@ -58,6 +59,7 @@ const char* missing(const cpu_caps& c, isa i) noexcept {
   if (!c.fma) return "fma";
   if (!c.f16c) return "f16c";
   if (i == isa::avx2) return nullptr;
+  if (i == isa::avxvnni) return c.avxvnni ? nullptr : "avx_vnni";
   if (!c.os_avx512) return "OS support for AVX-512 state (XCR0)";
   if (!c.avx512f) return "avx512f";
   if (!c.avx512bw) return "avx512bw";
@@ -74,13 +76,14 @@ bool supports(const cpu_caps& caps, isa i) noexcept { return missing(caps, i) ==
 
 isa best_isa(const cpu_caps& caps) noexcept {
   if (supports(caps, isa::avx512)) return isa::avx512;
+  if (supports(caps, isa::avxvnni)) return isa::avxvnni;
   if (supports(caps, isa::avx2)) return isa::avx2;
   return isa::scalar;
 }
 
 expected<isa> choose_isa(const cpu_caps& caps, std::string_view requested) {
   if (requested.empty() || requested == "auto") return best_isa(caps);
-  for (const isa i : {isa::scalar, isa::avx2, isa::avx512}) {
+  for (const isa i : {isa::scalar, isa::avx2, isa::avxvnni, isa::avx512}) {
     if (requested != to_string(i)) continue;
     if (const char* m = missing(caps, i))
       return make_error(errc::unavailable, "engine ISA '" + std::string(requested) +
@@ -88,7 +91,7 @@ expected<isa> choose_isa(const cpu_caps& caps, std::string_view requested) {
     return i;
   }
   return make_error(errc::invalid_argument, "unknown engine ISA '" + std::string(requested) +
-                                                "': use auto, scalar, avx2 or avx512");
+                                                "': use auto, scalar, avx2, avxvnni or avx512");
 }
 
 std::string describe(const cpu_caps& c) {

@@ -18,6 +18,7 @@ namespace exa::engine {
 enum class isa : std::uint8_t {
   scalar,  // portable C++, one lane at a time (fmaf for every multiply-add)
   avx2,    // AVX2 + FMA + F16C: each 16-lane vector is two 256-bit registers
+  avxvnni, // AVX2 + AVX-VNNI (vpdpbusd on 256 bits, without AVX-512: Alder Lake and later)
   avx512,  // AVX-512 F/BW/VL + VNNI: one 512-bit register, vpdpbusd for int8
 };
 

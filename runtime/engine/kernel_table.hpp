@@ -1,7 +1,7 @@
 #pragma once
 // The engine's hot loops, one table per instruction-set variant (isa.hpp).
 // Each variant is the same source (kernels_impl.hpp) compiled for its ISA
-// (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp); they agree
+// (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avxvnni.cpp, kernels_avx512.cpp); they agree
 // bitwise on every output. Everything else in the engine is compiled once for
 // baseline x86-64 and so is the same instructions on every machine.
 
@@ -74,6 +74,7 @@ inline const kernel_table& active_kernels() noexcept { return kernels_for(active
 
 namespace kernels_scalar { extern const kernel_table table; }
 namespace kernels_avx2 { extern const kernel_table table; }
+namespace kernels_avxvnni { extern const kernel_table table; }
 namespace kernels_avx512 { extern const kernel_table table; }
 
 }  // namespace exa::engine

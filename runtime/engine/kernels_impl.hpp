@@ -2,7 +2,7 @@
 // normal header: only kernels_<isa>.cpp include it, after their own includes,
 // inside `#pragma GCC target(...)` for their ISA, with EXA_K_NS naming the
 // variant's namespace and exactly one of EXA_K_SCALAR / EXA_K_AVX2 /
-// EXA_K_AVX512 defined. Everything defined here lives in that namespace, so
+// EXA_K_AVX512 defined (the AVX-VNNI variant is EXA_K_AVX2 plus EXA_K_AVXVNNI). Everything defined here lives in that namespace, so
 // the variants never share an inline function (which the linker could
 // otherwise merge into the wrong ISA's copy).
 //
@@ -237,7 +237,7 @@ void float_tile(row_span w, std::size_t r0, const float* x, std::size_t x_stride
     // becomes load-bound.
     for (int r = 0; r < R; ++r) {
       wv[r] = Row::load(rows[r], k);
-      pin(wv[r]);
+      if constexpr (C > 1) pin(wv[r]);  // one token uses each weight once: let it fold into the FMA
     }
     for (int c = 0; c < C; ++c) {
       v16 xv = vload(xs[c] + k);
@@ -408,6 +408,8 @@ inline float tree16(__m256 lo, __m256 hi) noexcept { return hsum8(_mm256_add_ps(
 inline __m256i dot_i8x32(__m256i abs_w, __m256i w, __m256i x) noexcept {
 #if defined(EXA_K_AVX512)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, _mm256_sign_epi8(x, w));
+#elif defined(EXA_K_AVXVNNI)  // AVX-VNNI (Alder Lake, Zen 4): the same instruction, VEX-encoded
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), abs_w, _mm256_sign_epi8(x, w));
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 #endif
@@ -923,7 +925,7 @@ constexpr int float_rows(int c) { return c == 1 ? 12 : c == 2 ? 8 : 4; }
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
-constexpr int float_rows(int c) { return c == 1 ? 4 : c == 2 ? 2 : 1; }
+constexpr int float_rows(int c) { return c == 1 ? 6 : c == 2 ? 2 : 1; }
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 3 : 2; }
 #else
 constexpr int float_rows(int) { return 1; }

@@ -79,7 +79,7 @@ std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engin
 std::vector<engine::isa> runnable_isas() {
   const auto caps = engine::detect_cpu();
   std::vector<engine::isa> out;
-  for (const auto v : {engine::isa::scalar, engine::isa::avx2, engine::isa::avx512})
+  for (const auto v : {engine::isa::scalar, engine::isa::avx2, engine::isa::avxvnni, engine::isa::avx512})
     if (engine::supports(caps, v)) out.push_back(v);
   return out;
 }

@@ -82,8 +82,9 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
   CHECK(engine::choose_isa(c, "avx2") == isa::avx2);
   CHECK(engine::choose_isa(c, "scalar") == isa::scalar);
 
-  SECTION("an AVX2-only CPU (no AVX-512) runs the AVX2 variant") {
+  SECTION("an AVX2-only CPU (no AVX-512, no AVX-VNNI) runs the AVX2 variant") {
     c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = false;
+    c.avxvnni = false;
     CHECK(engine::best_isa(c) == isa::avx2);
     const auto refused = engine::choose_isa(c, "avx512");
     REQUIRE_FALSE(refused);
@@ -92,11 +93,18 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
   }
   SECTION("AVX-512 without VNNI (Skylake-SP) is run as AVX2") {
     c.avx512vnni = false;
+    c.avxvnni = false;
     CHECK(engine::best_isa(c) == isa::avx2);
+  }
+  SECTION("AVX-VNNI without AVX-512 (Alder Lake) runs the AVX-VNNI variant") {
+    c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = false;
+    CHECK(engine::best_isa(c) == isa::avxvnni);
+    c.avxvnni = false;
+    CHECK_FALSE(engine::choose_isa(c, "avxvnni"));
   }
   SECTION("an OS that does not save ZMM state rules AVX-512 out") {
     c.os_avx512 = false;
-    CHECK(engine::best_isa(c) == isa::avx2);
+    CHECK(engine::best_isa(c) == isa::avxvnni);
   }
   SECTION("no FMA or F16C: scalar") {
     c.fma = false;
@@ -109,7 +117,7 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
     const auto bad = engine::choose_isa(c, "neon");
     REQUIRE_FALSE(bad);
     CHECK(bad.error().code == errc::invalid_argument);
-    CHECK_THAT(bad.error().message, Catch::Contains("scalar, avx2 or avx512"));
+    CHECK_THAT(bad.error().message, Catch::Contains("scalar, avx2, avxvnni or avx512"));
   }
   SECTION("this machine: detection agrees with what the kernels need") {
     const auto here = engine::detect_cpu();

@@ -1,0 +1,32 @@
+// The engine's kernels for AVX2 + FMA + F16C + AVX-VNNI (Alder Lake, Sapphire Rapids, Zen 4 and later when AVX-512 is not used).
+// Only functions defined below the pragma get the ISA; everything included
+// above it keeps the baseline (see kernels_impl.hpp).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <immintrin.h>
+
+#include "engine/kernel_table.hpp"
+#include "engine/kquant_dot.hpp"
+#include "engine/legacy_dot.hpp"
+#include "model/half.hpp"
+#include "model/quantize.hpp"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#define EXA_K_NS kernels_avxvnni
+#define EXA_K_AVX2 1
+#define EXA_K_AVXVNNI 1
+#include "engine/kernels_impl.hpp"
+
+namespace exa::engine::kernels_avxvnni {
+extern const kernel_table table;
+const kernel_table table{isa::avxvnni, false, rows_fn, quantize_fn, dot_f16_fn, axpy_f16_fn, kquant_fn, legacy_fn,
+                         dot_f16_rows_fn, axpy_f16_rows_fn};
+}  // namespace exa::engine::kernels_avxvnni
+
+#pragma GCC pop_options

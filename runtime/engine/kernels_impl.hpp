@@ -926,7 +926,7 @@ constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 :
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
 constexpr int float_rows(int c) { return c == 1 ? 6 : c == 2 ? 2 : 1; }
-constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 3 : 2; }
+constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 4 : 3; }
 #else
 constexpr int float_rows(int) { return 1; }
 constexpr int quant_rows(int) { return 1; }

@@ -109,7 +109,7 @@ TEST_CASE("round_robin spreads the same prompt, so each replica computes it once
   CHECK(results[3].usage.cached_tokens > 0);
 }
 
-TEST_CASE("prefix_aware follows the cache to a busier replica within the load slack; least_outstanding does not",
+TEST_CASE("prefix_aware follows the cache to a busier replica within the load slack, and least_outstanding does not",
           "[actors][routing][prefix]") {
   SECTION("prefix_aware") {
     auto f = with_policy("prefix_aware");

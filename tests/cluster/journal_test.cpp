@@ -277,7 +277,7 @@ TEST_CASE("journals written before per-deployment chat templates still load, wit
   CHECK(j->state().deployments.at("old").chat_template.empty());
 }
 
-TEST_CASE("a deployment's draft model survives the log and the snapshot; older journals load with none",
+TEST_CASE("a deployment's draft model survives the log and the snapshot, and older journals load with none",
           "[journal][speculative]") {
   api::deploy_request d = dep("spec", 2);
   d.draft_model = "/models/draft.gguf";

@@ -175,7 +175,7 @@ TEST_CASE("unreferenced cached blocks are evicted least recently used first", "[
   c.check_invariants();
 }
 
-TEST_CASE("referenced cached blocks are never evicted; reserve stays all or nothing", "[prefix]") {
+TEST_CASE("referenced cached blocks are never evicted, and reserve stays all or nothing", "[prefix]") {
   auto pool = pool_of(6);
   engine::kv_cache c(*pool, layout, 0, true);
   const auto a = tokens(12);

@@ -817,7 +817,7 @@ TEST_CASE("sim prefix cache: bounded by the KV capacity, least recently used out
   CHECK(e.step().prefill_tokens == 800);
 }
 
-TEST_CASE("sim prefix cache: off unless configured; requests admitted together share nothing", "[sim][prefix]") {
+TEST_CASE("sim prefix cache: off unless configured, and requests admitted together share nothing", "[sim][prefix]") {
   auto off = make_engine();
   REQUIRE(off.submit(shared_prefix_request(1, 1000, 10, 2)));
   run_to_idle(off);

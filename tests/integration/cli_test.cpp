@@ -225,7 +225,7 @@ TEST_CASE("cli deploy --chat-template reads the file where it runs and sends its
   CHECK(s.backend->admin_log().size() == before);
 }
 
-TEST_CASE("cli deploy --draft-model sends the draft over RPC; bad draft flags never reach the server",
+TEST_CASE("cli deploy --draft-model sends the draft over RPC, and bad draft flags never reach the server",
           "[cli][speculative]") {
   test_server s;
   const std::string sha(64, 'd');

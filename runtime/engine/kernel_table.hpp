@@ -30,6 +30,7 @@ struct kernel_acts {
   const float* xd = nullptr;
   std::size_t xd_stride = 0;  // floats (and xc int32s) per token
   const std::int32_t* xc = nullptr;
+  const float* xs = nullptr;  // q8_0: each block's scale as a float, xq_stride per token
   const model::block_q8_K* xk = nullptr;  // q8_K activations
   std::size_t xk_stride = 0;              // blocks per token
   const void* x32 = nullptr;              // q8_0 or q8_1 blocks for Q4_1/Q5_0/Q5_1

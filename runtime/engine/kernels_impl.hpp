@@ -439,8 +439,8 @@ struct q4_0_row {
 // read once) or one after the other (more tokens: twice the tiles fit the 16
 // registers, and the second pass finds the row block in cache).
 template <class Row, int R, int C>
-void quant_half(const typename Row::block* const* rows, const block_q8_0* const* xs, std::size_t nb, int h,
-                __m256 (&acc)[R][C]) noexcept {
+void quant_half(const typename Row::block* const* rows, const block_q8_0* const* xs, const float* const* xsc,
+                std::size_t nb, int h, __m256 (&acc)[R][C]) noexcept {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (std::size_t b = static_cast<std::size_t>(h); b < nb; b += 2) {
@@ -453,7 +453,7 @@ void quant_half(const typename Row::block* const* rows, const block_q8_0* const*
     }
     for (int c = 0; c < C; ++c) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b].qs));
-      const __m256 xd = _mm256_set1_ps(h2f(xs[c][b].d));
+      const __m256 xd = _mm256_broadcast_ss(xsc[c] + b);  // the activations' scales, already floats
       for (int r = 0; r < R; ++r) {
         const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(aw[r], wv[r], xv)), wd[r]);
         acc[r][c] = _mm256_fmadd_ps(scaled, xd, acc[r][c]);
@@ -475,11 +475,15 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
   const block* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
   const block_q8_0* xs[C];
-  for (int c = 0; c < C; ++c) xs[c] = a.xq + (t0 + c) * a.xq_stride;
+  const float* xsc[C];
+  for (int c = 0; c < C; ++c) {
+    xs[c] = a.xq + (t0 + c) * a.xq_stride;
+    xsc[c] = a.xs + (t0 + c) * a.xq_stride;
+  }
   if constexpr (C >= 2) {
     __m256 lo[R][C], hi[R][C];
-    quant_half<Row, R, C>(rows, xs, nb, 0, lo);
-    quant_half<Row, R, C>(rows, xs, nb, 1, hi);
+    quant_half<Row, R, C>(rows, xs, xsc, nb, 0, lo);
+    quant_half<Row, R, C>(rows, xs, xsc, nb, 1, hi);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) y[(t0 + c) * y_stride + r0 + r] = tree16(lo[r][c], hi[r][c]);
   } else {
@@ -489,7 +493,7 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const auto step = [&](std::size_t b, int h) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[0][b].qs));
-      const __m256 xd = _mm256_set1_ps(h2f(xs[0][b].d));
+      const __m256 xd = _mm256_broadcast_ss(xsc[0] + b);
       for (int r = 0; r < R; ++r) {
         const __m256i wv = Row::load(rows[r][b]);
         const __m256i prod = dot_i8x32(_mm256_sign_epi8(wv, wv), wv, xv);

@@ -27,6 +27,7 @@ struct activations_access {
     p.xf_stride = a.xf_stride_;
     p.xq = a.xq_.data();
     p.xq_stride = a.k_ / 32;
+    p.xs = a.xs_.data();
     p.xu = a.xu_.data();
     p.xu_stride = (a.k_ / 32 + 1) / 2 * 64;
     p.xd = a.xd_.data();
@@ -68,6 +69,8 @@ void activations_access::quantize_token(activations& a, const float* x, std::siz
   const std::size_t nb = a.k_ / 32;
   model::block_q8_0* blocks = a.xq_.data() + t * nb;
   a.kernels_->quantize_q8_0(x, blocks, a.k_);
+  float* scales = a.xs_.data() + t * nb;
+  for (std::size_t b = 0; b < nb; ++b) scales[b] = model::f16_to_float(blocks[b].d);
   if (!a.kernels_->q8_0_unsigned_layout) return;
   const std::size_t steps = (nb + 1) / 2;
   auto* u = reinterpret_cast<std::int8_t*>(a.xu_.data()) + t * steps * 64;
@@ -120,6 +123,7 @@ void activations::convert(model::tensor_type type, const float* x, std::size_t x
     case act_format::q8_0: {
       EXA_ASSERT_MSG(k % 32 == 0, "quantized matmul needs a width divisible by 32");
       xq_.resize(n_tokens * (k / 32));
+      xs_.resize(n_tokens * (k / 32));
       if (kernels_->q8_0_unsigned_layout) {
         const std::size_t steps = (k / 32 + 1) / 2;
         xu_.assign(n_tokens * steps * 64, 0);  // an odd block count pads with q = 0

@@ -157,6 +157,16 @@ inline float hsum8(__m256 v) noexcept {
 }
 #endif
 
+#if defined(EXA_K_HAS_AVX2)
+// Sum of 8 int32 lanes (exact; integer addition has no order).
+inline std::int32_t hsum_i32(__m256i v) noexcept {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+#endif
+
 /// The fixed tree over 16 lanes: l + l+8, then l + l+4, l + l+2, l + l+1.
 inline float vhsum(v16 a) noexcept {
 #if defined(EXA_K_AVX512)
@@ -646,13 +656,6 @@ inline void row_tokens(tensor_type type, const std::byte* row, const block_q8_K*
 
 #else  // AVX2 (also what the AVX-512 variant runs for K-quants)
 
-inline std::int32_t hsum_i32(__m256i v) noexcept {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-  return _mm_cvtsi128_si32(s);
-}
-
 inline __m256i load32(const void* p) noexcept { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // maddubs (u8 × s8, adjacent pairs; no saturation: |q| ≤ 63, |x| ≤ 128) then
@@ -833,13 +836,6 @@ void dot_tokens(const std::byte* row, const Act* x, std::size_t x_stride, std::s
 }
 
 #else
-
-inline std::int32_t hsum_i32(__m256i v) noexcept {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-  return _mm_cvtsi128_si32(s);
-}
 
 // 0xff in byte j where bit j of `bits` is set: each byte takes the bits byte
 // it belongs to, ORs in every bit but its own, and compares with all-ones.

@@ -98,30 +98,21 @@ void fail(self_ptr self, const std::string& reason) {
 void export_prefix_stats(replica_actor_state& st, const engine::engine_stats& s) {
   if (!st.ctx.metrics) return;
   const auto& m = *st.ctx.metrics;
+  // A counter grows by what the engine counted since the last export, so it
+  // never goes backwards.
+  const auto grow = [&](auto* family, std::uint64_t total, std::uint64_t& exported) {
+    if (total <= exported) return;
+    cluster_metrics::series(family, st.ctx.spec.deployment)->inc(static_cast<double>(total - exported));
+    exported = total;
+  };
   EXA_ASSERT_MSG(s.prefix_hit_tokens <= s.prefix_lookup_tokens, "prefix cache hits exceed lookups");
-  if (s.prefix_lookup_tokens > st.prefix_lookup_exported) {
-    cluster_metrics::series(m.prefix_lookup_tokens, st.ctx.spec.deployment)
-        ->inc(s.prefix_lookup_tokens - st.prefix_lookup_exported);
-    st.prefix_lookup_exported = s.prefix_lookup_tokens;
-  }
-  if (s.prefix_hit_tokens > st.prefix_hit_exported) {
-    cluster_metrics::series(m.prefix_hit_tokens, st.ctx.spec.deployment)
-        ->inc(s.prefix_hit_tokens - st.prefix_hit_exported);
-    st.prefix_hit_exported = s.prefix_hit_tokens;
-  }
+  grow(m.prefix_lookup_tokens, s.prefix_lookup_tokens, st.prefix_lookup_exported);
+  grow(m.prefix_hit_tokens, s.prefix_hit_tokens, st.prefix_hit_exported);
   cluster_metrics::series(m.prefix_cached_blocks, std::to_string(st.ctx.spec.id))
       ->set(static_cast<double>(s.prefix_cached_blocks));
   EXA_ASSERT_MSG(s.draft_accepted_tokens <= s.draft_proposed_tokens, "draft tokens accepted exceed those proposed");
-  if (s.draft_proposed_tokens > st.draft_proposed_exported) {
-    cluster_metrics::series(m.draft_proposed_tokens, st.ctx.spec.deployment)
-        ->inc(s.draft_proposed_tokens - st.draft_proposed_exported);
-    st.draft_proposed_exported = s.draft_proposed_tokens;
-  }
-  if (s.draft_accepted_tokens > st.draft_accepted_exported) {
-    cluster_metrics::series(m.draft_accepted_tokens, st.ctx.spec.deployment)
-        ->inc(s.draft_accepted_tokens - st.draft_accepted_exported);
-    st.draft_accepted_exported = s.draft_accepted_tokens;
-  }
+  grow(m.draft_proposed_tokens, s.draft_proposed_tokens, st.draft_proposed_exported);
+  grow(m.draft_accepted_tokens, s.draft_accepted_tokens, st.draft_accepted_exported);
 }
 
 void report_load(self_ptr self, bool force) {

@@ -76,6 +76,16 @@ std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engin
   return out;
 }
 
+engine::generation_request request(std::uint64_t id, std::vector<std::int32_t> prompt, std::uint32_t max_tokens,
+                                   engine::sampling_params sp) {
+  engine::generation_request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling = sp;
+  return r;
+}
+
 std::vector<engine::isa> runnable_isas() {
   const auto caps = engine::detect_cpu();
   std::vector<engine::isa> out;

@@ -33,6 +33,10 @@ std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engin
                                                          std::size_t n_requests,
                                                          std::uint64_t* preemptions = nullptr);
 
+/// A generation request of `max_tokens` for `prompt` (greedy unless `sp` says otherwise).
+engine::generation_request request(std::uint64_t id, std::vector<std::int32_t> prompt, std::uint32_t max_tokens,
+                                   engine::sampling_params sp = {});
+
 /// The engine ISA variants this CPU can run, scalar first.
 std::vector<engine::isa> runnable_isas();
 

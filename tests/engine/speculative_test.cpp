@@ -22,15 +22,7 @@ using namespace exa;
 
 namespace {
 
-engine::generation_request request(std::uint64_t id, std::vector<std::int32_t> prompt, std::uint32_t max_tokens,
-                                   engine::sampling_params sp = {}) {
-  engine::generation_request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling = sp;
-  return r;
-}
+using test::request;
 
 model::model_spec target_spec() {
   auto s = test::tiny_spec();

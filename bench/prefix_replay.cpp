@@ -42,11 +42,12 @@
 
 #include "chaos/sim_workload.hpp"
 #include "model/prefix_hash.hpp"
+#include "rpc_timing.hpp"
 #include "schemas/exaserve.capnp.h"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using exa::bench::clock_type;
 
 // Bounds on a run (habit 7).
 constexpr std::uint32_t requests_max = 100000;
@@ -200,28 +201,9 @@ exa::expected<std::vector<replay_request>> build_workload(const options& o) {
   return out;
 }
 
-double ms_between(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-struct request_times {
-  clock_type::time_point start;
-  std::optional<clock_type::time_point> first_chunk;
-};
-
-class sink_impl final : public exa::rpc::TokenSink::Server {
- public:
-  explicit sink_impl(std::shared_ptr<request_times> times) : times_(std::move(times)) {}
-
- protected:
-  kj::Promise<void> chunk(ChunkContext) override {
-    if (!times_->first_chunk) times_->first_chunk = clock_type::now();
-    return kj::READY_NOW;
-  }
-
- private:
-  std::shared_ptr<request_times> times_;
-};
+using exa::bench::ms_between;
+using exa::bench::request_times;
+using exa::bench::sink_impl;
 
 /// Sends every request at its arrival on one connection and waits for all.
 void replay(const options& o, std::vector<replay_request>& requests, kj::AsyncIoContext& io) {

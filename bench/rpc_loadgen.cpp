@@ -24,11 +24,12 @@
 #include <string_view>
 #include <vector>
 
+#include "rpc_timing.hpp"
 #include "schemas/exaserve.capnp.h"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using exa::bench::clock_type;
 
 /// The server refuses more generate calls than this in flight on one door
 /// (apps/frontdoor/rpc_service.hpp); asking for more measures refusals.
@@ -119,32 +120,9 @@ std::optional<std::string> parse_options(int argc, char** argv, options& out) {
   return std::nullopt;
 }
 
-double ms_between(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-/// One request's timestamps. Shared by the call and its TokenSink, which
-/// the server may release after the call returns.
-struct request_times {
-  clock_type::time_point start;
-  std::optional<clock_type::time_point> first_chunk;
-};
-
-/// Notes when the first chunk arrives and returns at once, so the client
-/// never holds back the server's flow-control window.
-class sink_impl final : public exa::rpc::TokenSink::Server {
- public:
-  explicit sink_impl(std::shared_ptr<request_times> times) : times_(std::move(times)) {}
-
- protected:
-  kj::Promise<void> chunk(ChunkContext) override {
-    if (!times_->first_chunk) times_->first_chunk = clock_type::now();
-    return kj::READY_NOW;
-  }
-
- private:
-  std::shared_ptr<request_times> times_;
-};
+using exa::bench::ms_between;
+using exa::bench::request_times;
+using exa::bench::sink_impl;
 
 struct percentiles {
   double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;

@@ -1,18 +1,21 @@
 #include "engine/batch_scheduler.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "common/assert.hpp"
 
 namespace exa::engine {
 
 batch_scheduler::batch_scheduler(scheduler_config config, kv_cache& cache)
-    : config_(config), cache_(cache) {
+    : config_(config), cache_(cache), usage_(config.usage) {
   EXA_ASSERT(config_.max_batch_tokens > 0 && config_.max_running > 0 && config_.prefill_chunk > 0);
 }
 
 void batch_scheduler::enqueue(std::unique_ptr<sequence> seq) {
   EXA_ASSERT(seq && !seq->is_running && seq->computed == 0);
+  seq->tenant = usage_.intern(seq->request.tenant, seq->request.tenant_weight);
+  seq->arrival = next_arrival_++;
   waiting_.push_back(std::move(seq));
 }
 
@@ -98,9 +101,14 @@ void batch_scheduler::attach_cached(sequence& seq) {
   seq.computed = std::min<std::uint32_t>(attached, static_cast<std::uint32_t>(seq.tokens.size()) - 1);
 }
 
-void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget) {
+void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget, bool fair) {
   while (!waiting_.empty() && running_.size() < config_.max_running && budget > 0) {
-    sequence& seq = *waiting_.front();
+    // First come, or across tenants the best in fair order (preempted work
+    // is at the front, so it still goes first among equals).
+    std::size_t pick = 0;
+    for (std::size_t i = 1; fair && i < waiting_.size(); ++i)
+      if (key(*waiting_[i], waiting_[i]->arrival) < key(*waiting_[pick], waiting_[pick]->arrival)) pick = i;
+    sequence& seq = *waiting_[pick];
     attach_cached(seq);
     const std::uint32_t n = std::min({seq.pending(), config_.prefill_chunk, budget});
     // Keep one free block per running sequence so admitting new work does
@@ -121,8 +129,8 @@ void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& b
     }
     seq.is_running = true;
     seq.admit_order = next_admit_++;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[pick]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
     plan.push_back({&seq, n});
     budget -= n;
   }
@@ -136,10 +144,25 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
   std::vector<sequence*> order;
   for (auto& s : running_) order.push_back(s.get());
 
+  // Across tenants, a light tenant's prompt may make heavy tenants' decodes
+  // sit out this step (bounded: max_held_steps in a row).
+  const bool fair = contended();
+  const sequence* favoured = fair && held_steps_ < config_.max_held_steps ? favoured_prefill() : nullptr;
+  held_decodes_ = 0;
   // Decoding sequences first (one token each): a long prompt never stalls them.
-  for (sequence* s : order)
-    if (budget > 0 && s->is_running && s->pending() == 1) grow(plan, *s, 1, budget, preempted);
-  // Then prefill chunks, oldest first.
+  for (sequence* s : order) {
+    if (budget == 0 || !s->is_running || s->pending() != 1) continue;
+    if (favoured != nullptr && yields_to(*s, *favoured)) {
+      ++held_decodes_;
+      continue;
+    }
+    grow(plan, *s, 1, budget, preempted);
+  }
+  held_steps_ = held_decodes_ > 0 ? held_steps_ + 1 : 0;
+  // Then prefill chunks, oldest first (across tenants: in fair order).
+  if (fair)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const sequence* a, const sequence* b) { return key(*a, a->admit_order) < key(*b, b->admit_order); });
   for (sequence* s : order) {
     if (budget == 0) break;
     if (!s->is_running || s->pending() <= 1) continue;
@@ -147,10 +170,62 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
     if (planned) continue;
     grow(plan, *s, std::min({s->pending(), config_.prefill_chunk, budget}), budget, preempted);
   }
-  admit(plan, budget);
-  for (const scheduled_chunk& c : plan)
+  admit(plan, budget, fair);
+  for (const scheduled_chunk& c : plan) {
     cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
+    usage_.charge(c.seq->tenant, c.n_tokens);
+  }
   return plan;
+}
+
+bool batch_scheduler::contended() const {
+  // Two tenants served lately or with work here, or two priority classes
+  // with work here: otherwise every order below is first come, as before.
+  std::optional<tenant_usage::slot> tenant;
+  std::optional<request_priority> priority;
+  const auto differs = [](auto& first, auto value) {
+    if (!first) first = value;
+    return *first != value;
+  };
+  for (tenant_usage::slot i = 0; i < usage_.slots(); ++i)
+    if (usage_.served_lately(i) && differs(tenant, i)) return true;
+  for (const auto& s : waiting_)
+    if (differs(tenant, s->tenant) || differs(priority, s->request.priority)) return true;
+  for (const auto& s : running_)
+    if (differs(tenant, s->tenant) || differs(priority, s->request.priority)) return true;
+  return false;
+}
+
+fair_key batch_scheduler::key(const sequence& seq, std::uint64_t order) const {
+  return {seq.request.priority, usage_.usage(seq.tenant), order};
+}
+
+const sequence* batch_scheduler::favoured_prefill() const {
+  // The prompt fair order serves first: one being prefilled, or a waiting
+  // one when the running set has room for it.
+  const sequence* best = nullptr;
+  fair_key best_key;
+  const auto consider = [&](const sequence& s, std::uint64_t order) {
+    const fair_key k = key(s, order);
+    if (best == nullptr || k < best_key) {
+      best = &s;
+      best_key = k;
+    }
+  };
+  for (const auto& s : running_)
+    if (s->pending() > 1) consider(*s, s->arrival);
+  if (running_.size() < config_.max_running)
+    for (const auto& s : waiting_) consider(*s, s->arrival);
+  return best;
+}
+
+bool batch_scheduler::yields_to(const sequence& decoding, const sequence& favoured) const {
+  // Batch work yields to an interactive prompt; within a class, a tenant
+  // over its share yields to a tenant it has been served more than.
+  if (decoding.request.priority != favoured.request.priority)
+    return decoding.request.priority > favoured.request.priority;
+  return decoding.tenant != favoured.tenant && usage_.over_share(decoding.tenant, favoured.tenant) &&
+         usage_.usage(decoding.tenant) > usage_.usage(favoured.tenant);
 }
 
 }  // namespace exa::engine

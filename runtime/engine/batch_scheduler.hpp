@@ -9,6 +9,15 @@
 // admitted sequence (new or preempted) starts from the longest cached run of
 // its tokens' blocks and computes only the rest, always at least its last
 // token, whose logits it needs.
+//
+// Across tenants (tenant_usage.hpp), once two tenants (or two priority
+// classes) have work here: prompts are prefilled and admitted in fair order
+// (interactive first, then the tenant served least lately) instead of first
+// come, and while such a prompt waits, the decodes of tenants over their
+// share that have been served more than its tenant sit out the step (at most
+// max_held_steps steps in a row), so the light tenant's prefill runs in a
+// short step of its own. Batch invariance makes this safe: which tokens share
+// a step never changes what they compute.
 
 #include <cstdint>
 #include <deque>
@@ -17,6 +26,7 @@
 
 #include "engine/engine.hpp"
 #include "engine/kv_cache.hpp"
+#include "engine/tenant_usage.hpp"
 
 namespace exa::engine {
 
@@ -25,6 +35,10 @@ struct scheduler_config {
   std::uint32_t max_running = 64;        // sequences in the running set
   std::uint32_t max_waiting = 4096;      // queued sequences; more is overloaded
   std::uint32_t prefill_chunk = 256;     // prompt tokens per sequence per step
+  /// Steps in a row that a heavy tenant's decodes may sit out for another
+  /// tenant's prefill; the step after that runs them whatever waits.
+  std::uint32_t max_held_steps = 2;
+  tenant_usage_config usage{};
 };
 
 struct sequence {
@@ -37,6 +51,8 @@ struct sequence {
   bool was_admitted = false;      // admitted at least once (preemption re-admits)
   /// Prompt tokens taken from the prefix cache at the first admission.
   std::uint32_t cached_tokens = 0;
+  tenant_usage::slot tenant = 0;  // the request's tenant (batch_scheduler's usage)
+  std::uint64_t arrival = 0;      // enqueue order
 
   std::uint32_t generated() const noexcept {
     return static_cast<std::uint32_t>(tokens.size()) - prompt_len;
@@ -74,6 +90,11 @@ class batch_scheduler {
   std::size_t waiting() const noexcept { return waiting_.size(); }
   bool empty() const noexcept { return running_.empty() && waiting_.empty(); }
 
+  /// Tokens computed per tenant lately (what scheduling across tenants reads).
+  const tenant_usage& usage() const noexcept { return usage_; }
+  /// Decodes that sat out the last planned step for another tenant's prefill.
+  std::uint32_t held_decodes() const noexcept { return held_decodes_; }
+
   /// Prefix cache: tokens looked up at first admissions, and those found.
   std::uint64_t prefix_lookup_tokens() const noexcept { return prefix_lookup_tokens_; }
   std::uint64_t prefix_hit_tokens() const noexcept { return prefix_hit_tokens_; }
@@ -83,14 +104,22 @@ class batch_scheduler {
             std::uint32_t& budget, std::uint32_t& preempted);
   void preempt(sequence& victim, std::vector<scheduled_chunk>& plan, std::uint32_t& budget);
   sequence* newest_after(const sequence& seq);
-  void admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget);
+  void admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget, bool fair);
   void attach_cached(sequence& seq);
+  bool contended() const;
+  fair_key key(const sequence& seq, std::uint64_t order) const;
+  const sequence* favoured_prefill() const;
+  bool yields_to(const sequence& decoding, const sequence& favoured) const;
 
   scheduler_config config_;
   kv_cache& cache_;
   std::deque<std::unique_ptr<sequence>> waiting_;
   std::vector<std::unique_ptr<sequence>> running_;  // admission order, oldest first
   std::uint64_t next_admit_ = 1;
+  std::uint64_t next_arrival_ = 0;
+  tenant_usage usage_;
+  std::uint32_t held_steps_ = 0;    // consecutive steps that held decodes back
+  std::uint32_t held_decodes_ = 0;  // in the last step
   std::uint64_t prefix_lookup_tokens_ = 0;
   std::uint64_t prefix_hit_tokens_ = 0;
 };

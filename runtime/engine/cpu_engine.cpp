@@ -61,6 +61,7 @@ expected<void> cpu_engine::check(const generation_request& r) const {
                           "token id " + std::to_string((*list)[i]) + " at index " + std::to_string(i) +
                               " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (auto ok = validate(r.sampling); !ok) return ok;
+  if (auto ok = check_tenant_weight(r.tenant_weight); !ok) return ok;
   if (r.top_logprobs > max_top_logprobs)
     return make_error(errc::invalid_argument, "top_logprobs must be at most " + std::to_string(max_top_logprobs) +
                                                   ", got " + std::to_string(r.top_logprobs));

@@ -12,6 +12,7 @@
 #include "common/error.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/sampler.hpp"
+#include "engine/tenant_usage.hpp"
 #include "model/tokenizer.hpp"
 
 namespace exa::engine {
@@ -34,6 +35,13 @@ struct generation_request {
   /// max_top_logprobs) alternatives per token come with them.
   bool logprobs = false;
   std::uint32_t top_logprobs = 0;
+  /// Who asked, for scheduling across tenants inside the replica
+  /// (tenant_usage.hpp): the tenant ("" is the open one), its fair-share
+  /// weight (> 0) and the request's priority class. With one tenant and one
+  /// class, engines keep their first-come order.
+  std::string tenant;
+  double tenant_weight = 1;
+  request_priority priority = request_priority::interactive;
 };
 
 enum class finish_reason { stop, length, cancelled };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "common/assert.hpp"
@@ -70,8 +71,10 @@ double sim_cost_model::load_s() const {
 sim_engine::sim_engine(sim_cost_model cost, sim_engine_config config)
     : cost_(cost),
       config_(config),
+      usage_(config.usage),
       prefix_(config.prefix_block_tokens > 0 ? config.kv_capacity_tokens / config.prefix_block_tokens : 0) {
   EXA_ASSERT_MSG(config_.max_running >= 1, "sim_engine needs room for one running sequence");
+  EXA_ASSERT_MSG(config_.fair_prefill_chunk >= 1, "sim_engine needs a prefill chunk for scheduling across tenants");
   EXA_ASSERT_MSG(config_.horizon_s > 0, "sim_engine needs a positive horizon");
   EXA_ASSERT_MSG(cost_.model().vocab_size >= 1, "sim_model needs a vocabulary");
   const sim_device& d = cost_.device();
@@ -105,6 +108,7 @@ expected<void> sim_engine::check(const generation_request& r) const {
         return make_error(errc::invalid_argument, "token id " + std::to_string((*list)[i]) + " at index " +
                                                       std::to_string(i) + " is outside the vocabulary [0, " +
                                                       std::to_string(m.vocab_size) + ")");
+  if (auto ok = check_tenant_weight(r.tenant_weight); !ok) return ok;
   return validate(r.sampling);
 }
 
@@ -139,6 +143,9 @@ expected<void> sim_engine::submit(generation_request r) {
     return {};
   }
   s.stop_tokens = std::move(r.stop_tokens);
+  s.tenant = usage_.intern(r.tenant, r.tenant_weight);
+  s.priority = r.priority;
+  s.arrival = next_arrival_++;
   active_.insert(s.id);
   waiting_.push_back(std::move(s));
   return {};
@@ -236,7 +243,7 @@ step_result sim_engine::step() {
   out.finished = std::move(pending_finished_);
   pending_finished_.clear();
   last_.pending.assign(out.finished.begin(), out.finished.end());
-  run_macro(out, std::numeric_limits<std::uint32_t>::max(), std::numeric_limits<std::uint32_t>::max());
+  run_macro(out, nullptr);
   return out;
 }
 
@@ -251,36 +258,47 @@ void sim_engine::begin_step(std::uint32_t sharing) {
   last_.kv_used = kv_used_;
   last_.next_admit = next_admit_;
   last_.stats = stats_;
+  usage_.save(last_.usage);
   for (seq& s : running_) {
     s.generated_before = s.generated;
     s.hash_before = s.hash;
+    s.prefilling_before = s.prefilling;
+    s.prefilled_before = s.prefilled;
   }
 }
 
-void sim_engine::run_macro(step_result& out, std::uint32_t admit_limit, std::uint32_t decode_limit) {
+void sim_engine::run_macro(step_result& out, const replay* limits) {
   last_.boundaries_s.clear();
-  const double prefill_s = admit(out, admit_limit);
-  last_.has_prefill = last_.admitted > 0;
+  last_.prefill_order.clear();
+  last_.fair = limits != nullptr ? limits->fair : contended();
+  bool finished = false;
+  const double prefill_s = last_.fair ? prefill_fair(out, limits, finished)
+                                      : admit(out, limits != nullptr ? limits->admitted
+                                                                     : std::numeric_limits<std::uint32_t>::max());
   if (running_.empty()) {
     // Every queued request fits an empty engine (submit checked it against
     // the whole KV capacity), so an engine with nothing running admits.
-    EXA_ASSERT(waiting_.empty() || admit_limit == 0);
+    EXA_ASSERT(waiting_.empty() || limits != nullptr);
     return;  // idle, or only finishes to report: no time passes
   }
   ++stats_.steps;
   out.tokens.reserve(out.tokens.size() + token_bound(prefill_s));
 
-  bool finished = false;
-  if (last_.has_prefill) {
+  if (!last_.fair && last_.admitted > 0) {
     // Each admitted sequence's first token comes out of its prefill.
     last_.boundaries_s.push_back(prefill_s);
     for (std::size_t i = running_.size() - last_.admitted; i < running_.size(); ++i)
       finished = emit(running_[i], out) || finished;
   }
+  last_.prefill_boundaries = last_.boundaries_s.size();
+  last_.has_prefill = last_.prefill_boundaries > 0;
   // A step that prefills ends there: its first tokens reach their clients
   // at the exact moment they exist (TTFT is the metric everyone reads), and
   // decoding resumes in the next macro step.
+  const std::uint32_t decode_limit = limits != nullptr ? limits->decode_kept : std::numeric_limits<std::uint32_t>::max();
   if (!finished && !(last_.has_prefill && config_.prefill_ends_step)) decode(out, prefill_s, decode_limit);
+  EXA_ASSERT_MSG(!last_.boundaries_s.empty(), "a macro step with sequences running ends at a boundary");
+  charge_decodes();
   retire();
 
   out.duration_s = last_.boundaries_s.back();
@@ -300,38 +318,146 @@ double sim_engine::admit(step_result& out, std::uint32_t admit_limit) {
   std::uint64_t tokens = 0;
   std::uint32_t admitted = 0;
   while (!waiting_.empty() && admitted < admit_limit && running_.size() < config_.max_running) {
-    seq& s = waiting_.front();
-    // Blocks found in the prefix cache are not computed again; the last
-    // token always is (its logits give the first token).
-    std::uint64_t cached = 0;
-    if (!s.blocks.empty()) {
-      const std::size_t usable = static_cast<std::size_t>((s.context() - 1) / config_.prefix_block_tokens);
-      cached = std::uint64_t{config_.prefix_block_tokens} * std::min(prefix_.match(s.blocks), usable);
-    }
+    const seq& s = waiting_.front();
+    const std::uint64_t cached = cached_prefix(s);
     const std::uint64_t prefill_tokens = s.context() - cached;  // prompt + resumed tokens, less the cached
     if (kv_used_ + s.kv_tokens() > config_.kv_capacity_tokens) break;
     if (admitted > 0 && tokens + prefill_tokens > config_.max_batch_tokens) break;
-    if (config_.prefix_block_tokens > 0) {
-      stats_.prefix_lookup_tokens += s.context();
-      stats_.prefix_hit_tokens += cached;
-      last_.cache_inserts.insert(last_.cache_inserts.end(), s.blocks.begin(), s.blocks.end());
-    }
-    s.cached_tokens = static_cast<std::uint32_t>(cached);
     // Attention is per sequence: each prompt attends only to itself (and
     // its cached prefix).
     prefill_s += cost_.prefill_s(prefill_tokens, cached);
     tokens += prefill_tokens;
-    kv_used_ += s.kv_tokens();
-    s.admit_order = next_admit_++;
-    s.generated_before = s.generated;
-    s.hash_before = s.hash;
-    running_.push_back(std::move(s));
-    waiting_.pop_front();
+    usage_.charge(s.tenant, prefill_tokens);
+    take_waiting(waiting_.begin(), cached);
     ++admitted;
   }
   last_.admitted = admitted;
   out.prefill_tokens = clamp_u32(tokens);
   return prefill_s;
+}
+
+std::uint64_t sim_engine::cached_prefix(const seq& s) const {
+  // Blocks found in the prefix cache are not computed again; the last
+  // token always is (its logits give the first token).
+  if (s.blocks.empty()) return 0;
+  const std::size_t usable = static_cast<std::size_t>((s.context() - 1) / config_.prefix_block_tokens);
+  return std::uint64_t{config_.prefix_block_tokens} * std::min(prefix_.match(s.blocks), usable);
+}
+
+void sim_engine::take_waiting(std::deque<seq>::iterator it, std::uint64_t cached) {
+  // Admits a waiting sequence: its whole prompt + max_tokens reserved at
+  // once, the prefix cache's statistics counted.
+  seq& s = *it;
+  if (config_.prefix_block_tokens > 0) {
+    stats_.prefix_lookup_tokens += s.context();
+    stats_.prefix_hit_tokens += cached;
+    last_.cache_inserts.insert(last_.cache_inserts.end(), s.blocks.begin(), s.blocks.end());
+  }
+  s.cached_tokens = static_cast<std::uint32_t>(cached);
+  kv_used_ += s.kv_tokens();
+  s.admit_order = next_admit_++;
+  s.generated_before = s.generated;
+  s.hash_before = s.hash;
+  s.prefilling_before = false;  // a rollback puts it back in the queue as it was
+  s.prefilled_before = 0;
+  running_.push_back(std::move(s));
+  waiting_.erase(it);
+}
+
+// ---- engine: across tenants ------------------------------------------------
+
+bool sim_engine::contended() const {
+  // Two tenants served lately or with work here, or two priority classes
+  // with work here: otherwise the engine keeps its first-come schedule.
+  std::optional<tenant_usage::slot> tenant;
+  std::optional<request_priority> priority;
+  const auto differs = [](auto& first, auto value) {
+    if (!first) first = value;
+    return *first != value;
+  };
+  for (tenant_usage::slot i = 0; i < usage_.slots(); ++i)
+    if (usage_.served_lately(i) && differs(tenant, i)) return true;
+  for (const seq& s : waiting_)
+    if (differs(tenant, s.tenant) || differs(priority, s.priority)) return true;
+  for (const seq& s : running_)
+    if (differs(tenant, s.tenant) || differs(priority, s.priority)) return true;
+  return false;
+}
+
+std::vector<seq_id> sim_engine::fair_order() const {
+  // Sequences part way through their prefill and waiting ones, in fair order.
+  std::vector<std::pair<fair_key, seq_id>> candidates;
+  for (const seq& s : running_)
+    if (s.prefilling) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
+  for (const seq& s : waiting_) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
+  std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<seq_id> order;
+  order.reserve(candidates.size());
+  for (const auto& c : candidates) order.push_back(c.second);
+  return order;
+}
+
+double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& finished) {
+  // One sequence after another in fair order (a replay: the order the step
+  // had), a chunk at a time, within the step's token budget; each chunk ends
+  // at a boundary. With prefill_ends_step the step ends where a prefill
+  // completes, so that sequence's first token leaves at once.
+  const std::vector<seq_id> order = limits != nullptr ? limits->order : fair_order();
+  const std::size_t kept = limits != nullptr ? limits->prefill_kept : std::numeric_limits<std::size_t>::max();
+  const double weights_s = cost_.decode_step_s(0, 0, last_.sharing);  // a chunk reads the weights at least once
+  double prefill_s = 0;
+  std::uint64_t tokens = 0;
+  std::uint32_t admitted = 0;
+  bool admitting = true, done = false;
+  for (const seq_id id : order) {
+    if (done || last_.boundaries_s.size() >= kept || tokens >= config_.max_batch_tokens) break;
+    auto run = std::find_if(running_.begin(), running_.end(), [id](const seq& s) { return s.id == id; });
+    if (run == running_.end()) {
+      const auto wait = std::find_if(waiting_.begin(), waiting_.end(), [id](const seq& s) { return s.id == id; });
+      EXA_ASSERT_MSG(wait != waiting_.end(), "a sequence to prefill is running or waiting");
+      // One that does not fit now stops admissions (first come within fair
+      // order: a large request is not overtaken forever); the sequences
+      // already admitted go on with their prefill.
+      const bool fits = running_.size() < config_.max_running &&
+                        kv_used_ + wait->kv_tokens() <= config_.kv_capacity_tokens;
+      EXA_ASSERT_MSG(fits || limits == nullptr, "a replay admits what the step admitted");
+      if (!admitting || !fits) {
+        admitting = false;
+        continue;
+      }
+      const std::uint64_t cached = cached_prefix(*wait);
+      take_waiting(wait, cached);
+      run = std::prev(running_.end());
+      run->prefilling = true;
+      run->prefilled = static_cast<std::uint32_t>(cached);
+      ++admitted;
+    }
+    last_.prefill_order.push_back(id);
+    seq& s = *run;
+    while (s.prefilling && last_.boundaries_s.size() < kept && tokens < config_.max_batch_tokens) {
+      const std::uint64_t left = s.context() - s.prefilled;
+      const std::uint64_t room = tokens == 0 ? left : config_.max_batch_tokens - tokens;
+      const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>({config_.fair_prefill_chunk, left, room}));
+      prefill_s += std::max(cost_.prefill_s(n, s.prefilled), weights_s);
+      s.prefilled += n;
+      tokens += n;
+      usage_.charge(s.tenant, n);
+      last_.boundaries_s.push_back(prefill_s);
+      if (s.prefilled < s.context()) continue;
+      s.prefilling = false;
+      finished = emit(s, out) || finished;
+      done = config_.prefill_ends_step;
+    }
+  }
+  last_.admitted = admitted;
+  out.prefill_tokens = clamp_u32(tokens);
+  return prefill_s;
+}
+
+void sim_engine::charge_decodes() {
+  // Tokens this step generated (a prefill's first one included), per tenant.
+  for (const seq& s : running_)
+    if (s.generated > s.generated_before) usage_.charge(s.tenant, s.generated - s.generated_before);
 }
 
 std::size_t sim_engine::token_bound(double prefill_s) const {
@@ -358,9 +484,15 @@ std::size_t sim_engine::token_bound(double prefill_s) const {
 void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode_limit) {
   // Every running sequence is prefilled now; the batch stays fixed until the
   // first one finishes, which ends the macro step.
-  const auto batch = static_cast<std::uint32_t>(running_.size());
+  // Across tenants, sequences part way through their prefill sit out.
+  std::uint32_t batch = 0;
   std::uint64_t context = 0;
-  for (const seq& s : running_) context += s.context();
+  for (const seq& s : running_)
+    if (!s.prefilling) {
+      ++batch;
+      context += s.context();
+    }
+  if (batch == 0) return;
   double elapsed_s = prefill_s;
   for (std::uint32_t k = 0; k < decode_limit; ++k) {
     const double step_s = cost_.decode_step_s(batch, context, last_.sharing);
@@ -368,7 +500,8 @@ void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode
     if (!must_progress && elapsed_s + step_s > config_.horizon_s) break;
     elapsed_s += step_s;
     bool finished = false;
-    for (seq& s : running_) finished = emit(s, out) || finished;
+    for (seq& s : running_)
+      if (!s.prefilling) finished = emit(s, out) || finished;
     last_.boundaries_s.push_back(elapsed_s);
     context += batch;
     if (finished) return;
@@ -418,9 +551,15 @@ std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
   const auto cut = static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), elapsed_s) - b.begin());
   if (cut + 1 >= b.size()) return std::nullopt;  // the first boundary at or after it is the end
   const double cut_s = b[cut];
-  // The prefill part is one boundary; every decode step is one more.
-  const auto decode_kept = static_cast<std::uint32_t>(last_.has_prefill ? cut : cut + 1);
-  const std::uint32_t admitted = last_.admitted;
+  // The prefill part is one boundary (across tenants: one per chunk); every
+  // decode step is one more.
+  replay limits;
+  limits.fair = last_.fair;
+  limits.admitted = last_.admitted;
+  limits.order = std::move(last_.prefill_order);
+  const std::size_t prefill = last_.prefill_boundaries;
+  limits.prefill_kept = std::min(cut + 1, prefill);
+  limits.decode_kept = static_cast<std::uint32_t>(cut + 1 - limits.prefill_kept);
   const std::uint32_t sharing = last_.sharing;
   std::vector<finish_event> pending = std::move(last_.pending);
 
@@ -432,8 +571,8 @@ std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
   step_result out;
   out.finished = pending;
   last_.pending = std::move(pending);
-  run_macro(out, admitted, decode_kept);
-  EXA_ASSERT_MSG(last_.admitted == admitted, "the replay admits what the step admitted");
+  run_macro(out, &limits);
+  EXA_ASSERT_MSG(limits.fair || last_.admitted == limits.admitted, "the replay admits what the step admitted");
   EXA_ASSERT_MSG(std::abs(out.duration_s - cut_s) <= 1e-9 * cut_s, "the replay ends at the cut");
   return out;
 }
@@ -452,6 +591,8 @@ void sim_engine::rollback() {
   for (seq& s : running_) {
     s.generated = s.generated_before;
     s.hash = s.hash_before;
+    s.prefilling = s.prefilling_before;
+    s.prefilled = s.prefilled_before;
     s.done = false;
   }
   // What the step admitted goes back to the head of the queue, in order.
@@ -463,6 +604,7 @@ void sim_engine::rollback() {
   kv_used_ = last_.kv_used;
   next_admit_ = last_.next_admit;
   stats_ = last_.stats;
+  usage_.restore(last_.usage);
   last_.valid = false;
 }
 

@@ -11,6 +11,16 @@
 // request that arrives meanwhile is joined exactly at the next step boundary
 // via truncate_last_step(). Token ids are a deterministic function of the
 // sequence (like the zero-cost engine), so resumed requests continue exactly.
+//
+// Across tenants (tenant_usage.hpp), once two tenants (or two priority
+// classes) have work here, prompts are served in fair order instead of
+// first come (interactive first, then the tenant served least lately) and
+// prefilled in chunks of fair_prefill_chunk tokens, one sequence after
+// another; every chunk ends at a step boundary, so a light tenant's request
+// that arrives during a heavy tenant's prefill starts its own at the next
+// chunk boundary instead of after the whole prompt, and a step that
+// completes a prefill ends there, so its first token leaves at once. A
+// sequence being prefilled holds its KV reservation and does not decode.
 
 #include <cstdint>
 #include <deque>
@@ -95,6 +105,10 @@ struct sim_engine_config {
   /// cached, and cached blocks do not lower a sequence's KV reservation
   /// (both err toward fewer savings).
   std::uint32_t prefix_block_tokens = 0;
+  /// Across tenants: prompt tokens per prefill chunk (see above). A chunk
+  /// costs at least one read of the weights.
+  std::uint32_t fair_prefill_chunk = 128;
+  tenant_usage_config usage{};
 };
 
 class sim_engine final : public inference_engine {
@@ -138,6 +152,16 @@ class sim_engine final : public inference_engine {
     std::vector<model::token_id> stop_tokens;
     std::vector<std::uint64_t> blocks;  // chained hashes of the context's full blocks (prefix cache)
     std::uint32_t cached_tokens = 0;    // of the context, found in the prefix cache at admission
+    tenant_usage::slot tenant = 0;
+    request_priority priority = request_priority::interactive;
+    std::uint64_t arrival = 0;          // submit order
+    // Across tenants, a running sequence may be part way through its
+    // prefill: `prefilled` context tokens are computed. Kept as the last
+    // macro step found them too, for the rollback.
+    bool prefilling = false;
+    std::uint32_t prefilled = 0;
+    bool prefilling_before = false;
+    std::uint32_t prefilled_before = 0;
 
     std::uint64_t kv_tokens() const noexcept { return std::uint64_t{prompt_tokens} + max_tokens; }
     std::uint64_t context() const noexcept { return std::uint64_t{prompt_tokens} + generated; }
@@ -148,6 +172,10 @@ class sim_engine final : public inference_engine {
   struct last_step {
     bool valid = false;                 // a macro step ran and nothing since forbids undoing it
     bool has_prefill = false;           // boundaries_s[0] is the end of the prefill part
+    bool fair = false;                  // scheduled across tenants (chunked prefill, fair order)
+    std::size_t prefill_boundaries = 0; // boundaries_s[0..this) end prefill chunks (1 unless fair)
+    std::vector<seq_id> prefill_order;  // fair: the sequences it prefilled, in order
+    tenant_usage::snapshot usage;       // state before it
     std::uint32_t sharing = 1;          // the bandwidth share it ran under
     std::uint32_t admitted = 0;         // sequences it admitted (and prefilled)
     std::uint64_t kv_used = 0;          // state before it
@@ -181,10 +209,25 @@ class sim_engine final : public inference_engine {
     std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> where_;
   };
 
+  /// What a replay of a cut macro step keeps of it.
+  struct replay {
+    bool fair = false;
+    std::uint32_t admitted = 0;  // not fair: sequences it admits
+    std::vector<seq_id> order;   // fair: sequences it prefills, in order
+    std::size_t prefill_kept = 0;
+    std::uint32_t decode_kept = 0;
+  };
+
   expected<void> check(const generation_request& r) const;
   void begin_step(std::uint32_t sharing);
-  void run_macro(step_result& out, std::uint32_t admit_limit, std::uint32_t decode_limit);
+  void run_macro(step_result& out, const replay* limits);
   double admit(step_result& out, std::uint32_t admit_limit);
+  bool contended() const;
+  std::vector<seq_id> fair_order() const;
+  double prefill_fair(step_result& out, const replay* limits, bool& finished);
+  std::uint64_t cached_prefix(const seq& s) const;
+  void take_waiting(std::deque<seq>::iterator it, std::uint64_t cached);
+  void charge_decodes();
   std::size_t token_bound(double prefill_s) const;
   void decode(step_result& out, double prefill_s, std::uint32_t decode_limit);
   bool emit(seq& s, step_result& out);
@@ -200,6 +243,8 @@ class sim_engine final : public inference_engine {
   std::uint32_t sharing_ = 1;
   std::uint64_t kv_used_ = 0;  // tokens reserved by running sequences
   std::uint64_t next_admit_ = 0;
+  std::uint64_t next_arrival_ = 0;
+  tenant_usage usage_;
   engine_stats stats_;
   last_step last_;
   prefix_lru prefix_;

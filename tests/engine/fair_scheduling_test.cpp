@@ -1,0 +1,395 @@
+// Scheduling across tenants inside a replica (issue 13): the per-tenant
+// usage counters, the CPU engine's batch scheduler (a light tenant's prompt
+// first, a heavy tenant's decodes sitting out a bounded number of steps),
+// the simulated engine (chunked prefill in fair order, so a light tenant's
+// request starts at the next chunk boundary), and what must not change:
+// every request's tokens, whatever shares its steps.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "engine/batch_scheduler.hpp"
+#include "engine/sim_engine.hpp"
+#include "engine/tenant_usage.hpp"
+#include "fixtures.hpp"
+#include "gpu/cpu_memory_pool.hpp"
+
+using namespace exa;
+using namespace exa::engine;
+
+// ---- tenant_usage -------------------------------------------------------------
+
+TEST_CASE("tenant usage: tokens over weight, halved every window", "[fair]") {
+  tenant_usage u({.window_tokens = 1000, .max_tenants = 8, .lately_tokens = 64});
+  const auto a = u.intern("a", 1);
+  const auto b = u.intern("b", 2);
+  CHECK(u.intern("a", 1) == a);
+  CHECK(a != b);
+  u.charge(a, 300);
+  u.charge(b, 600);
+  CHECK(u.usage(a) == 300);
+  CHECK(u.usage(b) == 300);  // twice the tokens at twice the weight
+  CHECK(u.served_lately(a));
+  // 900 of 1000 charged: the next 100 halve everything.
+  u.charge(b, 100);
+  CHECK(u.usage(a) == 150);
+  CHECK(u.usage(b) == 175);  // 700 / 2 tokens at weight 2
+  // Idle long enough, a tenant is forgotten: below lately_tokens it no
+  // longer counts, and below half a token its counter is zero.
+  u.charge(b, 3000);
+  CHECK(u.usage(a) == Approx(150.0 / 8));
+  CHECK_FALSE(u.served_lately(a));
+  u.charge(b, 10000);
+  CHECK(u.usage(a) == 0);
+}
+
+TEST_CASE("tenant usage: shares follow the weights, among tenants served lately", "[fair]") {
+  tenant_usage u({.window_tokens = 1u << 30, .max_tenants = 8, .lately_tokens = 64});
+  const auto a = u.intern("a", 1);
+  const auto b = u.intern("b", 3);
+  const auto c = u.intern("c", 1);  // never served
+  u.charge(a, 300);
+  u.charge(b, 600);
+  CHECK(u.over_share(a, a));      // a third of the service at a quarter of the weight
+  CHECK_FALSE(u.over_share(b, b));
+  // c has work but no service: beside it, a's share of the weight is a fifth.
+  CHECK(u.over_share(a, c));
+  // With one tenant served, it is at its share exactly: not over.
+  tenant_usage one;
+  const auto only = one.intern("", 1);
+  one.charge(only, 5000);
+  CHECK_FALSE(one.over_share(only, only));
+}
+
+TEST_CASE("tenant usage: bounded slots, restore, and weights checked", "[fair]") {
+  tenant_usage u({.window_tokens = 1u << 30, .max_tenants = 2, .lately_tokens = 64});
+  const auto a = u.intern("a", 1);
+  const auto b = u.intern("b", 1);
+  CHECK(u.intern("c", 1) == b);  // past the bound, tenants share the last slot
+  CHECK(u.slots() == 2);
+  u.charge(a, 10);
+  tenant_usage::snapshot saved;
+  u.save(saved);
+  u.charge(a, 90);
+  u.charge(b, 50);
+  u.restore(saved);
+  CHECK(u.usage(a) == 10);
+  CHECK(u.usage(b) == 0);
+
+  CHECK(check_tenant_weight(0.5));
+  for (const double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    CAPTURE(bad);
+    const auto ok = check_tenant_weight(bad);
+    REQUIRE_FALSE(ok);
+    CHECK(ok.error().code == errc::invalid_argument);
+    CHECK(ok.error().message.find("tenant_weight") != std::string::npos);
+  }
+}
+
+// ---- batch scheduler (CPU engine) -----------------------------------------------
+
+namespace {
+
+struct sched_rig {
+  std::unique_ptr<gpu::cpu_memory_pool> pool;
+  kv_cache cache;
+  batch_scheduler sched;
+
+  sched_rig(std::uint32_t blocks, scheduler_config cfg)
+      : pool(std::move(*gpu::cpu_memory_pool::create(kv_layout{1, 8, 4}.block_bytes(), blocks))),
+        cache(*pool, {1, 8, 4}),
+        sched(cfg, cache) {}
+
+  void add(seq_id id, std::uint32_t prompt, std::string tenant,
+           request_priority priority = request_priority::interactive) {
+    auto s = std::make_unique<sequence>();
+    s->request.id = id;
+    s->request.max_tokens = 1000;
+    s->request.tenant = std::move(tenant);
+    s->request.priority = priority;
+    s->tokens.assign(prompt, 1);
+    s->prompt_len = prompt;
+    sched.enqueue(std::move(s));
+  }
+
+  // Plans a step and applies it as the engine would (a token per finished chunk).
+  std::vector<std::pair<seq_id, std::uint32_t>> step() {
+    std::uint32_t preempted = 0;
+    auto plan = sched.plan(preempted);
+    std::vector<std::pair<seq_id, std::uint32_t>> out;
+    for (auto& c : plan) {
+      out.emplace_back(c.seq->request.id, c.n_tokens);
+      c.seq->computed += c.n_tokens;
+      if (c.seq->computed == c.seq->tokens.size()) c.seq->tokens.push_back(2);
+    }
+    return out;
+  }
+};
+
+using plan_t = std::vector<std::pair<seq_id, std::uint32_t>>;
+
+scheduler_config small_config() {
+  scheduler_config cfg{/*max_batch_tokens=*/64, /*max_running=*/4, /*max_waiting=*/100, /*prefill_chunk=*/4};
+  cfg.max_held_steps = 2;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("scheduler: a light tenant's prompt goes first, and heavy decodes sit out a bounded number of steps",
+          "[fair][scheduler]") {
+  sched_rig r(256, small_config());
+  for (seq_id id = 1; id <= 3; ++id) r.add(id, 8, "heavy");
+  for (int i = 0; i < 12; ++i) r.step();  // prefilled, then decoding: the heavy tenant has been served
+  r.add(4, 8, "heavy");
+  r.add(5, 24, "light");  // later, but its tenant has been served nothing
+  // One place in the running set: the light prompt takes it, and the heavy
+  // decodes sit out its steps, two in a row at most.
+  const plan_t light_only{{5, 4}};
+  const plan_t with_decodes{{1, 1}, {2, 1}, {3, 1}, {5, 4}};
+  const std::vector<plan_t> want{light_only, light_only, with_decodes, light_only, light_only, with_decodes};
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(r.step() == want[i]);
+  }
+  CHECK(r.sched.running() == 4);
+  CHECK(r.sched.waiting() == 1);  // the heavy tenant's newcomer waits for a place
+  // Prefilled: the light tenant decodes beside the heavy one, nothing held.
+  CHECK(r.step() == plan_t{{1, 1}, {2, 1}, {3, 1}, {5, 1}});
+  CHECK(r.sched.held_decodes() == 0);
+}
+
+TEST_CASE("scheduler: one tenant keeps first-come order and never holds decodes back", "[fair][scheduler]") {
+  sched_rig r(256, small_config());
+  for (seq_id id = 1; id <= 3; ++id) r.add(id, 8, "only");
+  for (int i = 0; i < 12; ++i) r.step();
+  r.add(4, 8, "only");
+  r.add(5, 24, "only");
+  CHECK(r.step() == plan_t{{1, 1}, {2, 1}, {3, 1}, {4, 4}});  // first come
+  CHECK(r.sched.held_decodes() == 0);
+  CHECK(r.step() == plan_t{{1, 1}, {2, 1}, {3, 1}, {4, 4}});
+}
+
+TEST_CASE("scheduler: batch decodes yield to an interactive prompt of the same tenant", "[fair][scheduler]") {
+  sched_rig r(256, small_config());
+  for (seq_id id = 1; id <= 3; ++id) r.add(id, 8, "t", request_priority::batch);
+  for (int i = 0; i < 12; ++i) r.step();
+  r.add(4, 8, "t", request_priority::batch);
+  r.add(5, 8, "t", request_priority::interactive);
+  CHECK(r.step() == plan_t{{5, 4}});
+  CHECK(r.sched.held_decodes() == 3);
+  CHECK(r.step() == plan_t{{5, 4}});
+  CHECK(r.step() == plan_t{{1, 1}, {2, 1}, {3, 1}, {5, 1}});
+}
+
+// ---- CPU engine -----------------------------------------------------------------
+
+TEST_CASE("cpu engine: across tenants every request still gets the tokens it gets alone", "[fair][engine]") {
+  auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
+  const std::uint32_t vocab = m->config().vocab_size;
+  const sampling_params seeded{0.9f, 0.95f, 40, 99};
+  const auto make = [&](std::size_t i) {
+    generation_request r = test::request(i, test::test_prompt(6 + i % 5 * 4, vocab, i), 10, seeded);
+    r.tenant = i % 3 == 0 ? "light" : "heavy";
+    r.tenant_weight = i % 3 == 0 ? 2.0 : 1.0;
+    r.priority = i % 4 == 3 ? request_priority::batch : request_priority::interactive;
+    return r;
+  };
+  std::vector<std::vector<std::int32_t>> alone;
+  for (std::size_t i = 0; i < 9; ++i) {
+    thread_pool threads(1);
+    auto pool = test::make_pool(*m, 512);
+    cpu_engine e(m, *pool, threads, {});
+    generation_request r = make(i);
+    r.id = 0;  // run_to_completion's numbering
+    REQUIRE(e.submit(r));
+    alone.push_back(test::run_to_completion(e, 1)[0]);
+  }
+  cpu_engine_config cfg;
+  cfg.scheduler.max_batch_tokens = 12;
+  cfg.scheduler.prefill_chunk = 4;
+  cfg.scheduler.usage.lately_tokens = 1;
+  thread_pool threads(2);
+  auto pool = test::make_pool(*m, 1024);
+  cpu_engine e(m, *pool, threads, cfg);
+  std::vector<std::vector<std::int32_t>> got(9);
+  std::size_t submitted = 0;
+  while (submitted < 9 || !e.idle()) {
+    if (submitted < 9) REQUIRE(e.submit(make(submitted++)));
+    for (const auto& t : e.step().tokens) got[t.id].push_back(t.token);
+  }
+  for (std::size_t i = 0; i < 9; ++i) {
+    CAPTURE(i);
+    CHECK(got[i] == alone[i]);
+  }
+  generation_request bad = make(20);
+  bad.tenant_weight = 0;
+  const auto refused = e.submit(bad);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == errc::invalid_argument);
+}
+
+// ---- simulated engine -------------------------------------------------------------
+
+namespace {
+
+sim_model llama2_13b_int4() {  // as sim_engine_test.cpp spells it
+  sim_model m;
+  m.parameters = 13'015'864'320;
+  m.weight_bytes = 7'322'849'280;
+  m.kv_bytes_per_token = 819'200;
+  m.n_layers = 40;
+  m.dim = 5120;
+  m.int8_compute = true;
+  return m;
+}
+
+generation_request sim_request(seq_id id, std::uint32_t prompt, std::uint32_t max_tokens, std::string tenant) {
+  generation_request r;
+  r.id = id;
+  r.prompt.assign(prompt, static_cast<model::token_id>(10 + id % 50));
+  r.max_tokens = max_tokens;
+  r.tenant = std::move(tenant);
+  return r;
+}
+
+sim_engine_config sim_config() {
+  sim_engine_config cfg;
+  cfg.prefill_ends_step = true;  // as replicas run it
+  cfg.fair_prefill_chunk = 128;
+  return cfg;
+}
+
+// A light tenant's request arrives `arrival_s` after four of the heavy
+// tenant's prompts did; returns its time to first token. The step in flight
+// at the arrival is cut there, as the replica and device actors do.
+double light_ttft(const std::string& light_tenant, double arrival_s) {
+  sim_engine e(sim_cost_model(llama2_13b_int4(), sim_device{}), sim_config());
+  // Both tenants have been served lately (one request each, run to the end).
+  REQUIRE(e.submit(sim_request(1, 500, 10, light_tenant)));
+  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  REQUIRE(e.idle());
+  for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
+  double now_s = 0;
+  step_result r = e.step();
+  for (int i = 0; i < 100 && now_s + r.duration_s < arrival_s; ++i) {
+    now_s += r.duration_s;
+    r = e.step();
+  }
+  REQUIRE(now_s + r.duration_s >= arrival_s);
+  REQUIRE(e.submit(sim_request(20, 500, 10, light_tenant)));
+  const auto cut = e.truncate_last_step(arrival_s - now_s);
+  now_s += cut ? cut->duration_s : r.duration_s;
+  for (int i = 0; i < 1000 && !e.idle(); ++i) {
+    r = e.step();
+    now_s += r.duration_s;
+    for (const token_event& t : r.tokens)
+      if (t.id == 20) return now_s - arrival_s;
+  }
+  FAIL("the light tenant's request produced no token");
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("sim engine: a light tenant's prefill starts at the next chunk boundary of a heavy one's",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  const double own_s = cost.prefill_s(500);
+  const double chunk_s = cost.prefill_s(128, 256);  // the longest of a 500-token prompt's chunks but its last
+  for (const double arrival_s : {0.001, 0.005, 0.020, 0.040}) {
+    CAPTURE(arrival_s);
+    const double fair = light_ttft("light", arrival_s);
+    // Its own prefill (chunked too, so a little attention term more), after
+    // at most one of the heavy tenant's chunks.
+    CHECK(fair >= own_s * (1 - 1e-9));
+    CHECK(fair <= own_s + chunk_s + 1e-4);
+    // The same request of the same tenant (one tenant: first come) waits
+    // for the prompts ahead of it.
+    const double fifo = light_ttft("heavy", arrival_s);
+    CHECK(fifo >= 4 * own_s - arrival_s);
+  }
+}
+
+TEST_CASE("sim engine: interactive prompts are prefilled before batch ones", "[fair][sim]") {
+  sim_engine e(sim_cost_model(llama2_13b_int4(), sim_device{}), sim_config());
+  for (seq_id id = 1; id <= 3; ++id) {
+    generation_request r = sim_request(id, 300, 5, "t");
+    r.priority = request_priority::batch;
+    REQUIRE(e.submit(r));
+  }
+  REQUIRE(e.submit(sim_request(4, 300, 5, "t")));  // interactive, last to arrive
+  const step_result first = e.step();
+  REQUIRE(first.tokens.size() == 1);
+  CHECK(first.tokens[0].id == 4);
+}
+
+TEST_CASE("sim engine: across tenants, random truncations never change what a request receives", "[fair][sim]") {
+  // sim_engine_test's random truncation check with three tenants and two
+  // priority classes: the replays of chunked, fair-ordered steps must be
+  // exact. Tokens depend on the sequence only, so both engines agree.
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    CAPTURE(seed);
+    std::uint64_t x = seed * 0x9E3779B97F4A7C15ull;
+    const auto next = [&x](std::uint64_t n) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return (x >> 33) % n;
+    };
+    std::map<std::size_t, std::vector<generation_request>> arrivals;
+    for (seq_id id = 1; id <= 30; ++id) {
+      generation_request r = sim_request(id, 1 + static_cast<std::uint32_t>(next(400)),
+                                         1 + static_cast<std::uint32_t>(next(60)), "t" + std::to_string(next(3)));
+      r.priority = next(4) == 0 ? request_priority::batch : request_priority::interactive;
+      r.tenant_weight = 1.0 + static_cast<double>(next(3));
+      if (next(3) == 0) r.stop_tokens = {static_cast<model::token_id>(35 + next(95))};
+      arrivals[next(40)].push_back(std::move(r));
+    }
+    sim_engine_config cfg{.max_running = 6, .max_batch_tokens = 256, .kv_capacity_tokens = 1500, .horizon_s = 0.05};
+    cfg.fair_prefill_chunk = 32 + static_cast<std::uint32_t>(next(64));
+    cfg.prefill_ends_step = next(2) == 0;
+    cfg.usage.lately_tokens = 1;
+    sim_engine plain(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
+    sim_engine cut(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
+    std::map<seq_id, std::vector<model::token_id>> a, b;
+    std::map<seq_id, finish_event> fa, fb;
+    const auto absorb = [](const step_result& r, auto& tokens, auto& finished) {
+      for (const token_event& t : r.tokens) {
+        REQUIRE(t.index == tokens[t.id].size());
+        tokens[t.id].push_back(t.token);
+      }
+      for (const finish_event& f : r.finished) REQUIRE(finished.emplace(f.id, f).second);
+    };
+    std::size_t truncations = 0;
+    for (const generation_request& r : arrivals[0]) REQUIRE(cut.submit(r));
+    for (std::size_t i = 0; i < 100000 && (i < 40 || !plain.idle() || !cut.idle()); ++i) {
+      if (const auto found = arrivals.find(i); found != arrivals.end())
+        for (const generation_request& r : found->second) REQUIRE(plain.submit(r));
+      absorb(plain.step(), a, fa);
+      step_result r = cut.step();
+      if (const auto soon = arrivals.find(i + 1); soon != arrivals.end())
+        for (const generation_request& q : soon->second) REQUIRE(cut.submit(q));
+      const double at = r.duration_s * static_cast<double>(next(1001)) / 1000.0;
+      if (auto kept = cut.truncate_last_step(at)) {
+        CHECK(kept->duration_s < r.duration_s);
+        r = std::move(*kept);
+        ++truncations;
+      }
+      absorb(r, b, fb);
+    }
+    CHECK(truncations > 5);
+    CHECK(a == b);
+    REQUIRE(fa.size() == 30);
+    REQUIRE(fb.size() == 30);
+    for (const auto& [id, f] : fa) {
+      CHECK(fb.at(id).reason == f.reason);
+      CHECK(fb.at(id).generated == f.generated);
+    }
+    CHECK(cut.stats().kv_free_tokens == cut.stats().kv_capacity_tokens);
+    CHECK(cut.stats().generated_tokens == plain.stats().generated_tokens);
+  }
+}

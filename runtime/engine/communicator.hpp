@@ -13,6 +13,14 @@
 // pending and every later collective of the group returns `unavailable`
 // naming the reason. No collective waits forever: each is bounded by the
 // group's timeout, past which the group aborts itself.
+//
+// Buffers are the implementation's memory: host memory for the CPU group,
+// device memory on the member's GPU for NCCL. With the CPU group a call
+// returns when the result is in place; with NCCL it returns once enqueued on
+// the member's stream (gpu::nccl_communicator::wait() for completion).
+// In-place forms are those of NCCL: reduce_scatter_sum with
+// recv == send + rank() * count, all_gather with send == recv + rank() * count;
+// other overlaps of send and recv are not allowed.
 
 #include <cstddef>
 #include <string>

@@ -367,3 +367,23 @@ TEST_CASE("cpu group: a group of 64 completes an all-reduce (every arrival bit u
     CHECK(same_bits(in[r], want));
   }
 }
+
+TEST_CASE("cpu group: empty collectives still meet (null buffers allowed with count 0)", "[communicator][cpu]") {
+  auto members = group(3);
+  std::vector<int> failures(3, 0);
+  on_each_member(3, [&](int r) {
+    for (int k = 0; k < 10; ++k) {
+      if (!members[r]->all_reduce_sum(nullptr, 0)) ++failures[r];
+      if (!members[r]->reduce_scatter_sum(nullptr, nullptr, 0)) ++failures[r];
+      if (!members[r]->all_gather(nullptr, nullptr, 0)) ++failures[r];
+      if (!members[r]->broadcast(nullptr, 0, 2)) ++failures[r];
+    }
+  });
+  for (int r = 0; r < 3; ++r) CHECK(failures[r] == 0);
+  auto one_missing_buffer = gpu::make_cpu_group(1, generous);
+  REQUIRE(one_missing_buffer.has_value());
+  auto bad = (*one_missing_buffer)[0]->all_reduce_sum(nullptr, 4);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code == errc::invalid_argument);
+  CHECK_THAT(bad.error().message, Catch::Contains("null buffer"));
+}

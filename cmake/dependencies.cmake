@@ -38,7 +38,8 @@ if(EXASERVE_CUDA)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)  # H100/H200; nvcc 13's default is older
+      # A100 (80) and H100/H200 (90) at least; nvcc 13's default is older.
+      set(CMAKE_CUDA_ARCHITECTURES "80;90")
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)

@@ -1,0 +1,72 @@
+#pragma once
+// Device helpers shared by the kernels (included by .cu files only).
+//
+// Every .cu file is compiled with --fmad=false: like the host build's
+// -ffp-contract=off, no a*b+c is fused behind our back, so a kernel rounds
+// exactly as written (fmaf where a fused step is meant) and the elementwise
+// ops round as the CPU engine's do.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "gpu/ops/types.cuh"
+
+namespace exa::gpu::ops::detail {
+
+constexpr unsigned full_mask = 0xffffffffu;
+
+/// Max over the warp by a butterfly: exact, so its order does not matter.
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(full_mask, v, o));
+  return v;
+}
+
+/// Sum over the warp by a fixed butterfly (o = 16, 8, 4, 2, 1): every lane
+/// gets the same value, and the tree never depends on the data or the launch.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(full_mask, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(full_mask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float f16_round(float v) { return __half2float(__float2half_rn(v)); }
+
+/// Writes value(i) for i in [0, n) of one row, converted to `act` (row `row`),
+/// and to `f32_out` when given. n % 32 == 0; each warp of the block takes
+/// whole 32-element groups, so a Q8_0 block is one warp's: lane l holds
+/// element l, the scale is amax / 127 and q = round(x / scale) as in ggml's
+/// quantize_row_q8_0 (model/quantize.cpp).
+template <class Value>
+__device__ __forceinline__ void store_row(int n, Value value, float* f32_out, const act_view& act, int row) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int g = warp; g < n / 32; g += warps) {
+    const int i = g * 32 + lane;
+    const float v = value(i);
+    if (f32_out != nullptr) f32_out[i] = v;
+    if (act.data == nullptr) continue;
+    const long long at = static_cast<long long>(row) * act.k + i;
+    switch (act.type) {
+      case act_type::f16:
+        static_cast<__half*>(act.data)[at] = __float2half_rn(v);
+        break;
+      case act_type::bf16:
+        static_cast<__nv_bfloat16*>(act.data)[at] = __float2bfloat16_rn(v);
+        break;
+      case act_type::q8_0: {
+        const float amax = warp_max(fabsf(v));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        static_cast<std::int8_t*>(act.data)[at] = static_cast<std::int8_t>(roundf(v * id));
+        if (lane == 0) act.scales[static_cast<long long>(row) * (act.k / 32) + g] = __half2float(__float2half_rn(d));
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace exa::gpu::ops::detail

@@ -1,0 +1,23 @@
+#include "gpu/ops/common.cuh"
+#include "gpu/ops/swiglu.cuh"
+
+namespace exa::gpu::ops {
+namespace {
+
+__global__ void __launch_bounds__(256) swiglu_kernel(const float* gate, const float* up, int ff, act_view act) {
+  const long long base = static_cast<long long>(blockIdx.x) * ff;
+  const float* g = gate + base;
+  const float* u = up + base;
+  // expf is CUDA's (within 2 ulp), the CPU's is correctly rounded: the two
+  // engines agree to rounding here, not bitwise.
+  detail::store_row(ff, [&](int i) { return g[i] / (1.0f + expf(-g[i])) * u[i]; }, nullptr, act, blockIdx.x);
+}
+
+}  // namespace
+
+void swiglu(const float* gate, const float* up, int n_tok, int ff, const act_view& act, cudaStream_t stream) {
+  if (n_tok == 0) return;
+  swiglu_kernel<<<n_tok, 256, 0, stream>>>(gate, up, ff, act);
+}
+
+}  // namespace exa::gpu::ops

@@ -27,13 +27,25 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
       cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(), config.kv_block_tokens},
              config.kv_max_blocks, config.prefix_cache),
       scheduler_(config.scheduler, cache_),
-      forward_(model_->config(), model_->weights(), cache_, threads) {
+      forward_(std::make_unique<llama_forward>(model_->config(), model_->weights(), cache_, threads)) {
   if (config_.draft) {  // speculative decoding (speculative.hpp)
     EXA_ASSERT_MSG(check_draft(*model_, *config_.draft, config_.draft_tokens).has_value(),
                    "a draft model that check_draft() refuses");
     spec_ = std::make_unique<speculator>(config_.draft, config_.draft_tokens, config_.kv_block_tokens,
                                          cache_.capacity_tokens() / config_.kv_block_tokens, threads);
   }
+}
+
+cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_pool& pool, std::uint32_t kv_dim,
+                       std::unique_ptr<forward_executor> forward, cpu_engine_config config)
+    : model_(std::move(model)),
+      config_(config),
+      cache_(pool, kv_layout{model_->config().n_layers, kv_dim, config.kv_block_tokens}, config.kv_max_blocks,
+             config.prefix_cache),
+      scheduler_(config.scheduler, cache_),
+      forward_(std::move(forward)) {
+  EXA_ASSERT(forward_ != nullptr);
+  EXA_ASSERT_MSG(!config_.draft, "speculative decoding needs the engine's own forward pass");
 }
 
 expected<void> cpu_engine::check(const generation_request& r) const {
@@ -69,6 +81,7 @@ expected<void> cpu_engine::check(const generation_request& r) const {
 }
 
 expected<void> cpu_engine::submit(generation_request request) {
+  if (fault_) return make_error(errc::unavailable, "engine failed: " + *fault_);
   if (auto ok = check(request); !ok) return ok;
   if (scheduler_.find(request.id) != nullptr)
     return make_error(errc::invalid_argument, "request id " + std::to_string(request.id) + " is already active");
@@ -97,7 +110,9 @@ void cpu_engine::cancel(seq_id id) {
   }
 }
 
-bool cpu_engine::idle() const { return scheduler_.empty() && pending_finished_.empty(); }
+bool cpu_engine::idle() const {
+  return pending_finished_.empty() && (fault_.has_value() || scheduler_.empty());
+}
 
 bool cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_result& out,
                                     std::optional<model::token_id> decided) {
@@ -125,6 +140,7 @@ step_result cpu_engine::step() {
   step_result out;
   out.finished = std::move(pending_finished_);
   pending_finished_.clear();
+  if (fault_) return out;
   const std::vector<scheduled_chunk> plan = scheduler_.plan(out.preempted);
   stats_.preemptions += out.preempted;
   if (plan.empty()) return out;
@@ -144,7 +160,11 @@ step_result cpu_engine::step() {
     if (spec_) append_proposals(batch, *c.seq, index);
     if (c.seq->pending() > 1) out.prefill_tokens += c.n_tokens;  // not a one-token decode
   }
-  forward_.run(batch, logits_);
+  if (auto ok = forward_->execute(batch, logits_); !ok) {
+    // Nothing of this step happened: no sequence advances, and none will.
+    fault_ = ok.error().message;
+    return out;
+  }
   ++stats_.steps;
   stats_.prefill_tokens += out.prefill_tokens;
 

@@ -5,6 +5,8 @@
 // shared with other replicas (calls into one engine must not overlap).
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/batch_scheduler.hpp"
@@ -40,6 +42,13 @@ class cpu_engine final : public inference_engine {
   /// `pool` provides the KV blocks (block_bytes() >= kv_block_bytes()).
   cpu_engine(std::shared_ptr<const model::llama_model> model, block_pool& pool,
              thread_pool& threads, cpu_engine_config config = {});
+  /// An engine whose batches run on `forward` instead of a forward pass of
+  /// its own: a tensor-parallel group (tp_engine.hpp builds one). `pool`
+  /// gives the scheduler's KV accounting, in blocks `kv_dim` wide (a member's
+  /// share). No draft model (speculative decoding needs a forward of its own);
+  /// config.prefix_cache must be off when `forward` keeps its KV elsewhere.
+  cpu_engine(std::shared_ptr<const model::llama_model> model, block_pool& pool, std::uint32_t kv_dim,
+             std::unique_ptr<forward_executor> forward, cpu_engine_config config);
 
   /// Bytes of one KV block for this model and block size (to size the pool).
   static std::size_t kv_block_bytes(const model::llama_config& c, std::uint32_t block_tokens);
@@ -50,6 +59,11 @@ class cpu_engine final : public inference_engine {
   step_result step() override;
   engine_stats stats() const override;
   prefix_summary cached_prefixes(std::size_t max_hashes) const override;
+  /// Why the engine failed: its forward did (a tensor-parallel group's
+  /// collective was aborted). A failed engine runs nothing more: submit()
+  /// refuses with unavailable, step() only reports cancellations, idle() is
+  /// true once they are reported.
+  std::optional<std::string> fault() const override { return fault_; }
 
   const model::llama_model& model() const noexcept { return *model_; }
   const kv_cache& cache() const noexcept { return cache_; }
@@ -70,12 +84,13 @@ class cpu_engine final : public inference_engine {
   cpu_engine_config config_;
   kv_cache cache_;
   batch_scheduler scheduler_;
-  llama_forward forward_;
+  std::unique_ptr<forward_executor> forward_;
   sampler sampler_;
   std::vector<float> logits_;
   std::vector<finish_event> pending_finished_;  // cancellations, reported next step
   engine_stats stats_;
   std::unique_ptr<speculator> spec_;  // null without a draft model
+  std::optional<std::string> fault_;  // set when a forward failed
 };
 
 }  // namespace exa::engine

@@ -131,6 +131,12 @@ class inference_engine {
     return {};
   }
 
+  /// Why the engine has failed for good, or nullopt while it is healthy. A
+  /// tensor-parallel engine fails when its group's collectives do (a member's
+  /// device faulted, a collective timed out): its requests will not finish
+  /// here, so the replica reports itself failed and they resume elsewhere.
+  virtual std::optional<std::string> fault() const { return std::nullopt; }
+
   /// Simulated engines: how many replicas share this engine's device right
   /// now (memory bandwidth is split among them). Real engines ignore it.
   virtual void set_device_sharing(std::uint32_t active_replicas) { (void)active_replicas; }

@@ -12,6 +12,7 @@ namespace exa::engine {
 kv_cache::kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks, bool prefix_cache)
     : pool_(pool),
       layout_(layout),
+      pages_(pool, layout),
       prefix_enabled_(prefix_cache),
       max_blocks_(max_blocks == 0 ? pool.capacity_blocks() : std::min(max_blocks, pool.capacity_blocks())),
       owner_(pool.capacity_blocks(), 0),
@@ -240,26 +241,6 @@ const std::vector<block_id>& kv_cache::table(seq_id seq) const {
   const auto it = tables_.find(seq);
   EXA_ASSERT_MSG(it != tables_.end(), "KV table of an unknown sequence");
   return it->second.blocks;
-}
-
-std::uint16_t* kv_cache::slot(const std::vector<block_id>& table, std::uint32_t layer,
-                              std::uint32_t kv, std::uint32_t pos) noexcept {
-  const std::uint32_t bi = pos / layout_.block_tokens;
-  EXA_ASSERT(bi < table.size());
-  auto* base = static_cast<std::uint16_t*>(pool_.address(table[bi]));
-  const std::size_t s = pos % layout_.block_tokens;
-  const std::size_t index = ((std::size_t{layer} * 2 + kv) * layout_.block_tokens + s) * layout_.kv_dim;
-  return base + index;
-}
-
-std::uint16_t* kv_cache::k(const std::vector<block_id>& table, std::uint32_t layer,
-                           std::uint32_t pos) noexcept {
-  return slot(table, layer, 0, pos);
-}
-
-std::uint16_t* kv_cache::v(const std::vector<block_id>& table, std::uint32_t layer,
-                           std::uint32_t pos) noexcept {
-  return slot(table, layer, 1, pos);
 }
 
 std::uint32_t kv_cache::capacity_tokens() const noexcept {

@@ -25,23 +25,13 @@
 #include <vector>
 
 #include "engine/block_pool.hpp"
+#include "engine/kv_pages.hpp"
 #include "engine/prefix_cache.hpp"
 #include "model/vocab.hpp"
 
 namespace exa::engine {
 
 using seq_id = std::uint64_t;
-
-struct kv_layout {
-  std::uint32_t n_layers = 0;
-  std::uint32_t kv_dim = 0;
-  std::uint32_t block_tokens = 16;
-
-  /// Bytes of one block: layers × (K and V) × positions × kv_dim × fp16.
-  std::size_t block_bytes() const noexcept {
-    return std::size_t{n_layers} * 2 * block_tokens * kv_dim * sizeof(std::uint16_t);
-  }
-};
 
 class kv_cache {
  public:
@@ -90,8 +80,14 @@ class kv_cache {
 
   /// fp16 K (or V) vector of `layer` at position `pos` of a sequence whose table
   /// covers pos.
-  std::uint16_t* k(const std::vector<block_id>& table, std::uint32_t layer, std::uint32_t pos) noexcept;
-  std::uint16_t* v(const std::vector<block_id>& table, std::uint32_t layer, std::uint32_t pos) noexcept;
+  std::uint16_t* k(const std::vector<block_id>& table, std::uint32_t layer, std::uint32_t pos) noexcept {
+    return pages_.k(table, layer, pos);
+  }
+  std::uint16_t* v(const std::vector<block_id>& table, std::uint32_t layer, std::uint32_t pos) noexcept {
+    return pages_.v(table, layer, pos);
+  }
+  /// The address arithmetic alone, for the forward pass.
+  const kv_pages& pages() const noexcept { return pages_; }
 
   std::uint32_t capacity_tokens() const noexcept;
   std::uint32_t free_tokens() const noexcept;
@@ -124,8 +120,6 @@ class kv_cache {
     bool unpublishable = false;       // a hash collision broke the chain
   };
 
-  std::uint16_t* slot(const std::vector<block_id>& table, std::uint32_t layer, std::uint32_t kv,
-                      std::uint32_t pos) noexcept;
   std::uint32_t copies_needed(const seq_table* t, std::uint32_t n_tokens, std::uint32_t write_from) const;
   bool take_blocks(std::uint32_t n, std::vector<block_id>& out);
   void give_private(seq_id seq, block_id b);
@@ -135,6 +129,7 @@ class kv_cache {
 
   block_pool& pool_;
   kv_layout layout_;
+  kv_pages pages_;
   bool prefix_enabled_;
   std::unordered_map<seq_id, seq_table> tables_;
   std::uint32_t max_blocks_;

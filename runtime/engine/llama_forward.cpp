@@ -4,8 +4,9 @@
 #include <cmath>
 
 #include "common/assert.hpp"
-#include "engine/ops.hpp"
+#include "engine/communicator.hpp"
 #include "engine/kernel_table.hpp"
+#include "engine/ops.hpp"
 #include "engine/thread_pool.hpp"
 #include "model/half.hpp"
 
@@ -36,11 +37,32 @@ void add_bias(float* x, const std::vector<float>& b) noexcept {
 llama_forward::llama_forward(const model::llama_config& config,
                              const model::llama_weights& weights, kv_cache& cache,
                              thread_pool& pool)
-    : config_(config), weights_(weights), cache_(cache), pool_(pool) {
+    : llama_forward(config, weights, cache.pages(), pool, nullptr) {}
+
+llama_forward::llama_forward(const model::llama_config& config, const model::llama_weights& weights,
+                             kv_pages pages, thread_pool& pool, communicator& comm)
+    : llama_forward(config, weights, pages, pool, &comm) {}
+
+llama_forward::llama_forward(const model::llama_config& config,
+                             const model::llama_weights& weights, kv_pages pages,
+                             thread_pool& pool, communicator* comm)
+    : config_(config), weights_(weights), cache_(pages), pool_(pool), comm_(comm) {
+  const std::size_t members = comm_ == nullptr ? 1 : static_cast<std::size_t>(comm_->size());
+  EXA_ASSERT(members >= 1 && config_.n_heads % members == 0 && config_.n_kv_heads % members == 0 &&
+             config_.ff_dim % members == 0);
+  n_heads_ = config_.n_heads / members;
+  n_kv_heads_ = config_.n_kv_heads / members;
+  q_dim_ = n_heads_ * config_.head_dim();
+  kv_dim_ = n_kv_heads_ * config_.head_dim();
+  ff_ = config_.ff_dim / members;
   EXA_ASSERT(weights_.layers.size() == config_.n_layers);
   EXA_ASSERT(cache_.layout().n_layers == config_.n_layers);
-  EXA_ASSERT(cache_.layout().kv_dim == config_.kv_dim());
+  EXA_ASSERT(cache_.layout().kv_dim == kv_dim_);
   for (const auto& l : weights_.layers) {
+    // A member's shard must be the share its group size implies (tp_weights.hpp).
+    EXA_ASSERT_MSG(l.wq.rows == q_dim_ && l.wk.rows == kv_dim_ && l.wv.rows == kv_dim_ && l.wo.cols == q_dim_ &&
+                       l.w_gate.rows == ff_ && l.w_up.rows == ff_ && l.w_down.cols == ff_,
+                   "weights that are not this member's shard");
     attn_norm_.push_back(dequantize_vector(l.attn_norm));
     ffn_norm_.push_back(dequantize_vector(l.ffn_norm));
     bq_.push_back(dequantize_optional(l.bq));
@@ -56,6 +78,11 @@ llama_forward::llama_forward(const model::llama_config& config,
   rope_.freq_scale = config_.rope_freq_scale;
   rope_.freq_factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
   rope_.halves = config_.rope_pairs == model::rope_pairing::halves;
+}
+
+expected<void> llama_forward::all_reduce(float* data, std::size_t n) {
+  if (comm_ == nullptr) return {};
+  return comm_->all_reduce_sum(data, n);
 }
 
 template <class Fn>
@@ -76,25 +103,25 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
   const forward_token& tok = batch.tokens[t];
   const std::vector<block_id>& table = *batch.tables[tok.seq_index];
   const std::size_t hd = config_.head_dim();
-  const std::size_t kv_head = head / (config_.n_heads / config_.n_kv_heads);
+  const std::size_t kv_head = head / (n_heads_ / n_kv_heads_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float q[1024];
   EXA_ASSERT(hd <= 1024);
-  for (std::size_t i = 0; i < hd; ++i) q[i] = q_[t * config_.dim + head * hd + i];
+  for (std::size_t i = 0; i < hd; ++i) q[i] = q_[t * q_dim_ + head * hd + i];
   round_to_f16(q, hd);
 
   const std::size_t n = std::size_t{tok.pos} + 1;
   scores.resize(n);
   // One KV block at a time: its positions' K (and V) vectors are kv_dim apart.
   const std::uint32_t bt = cache_.layout().block_tokens;
-  const std::size_t stride = config_.kv_dim();
+  const std::size_t stride = kv_dim_;
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
     kernels_->dot_f16_rows(q, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd, scores.data() + j0);
   }
   for (std::size_t j = 0; j < n; ++j) scores[j] *= scale;
   softmax(scores.data(), n);
-  float* out = att_.data() + t * config_.dim + head * hd;
+  float* out = att_.data() + t * q_dim_ + head * hd;
   for (std::size_t i = 0; i < hd; ++i) out[i] = 0.0f;
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
@@ -102,12 +129,12 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
   }
 }
 
-void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t layer) {
+expected<void> llama_forward::attention_layer(const forward_batch& batch, std::uint32_t layer) {
   const std::size_t n_tok = batch.tokens.size();
-  const std::size_t dim = config_.dim, kv_dim = config_.kv_dim(), hd = config_.head_dim();
+  const std::size_t dim = config_.dim, q_dim = q_dim_, kv_dim = kv_dim_, hd = config_.head_dim();
   const auto& w = weights_.layers[layer];
   xn_acts_.convert(w.wq.type, xn_.data(), dim, n_tok, dim, &pool_);
-  project(w.wq, n_tok, q_.data(), dim);
+  project(w.wq, n_tok, q_.data(), q_dim);
   project(w.wk, n_tok, k_.data(), kv_dim);
   project(w.wv, n_tok, v_.data(), kv_dim);
 
@@ -115,11 +142,11 @@ void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t la
   // attend to the earlier positions of its own chunk.
   for_tokens(n_tok, [&](std::size_t t) {
     const forward_token& tok = batch.tokens[t];
-    add_bias(q_.data() + t * dim, bq_[layer]);
+    add_bias(q_.data() + t * q_dim, bq_[layer]);
     add_bias(k_.data() + t * kv_dim, bk_[layer]);
     add_bias(v_.data() + t * kv_dim, bv_[layer]);
-    rope(q_.data() + t * dim, config_.n_heads, hd, tok.pos, rope_);
-    rope(k_.data() + t * kv_dim, config_.n_kv_heads, hd, tok.pos, rope_);
+    rope(q_.data() + t * q_dim, n_heads_, hd, tok.pos, rope_);
+    rope(k_.data() + t * kv_dim, n_kv_heads_, hd, tok.pos, rope_);
     const std::vector<block_id>& table = *batch.tables[tok.seq_index];
     std::uint16_t* kd = cache_.k(table, layer, tok.pos);
     std::uint16_t* vd = cache_.v(table, layer, tok.pos);
@@ -129,33 +156,60 @@ void llama_forward::attention_layer(const forward_batch& batch, std::uint32_t la
     }
   });
 
-  pool_.parallel_for(n_tok * config_.n_heads, 1, [&](std::size_t begin, std::size_t end) {
+  pool_.parallel_for(n_tok * n_heads_, 1, [&](std::size_t begin, std::size_t end) {
     std::vector<float> scores;
-    for (std::size_t i = begin; i < end; ++i)
-      attend(batch, layer, i / config_.n_heads, i % config_.n_heads, scores);
+    for (std::size_t i = begin; i < end; ++i) attend(batch, layer, i / n_heads_, i % n_heads_, scores);
   });
-  matmul(w.wo, att_.data(), dim, n_tok, proj_.data(), dim, pool_, other_acts_);
+  matmul(w.wo, att_.data(), q_dim, n_tok, proj_.data(), dim, pool_, other_acts_);
+  // Row-parallel: each member holds a partial sum over its heads. The bias
+  // is added once, to the sum.
+  if (auto ok = all_reduce(proj_.data(), n_tok * dim); !ok) return ok;
   for_tokens(n_tok, [&](std::size_t t) {
     add_bias(proj_.data() + t * dim, bo_[layer]);
     for (std::size_t i = t * dim; i < (t + 1) * dim; ++i) x_[i] += proj_[i];
   });
+  return {};
+}
+
+expected<void> llama_forward::mlp_layer(std::uint32_t layer, std::size_t n_tok) {
+  const std::size_t dim = config_.dim, ff = ff_;
+  const auto& w = weights_.layers[layer];
+  for_tokens(n_tok, [&](std::size_t t) {
+    rms_norm(x_.data() + t * dim, ffn_norm_[layer].data(), dim, config_.rms_eps, xn_.data() + t * dim);
+  });
+  xn_acts_.convert(w.w_gate.type, xn_.data(), dim, n_tok, dim, &pool_);
+  project(w.w_gate, n_tok, gate_.data(), ff);
+  project(w.w_up, n_tok, up_.data(), ff);
+  for_tokens(n_tok, [&](std::size_t t) { silu_mul(gate_.data() + t * ff, up_.data() + t * ff, ff); });
+  matmul(w.w_down, gate_.data(), ff, n_tok, proj_.data(), dim, pool_, other_acts_);
+  if (auto ok = all_reduce(proj_.data(), n_tok * dim); !ok) return ok;  // row-parallel, as O
+  for_tokens(n_tok, [&](std::size_t t) {
+    for (std::size_t i = t * dim; i < (t + 1) * dim; ++i) x_[i] += proj_[i];
+  });
+  return {};
 }
 
 void llama_forward::run(const forward_batch& batch, std::vector<float>& logits) {
+  EXA_ASSERT_MSG(comm_ == nullptr, "a tensor-parallel member runs through execute()");
+  const auto ok = execute(batch, logits);
+  EXA_ASSERT(ok.has_value());
+}
+
+expected<void> llama_forward::execute(const forward_batch& batch, std::vector<float>& logits) {
   const std::size_t n_tok = batch.tokens.size();
-  const std::size_t dim = config_.dim, kv_dim = config_.kv_dim(), ff = config_.ff_dim;
+  const std::size_t dim = config_.dim;
   logits.clear();
-  if (n_tok == 0) return;
+  if (n_tok == 0) return {};
   kernels_ = &active_kernels();
   x_.resize(n_tok * dim);
   xn_.resize(n_tok * dim);
-  q_.resize(n_tok * dim);
-  att_.resize(n_tok * dim);
+  q_.resize(n_tok * q_dim_);
+  att_.resize(n_tok * q_dim_);
   proj_.resize(n_tok * dim);
-  k_.resize(n_tok * kv_dim);
-  v_.resize(n_tok * kv_dim);
-  gate_.resize(n_tok * ff);
-  up_.resize(n_tok * ff);
+  k_.resize(n_tok * kv_dim_);
+  v_.resize(n_tok * kv_dim_);
+  gate_.resize(n_tok * ff_);
+  up_.resize(n_tok * ff_);
 
   for (std::size_t t = 0; t < n_tok; ++t) {
     const auto token = batch.tokens[t].token;
@@ -165,24 +219,14 @@ void llama_forward::run(const forward_batch& batch, std::vector<float>& logits) 
   }
 
   for (std::uint32_t l = 0; l < config_.n_layers; ++l) {
-    const auto& w = weights_.layers[l];
     for_tokens(n_tok, [&](std::size_t t) {
       rms_norm(x_.data() + t * dim, attn_norm_[l].data(), dim, config_.rms_eps, xn_.data() + t * dim);
     });
-    attention_layer(batch, l);
-
-    for_tokens(n_tok, [&](std::size_t t) {
-      rms_norm(x_.data() + t * dim, ffn_norm_[l].data(), dim, config_.rms_eps, xn_.data() + t * dim);
-    });
-    xn_acts_.convert(w.w_gate.type, xn_.data(), dim, n_tok, dim, &pool_);
-    project(w.w_gate, n_tok, gate_.data(), ff);
-    project(w.w_up, n_tok, up_.data(), ff);
-    for_tokens(n_tok, [&](std::size_t t) { silu_mul(gate_.data() + t * ff, up_.data() + t * ff, ff); });
-    matmul(w.w_down, gate_.data(), ff, n_tok, proj_.data(), dim, pool_, other_acts_);
-    for_tokens(n_tok, [&](std::size_t t) {
-      for (std::size_t i = t * dim; i < (t + 1) * dim; ++i) x_[i] += proj_[i];
-    });
+    if (auto ok = attention_layer(batch, l); !ok) return ok;
+    if (auto ok = mlp_layer(l, n_tok); !ok) return ok;
   }
+  // Every member holds the same hidden state now: rank 0 alone computes logits.
+  if (comm_ != nullptr && comm_->rank() != 0) return {};
 
   // Only the tokens that need logits go through the final norm and head.
   std::size_t n_out = 0;
@@ -194,6 +238,7 @@ void llama_forward::run(const forward_batch& batch, std::vector<float>& logits) 
   const std::size_t vocab = weights_.output.rows;
   logits.resize(n_out * vocab);
   matmul(weights_.output, xn_.data(), dim, n_out, logits.data(), vocab, pool_, other_acts_);
+  return {};
 }
 
 }  // namespace exa::engine

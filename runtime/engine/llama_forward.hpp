@@ -9,12 +9,24 @@
 // batch (matrix-matrix), and each token's arithmetic is independent of the
 // batch around it (see matmul.hpp), so a sequence's logits are bitwise the
 // same alone, in any batch, and whatever its prefill was split into.
+//
+// Tensor parallelism (Megatron style): a member of a group of G runs the same
+// pass over its shard of the weights (tp_weights.hpp) -- n_heads / G query
+// heads and n_kv_heads / G KV heads (its KV pages hold only those), ff / G MLP
+// rows -- and all-reduces the partial outputs of the row-parallel O and down
+// projections, two collectives per layer. The sum is in rank order, so a
+// member's logits are still batch-invariant and bitwise the same from run to
+// run (not bitwise those of one device: each projection's dot products are
+// summed in G pieces). The hidden state is the same on every member after each
+// all-reduce, so rank 0 alone computes logits.
 
 #include <cstdint>
 #include <vector>
 
+#include "common/error.hpp"
 #include "engine/block_pool.hpp"
 #include "engine/kv_cache.hpp"
+#include "engine/kv_pages.hpp"
 #include "engine/matmul.hpp"
 #include "engine/ops.hpp"
 #include "model/llama_config.hpp"
@@ -23,6 +35,7 @@
 
 namespace exa::engine {
 
+class communicator;
 class thread_pool;
 struct kernel_table;
 
@@ -40,26 +53,53 @@ struct forward_batch {
   std::vector<const std::vector<block_id>*> tables;
 };
 
-class llama_forward {
+/// Runs a batch through the model: one llama_forward, or a tensor-parallel
+/// group of them (tp_group.hpp).
+class forward_executor {
  public:
+  virtual ~forward_executor() = default;
+  /// Fills `logits` with vocab_size floats per token whose `logits` flag is
+  /// set, in batch order. Errors: unavailable when a tensor-parallel group's
+  /// collective failed (the group is aborted; nothing more will run).
+  virtual expected<void> execute(const forward_batch& batch, std::vector<float>& logits) = 0;
+};
+
+class llama_forward final : public forward_executor {
+ public:
+  /// The whole model on one device.
   llama_forward(const model::llama_config& config, const model::llama_weights& weights,
                 kv_cache& cache, thread_pool& pool);
+  /// Member `comm.rank()` of a tensor-parallel group of comm.size(): `weights`
+  /// is its shard (tp_weights.hpp), `pages` its own KV blocks, n_kv_heads /
+  /// comm.size() heads wide. Only rank 0 returns logits; the others return
+  /// none. `comm` must outlive this forward.
+  llama_forward(const model::llama_config& config, const model::llama_weights& weights, kv_pages pages,
+                thread_pool& pool, communicator& comm);
 
-  /// Runs the batch and fills `logits` with vocab_size floats per token whose
-  /// `logits` flag is set, in batch order.
+  /// execute() on one device, where nothing can fail.
   void run(const forward_batch& batch, std::vector<float>& logits);
+  expected<void> execute(const forward_batch& batch, std::vector<float>& logits) override;
 
   const model::llama_config& config() const noexcept { return config_; }
 
  private:
-  void attention_layer(const forward_batch& batch, std::uint32_t layer);
+  llama_forward(const model::llama_config& config, const model::llama_weights& weights, kv_pages pages,
+                thread_pool& pool, communicator* comm);
+  expected<void> attention_layer(const forward_batch& batch, std::uint32_t layer);
+  expected<void> mlp_layer(std::uint32_t layer, std::size_t n_tok);
+  // Sums `n` floats over the group in place; nothing on one device.
+  expected<void> all_reduce(float* data, std::size_t n);
   void attend(const forward_batch& batch, std::uint32_t layer, std::size_t t, std::size_t head,
               std::vector<float>& scores);
 
   model::llama_config config_;
   const model::llama_weights& weights_;
-  kv_cache& cache_;
+  kv_pages cache_;
   thread_pool& pool_;
+  communicator* comm_ = nullptr;  // null on one device
+  // This member's share (the whole model on one device): query and KV heads,
+  // their widths, MLP rows.
+  std::size_t n_heads_ = 0, n_kv_heads_ = 0, q_dim_ = 0, kv_dim_ = 0, ff_ = 0;
   const kernel_table* kernels_ = nullptr;  // the active ISA's, taken at each run()
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;  // per layer, dequantized
   std::vector<float> output_norm_;

@@ -1,0 +1,214 @@
+// The CUDA engine's host-side logic, on any machine: the weight upload plan,
+// the q8_0 repacking, the graph policy, and what make_cuda_engine says where
+// it cannot run. The kernels themselves are checked by cuda_gpu_test, which
+// needs a GPU.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "fixtures.hpp"
+#include "gpu/cuda_engine.hpp"
+#include "gpu/cuda_graph_policy.hpp"
+#include "gpu/cuda_memory_pool.hpp"
+#include "gpu/cuda_weight_plan.hpp"
+#include "model/quantize.hpp"
+
+using namespace exa;
+using model::tensor_type;
+
+namespace {
+
+model::model_spec spec_of(tensor_type type) {
+  auto s = test::tiny_spec(type);
+  s.name = "cuda-plan";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the CUDA weight plan places every tensor once, aligned and apart", "[gpu][cuda_plan]") {
+  for (const tensor_type type : {tensor_type::f16, tensor_type::bf16, tensor_type::q8_0}) {
+    CAPTURE(model::to_string(type));
+    const auto m = test::make_model(spec_of(type));
+    const auto plan = gpu::plan_weights(m->config(), m->weights());
+    REQUIRE(plan.has_value());
+    const auto all = m->weights().all();
+    REQUIRE(plan->tensors.size() == all.size());
+    for (const model::weight_view* w : all) REQUIRE(plan->find(*w) != nullptr);
+
+    // Buffers (values and q8_0 scales) in ascending order, aligned, not overlapping.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    for (const gpu::planned_tensor& t : plan->tensors) {
+      ranges.emplace_back(t.offset, t.bytes);
+      if (t.scales_bytes > 0) ranges.emplace_back(t.scales_offset, t.scales_bytes);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      CHECK(ranges[i].first % gpu::device_alignment == 0);
+      if (i + 1 < ranges.size()) CHECK(ranges[i].first + ranges[i].second <= ranges[i + 1].first);
+    }
+    CHECK(ranges.back().first + ranges.back().second <= plan->total_bytes);
+
+    const auto& l0 = m->weights().layers[0];
+    const gpu::planned_tensor* wq = plan->find(l0.wq);
+    CHECK(wq->format == (type == tensor_type::f16    ? gpu::device_format::f16
+                         : type == tensor_type::bf16 ? gpu::device_format::bf16
+                                                     : gpu::device_format::q8_0));
+    CHECK(wq->bytes == gpu::device_bytes(wq->format, l0.wq.rows, l0.wq.cols));
+    CHECK(wq->scales_bytes == (type == tensor_type::q8_0 ? l0.wq.rows * (l0.wq.cols / 32) * 4 : 0));
+    // Norms go up dequantized to f32.
+    CHECK(plan->find(l0.attn_norm)->format == gpu::device_format::f32);
+  }
+}
+
+TEST_CASE("the CUDA weight plan refuses what its kernels do not take, by name", "[gpu][cuda_plan]") {
+  SECTION("K-quant matrices") {
+    auto s = spec_of(tensor_type::q4_K);
+    s.dim = 256;
+    s.ff_dim = 512;
+    const auto m = test::make_model(s);
+    const auto plan = gpu::plan_weights(m->config(), m->weights());
+    REQUIRE_FALSE(plan.has_value());
+    CHECK(plan.error().code == errc::unsupported);
+    CHECK_THAT(plan.error().message, Catch::Contains("q4_K") && Catch::Contains("tensor "));
+  }
+  SECTION("f32 matrices") {
+    const auto m = test::make_model(spec_of(tensor_type::f32));
+    const auto plan = gpu::plan_weights(m->config(), m->weights());
+    REQUIRE_FALSE(plan.has_value());
+    CHECK(plan.error().code == errc::unsupported);
+    CHECK_THAT(plan.error().message, Catch::Contains("f32"));
+  }
+  SECTION("a head wider than the attention kernel takes") {
+    auto s = spec_of(tensor_type::f16);
+    s.dim = 512;
+    s.n_heads = 1;
+    s.n_kv_heads = 1;
+    const auto m = test::make_model(s);
+    const auto plan = gpu::plan_weights(m->config(), m->weights());
+    REQUIRE_FALSE(plan.has_value());
+    CHECK_THAT(plan.error().message, Catch::Contains("head width 512"));
+  }
+}
+
+TEST_CASE("a tied output head is planned once, as a matrix", "[gpu][cuda_plan]") {
+  auto s = spec_of(tensor_type::q8_0);
+  s.tie_embeddings = true;
+  const auto m = test::make_model(s);
+  REQUIRE(m->weights().tied_output);
+  const auto plan = gpu::plan_weights(m->config(), m->weights());
+  REQUIRE(plan.has_value());
+  CHECK(plan->find(m->weights().token_embd)->format == gpu::device_format::q8_0);
+  CHECK(plan->tensors.size() == m->weights().all().size());
+}
+
+TEST_CASE("q8_0 repacking keeps every quant and scale", "[gpu][cuda_plan]") {
+  constexpr std::size_t rows = 3, cols = 96;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> x(rows * cols);
+  for (float& v : x) v = dist(rng);
+  std::vector<model::block_q8_0> blocks(rows * cols / 32);
+  for (std::size_t r = 0; r < rows; ++r) model::quantize_row_q8_0(x.data() + r * cols, blocks.data() + r * cols / 32, cols);
+
+  std::vector<std::int8_t> quants(rows * cols);
+  std::vector<float> scales(rows * cols / 32);
+  gpu::repack_q8_0(reinterpret_cast<const std::byte*>(blocks.data()), rows, cols, quants.data(), scales.data());
+  std::vector<float> want(cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    model::dequantize_row_q8_0(blocks.data() + r * cols / 32, want.data(), cols);
+    for (std::size_t i = 0; i < cols; ++i) {
+      // The kernels compute exactly this product: bitwise the CPU's dequantized value.
+      const float got = static_cast<float>(quants[r * cols + i]) * scales[r * cols / 32 + i / 32];
+      REQUIRE(std::memcmp(&got, &want[i], sizeof got) == 0);
+    }
+  }
+}
+
+TEST_CASE("a step shape is recorded as a graph the second time in a row, then replayed", "[gpu][cuda_graphs]") {
+  using action = gpu::graph_decision::action;
+  gpu::graph_policy p(2);
+  const gpu::graph_key a{8, 8}, b{1, 1}, c{3, 3};
+  CHECK(p.next(a).what == action::run_eagerly);
+  CHECK(p.next(a).what == action::capture);
+  CHECK(p.next(a).what == action::replay);
+  // A one-off shape (a prefill chunk) is never recorded.
+  CHECK(p.next(b).what == action::run_eagerly);
+  CHECK(p.next(a).what == action::replay);
+  CHECK(p.next(c).what == action::run_eagerly);
+  CHECK(p.size() == 1);
+
+  SECTION("the least recently used graph goes first when the cache is full") {
+    CHECK(p.next(b).what == action::run_eagerly);
+    CHECK(p.next(b).what == action::capture);  // kept: b, a
+    CHECK(p.next(a).what == action::replay);   // a is now the most recent
+    CHECK(p.next(c).what == action::run_eagerly);
+    const auto d = p.next(c);
+    CHECK(d.what == action::capture);
+    REQUIRE(d.evict.has_value());
+    CHECK(*d.evict == b);
+    CHECK(p.contains(a));
+    CHECK_FALSE(p.contains(b));
+    CHECK(p.size() == 2);
+  }
+  SECTION("a failed capture is forgotten and recorded again later") {
+    p.forget(a);
+    CHECK_FALSE(p.contains(a));
+    CHECK(p.next(a).what == action::run_eagerly);
+    CHECK(p.next(a).what == action::capture);
+  }
+  SECTION("capacity 0 runs everything eagerly") {
+    gpu::graph_policy off(0);
+    for (int i = 0; i < 4; ++i) CHECK(off.next(a).what == action::run_eagerly);
+  }
+}
+
+TEST_CASE("make_cuda_engine explains why it cannot run here instead of failing later", "[gpu][cuda_engine]") {
+  const auto m = test::make_model(spec_of(tensor_type::f16));
+  gpu::cuda_engine_options o;
+  o.own_kv_blocks = 8;
+  const auto devices = gpu::cuda_device_count();
+  auto e = gpu::make_cuda_engine(m, 0, o);
+#if defined(EXASERVE_HAVE_CUDA)
+  if (devices) {
+    // A GPU machine: the engine starts (cuda_gpu_test checks what it computes).
+    REQUIRE(e.has_value());
+    CHECK(gpu::cuda_counters(**e).has_value());
+    return;
+  }
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.error().code == errc::unavailable);
+  CHECK(e.error().message == devices.error().message);  // the CUDA runtime's reason, as is
+#else
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.error().code == errc::unavailable);
+  CHECK_THAT(e.error().message, Catch::Contains("built without CUDA"));
+#endif
+  CHECK_FALSE(e.error().message.empty());
+}
+
+TEST_CASE("make_cuda_engine names an unsupported model or option before looking for a device", "[gpu][cuda_engine]") {
+#if defined(EXASERVE_HAVE_CUDA)
+  auto s = spec_of(tensor_type::q4_K);
+  s.dim = 256;
+  s.ff_dim = 512;
+  gpu::cuda_engine_options o;
+  o.own_kv_blocks = 8;
+  auto e = gpu::make_cuda_engine(test::make_model(s), 0, o);
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.error().code == errc::unsupported);
+  CHECK_THAT(e.error().message, Catch::Contains("q4_K"));
+
+  gpu::cuda_engine_options with_draft = o;
+  with_draft.engine.draft = test::make_model(spec_of(tensor_type::f16));
+  e = gpu::make_cuda_engine(test::make_model(spec_of(tensor_type::f16)), 0, with_draft);
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.error().code == errc::unsupported);
+  CHECK_THAT(e.error().message, Catch::Contains("speculative"));
+#else
+  SUCCEED("without CUDA every request is unavailable (previous test)");
+#endif
+}

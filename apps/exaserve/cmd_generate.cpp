@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -14,6 +16,8 @@
 #include "common/assert.hpp"
 #include "engine/cpu_engine.hpp"
 #include "engine/thread_pool.hpp"
+#include "engine/tp_engine.hpp"
+#include "gpu/cpu_communicator.hpp"
 #include "gpu/cpu_memory_pool.hpp"
 #include "model/llama_model.hpp"
 #include "model/utf8.hpp"
@@ -32,7 +36,8 @@ const std::vector<flag_spec> flags = {
     {"top-p", true, "nucleus sampling mass in (0, 1] (default 1)"},
     {"top-k", true, "sample among the k most likely (default 0: off)"},
     {"seed", true, "sampling seed (default 0)"},
-    {"threads", true, "worker threads (default: all cores)"},
+    {"threads", true, "worker threads (default: all cores); with --tp, split evenly among the devices"},
+    {"tp", true, "tensor-parallel over N CPU devices, each with its own KV pool and threads (default 1)"},
     {"draft-model", true, "GGUF draft model for speculative decoding (the model's vocabulary)"},
     {"draft-tokens", true, "tokens the draft proposes per step (default 4, at most 8)"},
     {"ids", false, "print generated token ids (comma-separated) instead of text"},
@@ -46,6 +51,7 @@ struct options {
   std::string model_path;
   engine::generation_request request;
   std::size_t threads = 0;
+  std::uint32_t tp = 1;
   std::string draft_path;  // empty: no speculative decoding
   std::uint32_t draft_tokens = engine::default_draft_tokens;
   bool ids = false;
@@ -72,7 +78,8 @@ expected<options> read_options(const args& a) {
   auto top_k = a.get_int("top-k", 0, 0, 1 << 22);
   auto seed = a.get_int("seed", 0, 0, INT64_MAX);
   auto threads = a.get_int("threads", 0, 0, 1024);
-  for (const auto* e : {&max_tokens, &top_k, &seed, &threads})
+  auto tp = a.get_int("tp", 1, 1, engine::max_tensor_parallel);
+  for (const auto* e : {&max_tokens, &top_k, &seed, &threads, &tp})
     if (!*e) return std::unexpected(e->error());
   for (const auto* e : {&temperature, &top_p})
     if (!*e) return std::unexpected(e->error());
@@ -80,6 +87,7 @@ expected<options> read_options(const args& a) {
   o.request.sampling = {static_cast<float>(*temperature), static_cast<float>(*top_p),
                         static_cast<std::uint32_t>(*top_k), static_cast<std::uint64_t>(*seed)};
   o.threads = static_cast<std::size_t>(*threads);
+  o.tp = static_cast<std::uint32_t>(*tp);
   auto draft_tokens = a.get_int("draft-tokens", engine::default_draft_tokens, 1, engine::max_draft_tokens);
   if (!draft_tokens) return std::unexpected(draft_tokens.error());
   o.draft_tokens = static_cast<std::uint32_t>(*draft_tokens);
@@ -120,6 +128,54 @@ class margin_trace {
   std::string ids_, margins_, top_;
 };
 
+// The engine and everything it runs on; members are destroyed in reverse, the
+// engine first.
+struct engine_rig {
+  std::vector<std::unique_ptr<gpu::cpu_memory_pool>> pools;       // one per device
+  std::vector<std::unique_ptr<engine::thread_pool>> threads;      // one per device
+  std::vector<std::shared_ptr<engine::communicator>> comms;       // with --tp
+  std::unique_ptr<engine::inference_engine> engine;
+  std::size_t total_threads = 0;
+};
+
+// One device: the CPU engine. --tp N: N CPU devices (a KV pool and a share of
+// the threads each) joined by an in-process communicator group.
+expected<engine_rig> make_engine(std::shared_ptr<const model::llama_model> model, const options& o,
+                                 engine::cpu_engine_config config, std::uint32_t kv_tokens) {
+  constexpr std::uint32_t block_tokens = 16;
+  const auto& cfg = model->config();
+  const std::uint32_t blocks = (kv_tokens + block_tokens - 1) / block_tokens;
+  const std::size_t all = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  engine_rig rig;
+  const std::size_t block_bytes = o.tp == 1 ? engine::cpu_engine::kv_block_bytes(cfg, block_tokens)
+                                            : engine::tp_engine::kv_block_bytes(cfg, block_tokens, o.tp);
+  for (std::uint32_t r = 0; r < o.tp; ++r) {
+    auto pool = gpu::cpu_memory_pool::create(block_bytes, blocks, true);
+    if (!pool) return std::unexpected(pool.error());
+    rig.pools.push_back(std::move(*pool));
+    rig.threads.push_back(std::make_unique<engine::thread_pool>(std::max<std::size_t>(1, all / o.tp)));
+    rig.total_threads += rig.threads.back()->size();
+  }
+  if (o.tp == 1) {
+    rig.engine = std::make_unique<engine::cpu_engine>(model, *rig.pools[0], *rig.threads[0], config);
+    return rig;
+  }
+  // A collective waits for the slowest member's layer; a minute is far past any skew.
+  auto group = gpu::make_cpu_group(static_cast<int>(o.tp), std::chrono::seconds(60));
+  if (!group) return std::unexpected(group.error());
+  std::vector<engine::tp_member> members;
+  for (std::uint32_t r = 0; r < o.tp; ++r) {
+    rig.comms.push_back(std::move((*group)[r]));
+    members.push_back({rig.pools[r].get(), rig.threads[r].get(), rig.comms[r]});
+  }
+  auto eng = engine::tp_engine::create(model, std::move(members), config);
+  if (!eng) return std::unexpected(eng.error());
+  spdlog::info("event=tensor_parallel devices={} threads_per_device={} prefix_cache=off", o.tp,
+               rig.threads.front()->size());
+  rig.engine = std::move(*eng);
+  return rig;
+}
+
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
@@ -149,13 +205,6 @@ int cmd_generate(int argc, char** argv) {
   // a Llama 3 conversation stops at <|eot_id|> as it does behind the API.
   if (!a->has("ignore-eos")) o->request.stop_tokens = tok.eog_ids();
 
-  const auto& cfg = (*model)->config();
-  constexpr std::uint32_t block_tokens = 16;
-  const std::size_t total = o->request.prompt.size() + o->request.max_tokens;
-  const auto blocks = static_cast<std::uint32_t>((total + block_tokens - 1) / block_tokens);
-  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, block_tokens), blocks, true);
-  if (!pool) return fail("generate", pool.error());
-  engine::thread_pool threads(o->threads);
   engine::cpu_engine_config engine_cfg;
   if (!o->draft_path.empty()) {  // speculative decoding
     auto draft = model::llama_model::load(o->draft_path);
@@ -164,11 +213,14 @@ int cmd_generate(int argc, char** argv) {
     engine_cfg.draft = *draft;
     engine_cfg.draft_tokens = o->draft_tokens;
   }
-  engine::cpu_engine eng(*model, **pool, threads, engine_cfg);
+  const std::size_t total = o->request.prompt.size() + o->request.max_tokens;
+  auto rig = make_engine(*model, *o, engine_cfg, static_cast<std::uint32_t>(total));
+  if (!rig) return fail("generate", rig.error());
+  engine::inference_engine& eng = *rig->engine;
   if (auto ok = eng.submit(o->request); !ok) return fail("generate", ok.error());
 
-  spdlog::info("event=generate_start model={} load_ms={:.1f} prompt_tokens={} max_tokens={} threads={}",
-               o->model_path, load_ms, o->request.prompt.size(), o->request.max_tokens, threads.size());
+  spdlog::info("event=generate_start model={} load_ms={:.1f} prompt_tokens={} max_tokens={} threads={} tp={}",
+               o->model_path, load_ms, o->request.prompt.size(), o->request.max_tokens, rig->total_threads, o->tp);
   const auto t0 = std::chrono::steady_clock::now();
   std::string ids_line;
   margin_trace trace;
@@ -199,6 +251,8 @@ int cmd_generate(int argc, char** argv) {
     }
     for (const auto& f : r.finished) reason = f.reason;
   }
+  // A tensor-parallel group whose collective failed stops the run.
+  if (auto fault = eng.fault()) return fail("generate", error{errc::unavailable, *fault});
   if (o->margins) {
     std::printf("%s\n", trace.json().c_str());
   } else if (o->ids) {

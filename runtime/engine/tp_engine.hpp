@@ -22,6 +22,7 @@
 #include "engine/communicator.hpp"
 #include "engine/cpu_engine.hpp"
 #include "engine/tp_block_pool.hpp"
+#include "engine/tp_weights.hpp"
 
 namespace exa::engine {
 

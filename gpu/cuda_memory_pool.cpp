@@ -48,6 +48,21 @@ cuda_memory_pool::~cuda_memory_pool() {
   cudaFree(region_);
 }
 
+std::uint32_t cuda_memory_pool::free_blocks() const noexcept {
+  std::lock_guard lock(mutex_);
+  return free_.free_count();
+}
+
+std::optional<engine::block_id> cuda_memory_pool::allocate() noexcept {
+  std::lock_guard lock(mutex_);
+  return free_.allocate();
+}
+
+void cuda_memory_pool::release(engine::block_id block) {
+  std::lock_guard lock(mutex_);
+  free_.release(block);
+}
+
 void* cuda_memory_pool::address(engine::block_id block) noexcept {
   EXA_ASSERT_MSG(block < free_.capacity(), "block id outside the pool");
   return static_cast<std::byte*>(region_) + std::size_t{block} * block_bytes_;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/error.hpp"
@@ -28,9 +29,9 @@ class cuda_memory_pool final : public engine::block_pool {
 
   std::size_t block_bytes() const noexcept override { return block_bytes_; }
   std::uint32_t capacity_blocks() const noexcept override { return free_.capacity(); }
-  std::uint32_t free_blocks() const noexcept override { return free_.free_count(); }
-  std::optional<engine::block_id> allocate() noexcept override { return free_.allocate(); }
-  void release(engine::block_id block) override { free_.release(block); }
+  std::uint32_t free_blocks() const noexcept override;
+  std::optional<engine::block_id> allocate() noexcept override;
+  void release(engine::block_id block) override;
   void* address(engine::block_id block) noexcept override;
   bool host_accessible() const noexcept override { return false; }
 
@@ -42,7 +43,10 @@ class cuda_memory_pool final : public engine::block_pool {
   int device_;
   void* region_;
   std::size_t block_bytes_;
-  engine::block_free_list free_;
+  // Engines on the device's thread take blocks while an engine destroyed on
+  // an actor's thread returns its own: the free list is locked.
+  mutable std::mutex mutex_;
+  engine::block_free_list free_;  // guarded by mutex_
 };
 #endif
 

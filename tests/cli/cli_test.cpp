@@ -77,6 +77,31 @@ TEST_CASE("generate --ids prints the engine's greedy tokens", "[cli]") {
   CHECK(ids == expected);
 }
 
+TEST_CASE("generate --tp 2 runs over two CPU devices and prints one device's greedy tokens", "[cli][tp]") {
+  const std::vector<std::string> base = {"generate", "--model", tiny_model(), "--prompt-ids", "1,72,105,33",
+                                         "--max-tokens", "12", "--ids", "--ignore-eos"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args);
+  };
+  const auto one = with({"--threads", "1"});
+  const auto two = with({"--threads", "2", "--tp", "2"});
+  REQUIRE(one.exit_code == 0);
+  REQUIRE(two.exit_code == 0);
+  // Logits differ from one device's by float rounding only (tests/engine/
+  // tp_test.cpp bounds it); this prompt has no near tie in 12 steps.
+  CHECK(parse_ids(two.out) == parse_ids(one.out));
+  CHECK_THAT(two.err, Catch::Contains("event=tensor_parallel devices=2 threads_per_device=1"));
+
+  const auto uneven = with({"--tp", "4"});  // the tiny model has 2 KV heads
+  CHECK(uneven.exit_code != 0);
+  CHECK_THAT(uneven.err, Catch::Contains("attention.head_count_kv (2) is not divisible by the tensor-parallel size 4"));
+  const auto zero = with({"--tp", "0"});
+  CHECK(zero.exit_code != 0);
+  CHECK_THAT(zero.err, Catch::Contains("--tp"));
+}
+
 TEST_CASE("generate with a text prompt prints valid text and is reproducible", "[cli]") {
   const std::vector<std::string> args = {"generate", "--model", tiny_model(), "--prompt", "Hello", "--max-tokens", "20",
                                          "--temperature", "0.9", "--seed", "5"};

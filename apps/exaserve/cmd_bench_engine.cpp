@@ -1,7 +1,9 @@
 // exaserve bench-engine: prefill and decode throughput of the CPU engine, and
 // the machine's memory copy bandwidth measured in the same run, so the
 // effective weight bandwidth can be read as a fraction of what the memory
-// system delivers right now.
+// system delivers right now. With --device cuda, the CUDA engine's, against
+// the device's peak memory bandwidth (gpu/cuda_peak.hpp); --check-cpu N also
+// compares N greedy tokens of the two engines.
 
 #include <spdlog/spdlog.h>
 
@@ -19,6 +21,8 @@
 #include "engine/isa.hpp"
 #include "engine/thread_pool.hpp"
 #include "gpu/cpu_memory_pool.hpp"
+#include "gpu/cuda_engine.hpp"
+#include "gpu/cuda_peak.hpp"
 #include "model/llama_model.hpp"
 
 namespace exa::app {
@@ -37,6 +41,10 @@ const std::vector<flag_spec> flags = {
     {"no-copy-bandwidth", false, "skip the memory copy bandwidth measurement (reported as 0)"},
     {"draft-model", true, "decode with speculative decoding from this draft GGUF (the model's vocabulary)"},
     {"draft-tokens", true, "with --draft-model: tokens the draft proposes per step (default 4, at most 8)"},
+    {"device", true, "cpu (default) or cuda: the CUDA engine on --cuda-device"},
+    {"cuda-device", true, "with --device cuda: the device index (default 0)"},
+    {"check-cpu", true, "N: with --device cuda, generate N greedy tokens of one prompt on the CPU engine and the "
+                        "CUDA engine and report where they first differ (0: skip, the default)"},
     {"json", false, "print one JSON object instead of a table"},
     {"help", false, "show this help"},
 };
@@ -67,26 +75,58 @@ std::vector<model::token_id> prompt_of(std::size_t n, std::uint32_t vocab, std::
 
 struct bench_env {
   std::shared_ptr<const model::llama_model> model;
-  engine::thread_pool* threads;
+  engine::thread_pool* threads = nullptr;
   std::shared_ptr<const model::llama_model> draft;  // speculative decoding when set
   std::uint32_t draft_tokens = engine::default_draft_tokens;
+  bool cuda = false;  // the CUDA engine on cuda_device instead of the CPU engine
+  int cuda_device = 0;
 };
+
+// An engine with the KV pool it takes blocks from (the pool outlives it).
+struct bench_engine {
+  std::unique_ptr<engine::block_pool> pool;
+  std::unique_ptr<engine::inference_engine> engine;
+};
+
+// An engine for `kv_tokens` positions in blocks of 16.
+expected<bench_engine> make_engine(const bench_env& env, std::uint32_t kv_tokens, engine::cpu_engine_config ec) {
+  const auto& cfg = env.model->config();
+  const std::uint32_t blocks = (kv_tokens + 15) / 16 + 1;
+  bench_engine b;
+  if (env.cuda) {
+    gpu::cuda_engine_options o;
+    o.engine = ec;
+    o.own_kv_blocks = blocks;
+    auto e = gpu::make_cuda_engine(env.model, env.cuda_device, o);
+    if (!e) return std::unexpected(e.error());
+    b.engine = std::move(*e);
+    return b;
+  }
+  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, 16), blocks, true);
+  if (!pool) return std::unexpected(pool.error());
+  b.pool = std::move(*pool);
+  ec.draft = env.draft;
+  ec.draft_tokens = env.draft_tokens;
+  b.engine = std::make_unique<engine::cpu_engine>(env.model, *b.pool, *env.threads, ec);
+  return b;
+}
 
 expected<double> prefill_tok_s(const bench_env& env, std::uint32_t tokens, int repeat) {
   const auto& cfg = env.model->config();
   tokens = std::min<std::uint32_t>(tokens, cfg.context_length - 1);
-  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, 16), tokens / 16 + 2, true);
-  if (!pool) return std::unexpected(pool.error());
+  auto b = make_engine(env, tokens + 16, {});  // one engine for every repetition (the CUDA one uploads weights)
+  if (!b) return std::unexpected(b.error());
+  engine::inference_engine& eng = *b->engine;
   double best = 0;
   for (int r = 0; r < repeat; ++r) {
-    engine::cpu_engine eng(env.model, **pool, *env.threads, {});
     engine::generation_request req;
-    req.id = 1;
+    req.id = static_cast<engine::seq_id>(r + 1);
     req.prompt = prompt_of(tokens, cfg.vocab_size, r);
     req.max_tokens = 1;
     if (auto ok = eng.submit(req); !ok) return std::unexpected(ok.error());
     const auto t0 = clock_type::now();
     while (!eng.idle()) eng.step();
+    if (auto f = eng.fault()) return make_error(errc::unavailable, *f);
     best = std::max(best, tokens / seconds_since(t0));
   }
   return best;
@@ -104,18 +144,16 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
   // A speculating step emits up to draft_tokens + 1 tokens per sequence.
   const std::uint32_t max_tokens = steps * (env.draft ? env.draft_tokens + 1 : 1) + 4;
   const std::uint32_t per_seq_blocks = (prompt + max_tokens + 15) / 16;
-  auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes(cfg, 16), batch * per_seq_blocks + batch, true);
-  if (!pool) return std::unexpected(pool.error());
+  engine::cpu_engine_config ec;
+  ec.scheduler.max_running = std::max<std::uint32_t>(64, batch);
+  auto b = make_engine(env, 16 * (batch * per_seq_blocks + batch), ec);  // reused: the CUDA one uploads weights
+  if (!b) return std::unexpected(b.error());
+  engine::inference_engine& eng = *b->engine;
   decode_result best{batch, 0, 0};
   for (int r = 0; r < repeat; ++r) {
-    engine::cpu_engine_config ec;
-    ec.scheduler.max_running = std::max<std::uint32_t>(64, batch);
-    ec.draft = env.draft;
-    ec.draft_tokens = env.draft_tokens;
-    engine::cpu_engine eng(env.model, **pool, *env.threads, ec);
     for (std::uint32_t i = 0; i < batch; ++i) {
       engine::generation_request req;
-      req.id = i + 1;
+      req.id = i + 1 + static_cast<engine::seq_id>(r) * batch;
       req.prompt = prompt_of(prompt, cfg.vocab_size, i + r * 1000);
       req.max_tokens = max_tokens;
       if (auto ok = eng.submit(req); !ok) return std::unexpected(ok.error());
@@ -128,13 +166,15 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
     for (std::uint32_t s = 0; s < steps; ++s) tokens += eng.step().tokens.size();
     const double secs = seconds_since(t0);
     const double tok_s = tokens / secs;
+    while (!eng.idle()) eng.step();  // the rest of this repetition, untimed
+    if (auto f = eng.fault()) return make_error(errc::unavailable, *f);
     if (env.draft && r + 1 == repeat) {
       const auto st = eng.stats();
       spdlog::info("event=bench_speculation batch={} draft_tokens={} proposed={} accepted={} acceptance={:.3f} "
                    "token_acceptance={:.3f}",
                    batch, env.draft_tokens, st.draft_proposed_tokens, st.draft_accepted_tokens,
                    st.draft_proposed_tokens ? double(st.draft_accepted_tokens) / st.draft_proposed_tokens : 0.0,
-                   eng.speculation()->stats().token_acceptance());
+                   dynamic_cast<const engine::cpu_engine&>(eng).speculation()->stats().token_acceptance());
     }
     if (tok_s > best.tok_s) {
       best.tok_s = tok_s;
@@ -144,13 +184,54 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
   return best;
 }
 
+// --check-cpu: `tokens` greedy tokens of one prompt on the CPU engine and the
+// CUDA engine. They must agree until the first near-tie (the two sides round
+// differently, so a near-tie may go either way); reports where they part.
+expected<void> compare_with_cpu(const bench_env& env, std::uint32_t tokens) {
+  const auto& cfg = env.model->config();
+  engine::generation_request req;
+  req.id = 1;
+  req.prompt = prompt_of(8, cfg.vocab_size, 7);
+  req.max_tokens = std::min<std::uint32_t>(tokens, cfg.context_length - 8);
+  req.logprobs = true;
+  req.top_logprobs = 2;
+  std::vector<engine::token_event> out[2];
+  for (int side = 0; side < 2; ++side) {
+    bench_env e = env;
+    e.cuda = side == 1;
+    auto b = make_engine(e, req.max_tokens + 32, {});
+    if (!b) return std::unexpected(b.error());
+    if (auto ok = b->engine->submit(req); !ok) return ok;
+    while (!b->engine->idle())
+      for (auto& t : b->engine->step().tokens) out[side].push_back(std::move(t));
+    if (auto f = b->engine->fault()) return make_error(errc::unavailable, *f);
+  }
+  const std::size_t n = std::min(out[0].size(), out[1].size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& cpu = *out[0][i].logprobs;
+    const float margin = cpu.top_logprobs.size() > 1 ? cpu.top_logprobs[0] - cpu.top_logprobs[1] : 1.0f;
+    if (out[0][i].token == out[1][i].token) continue;
+    if (margin < 1e-3f) {
+      std::printf("check-cpu: %zu of %zu greedy tokens identical; then a near-tie (margin %.2g) went another way\n", i,
+                  n, margin);
+      return {};
+    }
+    return make_error(errc::internal, "check-cpu: the CUDA engine chose token " + std::to_string(out[1][i].token) +
+                                          " where the CPU engine chose " + std::to_string(out[0][i].token) +
+                                          " at step " + std::to_string(i) + " (CPU margin " + std::to_string(margin) +
+                                          ", not a tie)");
+  }
+  std::printf("check-cpu: all %zu greedy tokens identical on the CPU and CUDA engines\n", n);
+  return {};
+}
+
 }  // namespace
 
 int cmd_bench_engine(int argc, char** argv) {
   auto a = args::parse(argc, argv, 2, flags);
   if (!a) return fail("bench-engine", a.error());
   if (a->has("help")) {
-    std::printf("usage: exaserve bench-engine --model FILE [--threads N] [--json]\n%s", describe_flags(flags).c_str());
+    std::printf("usage: exaserve bench-engine --model FILE [--device cpu|cuda] [--threads N] [--json]\n%s", describe_flags(flags).c_str());
     return 0;
   }
   const auto path = a->get("model");
@@ -168,8 +249,20 @@ int cmd_bench_engine(int argc, char** argv) {
   if (!model) return fail("bench-engine", model.error());
 
   engine::thread_pool threads(static_cast<std::size_t>(*threads_n));
-  bench_env env{*model, &threads};
+  bench_env env;
+  env.model = *model;
+  env.threads = &threads;
+  const std::string device = a->get_or("device", "cpu");
+  if (device != "cpu" && device != "cuda")
+    return fail("bench-engine", {errc::invalid_argument, "--device must be cpu or cuda, got '" + device + "'"});
+  env.cuda = device == "cuda";
+  auto cuda_device = a->get_int("cuda-device", 0, 0, 1023);
+  auto check_cpu = a->get_int("check-cpu", 0, 0, 4096);
+  for (const auto* e : {&cuda_device, &check_cpu})
+    if (!*e) return fail("bench-engine", e->error());
+  env.cuda_device = static_cast<int>(*cuda_device);
   if (auto d = a->get("draft-model")) {  // speculative decoding
+    if (env.cuda) return fail("bench-engine", {errc::unsupported, "the CUDA engine has no speculative decoding yet"});
     auto k = a->get_int("draft-tokens", engine::default_draft_tokens, 1, engine::max_draft_tokens);
     if (!k) return fail("bench-engine", k.error());
     auto draft = model::llama_model::load(*d);
@@ -181,9 +274,26 @@ int cmd_bench_engine(int argc, char** argv) {
   }
   const int rep = static_cast<int>(*repeat);
   const auto isa = engine::to_string(engine::active_isa());
-  spdlog::info("event=bench_start model={} threads={} weight_bytes={} isa={} cpu=\"{}\"", *path, threads.size(),
-               (*model)->weights().total_bytes(), isa, engine::describe(engine::detect_cpu()));
-  const double copy = a->has("no-copy-bandwidth") ? 0.0 : copy_gbps(rep);
+  spdlog::info("event=bench_start model={} device={} threads={} weight_bytes={} isa={} cpu=\"{}\"", *path, device,
+               threads.size(), (*model)->weights().total_bytes(), isa, engine::describe(engine::detect_cpu()));
+  // What the achieved weight bandwidth is read against: the host's memory
+  // copy bandwidth on the CPU, the device's peak on CUDA.
+  double reference_gbps = 0;
+  std::string reference = "of copy bw";
+  std::string device_name = "cpu";
+  if (env.cuda) {
+    auto peak = gpu::cuda_peak_bandwidth(env.cuda_device);
+    if (!peak) return fail("bench-engine", peak.error());
+    reference_gbps = peak->bytes_per_s / 1e9;
+    reference = "of HBM peak";
+    device_name = peak->device_name;
+    spdlog::info("event=bench_cuda_device name=\"{}\" peak_gbps={:.0f} peak_source=\"{}\"", peak->device_name,
+                 reference_gbps, peak->source);
+    if (*check_cpu > 0)
+      if (auto ok = compare_with_cpu(env, static_cast<std::uint32_t>(*check_cpu)); !ok) return fail("bench-engine", ok.error());
+  } else if (!a->has("no-copy-bandwidth")) {
+    reference_gbps = copy_gbps(rep);
+  }
   auto prefill = prefill_tok_s(env, static_cast<std::uint32_t>(*prefill_n), rep);
   if (!prefill) return fail("bench-engine", prefill.error());
   std::vector<decode_result> dec;
@@ -196,22 +306,29 @@ int cmd_bench_engine(int argc, char** argv) {
   }
 
   if (a->has("json")) {
-    std::printf("{\"model\":%s,\"isa\":%s,\"threads\":%zu,\"weight_bytes\":%llu,\"copy_gbps\":%.3f,"
+    std::printf("{\"model\":%s,\"device\":%s,\"isa\":%s,\"threads\":%zu,\"weight_bytes\":%llu,\"%s\":%.3f,"
                 "\"prefill_tok_s\":%.2f,\"decode\":[",
-                json_string(*path).c_str(), json_string(std::string(isa)).c_str(), threads.size(),
-                static_cast<unsigned long long>((*model)->weights().total_bytes()), copy, *prefill);
+                json_string(*path).c_str(), json_string(device_name).c_str(), json_string(std::string(isa)).c_str(),
+                threads.size(), static_cast<unsigned long long>((*model)->weights().total_bytes()),
+                env.cuda ? "peak_gbps" : "copy_gbps", reference_gbps, *prefill);
     for (std::size_t i = 0; i < dec.size(); ++i)
       std::printf("%s{\"batch\":%u,\"tok_s\":%.2f,\"weight_gbps\":%.3f}", i ? "," : "", dec[i].batch,
                   dec[i].tok_s, dec[i].weight_gbps);
     std::printf("]}\n");
     return 0;
   }
-  std::printf("model %s, %zu threads, %.1f MB of weights, %.*s kernels\n", path->c_str(), threads.size(),
-              (*model)->weights().total_bytes() / 1e6, static_cast<int>(isa.size()), isa.data());
-  std::printf("memory copy bandwidth: %.2f GB/s\nprefill: %.1f tok/s\n", copy, *prefill);
-  std::printf("%8s %12s %14s %12s\n", "batch", "decode tok/s", "weights GB/s", "of copy bw");
+  if (env.cuda)
+    std::printf("model %s, CUDA engine on %s, %.1f MB of weights\npeak memory bandwidth: %.0f GB/s\n", path->c_str(),
+                device_name.c_str(), (*model)->weights().total_bytes() / 1e6, reference_gbps);
+  else
+    std::printf("model %s, %zu threads, %.1f MB of weights, %.*s kernels\nmemory copy bandwidth: %.2f GB/s\n",
+                path->c_str(), threads.size(), (*model)->weights().total_bytes() / 1e6, static_cast<int>(isa.size()),
+                isa.data(), reference_gbps);
+  std::printf("prefill: %.1f tok/s\n", *prefill);
+  std::printf("%8s %12s %14s %12s\n", "batch", "decode tok/s", "weights GB/s", reference.c_str());
   for (const auto& d : dec)
-    std::printf("%8u %12.1f %14.2f %11.0f%%\n", d.batch, d.tok_s, d.weight_gbps, copy > 0 ? 100 * d.weight_gbps / copy : 0.0);
+    std::printf("%8u %12.1f %14.2f %11.0f%%\n", d.batch, d.tok_s, d.weight_gbps,
+                reference_gbps > 0 ? 100 * d.weight_gbps / reference_gbps : 0.0);
   return 0;
 }
 

@@ -1,6 +1,6 @@
 // The CUDA engine's host-side logic, on any machine: the weight upload plan,
-// the q8_0 repacking, the graph policy, and what make_cuda_engine says where
-// it cannot run. The kernels themselves are checked by cuda_gpu_test, which
+// the q8_0 repacking, the graph policy, the peak-bandwidth table, and what
+// make_cuda_engine says where it cannot run. The kernels themselves are checked by cuda_gpu_test, which
 // needs a GPU.
 
 #include <catch2/catch.hpp>
@@ -13,6 +13,7 @@
 #include "gpu/cuda_engine.hpp"
 #include "gpu/cuda_graph_policy.hpp"
 #include "gpu/cuda_memory_pool.hpp"
+#include "gpu/cuda_peak.hpp"
 #include "gpu/cuda_weight_plan.hpp"
 #include "model/quantize.hpp"
 
@@ -211,4 +212,19 @@ TEST_CASE("make_cuda_engine names an unsupported model or option before looking 
 #else
   SUCCEED("without CUDA every request is unavailable (previous test)");
 #endif
+}
+
+TEST_CASE("a CUDA device's peak bandwidth comes from the datasheet when its name is known", "[gpu][cuda_engine]") {
+  CHECK(gpu::datasheet_bandwidth("NVIDIA H200") == 4.8e12);
+  CHECK(gpu::datasheet_bandwidth("NVIDIA GH200 480GB") == 4.0e12);  // not the H200's
+  CHECK(gpu::datasheet_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12);
+  CHECK(gpu::datasheet_bandwidth("NVIDIA H100 PCIe") == 2.0e12);
+  CHECK(gpu::datasheet_bandwidth("NVIDIA A100-SXM4-80GB") == 2.039e12);
+  CHECK(gpu::datasheet_bandwidth("NVIDIA A100-SXM4-40GB") == 1.555e12);
+  CHECK(gpu::datasheet_bandwidth("Some Future GPU") == 0);
+  const auto peak = gpu::cuda_peak_bandwidth(0);
+  if (!gpu::cuda_device_count()) {
+    REQUIRE_FALSE(peak.has_value());
+    CHECK(peak.error().code == errc::unavailable);
+  }
 }

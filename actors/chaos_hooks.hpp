@@ -22,6 +22,9 @@ struct chaos_hooks {
   std::shared_ptr<cluster::event_log> log;
   /// Simulation: modeled busy time of all devices, in microseconds.
   std::shared_ptr<std::atomic<std::uint64_t>> device_busy_us;
+  /// Simulation: the model store and node disks that replicas load from
+  /// (sim_storage_actor); null: a load takes a fixed modeled time.
+  caf::actor sim_storage;
 };
 
 inline std::int64_t clock_ns(caf::scheduled_actor* self) {

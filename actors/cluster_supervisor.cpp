@@ -40,14 +40,8 @@ caf::behavior nodes_supervisor(caf::stateful_actor<nodes_supervisor_state>* self
   auto& sup = self->state.sup.emplace(self, "nodes", supervision_strategy::one_for_one, budget,
                                       std::chrono::milliseconds(plan.restart_window_ms));
   trap_exits(self);
-  std::map<cluster::node_id, node_config> configs;
-  for (const auto& nc : plan.nodes) configs[nc.id] = nc;
-  sup.on_started = [=](const std::string& name, const caf::actor& handle) {
-    const auto id = static_cast<cluster::node_id>(std::stoul(name.substr(5)));  // "node-<id>"
-    const auto& nc = configs.at(id);
-    // In this process the router itself is the node's hub.
-    self->send(controller, node_join{id, nc.rack, nc.devices, nc.device.memory_bytes, nc.address, handle, router, {}, nc.region});
-  };
+  // Each node joins by itself when it (re)starts (node_actor), with what its
+  // model cache holds.
   for (const auto& nc : plan.nodes) {
     node_context ctx{nc, controller, router, health};
     sup.add_child({"node-" + std::to_string(nc.id),

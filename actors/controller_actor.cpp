@@ -13,6 +13,7 @@
 #include "cluster/journal.hpp"
 #include "cluster/model_ref.hpp"
 #include "cluster/model_shape.hpp"
+#include "cluster/node_cache.hpp"
 #include "cluster/routing.hpp"
 #include "engine/speculative.hpp"
 #include "model/file_digest.hpp"
@@ -139,11 +140,23 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   }
 }
 
+// Whether a replica's node is known to hold its deployment's file.
+bool loads_from_cache(const controller_state& st, cluster::replica_id id, cluster::node_id node) {
+  const auto r = st.replicas.find(id);
+  if (r == st.replicas.end()) return false;
+  const auto dep = st.deployments.find(r->second.deployment);
+  return dep != st.deployments.end() && dep->second.spec.cached_on.count(node) != 0;
+}
+
 // Spawns the replicas whose turn to load has come (on nodes that are up;
 // the others are spawned when their node joins).
 void admit_loads(self_ptr self) {
   auto& st = self->state;
-  for (const auto id : st.loads->admit()) {
+  // A replica whose node's cache holds its file reads no store: it needs
+  // only its node's turn (load_gate).
+  const auto from_cache = [&st](cluster::replica_id id, cluster::node_id node) { return loads_from_cache(st, id, node); };
+  const auto admitted = st.config.cache_affinity ? st.loads->admit(from_cache) : st.loads->admit();
+  for (const auto id : admitted) {
     auto it = st.replicas.find(id);
     if (it == st.replicas.end()) {
       st.loads->finished(id);
@@ -191,12 +204,22 @@ std::string model_key(const controller_state::deployment& dep) {
   return dep.model_sha256.empty() ? "path:" + dep.model_file : "sha256:" + dep.model_sha256;
 }
 
-// Every deployment of that file learns where it is cached (placement's cached_on).
+// Where a deployment's file is cached: nodes that loaded it, and nodes
+// that announced it in their join (placement's cached_on).
+std::set<cluster::node_id> cache_holders(const controller_state& st, const controller_state::deployment& dep) {
+  if (!st.config.cache_affinity) return {};
+  auto out = cluster::nodes_holding(st.node_files, dep.model_file, dep.model_sha256);
+  if (const auto it = st.cached_models.find(model_key(dep)); it != st.cached_models.end())
+    out.insert(it->second.begin(), it->second.end());
+  return out;
+}
+
+// Every deployment of that file learns where it is cached ("" = every
+// deployment, after a node's announcement changed).
 void note_cached(self_ptr self, const std::string& key) {
   auto& st = self->state;
-  const auto it = st.cached_models.find(key);
   for (auto& [name, dep] : st.deployments)
-    if (model_key(dep) == key) dep.spec.cached_on = it == st.cached_models.end() ? std::set<cluster::node_id>{} : it->second;
+    if (key.empty() || model_key(dep) == key) dep.spec.cached_on = cache_holders(st, dep);
 }
 
 // Places every missing slot of a deployment; returns how many are still missing.
@@ -633,6 +656,7 @@ void migrate_node(self_ptr self, cluster::node_id node, const std::string& why) 
   spdlog::error("event=node_lost node={} replicas={} reason=\"{}\"", node, lost.size(), why);
   for (auto& [key, nodes] : st.cached_models)
     if (nodes.erase(node)) note_cached(self, key);
+  if (st.node_files.erase(node)) note_cached(self, "");
   std::vector<controller_state::replica_record> to_replace;
   for (const auto& r : lost) {
     const replica_event ev{r.id, r.deployment, r.slot, r.epoch, node, r.device,
@@ -913,8 +937,7 @@ void arm_autoscale_tick(self_ptr self);
 
 void register_deployment(self_ptr self, const std::string& name, const controller_state::deployment& dep) {
   self->state.deployments[name] = dep;
-  if (auto c = self->state.cached_models.find(model_key(dep)); c != self->state.cached_models.end())
-    self->state.deployments[name].spec.cached_on = c->second;
+  self->state.deployments[name].spec.cached_on = cache_holders(self->state, dep);
   if (dep.autoscale.enabled()) {
     self->state.scalers.insert_or_assign(name, cluster::autoscaler(dep.autoscale));
     arm_autoscale_tick(self);
@@ -1136,6 +1159,44 @@ void recover(self_ptr self) {
 // A node (re)started. First sight of its id adds it to placement (nodes of
 // the distributed cluster are not known in advance); every join refreshes
 // its handle, starts what was placed there meanwhile and tells gateways.
+// A joining node's cache: placement prefers it for those files from now on.
+void note_node_files(self_ptr self, const node_join& m) {
+  auto& s = self->state;
+  std::size_t dropped = 0;
+  std::string why;
+  auto files = cluster::sanitize_cached_files(m.cached, &dropped, &why);
+  if (dropped > 0)
+    spdlog::warn("event=node_cached_files_dropped node={} dropped={} reason=\"{}\"", m.node, dropped, why);
+  if (!files.empty()) {
+    std::uint64_t bytes = 0;
+    for (const auto& f : files) bytes += f.bytes;
+    spdlog::info("event=node_cached_files node={} files={} bytes={}", m.node, files.size(), bytes);
+  }
+  const auto it = s.node_files.find(m.node);
+  if (it == s.node_files.end() ? files.empty() : it->second == files) return;
+  if (files.empty()) s.node_files.erase(m.node);
+  else s.node_files[m.node] = std::move(files);
+  note_cached(self, "");
+  admit_loads(self);  // its queued loads may come from its cache now
+}
+
+// A node fetched a file from the store: placement prefers it for the file,
+// and its loads of it give their cluster-wide turns back.
+void on_node_cached_file(self_ptr self, const node_cached_file& m) {
+  auto& s = self->state;
+  auto files = cluster::sanitize_cached_files({m.file});
+  if (files.empty() || !s.placement->node_index(m.node)) return;
+  auto& list = s.node_files[m.node];
+  if (std::find(list.begin(), list.end(), files.front()) != list.end() || list.size() >= cluster::cached_files_max) return;
+  list.push_back(files.front());
+  note_cached(self, "");
+  if (!s.config.cache_affinity) return;
+  const auto n = s.loads->fetched(m.node, [&](cluster::replica_id id) { return loads_from_cache(s, id, m.node); });
+  spdlog::debug("event=node_cached_file node={} file={} bytes={} store_turns_returned={}", m.node, files.front().name,
+                files.front().bytes, n);
+  if (n > 0) admit_loads(self);
+}
+
 void on_node_join(self_ptr self, const node_join& m) {
   auto& s = self->state;
   if (!s.placement->node_index(m.node)) {
@@ -1151,6 +1212,7 @@ void on_node_join(self_ptr self, const node_join& m) {
   }
   s.nodes[m.node] = m.handle;
   s.contacts[m.node] = {m.address, m.hub};
+  note_node_files(self, m);
   if (!m.region.empty()) {
     s.node_regions[m.node] = m.region;
     (void)s.placement->set_region(m.node, m.region);  // placement spreads over regions
@@ -1894,6 +1956,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       std::chrono::milliseconds(st.config.slot_replacement_window_ms)});
   st.drains.emplace(cluster::drain_config{std::chrono::milliseconds(st.config.drain_deadline_ms)});
   st.loads.emplace(st.config.loads);
+  if (st.config.hooks.sim_storage) self->send(st.config.hooks.sim_storage, sim_storage_watch{self});
   // A controller with a journal that holds anything resumes from it; the
   // config's deployments only seed a fresh state directory.
   if (st.config.journal && !st.config.journal->empty()) {
@@ -1938,6 +2001,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
   });
   return {
       [=](const node_join& m) { on_node_join(self, m); },
+      [=](const node_cached_file& m) { on_node_cached_file(self, m); },
       [=](reconcile_atom) { end_reconcile(self); },
       [=](const node_clock_msg& m) { self->state.clock_offsets_ns[m.node] = m.offset_ns; },
       [=](const gateway_join& m) { on_gateway_join(self, m); },

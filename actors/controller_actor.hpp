@@ -96,6 +96,10 @@ struct controller_config {
   /// Replicas loading at once, cluster-wide and per node: every start
   /// (deploy, scale-up, replacement, drain) waits its turn.
   cluster::load_limits loads;
+  /// Cache affinity: placement prefers nodes whose cache holds the file, and
+  /// their loads need no cluster-wide turn (they read no store). Off only to
+  /// measure what it is worth (the simulator's cold-start comparison).
+  bool cache_affinity = true;
   /// Rollouts: how versions are judged, how long a step bakes unless the
   /// rollout names it, how often the controller looks, and how long the new
   /// version may have no ready replica before the rollout gives up on it.
@@ -238,6 +242,9 @@ struct controller_state {
   /// their caches are likely to hold it still, so placement prefers them.
   /// A node that is lost forgets; a stale entry only breaks a tie.
   std::map<std::string, std::set<cluster::node_id>> cached_models;
+  /// The model files each node said its cache holds when it (last) joined
+  /// (cluster::nodes_holding matches them to deployments); a lost node forgets.
+  std::map<cluster::node_id, std::vector<cluster::cached_file>> node_files;
   static inline const char* name = "controller";
 };
 

@@ -8,6 +8,8 @@
 #include <caf/scoped_actor.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <limits>
 #include <thread>
 
 #include "actors/chaos_hooks.hpp"
@@ -15,8 +17,10 @@
 #include "actors/cluster_supervisor.hpp"
 #include "actors/gateway_bridge.hpp"
 #include "actors/messages.hpp"
+#include "actors/sim_storage_actor.hpp"
 #include "cluster/hardware.hpp"
 #include "cluster/membership.hpp"
+#include "cluster/model_ref.hpp"
 #include "engine/sim_engine.hpp"
 
 namespace exa::actors {
@@ -37,6 +41,35 @@ class system_config : public caf::actor_system_config {
   }
 };
 
+// The model file of each deployment, as a warm node's cache holds it: by
+// the cache's name for it (model::store_name), with the preset's bytes.
+std::vector<cluster::cached_file> sim_warm_files(const cluster_options& o) {
+  std::vector<cluster::cached_file> out;
+  if (o.sim_warm_nodes.empty()) return out;
+  for (const auto& d : o.deployments) {
+    const std::string& file = d.model_file.empty() ? o.default_model_file : d.model_file;
+    auto ref = cluster::parse_model_ref(file);
+    auto f = cluster::cache_entry_for(file, d.model_sha256, ref && ref->is_preset() ? ref->preset->weight_bytes : 0);
+    if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+// The simulated storage, when modelled: warm nodes hold every deployment's
+// file (by the cache's name for it, which replicas load it by).
+expected<caf::actor> spawn_sim_storage(caf::actor_system& sys, const cluster_options& o) {
+  auto model = cluster::storage_model::create(*o.sim_storage);
+  if (!model) return make_error(errc::invalid_argument, "sim_storage: " + model.error().message);
+  std::vector<std::pair<cluster::node_id, std::string>> warm;
+  for (const auto n : o.sim_warm_nodes) {
+    if (n >= o.nodes)
+      return make_error(errc::invalid_argument, "sim_warm_nodes: node " + std::to_string(n) + " is not one of the " +
+                                                    std::to_string(o.nodes) + " nodes");
+    for (const auto& f : sim_warm_files(o)) warm.emplace_back(n, f.name);
+  }
+  return sys.spawn(sim_storage_actor, std::move(*model), std::move(warm), o.storage_stats);
+}
+
 }  // namespace
 
 expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_ptr<cluster_metrics> metrics) {
@@ -47,6 +80,8 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     auto gpu = cluster::device_preset(o.sim_gpu);
     if (!gpu) return std::unexpected(gpu.error());
     sim = engine::sim_device{gpu->memory_bandwidth_bytes_per_s, gpu->fp16_flops_per_s, gpu->int8_ops_per_s};
+    // With the storage modelled, loads take what the storage actor says.
+    if (o.sim_storage) sim->load_bytes_per_s = std::numeric_limits<double>::infinity();
     memory_bytes = gpu->memory_bytes;
     plan.controller.device_reserved_bytes = gpu->device_reserved_bytes;
     plan.controller.replica_overhead_bytes = gpu->replica_overhead_bytes;
@@ -99,6 +134,8 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.router.load_report_ms = o.autoscale_tick_ms;
   c.loads.cluster_max = o.loads_max;
   c.loads.per_node_max = o.loads_per_node_max;
+  c.cache_affinity = o.cache_affinity;
+  const auto warm_files = sim_warm_files(o);
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {
     const cluster::rack_id rack = o.racks ? n % o.racks : 0;
@@ -130,6 +167,8 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.model_store = o.model_store;
     // Each node its own cache directory: a node's cache deletes what it evicts.
     nc.model_cache_dir = o.model_cache_dir.empty() ? "" : o.model_cache_dir + "/node-" + std::to_string(n);
+    if (std::find(o.sim_warm_nodes.begin(), o.sim_warm_nodes.end(), n) != o.sim_warm_nodes.end())
+      nc.simulated_cache = warm_files;
     nc.degradation.step_latency_max = std::chrono::milliseconds(o.degraded_step_ms);
     nc.degradation.error_rate_max = o.degraded_error_percent / 100.0;
     plan.nodes.push_back(nc);
@@ -146,6 +185,7 @@ struct embedded_cluster::impl {
   caf::actor root;
   bool deterministic = false;
   bool stopped = false;
+  caf::actor sim_storage;  // simulation with the storage modelled
 };
 
 embedded_cluster::embedded_cluster(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -164,6 +204,13 @@ expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_opti
   p->backend = make_gateway_bridge(p->system, p->metrics);
   auto plan = make_cluster_plan(options, p->metrics);
   if (!plan) return std::unexpected(plan.error());
+  if (options.sim_storage && options.engine == "sim") {
+    auto storage = spawn_sim_storage(p->system, options);
+    if (!storage) return std::unexpected(storage.error());
+    p->sim_storage = *storage;
+    for (auto& nc : plan->nodes) nc.hooks.sim_storage = p->sim_storage;  // their replicas load through it
+    plan->controller.hooks.sim_storage = p->sim_storage;                  // it hears of finished fetches
+  }
   p->root = p->system.spawn(cluster_supervisor, std::move(*plan));
   if (!options.deterministic) {
     // The front doors may send the first request right after start(): wait
@@ -194,6 +241,7 @@ void embedded_cluster::stop() {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
   caf::anon_send_exit(impl_->root, caf::exit_reason::user_shutdown);
+  if (impl_->sim_storage) caf::anon_send_exit(impl_->sim_storage, caf::exit_reason::user_shutdown);
   if (auto* sched = test_scheduler()) {
     // Virtual time: run everything that is left, firing timers, until quiet.
     for (int i = 0; i < 1000 && (sched->run() > 0 || sched->trigger_timeouts() > 0); ++i) {

@@ -6,10 +6,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "api/gateway.hpp"
+#include "cluster/storage_model.hpp"
 #include "common/error.hpp"
 
 namespace caf {
@@ -28,6 +30,8 @@ class event_log;
 }
 
 namespace exa::actors {
+
+struct sim_storage_stats;
 
 struct cluster_options {
   std::uint32_t nodes = 2;
@@ -104,6 +108,17 @@ struct cluster_options {
   std::shared_ptr<cluster::fault_injector> fault_injector;
   std::shared_ptr<cluster::event_log> event_log;
   std::shared_ptr<std::atomic<std::uint64_t>> device_busy_us;  // simulation: device busy time
+  /// engine "sim": model the model store and the nodes' disks that loads
+  /// read (cluster::storage_model, sim_storage_actor); unset: every load
+  /// takes a fixed modeled time.
+  std::optional<cluster::storage_config> sim_storage;
+  /// With sim_storage: nodes whose cache holds every deployment's model
+  /// file at start (they announce it when they join, as a scanned cache).
+  std::vector<std::uint32_t> sim_warm_nodes;
+  /// With sim_storage: what the storage saw (filled as the run goes).
+  std::shared_ptr<sim_storage_stats> storage_stats;
+  /// Cache-aware placement and loads (controller_config::cache_affinity).
+  bool cache_affinity = true;
 };
 
 class embedded_cluster {

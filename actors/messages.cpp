@@ -98,6 +98,10 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<hello_msg>("exa.hello");
   cfg.add_message_type<welcome_msg>("exa.welcome");
   cfg.add_message_type<running_replica>("exa.running_replica");
+  cfg.add_message_type<cluster::cached_file>("exa.cached_file");
+  cfg.add_message_type<cached_files_msg>("exa.cached_files");
+  cfg.add_message_type<sim_load>("exa.sim_load");
+  cfg.add_message_type<node_cached_file>("exa.node_cached_file");
   cfg.add_message_type<node_join>("exa.node_join");
   cfg.add_message_type<node_announce>("exa.node_announce");
   cfg.add_message_type<gateway_join>("exa.gateway_join");

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "api/gateway.hpp"
+#include "cluster/node_cache.hpp"
 #include "cluster/types.hpp"
 #include "common/error.hpp"
 
@@ -79,6 +80,15 @@ typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
 }
 
 }  // namespace exa::api
+
+namespace exa::cluster {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cached_file& x) {
+  return f(caf::meta::type_name("exa.cached_file"), x.name, x.bytes, x.sha256);
+}
+
+}  // namespace exa::cluster
 
 namespace exa::actors {
 
@@ -750,11 +760,25 @@ struct node_join {
   caf::actor hub;       // where routers subscribe for replica events and loads
   std::vector<running_replica> replicas;  // what it runs (empty on a fresh start)
   std::string region;                     // "" = none
+  /// The model files its cache holds (found at start, fetched or loaded
+  /// since): cache-aware placement prefers the node for them at once.
+  std::vector<cluster::cached_file> cached;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_join& x) {
   return f(caf::meta::type_name("exa.node_join"), x.node, x.rack, x.devices, x.device_memory_bytes, x.address,
-           x.handle, x.hub, x.replicas, x.region);
+           x.handle, x.hub, x.replicas, x.region, x.cached);
+}
+/// node (its model cache) -> controller: the node's cache holds this file
+/// now, fetched from the model store: its loads of it need the store no more
+/// and placement prefers the node for it.
+struct node_cached_file {
+  cluster::node_id node = 0;
+  cluster::cached_file file;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_cached_file& x) {
+  return f(caf::meta::type_name("exa.node_cached_file"), x.node, x.file);
 }
 /// controller -> routers: the region a node is in (routers of a region
 /// prefer its replicas, and spill over to others when those are saturated
@@ -831,6 +855,31 @@ struct release_model {
   std::string path;
   std::string sha256;
 };
+/// node -> its model cache: what do you hold? (for the node's join)
+using cache_contents_atom = caf::atom_constant<caf::atom("cachelist")>;
+/// model cache -> node: the files it holds, sha256 only where verified.
+struct cached_files_msg {
+  std::vector<cluster::cached_file> files;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cached_files_msg& x) {
+  return f(caf::meta::type_name("exa.cached_files"), x.files);
+}
+/// replica -> the simulated storage (simulation with the storage modelled):
+/// move `file`'s bytes onto `node`; answered ok_atom once they are there.
+struct sim_load {
+  cluster::node_id node = 0;
+  cluster::cached_file file;  // as the node's cache names it (model::store_name), with its bytes
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sim_load& x) {
+  return f(caf::meta::type_name("exa.sim_load"), x.node, x.file);
+}
+/// controller -> the simulated storage: tell me (node_cached_file) when a
+/// node's fetch from the store is done, as a real node's model cache does.
+struct sim_storage_watch {
+  caf::actor controller;
+};
 /// gateway bridge -> router: a client request and where its stream goes.
 struct route_request {
   api::generate_request request;
@@ -866,3 +915,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::route_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::cancel_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::adopt_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deferred_call)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::sim_storage_watch)

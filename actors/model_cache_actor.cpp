@@ -97,6 +97,7 @@ expected<loaded> load(model_cache_state& st, cluster::node_id node, const std::s
                  st.config.store_dir, f->path, f->bytes, f->copied, f->attempts, f->refused_cached);
     file = f->path;
     fetched = true;
+    st.fetched_untold.push_back(cluster::cache_entry_for(path, sha256, f->bytes));
   }
   if (!file && !mismatch.empty()) return make_error(errc::corrupt_data, mismatch);
   if (!file) return make_error(file.error().code, "node " + std::to_string(node) + ": " + file.error().message);
@@ -156,6 +157,30 @@ void scan_at_start(model_cache_state& st, cluster::node_id node) {
                st.config.cache_dir, scan->kept.size(), st.lru.used_bytes(), scan->evicted.size(), scan->skipped);
 }
 
+// The controller hears of each fetch at once: the node's other loads of the
+// file need the store no more (load_gate::fetched).
+void tell_fetched(caf::event_based_actor* self, model_cache_state& st, cluster::node_id node) {
+  for (auto& f : st.fetched_untold)
+    if (st.config.controller) self->send(st.config.controller, node_cached_file{node, std::move(f)});
+  st.fetched_untold.clear();
+}
+
+// What the cache holds, for the node's join: loaded models (a digest only
+// for those keyed by one, checked when loaded) and copies found at start
+// (never hashed here: hashing a 70 GB file would hold the join up).
+cached_files_msg contents(const model_cache_state& st) {
+  cached_files_msg out;
+  const auto add = [&](const std::string& file, std::string sha256) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(file, ec);
+    out.files.push_back({std::filesystem::path(file).filename().string(), ec ? 0 : bytes, std::move(sha256)});
+  };
+  for (const auto& [key, e] : st.entries)
+    add(e.file, key.rfind("sha256:", 0) == 0 ? key.substr(7) : std::string());
+  for (const auto& [key, path] : st.on_disk) add(path, "");
+  return out;
+}
+
 }  // namespace
 
 caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cluster::node_id node,
@@ -172,6 +197,7 @@ caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cl
         spdlog::warn("event=chaos_slow_model_load node={} delay_ms={} duration_ms={}", node, f.delay_ms, f.duration_ms);
       },
       [=](const deferred_call& c) { c.fn(); },
+      [=](cache_contents_atom) { return contents(self->state); },
       [=](const acquire_model& req) -> caf::result<model_handle> {
         auto& st = self->state;
         if (clock_ns(self) < st.slow_until_ns) {  // a slow disk or network: answer later
@@ -182,6 +208,7 @@ caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cl
             auto& s = self->state;
             const auto key = cache_key(path, sha256);
             auto h = acquire(s, node, path, sha256);
+            tell_fetched(self, s, node);
             if (--s.pending[key] == 0) s.pending.erase(key);
             // Its replica stopped (and released) while this load waited.
             if (h.model && s.early_releases[key] > 0) {
@@ -193,7 +220,9 @@ caf::behavior model_cache_actor(caf::stateful_actor<model_cache_state>* self, cl
           }});
           return promise;
         }
-        return acquire(st, node, req.path, req.sha256);
+        auto h = acquire(st, node, req.path, req.sha256);
+        tell_fetched(self, st, node);
+        return h;
       },
       [=](const release_model& req) {
         auto& st = self->state;

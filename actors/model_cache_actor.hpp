@@ -20,6 +20,7 @@
 // as "file:<path>" entries that are deleted when evicted, and become a
 // model's entry when a deployment uses them (checked then, not refetched).
 
+#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
 #include <cstdint>
@@ -38,6 +39,7 @@ struct model_cache_config {
   std::string model_dir;  // --model-dir: "" = only the deployed paths
   std::string store_dir;  // --model-store: "" = no store to fetch from
   std::string cache_dir;  // --model-cache-dir: where fetched files go
+  caf::actor controller;  // told of each file fetched from the store (node_cached_file); may be null
 };
 
 struct model_cache_state {
@@ -53,6 +55,7 @@ struct model_cache_state {
   std::shared_ptr<model::file_digest_cache> digests = std::make_shared<model::file_digest_cache>();
   std::uint64_t loads = 0;
   std::uint64_t fetches = 0;
+  std::vector<cluster::cached_file> fetched_untold;  // fetched, the controller not told yet
   std::map<std::string, std::uint32_t> pending;         // acquires delayed (slow-load fault), by key
   std::map<std::string, std::uint32_t> early_releases;  // releases that came before those acquires
   // Fault injection: model loads take `slow_delay_ms` longer until then.

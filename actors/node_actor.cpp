@@ -155,6 +155,38 @@ void publish_lease(self_ptr self) {
   st.lease_until->store(unbounded ? std::numeric_limits<std::int64_t>::max() : st.last_ack_ns + lease_ns);
 }
 
+// Joins the controller (again): what runs here, and what the model cache
+// holds, asked first (bounded: a cache busy with a long fetch must not hold
+// the join up; then what it said last time is announced).
+void send_join(self_ptr self, bool rejoin) {
+  const auto join = [=](const std::vector<cluster::cached_file>& files) {
+    auto& st = self->state;
+    const auto& cfg = st.ctx.config;
+    node_join m{cfg.id, cfg.rack, cfg.devices, cfg.device.memory_bytes, cfg.address,
+                caf::actor_cast<caf::actor>(self), st.ctx.router, {}, cfg.region, files};
+    m.cached.insert(m.cached.end(), cfg.simulated_cache.begin(), cfg.simulated_cache.end());
+    if (rejoin)
+      for (const auto& [id, r] : st.replicas)
+        if (r.handle) m.replicas.push_back({r.spec, r.handle});
+    self->send(st.ctx.controller, m);
+    spdlog::info("event=node_{} node={} replicas={} cached_files={}", rejoin ? "rejoining" : "joining", cfg.id,
+                 m.replicas.size(), m.cached.size());
+  };
+  auto cache = self->state.sup->child("model-cache");
+  if (!cache) return join(self->state.cache_files);
+  self->request(cache, std::chrono::milliseconds(1000), cache_contents_atom::value)
+      .then(
+          [=](const cached_files_msg& c) {
+            self->state.cache_files = c.files;
+            join(c.files);
+          },
+          [=](const caf::error& err) {
+            spdlog::warn("event=node_cache_list_failed node={} error=\"{}\"", self->state.ctx.config.id,
+                         caf::to_string(err));
+            join(self->state.cache_files);
+          });
+}
+
 // The controller's process is gone or back (our uplink says which).
 void on_control_plane_change(self_ptr self, const control_plane_state& m);
 void on_control_plane(self_ptr self, const control_plane_state& m) {
@@ -188,13 +220,7 @@ void on_control_plane_change(self_ptr self, const control_plane_state& m) {
   st.last_ack_ns = clock_ns(self);
   // Join again, saying what runs here: the controller adopts what it still
   // wants and stops the rest.
-  const auto& cfg = st.ctx.config;
-  node_join join{cfg.id, cfg.rack, cfg.devices, cfg.device.memory_bytes, cfg.address,
-                 caf::actor_cast<caf::actor>(self), st.ctx.router, {}, cfg.region};
-  for (const auto& [id, r] : st.replicas)
-    if (r.handle) join.replicas.push_back({r.spec, r.handle});
-  self->send(st.ctx.controller, join);
-  spdlog::info("event=node_rejoining node={} replicas={}", cfg.id, join.replicas.size());
+  send_join(self, true);
 }
 
 void start_children(self_ptr self) {
@@ -217,7 +243,8 @@ void start_children(self_ptr self) {
                        restart_policy::permanent});
   }
   const auto node = cfg.id;
-  const model_cache_config cache{cfg.model_cache_bytes, cfg.model_dir, cfg.model_store, cfg.model_cache_dir};
+  const model_cache_config cache{cfg.model_cache_bytes, cfg.model_dir, cfg.model_store, cfg.model_cache_dir,
+                                 st.ctx.controller};
   st.sup->add_child({"model-cache",
                      [node, cache](caf::scheduled_actor* parent) {
                        return parent->spawn(model_cache_actor, node, cache);
@@ -247,6 +274,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
   self->state.last_ack_ns = clock_ns(self);
   publish_lease(self);
   start_children(self);
+  send_join(self, false);
   self->set_exit_handler([=](const caf::exit_msg& msg) {
     auto& st = self->state;
     if (st.sup->on_exit(msg)) return;

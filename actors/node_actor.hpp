@@ -58,6 +58,9 @@ struct node_config {
   /// Stamp heartbeats with the actor clock instead of the host's wall clock
   /// (virtual time, where the wall clock would mean nothing).
   bool wall_clock_from_actor_clock = false;
+  /// Simulation: model files the node's cache holds at start (a warm cache
+  /// with no directory to scan); announced in its join like scanned ones.
+  std::vector<cluster::cached_file> simulated_cache;
 };
 
 struct node_context {
@@ -93,6 +96,8 @@ struct node_state {
   std::shared_ptr<std::atomic<std::int64_t>> lease_until =
       std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::max());
   bool powered_off = false;  // chaos: the host lost power; this actor only stands in for its silence
+  /// What the model cache last said it holds (announced again if it cannot answer in time).
+  std::vector<cluster::cached_file> cache_files;
   std::uint64_t replica_restarts = 0;
   static inline const char* name = "node";
 };

@@ -423,11 +423,33 @@ void start_with_resources(self_ptr self) {
           [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
 }
 
+void start_simulated(self_ptr self);
+
+// Simulation with the storage modelled (chaos_hooks::sim_storage): the
+// model's bytes come over the store or from the node's cache, as fast as
+// they share them; then the rest of the simulated start (whose own load
+// time is zero then).
+void load_from_sim_storage(self_ptr self) {
+  const auto& spec = self->state.ctx.spec;
+  const auto ref = cluster::parse_model_ref(spec.model_file);
+  if (!ref || !ref->is_preset()) return fail(self, "simulated replicas serve model presets, not files: " + spec.model_file);
+  const sim_load load{self->state.ctx.node,
+                      cluster::cache_entry_for(spec.model_file, spec.model_sha256, ref->preset->weight_bytes)};
+  self->request(self->state.ctx.hooks.sim_storage, caf::infinite, load)
+      .then(
+          [=](ok_atom) {
+            self->state.sim_storage_loaded = true;
+            start_simulated(self);
+          },
+          [=](const caf::error& err) { fail(self, "model store unavailable: " + caf::to_string(err)); });
+}
+
 // Simulation: no weights to map; loading takes the modeled time to move the
 // model's bytes over the storage network.
 void start_simulated(self_ptr self) {
   auto& st = self->state;
   move_to(self, replica_state::loading);
+  if (st.ctx.hooks.sim_storage && !st.sim_storage_loaded) return load_from_sim_storage(self);
   self->request(st.ctx.device, caf::infinite, resources_atom::value)
       .then(
           [=](const device_resources& res) {

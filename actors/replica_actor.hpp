@@ -83,6 +83,7 @@ struct replica_actor_state {
   bool probe_out = false;
   bool model_requested = false;  // acquire_model sent: released at the end even if the answer never came
   bool draft_requested = false;  // the same for spec.draft_model
+  bool sim_storage_loaded = false;  // simulation: the model's bytes came through the modelled storage
   bool fenced_while_draining = false;  // logged once  // a probe (warm-up id) is in the engine
   static inline const char* name = "replica";
   ~replica_actor_state();

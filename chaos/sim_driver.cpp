@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "actors/sim_storage_actor.hpp"
 #include "chaos/driver.hpp"
 #include "chaos/driver_detail.hpp"
 #include "chaos/sim_workload.hpp"
@@ -27,9 +28,19 @@ std::string model_ref_of(const sim_deployment& d) {
   return cluster::preset_ref(d.model, *cluster::precision_from_string(d.precision), d.context_length);
 }
 
-actors::cluster_options options_for(const scenario& s, const std::string& policy, bool fixed_fleet,
+// How one run of a scenario differs from the others it is compared with.
+struct run_mode {
+  bool fixed_fleet = false;  // compare_fixed_fleet: the fixed fleet (else as deployed)
+  bool cold_start = false;   // one of compare_cold_start's runs:
+  bool staggered = true;     //   the scenario's load limits, or none
+  bool cache_affinity = true;
+};
+
+actors::cluster_options options_for(const scenario& s, const std::string& policy, const run_mode& mode,
                                     std::shared_ptr<cluster::fault_injector> inj, std::shared_ptr<event_log> log,
-                                    std::shared_ptr<std::atomic<std::uint64_t>> busy) {
+                                    std::shared_ptr<std::atomic<std::uint64_t>> busy,
+                                    std::shared_ptr<actors::sim_storage_stats> storage_stats) {
+  const bool fixed_fleet = mode.fixed_fleet;
   actors::cluster_options o;
   o.nodes = s.topology.nodes;
   o.devices_per_node = s.topology.gpus_per_node;
@@ -60,6 +71,17 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
   o.fault_injector = std::move(inj);
   o.event_log = std::move(log);
   o.device_busy_us = std::move(busy);
+  if (s.storage.modelled) {
+    o.sim_storage = cluster::storage_config{s.storage.store_gb_per_s * 1e9, s.storage.node_network_gb_per_s * 1e9,
+                                            s.storage.node_disk_gb_per_s * 1e9};
+    o.sim_warm_nodes = warm_node_ids(s.storage, s.topology.nodes);
+    o.storage_stats = std::move(storage_stats);
+  }
+  if (mode.cold_start && !mode.staggered) {  // every load at once
+    o.loads_max = sim_timing{}.loads_max;
+    o.loads_per_node_max = sim_timing{}.loads_per_node_max;
+  }
+  o.cache_affinity = mode.cache_affinity;
   for (const auto& d : s.deployments) {
     api::deploy_request r;
     r.name = d.name;
@@ -231,19 +253,54 @@ void inject_rack_loss(detail::cluster_access& ca, cluster::fault_injector& inj, 
   log.append(e);
 }
 
-expected<sim_run> run_once(const run_inputs& in, const std::string& policy, bool fixed_fleet) {
+// Replicas the deployments ask for at start: serving ones and the warm
+// pool's floor(N x P / 100) standbys.
+std::uint32_t replicas_wanted(const actors::cluster_options& o) {
+  std::uint32_t n = 0;
+  for (const auto& d : o.deployments) n += d.replicas + d.replicas * d.warm_pool_percent / 100;
+  return n;
+}
+
+// When the first, half and all of the wanted replicas had been loaded and
+// warm (ready, serving or standing by) at least once, from the event log.
+void note_ready_times(const std::vector<event>& events, std::int64_t t0_ns, sim_cold_start& c) {
+  std::set<std::uint64_t> seen;
+  const std::uint32_t half = (c.replicas_wanted + 1) / 2;
+  for (const event& e : events) {
+    if (e.kind != event_kind::replica_state) continue;
+    if (e.detail != "ready" && e.detail != "serving" && e.detail != "standby") continue;
+    if (!seen.insert(e.replica).second) continue;
+    const double at = static_cast<double>(e.t_ns - t0_ns) / 1e9;
+    const auto n = static_cast<std::uint32_t>(seen.size());
+    if (n == 1) c.first_ready_s = at;
+    if (n == half) c.half_ready_s = at;
+    if (n == c.replicas_wanted) c.all_ready_s = at;
+  }
+  c.replicas_ready = static_cast<std::uint32_t>(std::min<std::size_t>(seen.size(), c.replicas_wanted));
+}
+
+expected<sim_run> run_once(const run_inputs& in, const std::string& policy, const run_mode& mode) {
   const scenario& s = in.s;
   sim_run run;
   run.policy = policy.empty() ? s.deployments.front().routing : policy;
-  if (s.compare_fixed_fleet) run.policy += fixed_fleet ? "+fixed" : "+autoscaled";
+  if (s.compare_fixed_fleet) run.policy += mode.fixed_fleet ? "+fixed" : "+autoscaled";
+  if (mode.cold_start) run.policy += std::string(mode.staggered ? "+staggered" : "+unstaggered") +
+                                     (mode.cache_affinity ? "+affinity" : "");
   auto placement = measure_placement_ms(s);
   if (!placement) return std::unexpected(placement.error());
   run.placement_ms = *placement;
   auto inj = std::make_shared<cluster::fault_injector>(in.seed);
   auto log = std::make_shared<event_log>();
   auto busy = std::make_shared<std::atomic<std::uint64_t>>(0);
+  auto storage = std::make_shared<actors::sim_storage_stats>();
   const auto wall0 = clock_type::now();
-  auto cluster = actors::embedded_cluster::start(options_for(s, policy, fixed_fleet, inj, log, busy));
+  auto options = options_for(s, policy, mode, inj, log, busy, storage);
+  run.cold_start.modelled = s.storage.modelled;
+  run.cold_start.staggered = !mode.cold_start || mode.staggered;
+  run.cold_start.cache_affinity = mode.cache_affinity;
+  run.cold_start.warm_nodes = static_cast<std::uint32_t>(options.sim_warm_nodes.size());
+  run.cold_start.replicas_wanted = replicas_wanted(options);
+  auto cluster = actors::embedded_cluster::start(std::move(options));
   if (!cluster) return std::unexpected(cluster.error());
   auto* sched = (*cluster)->test_scheduler();
   auto& clk = sched->clock();
@@ -349,6 +406,16 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, bool
     }
   }
   for (auto& [id, f] : faults) run.faults.push_back(f);
+  if (run.cold_start.modelled) {
+    auto& c = run.cold_start;
+    note_ready_times(log->events(), t0, c);
+    c.store_limit_bytes_per_s = s.storage.store_gb_per_s * 1e9;
+    c.peak_store_bytes_per_s = storage->peak_store_bytes_per_s;
+    c.store_bytes = storage->store_bytes;
+    c.fetches = storage->fetches;
+    c.loads = storage->loads;
+    c.loads_from_cache = storage->loads_from_cache;
+  }
   if (gaps > 0) spdlog::error("event=sim_stream_violations count={}", gaps);
   run.stream_violations = gaps;
   return run;
@@ -374,12 +441,22 @@ expected<sim_report> run_simulation(const sim_config& config) {
   const run_inputs in{s, *workload, faults, seed, s.duration_s, config.drain_s};
   std::vector<std::string> policies = s.compare_policies;
   if (policies.empty()) policies.push_back("");
+  std::vector<run_mode> modes;
+  for (const bool fixed : {false, true}) {
+    if (fixed && !s.compare_fixed_fleet) continue;
+    if (!s.compare_cold_start) {
+      modes.push_back({fixed});
+      continue;
+    }
+    for (const bool staggered : {false, true})
+      for (const bool affinity : {false, true}) modes.push_back({fixed, true, staggered, affinity});
+  }
   for (const auto& p : policies) {
-    for (const bool fixed : {false, true}) {
-      if (fixed && !s.compare_fixed_fleet) continue;
+    for (const auto& mode : modes) {
       spdlog::info("event=sim_run_start scenario={} policy={} fleet={} requests={} faults={}", s.name,
-                   p.empty() ? "default" : p, fixed ? "fixed" : "as deployed", workload->size(), faults.size());
-      auto run = run_once(in, p, fixed);
+                   p.empty() ? "default" : p, mode.fixed_fleet ? "fixed" : "as deployed", workload->size(),
+                   faults.size());
+      auto run = run_once(in, p, mode);
       if (!run) return std::unexpected(run.error());
       report.runs.push_back(std::move(*run));
     }

@@ -116,6 +116,25 @@ ojson faults_json(const std::vector<sim_fault_record>& faults) {
   return arr;
 }
 
+ojson cold_start_json(const sim_cold_start& c) {
+  ojson j;
+  j["staggered"] = c.staggered;
+  j["cache_affinity"] = c.cache_affinity;
+  j["warm_nodes"] = c.warm_nodes;
+  j["replicas_wanted"] = c.replicas_wanted;
+  j["replicas_ready"] = c.replicas_ready;
+  j["first_ready_s"] = ms(c.first_ready_s);
+  j["half_ready_s"] = ms(c.half_ready_s);
+  j["all_ready_s"] = ms(c.all_ready_s);
+  j["store_limit_gb_per_s"] = ms(c.store_limit_bytes_per_s / 1e9);
+  j["peak_store_gb_per_s"] = ms(c.peak_store_bytes_per_s / 1e9);
+  j["store_tb"] = ms(c.store_bytes / 1e12);
+  j["fetches"] = c.fetches;
+  j["loads"] = c.loads;
+  j["loads_from_cache"] = c.loads_from_cache;
+  return j;
+}
+
 ojson policy_json(const sim_run& run, const sim_summary& s) {
   ojson j;
   j["policy"] = run.policy;
@@ -129,6 +148,7 @@ ojson policy_json(const sim_run& run, const sim_summary& s) {
   j["wall_s"] = ms(run.wall_s);
   j["peak_rss_bytes"] = run.peak_rss_bytes;
   j["faults"] = faults_json(run.faults);
+  if (run.cold_start.modelled) j["cold_start"] = cold_start_json(run.cold_start);
   return j;
 }
 
@@ -276,6 +296,22 @@ void text_faults(const sim_report& r, std::string& out) {
   }
 }
 
+void text_cold_start(const sim_report& r, std::string& out) {
+  if (std::none_of(r.runs.begin(), r.runs.end(), [](const sim_run& x) { return x.cold_start.modelled; })) return;
+  out += "\ncold start (seconds from the start until the first / half / all replicas were ready; the model store)\n";
+  out += fmt::format("{:<40} {:>11} {:>8} {:>8} {:>8} {:>15} {:>9} {:>8} {:>12}\n", "run", "ready", "first", "half",
+                     "all", "store peak GB/s", "store TB", "fetches", "from cache");
+  for (const sim_run& run : r.runs) {
+    const sim_cold_start& c = run.cold_start;
+    if (!c.modelled) continue;
+    out += fmt::format("{:<40} {:>11} {:>8} {:>8} {:>8} {:>15} {:>9.2f} {:>8} {:>12}\n", run.policy,
+                       fmt::format("{}/{}", c.replicas_ready, c.replicas_wanted), num_or_dash(c.first_ready_s, 1),
+                       num_or_dash(c.half_ready_s, 1), num_or_dash(c.all_ready_s, 1),
+                       fmt::format("{:.1f}/{:.1f}", c.peak_store_bytes_per_s / 1e9, c.store_limit_bytes_per_s / 1e9),
+                       c.store_bytes / 1e12, c.fetches, fmt::format("{}/{}", c.loads_from_cache, c.loads));
+  }
+}
+
 }  // namespace
 
 std::string to_text(const sim_report& r) {
@@ -314,6 +350,7 @@ std::string to_text(const sim_report& r) {
                          fmt::format("{:.0f}/{:.1f}", s.requests_per_replica_max, s.requests_per_replica_mean));
     }
   }
+  text_cold_start(r, out);
   text_faults(r, out);
   return out;
 }

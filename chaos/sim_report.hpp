@@ -47,6 +47,25 @@ struct sim_fault_record {
   double recover_s = -1;  // after injection; -1: not recovered
 };
 
+/// A run with the storage modelled (scenario "storage"): how fast the
+/// replicas came up, and what the model store served.
+struct sim_cold_start {
+  bool modelled = false;
+  bool staggered = false;       // load limits on (timing's), or none
+  bool cache_affinity = true;
+  std::uint32_t warm_nodes = 0;
+  /// Replicas the deployments asked for at start (serving and standing by),
+  /// and how many of them were loaded and warm at least once in the run.
+  std::uint32_t replicas_wanted = 0, replicas_ready = 0;
+  /// From the start of the run until the first, half and all of them were; -1: never.
+  double first_ready_s = -1, half_ready_s = -1, all_ready_s = -1;
+  double store_limit_bytes_per_s = 0;  // the modelled store's bandwidth
+  double peak_store_bytes_per_s = 0;   // the most it served at once
+  double store_bytes = 0;              // read from it in the run
+  std::uint32_t fetches = 0;           // node copies from the store
+  std::uint32_t loads = 0, loads_from_cache = 0;  // replica loads, those from their node's cache
+};
+
 /// The result of one run (one routing policy).
 struct sim_run {
   std::string policy;
@@ -58,6 +77,7 @@ struct sim_run {
   std::uint64_t lost = 0;    // accepted and never finished: must be 0
   std::uint64_t peak_rss_bytes = 0;
   std::uint64_t stream_violations = 0;  // token gaps or duplicates seen by clients: must be 0
+  sim_cold_start cold_start;
 };
 
 struct sim_summary {

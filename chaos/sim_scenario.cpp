@@ -50,6 +50,7 @@ constexpr std::uint32_t max_suspect_after_missed = 100;
 constexpr std::uint32_t max_window_ms = 3'600'000;
 constexpr std::uint32_t max_migration_parallelism = 1024;
 constexpr std::uint32_t max_request_deadline_ms = 86'400'000;
+constexpr double max_storage_gb_per_s = 1e6;  // a petabyte a second: past it, a typo
 
 // The batch limits the memory check assumes: the simulated engine's defaults
 // (engine/sim_engine.hpp), which size the activation reserve.
@@ -383,6 +384,35 @@ void parse_policies(const object_reader& top, scenario& s) {
   }
 }
 
+void parse_storage(const object_reader& r, const sim_topology& t, sim_storage_spec& st) {
+  r.known_keys({"store_gb_per_s", "node_network_gb_per_s", "node_disk_gb_per_s", "warm_nodes"});
+  st.modelled = true;
+  r.number("store_gb_per_s", 0, true, max_storage_gb_per_s, st.store_gb_per_s);
+  r.number("node_network_gb_per_s", 0, false, max_storage_gb_per_s, st.node_network_gb_per_s);
+  r.number("node_disk_gb_per_s", 0, true, max_storage_gb_per_s, st.node_disk_gb_per_s);
+  r.u32("warm_nodes", 0, t.nodes, st.warm_nodes);
+}
+
+bool parse_bool(const object_reader& top, const char* key, bool& out) {
+  if (top.errors().failed() || !top.has(key)) return false;
+  if (!top.at(key).is_boolean()) {
+    top.errors().fail(key, "must be true or false");
+    return false;
+  }
+  out = top.at(key).get<bool>();
+  return true;
+}
+
+void parse_cold_start(const object_reader& top, const json& doc, scenario& s) {
+  if (is_object_field(top, "storage"))
+    parse_storage(object_reader(doc.at("storage"), "storage", top.errors()), s.topology, s.storage);
+  if (!parse_bool(top, "compare_cold_start", s.compare_cold_start) || !s.compare_cold_start) return;
+  if (!s.storage.modelled)
+    return top.errors().fail("compare_cold_start", "needs \"storage\": without it loads do not contend");
+  if (s.timing.loads_max >= sim_timing{}.loads_max)
+    top.errors().fail("compare_cold_start", "needs timing.loads_max (and loads_per_node_max): the staggered runs' limits");
+}
+
 void parse_sections(const object_reader& top, const json& doc, scenario& s) {
   field_errors& errs = top.errors();
   top.require("topology");
@@ -400,6 +430,7 @@ void parse_sections(const object_reader& top, const json& doc, scenario& s) {
     if (!top.at("compare_fixed_fleet").is_boolean()) errs.fail("compare_fixed_fleet", "must be true or false");
     else s.compare_fixed_fleet = top.at("compare_fixed_fleet").get<bool>();
   }
+  parse_cold_start(top, doc, s);
   top.number("sample_interval_s", 0, true, s.duration_s, s.sample_interval_s);
   if (!errs.failed() && s.duration_s / s.sample_interval_s > max_samples)
     errs.fail("sample_interval_s", fmt::format("{} s over {} s is more than {:.0f} samples", s.sample_interval_s,
@@ -417,7 +448,8 @@ expected<scenario> parse_scenario(const std::string& json_text) {
   field_errors errs;
   const object_reader top(doc, "", errs);
   top.known_keys({"name", "description", "seed", "topology", "deployments", "workload", "duration_s", "timing", "slo",
-                  "faults", "compare_policies", "compare_fixed_fleet", "sample_interval_s"});
+                  "faults", "compare_policies", "compare_fixed_fleet", "storage", "compare_cold_start",
+                  "sample_interval_s"});
   top.require("name");
   top.string("name", max_plan_name_chars, s.name);
   if (!errs.failed() && !json_detail::valid_name(s.name)) errs.fail("name", "must be letters, digits, '.', '_' or '-'");
@@ -451,6 +483,14 @@ expected<scenario> load_scenario(const std::string& path) {
     }
   }
   return parsed;
+}
+
+std::vector<std::uint32_t> warm_node_ids(const sim_storage_spec& storage, std::uint32_t nodes) {
+  std::vector<std::uint32_t> out;
+  const std::uint32_t warm = std::min(storage.warm_nodes, nodes);
+  for (std::uint32_t i = 0; i < warm; ++i)
+    out.push_back(static_cast<std::uint32_t>(std::uint64_t{i} * nodes / warm));
+  return out;
 }
 
 std::vector<sim_fault> schedule_faults(const scenario& s, std::uint64_t seed) {

@@ -136,6 +136,22 @@ struct sim_timing {
   std::uint32_t autoscale_down_cooldown_s = 120;
 };
 
+/// "storage": the model store and node disks that model loads read
+/// (cluster::storage_model). Absent: a load takes a fixed modeled time
+/// (weights / 2 GB/s) and never contends. Bandwidths in GB/s (10^9 bytes).
+struct sim_storage_spec {
+  bool modelled = false;
+  double store_gb_per_s = 25;        // the model store's reads, shared by every fetch
+  double node_network_gb_per_s = 0;  // each node's link to the store; 0: no limit of its own
+  double node_disk_gb_per_s = 3;     // each node's disk: loads from the node's cache
+  /// Nodes whose cache holds every deployment's model at start, spread evenly
+  /// (node i * nodes / warm_nodes for i < warm_nodes).
+  std::uint32_t warm_nodes = 0;
+};
+
+/// The nodes a storage spec makes warm, ascending.
+std::vector<std::uint32_t> warm_node_ids(const sim_storage_spec& storage, std::uint32_t nodes);
+
 struct sim_slo {
   double ttft_ms = 2000;
   double tpot_ms = 100;
@@ -166,6 +182,13 @@ struct scenario {
   /// fixed fleet of `replicas` with autoscaling off (replica-hours against
   /// SLO attainment, docs/OPERATIONS.md).
   bool compare_fixed_fleet = false;
+  sim_storage_spec storage;
+  /// Cold start (needs "storage" and timing's load limits): run each policy
+  /// four times, loads unstaggered (no limits) and staggered (timing's
+  /// loads_max and loads_per_node_max), each without and with cache
+  /// affinity (controller_config::cache_affinity), and report how long
+  /// until every replica was ready and the store's peak read rate.
+  bool compare_cold_start = false;
   double sample_interval_s = 10;
 };
 

@@ -13,16 +13,23 @@ expected<bool> load_gate::enqueue(replica_id replica, node_id node) {
   return true;
 }
 
-std::vector<replica_id> load_gate::admit() {
+std::vector<replica_id> load_gate::admit(const std::function<bool(replica_id, node_id)>& from_cache) {
   std::vector<replica_id> out;
-  for (auto it = queue_.begin(); it != queue_.end() && loading_.size() < cluster_max();) {
-    auto& on_node = per_node_[it->node];
-    if (on_node >= per_node_max()) {  // its node is busy: the ones behind it on other nodes may go
-      ++it;
+  // Without a cache to ask, nothing behind a full cluster can go: stop there.
+  for (auto it = queue_.begin(); it != queue_.end() && (from_cache || from_store_ < cluster_max());) {
+    const auto node_it = per_node_.find(it->node);
+    if (node_it != per_node_.end() && node_it->second >= per_node_max()) {
+      ++it;  // its node is busy: the ones behind it on other nodes may go
       continue;
     }
-    ++on_node;
-    loading_.emplace(it->replica, it->node);
+    const bool from_store = !from_cache || !from_cache(it->replica, it->node);
+    if (from_store && from_store_ >= cluster_max()) {
+      ++it;  // the store is busy: loads from node caches behind it may go
+      continue;
+    }
+    ++per_node_[it->node];
+    from_store_ += from_store;
+    loading_.emplace(it->replica, loading_entry{it->node, from_store});
     out.push_back(it->replica);
     it = queue_.erase(it);
   }
@@ -31,9 +38,10 @@ std::vector<replica_id> load_gate::admit() {
 
 bool load_gate::finished(replica_id replica) {
   if (const auto it = loading_.find(replica); it != loading_.end()) {
-    auto& on_node = per_node_[it->second];
+    auto& on_node = per_node_[it->second.node];
     if (on_node > 0) --on_node;
-    if (on_node == 0) per_node_.erase(it->second);
+    if (on_node == 0) per_node_.erase(it->second.node);
+    if (it->second.from_store) --from_store_;
     loading_.erase(it);
     return true;
   }
@@ -41,6 +49,17 @@ bool load_gate::finished(replica_id replica) {
   if (q == queue_.end()) return false;
   queue_.erase(q);
   return true;
+}
+
+std::size_t load_gate::fetched(node_id node, const std::function<bool(replica_id)>& from_cache) {
+  std::size_t n = 0;
+  for (auto& [replica, e] : loading_) {
+    if (e.node != node || !e.from_store || !from_cache(replica)) continue;
+    e.from_store = false;
+    --from_store_;
+    ++n;
+  }
+  return n;
 }
 
 bool load_gate::waiting(replica_id replica) const {

@@ -156,3 +156,42 @@ TEST_CASE("a deploy request keeps its warm pool and autoscaling across processes
   d.idle_to_zero_s = 600;
   CHECK(round_trip(sys, d) == d);
 }
+
+TEST_CASE("a node's join keeps every field across processes, its cached model files included",
+          "[actors][messages][node_cache]") {
+  config cfg;
+  caf::actor_system sys{cfg};
+  actors::node_join j;
+  j.node = 17;
+  j.rack = 3;
+  j.devices = 8;
+  j.device_memory_bytes = 80ull << 30;
+  j.address = "10.0.0.17:7100";
+  j.region = "eu-west";
+  actors::replica_spec spec;
+  spec.id = 42;
+  spec.deployment = "llama";
+  spec.slot = 5;
+  spec.epoch = 9;
+  spec.model_file = "/models/llama.gguf";
+  j.replicas.push_back({spec, caf::actor{}});
+  const std::string sha(64, 'c');
+  j.cached = {{"llama.gguf", 70ull << 30, ""}, {sha + ".gguf", 4096, sha}};
+  const auto j2 = round_trip(sys, j);
+  CHECK(j2.node == 17);
+  CHECK(j2.rack == 3);
+  CHECK(j2.devices == 8);
+  CHECK(j2.device_memory_bytes == (80ull << 30));
+  CHECK(j2.address == "10.0.0.17:7100");
+  CHECK(j2.region == "eu-west");
+  REQUIRE(j2.replicas.size() == 1);
+  CHECK(j2.replicas[0].spec.id == 42);
+  CHECK(j2.replicas[0].spec.deployment == "llama");
+  CHECK(j2.replicas[0].spec.slot == 5);
+  CHECK(j2.replicas[0].spec.epoch == 9);
+  CHECK(j2.replicas[0].spec.model_file == "/models/llama.gguf");
+  CHECK(j2.cached == j.cached);
+
+  const auto c2 = round_trip(sys, actors::cached_files_msg{j.cached});
+  CHECK(c2.files == j.cached);
+}

@@ -219,3 +219,81 @@ TEST_CASE("a node's cache directory from an earlier run is counted at start and 
   CHECK(std::filesystem::exists(dir + "/cache/b.gguf"));
   caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("the model cache lists what it holds: copies found at start by size, loaded models with their digest",
+          "[actors][models][node_cache]") {
+  const std::string& model = test::tiny_model_path();
+  const auto sha = model::sha256_file(model);
+  REQUIRE(sha);
+  const auto bytes = std::filesystem::file_size(model);
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/model-cache-list";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/cache");
+  std::filesystem::copy_file(model, dir + "/cache/earlier.gguf");
+  cache_system cs;
+  auto cache = cs.sys->spawn(actors::model_cache_actor, cluster::node_id{3},
+                             actors::model_cache_config{8 * bytes, "", "", dir + "/cache"});
+  const auto list = [&] {
+    caf::scoped_actor self{*cs.sys};
+    actors::cached_files_msg out;
+    self->request(cache, std::chrono::seconds(20), actors::cache_contents_atom::value)
+        .receive([&](const actors::cached_files_msg& m) { out = m; },
+                 [&](const caf::error& e) { FAIL("no answer from the model cache: " << cs.sys->render(e)); });
+    return out.files;
+  };
+  // At start: the scanned copy, its size, no digest (nothing was hashed).
+  auto files = list();
+  REQUIRE(files.size() == 1);
+  CHECK(files[0] == cluster::cached_file{"earlier.gguf", bytes, ""});
+  // A model loaded under its pinned digest is listed with it (checked at load).
+  const auto h = acquire(*cs.sys, cache, model, *sha);
+  REQUIRE(h.model);
+  files = list();
+  REQUIRE(files.size() == 2);
+  CHECK(files[0] == cluster::cached_file{std::filesystem::path(model).filename().string(), bytes, *sha});
+  CHECK(files[1].name == "earlier.gguf");
+  caf::anon_send_exit(cache, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+// Where one replica of `tiny` lands on 3 single-device nodes, when node 2's
+// cache directory does (or does not) hold a copy of its file from an
+// earlier run.
+std::uint32_t home_of_new_deployment(bool node2_warm) {
+  const std::string& model = test::tiny_model_path();
+  const std::string dir = std::string(EXA_TEST_TMPDIR) + "/node-cache-join";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/cache/node-2");
+  if (node2_warm)
+    std::filesystem::copy_file(model, dir + "/cache/node-2/" + std::filesystem::path(model).filename().string());
+  auto o = test::cluster_fixture::defaults(1);
+  o.nodes = 3;
+  o.devices_per_node = 1;
+  o.model_cache_dir = dir + "/cache";
+  o.deployments.clear();
+  test::cluster_fixture f(o);
+  f.advance(100ms);  // every node has joined
+  api::deploy_request d;
+  d.name = "tiny";
+  d.replicas = 1;
+  std::optional<expected<void>> out;
+  f.backend().deploy(d, [&](expected<void> r) { out = std::move(r); });
+  f.advance(200ms);
+  REQUIRE(out.has_value());
+  REQUIRE(out->has_value());
+  const auto st = f.status();
+  REQUIRE(st.replicas.size() == 1);
+  CHECK(st.replicas[0].state == "ready");
+  return st.replicas[0].node;
+}
+
+}  // namespace
+
+TEST_CASE("a node whose cache directory holds the file at start is preferred from its join on",
+          "[actors][models][node_cache]") {
+  // No replica ever loaded the file anywhere: only node 2's join says it has it.
+  CHECK(home_of_new_deployment(true) == 2);
+  // The control: all nodes alike, the lowest id.
+  CHECK(home_of_new_deployment(false) == 0);
+}

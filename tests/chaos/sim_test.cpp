@@ -244,6 +244,53 @@ TEST_CASE("warm pool and autoscale fields parse and are validated by name", "[si
   require_field_error(with("/compare_fixed_fleet", "yes"), "compare_fixed_fleet", "true or false");
 }
 
+TEST_CASE("storage and cold-start fields parse and are validated by name", "[sim][cold_start]") {
+  json j = base_scenario();
+  j["storage"] = {{"store_gb_per_s", 40}, {"node_network_gb_per_s", 12.5}, {"node_disk_gb_per_s", 5},
+                  {"warm_nodes", 3}};
+  j["timing"]["loads_max"] = 8;
+  j["timing"]["loads_per_node_max"] = 2;
+  j["compare_cold_start"] = true;
+  const auto s = parse_scenario(j.dump());
+  REQUIRE(s.has_value());
+  CHECK(s->storage.modelled);
+  CHECK(s->storage.store_gb_per_s == Approx(40));
+  CHECK(s->storage.node_network_gb_per_s == Approx(12.5));
+  CHECK(s->storage.node_disk_gb_per_s == Approx(5));
+  CHECK(s->storage.warm_nodes == 3);
+  CHECK(s->compare_cold_start);
+  // Spread evenly over the nodes.
+  CHECK(warm_node_ids(s->storage, 4) == std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(warm_node_ids({true, 1, 0, 1, 64}, 256).size() == 64);
+  CHECK(warm_node_ids({true, 1, 0, 1, 64}, 256)[1] == 4);
+  CHECK_FALSE(parse_scenario(base_scenario().dump())->storage.modelled);
+  require_field_error(with("/storage", json{{"store_gb_per_s", 0}}), "storage.store_gb_per_s");
+  require_field_error(with("/storage", json{{"node_disk_gb_per_s", -1}}), "storage.node_disk_gb_per_s");
+  require_field_error(with("/storage", json{{"warm_nodes", 5}}), "storage.warm_nodes");  // 4 nodes
+  require_field_error(with("/storage", json{{"speed", 1}}), "storage.speed", "unknown key");
+  require_field_error(with("/compare_cold_start", true), "compare_cold_start", "storage");
+  json no_limits = base_scenario();
+  no_limits["storage"] = json::object();
+  no_limits["compare_cold_start"] = true;
+  require_field_error(no_limits, "compare_cold_start", "loads_max");
+  require_field_error(with("/compare_cold_start", 1), "compare_cold_start", "true or false");
+}
+
+TEST_CASE("the cold-start scenario is the reference cluster's deploy with its store modelled", "[sim][cold_start]") {
+  const auto s = load_scenario(scenario_path("cold_start.json"));
+  REQUIRE(s.has_value());
+  CHECK(s->topology.nodes == 256);
+  CHECK(s->topology.gpus_per_node == 8);
+  CHECK(s->deployments.front().replicas == 3072);
+  CHECK(s->deployments.front().warm_pool_percent == 0);
+  CHECK(s->storage.modelled);
+  CHECK(s->storage.warm_nodes == 64);
+  CHECK(s->compare_cold_start);
+  CHECK(s->timing.loads_max == 32);
+  CHECK(s->timing.loads_per_node_max == 4);
+  CHECK(load_scenario(scenario_path("cold_start_ci.json")).has_value());
+}
+
 TEST_CASE("a diurnal curve thins arrivals to its trough at night and keeps them at noon", "[sim]") {
   sim_workload_spec w;
   w.diurnal_period_s = 1000;

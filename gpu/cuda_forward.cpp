@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "common/assert.hpp"
@@ -95,6 +97,11 @@ struct cuda_forward::impl {
     const float* bk = nullptr;
     const float* bv = nullptr;
     const float* bo = nullptr;
+    // Q, K and V as one matrix (and gate with up) when the plan laid them out
+    // back to back: one launch instead of three (two), over a wider grid.
+    // The rows are the same rows, so every output is computed as before.
+    std::optional<ops::matrix_view> qkv, gate_up;
+    const float* bqkv = nullptr;  // [bq | bk | bv], zeros where one is absent
   };
 
   std::shared_ptr<const model::llama_model> model;
@@ -114,7 +121,8 @@ struct cuda_forward::impl {
 
   // The step's buffers, sized for the bounds once: their addresses never
   // change, which is what lets a recorded graph replay.
-  device_buffer x, xn, q, k, v, att, gate, up, act, act_scales, logits, meta;
+  // qkv holds each token's Q, K and V side by side, gu its gate and up.
+  device_buffer x, xn, qkv, att, gu, act, act_scales, logits, meta, biases;
   std::size_t table_capacity = 0;  // block ids one step can name
   int* host_meta = nullptr;        // pinned mirror of `meta`
   std::vector<std::uint32_t> seq_blocks, seq_offset;  // staging scratch
@@ -131,6 +139,8 @@ struct cuda_forward::impl {
   expected<void> upload_weights();
   expected<void> upload_tensor(const planned_tensor& t);
   void bind_views();
+  expected<void> fuse_biases();
+  std::size_t qkv_width() const { return std::size_t{c.dim} + 2 * std::size_t{c.kv_dim()}; }
   expected<void> allocate_step_buffers();
 
   // Meta layout (ints): tokens, positions, table offsets (max_tokens each),
@@ -181,6 +191,7 @@ expected<void> cuda_forward::impl::init(std::shared_ptr<const model::llama_model
   }
   if (auto ok = upload_weights(); !ok) return ok;
   bind_views();
+  if (auto ok = fuse_biases(); !ok) return ok;
   if (auto ok = allocate_step_buffers(); !ok) return ok;
   graphs = graph_policy(cfg.max_graphs);
   return {};
@@ -265,9 +276,20 @@ void cuda_forward::impl::bind_views() {
   output = matrix(wt.tied_output ? wt.token_embd : wt.output);
   output_norm = vec(wt.output_norm);
   for (const model::llama_layer_weights& l : wt.layers) {
-    layer x{matrix(l.wq), matrix(l.wk), matrix(l.wv), matrix(l.wo), matrix(l.w_gate), matrix(l.w_up),
-            matrix(l.w_down), vec(l.attn_norm), vec(l.ffn_norm), opt(l.bq), opt(l.bk), opt(l.bv), opt(l.bo)};
+    layer x;
+    x.wq = matrix(l.wq), x.wk = matrix(l.wk), x.wv = matrix(l.wv), x.wo = matrix(l.wo);
+    x.gate = matrix(l.w_gate), x.up = matrix(l.w_up), x.down = matrix(l.w_down);
+    x.attn_norm = vec(l.attn_norm), x.ffn_norm = vec(l.ffn_norm);
+    x.bq = opt(l.bq), x.bk = opt(l.bk), x.bv = opt(l.bv), x.bo = opt(l.bo);
     mixed_types = mixed_types || x.wq.type != x.wk.type || x.wq.type != x.wv.type || x.gate.type != x.up.type;
+    if (plan.contiguous({&l.wq, &l.wk, &l.wv})) {
+      x.qkv = x.wq;
+      x.qkv->rows = x.wq.rows + x.wk.rows + x.wv.rows;
+    }
+    if (plan.contiguous({&l.w_gate, &l.w_up})) {
+      x.gate_up = x.gate;
+      x.gate_up->rows = x.gate.rows + x.up.rows;
+    }
     layers.push_back(x);
   }
   // RoPE as the CPU engine computes it (engine/ops.cpp): the same theta_scale bits.
@@ -279,6 +301,32 @@ void cuda_forward::impl::bind_views() {
   rope.halves = c.rope_pairs == model::rope_pairing::halves;
 }
 
+expected<void> cuda_forward::impl::fuse_biases() {
+  // A fused Q/K/V projection adds one bias vector: the three side by side.
+  const auto& wt = model->weights();
+  std::vector<float> host;
+  std::vector<std::size_t> at(layers.size(), SIZE_MAX);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const auto& w = wt.layers[l];
+    if (!layers[l].qkv || !(w.bq || w.bk || w.bv)) continue;
+    at[l] = host.size();
+    for (const auto* b : {&w.bq, &w.bk, &w.bv}) {
+      const std::size_t n = b == &w.bq ? c.dim : c.kv_dim();
+      const std::size_t base = host.size();
+      host.resize(base + n, 0.0f);
+      if (*b) engine::dequantize_row(**b, 0, host.data() + base);
+    }
+  }
+  if (host.empty()) return {};
+  if (auto ok = biases.allocate(host.size() * 4, "fused biases"); !ok) return ok;
+  if (auto ok = check(cudaMemcpy(biases.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (biases)");
+      !ok)
+    return ok;
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    if (at[l] != SIZE_MAX) layers[l].bqkv = biases.get<float>() + at[l];
+  return {};
+}
+
 expected<void> cuda_forward::impl::allocate_step_buffers() {
   const std::size_t t = cfg.max_tokens, dim = c.dim, kv = c.kv_dim(), ff = c.ff_dim;
   const std::size_t widest = std::max(dim, ff);
@@ -288,9 +336,9 @@ expected<void> cuda_forward::impl::allocate_step_buffers() {
   table_capacity = std::size_t{cfg.max_sequences} * ((c.context_length + cfg.block_tokens - 1) / cfg.block_tokens + 1);
   const std::size_t meta_ints = 3 * t + cfg.max_sequences + table_capacity;
   const std::pair<device_buffer*, std::size_t> sizes[] = {
-      {&x, t * dim * 4},   {&xn, t * dim * 4},   {&q, t * dim * 4},          {&k, t * kv * 4},
-      {&v, t * kv * 4},    {&att, t * dim * 4},  {&gate, t * ff * 4},        {&up, t * ff * 4},
-      {&act, t * widest * 2}, {&act_scales, t * (widest / 32) * 4}, {&logits, std::size_t{cfg.max_sequences} * vocab * 4},
+      {&x, t * dim * 4},       {&xn, t * dim * 4},     {&qkv, t * (dim + 2 * kv) * 4},
+      {&att, t * dim * 4},     {&gu, t * 2 * ff * 4},  {&act, t * widest * 2},
+      {&act_scales, t * (widest / 32) * 4},            {&logits, std::size_t{cfg.max_sequences} * vocab * 4},
       {&meta, meta_ints * 4}};
   for (const auto& [buffer, bytes] : sizes)
     if (auto ok = buffer->allocate(bytes, "the step's activations"); !ok) return ok;
@@ -319,29 +367,44 @@ void cuda_forward::impl::mm(const ops::matrix_view& w, std::uint32_t n_tok, floa
 void cuda_forward::impl::enqueue_attention(const layer& w, std::uint32_t l, std::uint32_t n_tok) {
   const int n = static_cast<int>(n_tok), dim = static_cast<int>(c.dim), kv_dim = static_cast<int>(c.kv_dim());
   const int hd = static_cast<int>(c.head_dim()), heads = static_cast<int>(c.n_heads), kv_heads = static_cast<int>(c.n_kv_heads);
+  const auto width = static_cast<std::uint32_t>(qkv_width());
+  float* q = qkv.get<float>();
+  float* k = q + dim;
+  float* v = k + kv_dim;
   ops::rms_norm(x.get<float>(), nullptr, n, dim, w.attn_norm, c.rms_eps, mixed_types ? xn.get<float>() : nullptr,
                 act_view_for(w.wq), stream);
-  mm(w.wq, n_tok, q.get<float>(), c.dim, {w.bq, false});
-  if (w.wk.type != w.wq.type) ops::convert(xn.get<float>(), dim, n, dim, act_view_for(w.wk), stream);
-  mm(w.wk, n_tok, k.get<float>(), c.kv_dim(), {w.bk, false});
-  if (w.wv.type != w.wk.type) ops::convert(xn.get<float>(), dim, n, dim, act_view_for(w.wv), stream);
-  mm(w.wv, n_tok, v.get<float>(), c.kv_dim(), {w.bv, false});
+  if (w.qkv) {
+    mm(*w.qkv, n_tok, q, width, {w.bqkv, false});
+  } else {
+    mm(w.wq, n_tok, q, width, {w.bq, false});
+    if (w.wk.type != w.wq.type) ops::convert(xn.get<float>(), dim, n, dim, act_view_for(w.wk), stream);
+    mm(w.wk, n_tok, k, width, {w.bk, false});
+    if (w.wv.type != w.wk.type) ops::convert(xn.get<float>(), dim, n, dim, act_view_for(w.wv), stream);
+    mm(w.wv, n_tok, v, width, {w.bv, false});
+  }
   const ops::kv_view kv{kv_base, page_bytes, static_cast<int>(cfg.block_tokens), kv_dim, static_cast<int>(l)};
   const ops::step_meta meta_view = device_meta();
-  ops::rope_kv(q.get<float>(), k.get<float>(), v.get<float>(), n, heads, kv_heads, hd, rope, meta_view, kv, stream);
-  ops::attention(q.get<float>(), att.get<float>(), n, heads, kv_heads, hd, meta_view, kv, stream);
+  ops::rope_kv(q, k, v, static_cast<int>(width), static_cast<int>(width), n, heads, kv_heads, hd, rope, meta_view, kv,
+               stream);
+  ops::attention(q, static_cast<int>(width), att.get<float>(), n, heads, kv_heads, hd, meta_view, kv, stream);
   ops::convert(att.get<float>(), dim, n, dim, act_view_for(w.wo), stream);
   mm(w.wo, n_tok, x.get<float>(), c.dim, {w.bo, true});  // x += att · Woᵀ (+ bo)
 }
 
 void cuda_forward::impl::enqueue_mlp(const layer& w, std::uint32_t n_tok) {
   const int n = static_cast<int>(n_tok), dim = static_cast<int>(c.dim), ff = static_cast<int>(c.ff_dim);
+  float* gate = gu.get<float>();
+  float* up = gate + ff;
   ops::rms_norm(x.get<float>(), nullptr, n, dim, w.ffn_norm, c.rms_eps, mixed_types ? xn.get<float>() : nullptr,
                 act_view_for(w.gate), stream);
-  mm(w.gate, n_tok, gate.get<float>(), c.ff_dim);
-  if (w.up.type != w.gate.type) ops::convert(xn.get<float>(), dim, n, dim, act_view_for(w.up), stream);
-  mm(w.up, n_tok, up.get<float>(), c.ff_dim);
-  ops::swiglu(gate.get<float>(), up.get<float>(), n, ff, act_view_for(w.down), stream);
+  if (w.gate_up) {
+    mm(*w.gate_up, n_tok, gate, 2 * c.ff_dim);
+  } else {
+    mm(w.gate, n_tok, gate, 2 * c.ff_dim);
+    if (w.up.type != w.gate.type) ops::convert(xn.get<float>(), dim, n, dim, act_view_for(w.up), stream);
+    mm(w.up, n_tok, up, 2 * c.ff_dim);
+  }
+  ops::swiglu(gate, up, 2 * ff, n, ff, act_view_for(w.down), stream);
   mm(w.down, n_tok, x.get<float>(), c.dim, {nullptr, true});  // x += h · Wdownᵀ
 }
 

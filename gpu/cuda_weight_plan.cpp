@@ -1,6 +1,7 @@
 #include "gpu/cuda_weight_plan.hpp"
 
 #include <cstring>
+#include <initializer_list>
 
 #include "common/assert.hpp"
 #include "model/half.hpp"
@@ -38,13 +39,40 @@ class planner {
     plan_.tensors.push_back(t);
   }
 
-  expected<void> add_matrix(const model::weight_view& w) {
-    auto f = matrix_format(w);
-    if (!f) return std::unexpected(f.error());
-    if (w.cols % 32 != 0)
-      return make_error(errc::unsupported, "tensor " + w.name + " has rows of " + std::to_string(w.cols) +
-                                               " values; the CUDA matmul needs a multiple of 32");
-    add(w, *f);
+  expected<void> add_matrix(const model::weight_view& w) { return add_matrices({&w}); }
+
+  // Matrices one layer multiplies with the same input (Q, K, V; gate, up):
+  // when they share a type and width they go in one piece -- their values
+  // back to back, then their scales -- so the forward multiplies them as one
+  // matrix (gpu/cuda_forward.cpp: fused()).
+  expected<void> add_matrices(std::initializer_list<const model::weight_view*> ms) {
+    bool same = true;
+    for (const model::weight_view* w : ms) {
+      auto f = matrix_format(*w);
+      if (!f) return std::unexpected(f.error());
+      if (w->cols % 32 != 0)
+        return make_error(errc::unsupported, "tensor " + w->name + " has rows of " + std::to_string(w->cols) +
+                                                 " values; the CUDA matmul needs a multiple of 32");
+      same = same && w->type == (*ms.begin())->type && w->cols == (*ms.begin())->cols;
+    }
+    if (!same) {
+      for (const model::weight_view* w : ms) add(*w, *matrix_format(*w));
+      return {};
+    }
+    const device_format f = *matrix_format(**ms.begin());
+    const std::size_t first = plan_.tensors.size();
+    for (const model::weight_view* w : ms) {
+      plan_.tensors.push_back({w, f, plan_.total_bytes, device_bytes(f, w->rows, w->cols), 0,
+                               device_scale_bytes(f, w->rows, w->cols)});
+      plan_.total_bytes += plan_.tensors.back().bytes;
+    }
+    plan_.total_bytes = align_up(plan_.total_bytes);
+    if (f != device_format::q8_0) return {};
+    for (std::size_t i = first; i < plan_.tensors.size(); ++i) {
+      plan_.tensors[i].scales_offset = plan_.total_bytes;
+      plan_.total_bytes += plan_.tensors[i].scales_bytes;
+    }
+    plan_.total_bytes = align_up(plan_.total_bytes);
     return {};
   }
 
@@ -84,6 +112,21 @@ const planned_tensor* weight_plan::find(const model::weight_view& w) const noexc
   return nullptr;
 }
 
+bool weight_plan::contiguous(std::initializer_list<const model::weight_view*> ws) const noexcept {
+  const planned_tensor* prev = nullptr;
+  for (const model::weight_view* w : ws) {
+    const planned_tensor* t = find(*w);
+    if (t == nullptr) return false;
+    if (prev != nullptr) {
+      if (t->format != prev->format || t->src->cols != prev->src->cols) return false;
+      if (t->offset != prev->offset + prev->bytes) return false;
+      if (t->scales_bytes > 0 && t->scales_offset != prev->scales_offset + prev->scales_bytes) return false;
+    }
+    prev = t;
+  }
+  return prev != nullptr;
+}
+
 expected<weight_plan> plan_weights(const model::llama_config& c, const model::llama_weights& weights) {
   const std::uint32_t hd = c.head_dim();
   if (hd > cuda_max_head_dim || hd % 2 != 0)
@@ -106,8 +149,11 @@ expected<weight_plan> plan_weights(const model::llama_config& c, const model::ll
   p.add(weights.output_norm, device_format::f32);
   if (weights.rope_freqs) p.add(*weights.rope_freqs, device_format::f32);
   for (const model::llama_layer_weights& l : weights.layers) {
-    for (const model::weight_view* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      if (auto ok = p.add_matrix(*m); !ok) return std::unexpected(ok.error());
+    for (auto group : {std::initializer_list<const model::weight_view*>{&l.wq, &l.wk, &l.wv},
+                       std::initializer_list<const model::weight_view*>{&l.wo},
+                       std::initializer_list<const model::weight_view*>{&l.w_gate, &l.w_up},
+                       std::initializer_list<const model::weight_view*>{&l.w_down}})
+      if (auto ok = p.add_matrices(group); !ok) return std::unexpected(ok.error());
     p.add(l.attn_norm, device_format::f32);
     p.add(l.ffn_norm, device_format::f32);
     for (const std::optional<model::weight_view>* b : {&l.bq, &l.bk, &l.bv, &l.bo})

@@ -11,10 +11,14 @@
 //  - vectors (norms, biases, RoPE frequency factors): dequantized to f32.
 //  - the token embedding: as a matrix of its type (it is the output head too
 //    when the file ties them), or f32 when it is only gathered.
-// Every buffer starts at a multiple of device_alignment.
+// A layer's Q, K and V, and its gate and up, go in one piece each when they
+// share a type: their values back to back, then their scales (see
+// contiguous()), so the forward runs each piece as one matmul. Every piece
+// starts at a multiple of device_alignment.
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -45,6 +49,10 @@ struct weight_plan {
   std::uint64_t total_bytes = 0;        // one device allocation holds them all
   /// The entry of `w` (one of the model's weight views); nullptr if absent.
   const planned_tensor* find(const model::weight_view& w) const noexcept;
+  /// True when `ws` (planned, in this order) share a format and width and lie
+  /// back to back on the device, values and scales alike: one matrix of
+  /// their rows stacked.
+  bool contiguous(std::initializer_list<const model::weight_view*> ws) const noexcept;
 };
 
 /// The plan for `weights`. Errors: unsupported naming the tensor and its type

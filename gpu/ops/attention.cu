@@ -29,8 +29,8 @@ __device__ float block_sum(float v, float* scratch) {
   return s;
 }
 
-__global__ void __launch_bounds__(threads) attention_kernel(const float* q, float* out, int n_heads, int n_kv_heads,
-                                                            int head_dim, step_meta meta, kv_view kv) {
+__global__ void __launch_bounds__(threads) attention_kernel(const float* q, int q_stride, float* out, int n_heads,
+                                                            int n_kv_heads, int head_dim, step_meta meta, kv_view kv) {
   __shared__ float qs[max_head_dim];
   __shared__ float p[threads];
   __shared__ float scratch[threads / 32];
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(threads) attention_kernel(const float* q, floa
   const int* table = meta.tables + meta.table_off[t];
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
   for (int i = threadIdx.x; i < head_dim; i += threads)
-    qs[i] = detail::f16_round(q[static_cast<long long>(t) * q_dim + head * head_dim + i]);
+    qs[i] = detail::f16_round(q[static_cast<long long>(t) * q_stride + head * head_dim + i]);
 
   // The weighted sum of V: thread (group g, element e) accumulates positions
   // j ≡ g (mod groups) of each tile for elements e, e + threads, ...
@@ -114,10 +114,11 @@ __global__ void __launch_bounds__(threads) attention_kernel(const float* q, floa
 
 }  // namespace
 
-void attention(const float* q, float* out, int n_tok, int n_heads, int n_kv_heads, int head_dim,
+void attention(const float* q, int q_stride, float* out, int n_tok, int n_heads, int n_kv_heads, int head_dim,
                const step_meta& meta, const kv_view& kv, cudaStream_t stream) {
   if (n_tok == 0) return;
-  attention_kernel<<<dim3(n_heads, n_tok), threads, 0, stream>>>(q, out, n_heads, n_kv_heads, head_dim, meta, kv);
+  attention_kernel<<<dim3(n_heads, n_tok), threads, 0, stream>>>(q, q_stride, out, n_heads, n_kv_heads, head_dim,
+                                                                 meta, kv);
 }
 
 }  // namespace exa::gpu::ops

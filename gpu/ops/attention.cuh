@@ -15,9 +15,10 @@
 
 namespace exa::gpu::ops {
 
-/// q: [n_tok][n_heads * head_dim] floats (after RoPE); out: the same shape.
-/// head_dim <= 256; n_heads % n_kv_heads == 0.
-void attention(const float* q, float* out, int n_tok, int n_heads, int n_kv_heads, int head_dim,
+/// Token t's q (n_heads * head_dim floats, after RoPE) at q + t * q_stride;
+/// out: [n_tok][n_heads * head_dim]. head_dim <= 256, even;
+/// n_heads % n_kv_heads == 0.
+void attention(const float* q, int q_stride, float* out, int n_tok, int n_heads, int n_kv_heads, int head_dim,
                const step_meta& meta, const kv_view& kv, cudaStream_t stream);
 
 }  // namespace exa::gpu::ops

@@ -21,9 +21,9 @@ __device__ __forceinline__ void rotate(float* x, int n_heads, int head_dim, int 
   }
 }
 
-__global__ void __launch_bounds__(threads) rope_kv_kernel(float* q, float* k, const float* v, int n_heads,
-                                                          int n_kv_heads, int head_dim, rope_view rope,
-                                                          step_meta meta, kv_view kv) {
+__global__ void __launch_bounds__(threads) rope_kv_kernel(float* q, float* k, const float* v, int q_stride,
+                                                          int kv_stride, int n_heads, int n_kv_heads, int head_dim,
+                                                          rope_view rope, step_meta meta, kv_view kv) {
   __shared__ float cos_t[max_pairs], sin_t[max_pairs];
   const int t = blockIdx.x;
   const int pos = meta.pos[t];
@@ -41,9 +41,8 @@ __global__ void __launch_bounds__(threads) rope_kv_kernel(float* q, float* k, co
     sin_t[i] = static_cast<float>(s);
   }
   __syncthreads();
-  const int q_dim = n_heads * head_dim;
-  rotate(q + static_cast<long long>(t) * q_dim, n_heads, head_dim, pairs, rope.halves, cos_t, sin_t);
-  float* kt = k + static_cast<long long>(t) * kv.kv_dim;
+  rotate(q + static_cast<long long>(t) * q_stride, n_heads, head_dim, pairs, rope.halves, cos_t, sin_t);
+  float* kt = k + static_cast<long long>(t) * kv_stride;
   rotate(kt, n_kv_heads, head_dim, pairs, rope.halves, cos_t, sin_t);
   __syncthreads();
 
@@ -52,7 +51,7 @@ __global__ void __launch_bounds__(threads) rope_kv_kernel(float* q, float* k, co
   const long long slot = pos % kv.block_tokens;
   __half* kd = base + ((static_cast<long long>(kv.layer) * 2 + 0) * kv.block_tokens + slot) * kv.kv_dim;
   __half* vd = base + ((static_cast<long long>(kv.layer) * 2 + 1) * kv.block_tokens + slot) * kv.kv_dim;
-  const float* vt = v + static_cast<long long>(t) * kv.kv_dim;
+  const float* vt = v + static_cast<long long>(t) * kv_stride;
   for (int i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
     kd[i] = __float2half_rn(kt[i]);
     vd[i] = __float2half_rn(vt[i]);
@@ -61,10 +60,12 @@ __global__ void __launch_bounds__(threads) rope_kv_kernel(float* q, float* k, co
 
 }  // namespace
 
-void rope_kv(float* q, float* k, const float* v, int n_tok, int n_heads, int n_kv_heads, int head_dim,
-             const rope_view& rope, const step_meta& meta, const kv_view& kv, cudaStream_t stream) {
+void rope_kv(float* q, float* k, const float* v, int q_stride, int kv_stride, int n_tok, int n_heads,
+             int n_kv_heads, int head_dim, const rope_view& rope, const step_meta& meta, const kv_view& kv,
+             cudaStream_t stream) {
   if (n_tok == 0) return;
-  rope_kv_kernel<<<n_tok, threads, 0, stream>>>(q, k, v, n_heads, n_kv_heads, head_dim, rope, meta, kv);
+  rope_kv_kernel<<<n_tok, threads, 0, stream>>>(q, k, v, q_stride, kv_stride, n_heads, n_kv_heads, head_dim, rope,
+                                                meta, kv);
 }
 
 }  // namespace exa::gpu::ops

@@ -17,10 +17,13 @@ struct rope_view {
   bool halves = false;         // pairs (i, i + rope_dim/2) instead of (2i, 2i+1)
 };
 
-/// q: [n_tok][n_heads * head_dim], k and v: [n_tok][kv.kv_dim], biases
-/// already added. Rotates q and k in place and writes k and v into the pages
-/// of kv.layer. head_dim <= 1024 (rope_dim / 2 <= 512).
-void rope_kv(float* q, float* k, const float* v, int n_tok, int n_heads, int n_kv_heads, int head_dim,
-             const rope_view& rope, const step_meta& meta, const kv_view& kv, cudaStream_t stream);
+/// Token t's q (n_heads * head_dim floats) at q + t * q_stride, its k and v
+/// (kv.kv_dim floats each) at k + t * kv_stride and v + t * kv_stride, biases
+/// already added (the strides let Q, K and V be column ranges of one fused
+/// projection's output). Rotates q and k in place and writes k and v into
+/// the pages of kv.layer. head_dim <= 1024 (rope_dim / 2 <= 512).
+void rope_kv(float* q, float* k, const float* v, int q_stride, int kv_stride, int n_tok, int n_heads,
+             int n_kv_heads, int head_dim, const rope_view& rope, const step_meta& meta, const kv_view& kv,
+             cudaStream_t stream);
 
 }  // namespace exa::gpu::ops

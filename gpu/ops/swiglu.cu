@@ -4,8 +4,9 @@
 namespace exa::gpu::ops {
 namespace {
 
-__global__ void __launch_bounds__(256) swiglu_kernel(const float* gate, const float* up, int ff, act_view act) {
-  const long long base = static_cast<long long>(blockIdx.x) * ff;
+__global__ void __launch_bounds__(256) swiglu_kernel(const float* gate, const float* up, int stride, int ff,
+                                                     act_view act) {
+  const long long base = static_cast<long long>(blockIdx.x) * stride;
   const float* g = gate + base;
   const float* u = up + base;
   // expf is CUDA's (within 2 ulp), the CPU's is correctly rounded: the two
@@ -15,9 +16,10 @@ __global__ void __launch_bounds__(256) swiglu_kernel(const float* gate, const fl
 
 }  // namespace
 
-void swiglu(const float* gate, const float* up, int n_tok, int ff, const act_view& act, cudaStream_t stream) {
+void swiglu(const float* gate, const float* up, int stride, int n_tok, int ff, const act_view& act,
+            cudaStream_t stream) {
   if (n_tok == 0) return;
-  swiglu_kernel<<<n_tok, 256, 0, stream>>>(gate, up, ff, act);
+  swiglu_kernel<<<n_tok, 256, 0, stream>>>(gate, up, stride, ff, act);
 }
 
 }  // namespace exa::gpu::ops

@@ -7,8 +7,10 @@
 
 namespace exa::gpu::ops {
 
-/// gate and up: [n_tok][ff] floats; rows [0, n_tok) of `act` get h.
-/// ff % 32 == 0.
-void swiglu(const float* gate, const float* up, int n_tok, int ff, const act_view& act, cudaStream_t stream);
+/// Token t's gate and up (ff floats each) at gate + t * stride and
+/// up + t * stride (the columns of a fused gate/up projection, or two
+/// buffers); rows [0, n_tok) of `act` get h. ff % 32 == 0.
+void swiglu(const float* gate, const float* up, int stride, int n_tok, int ff, const act_view& act,
+            cudaStream_t stream);
 
 }  // namespace exa::gpu::ops

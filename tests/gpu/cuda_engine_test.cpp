@@ -30,7 +30,8 @@ model::model_spec spec_of(tensor_type type) {
 
 }  // namespace
 
-TEST_CASE("the CUDA weight plan places every tensor once, aligned and apart", "[gpu][cuda_plan]") {
+TEST_CASE("the CUDA weight plan places every tensor once, apart, and Q/K/V and gate/up each in one piece",
+          "[gpu][cuda_plan]") {
   for (const tensor_type type : {tensor_type::f16, tensor_type::bf16, tensor_type::q8_0}) {
     CAPTURE(model::to_string(type));
     const auto m = test::make_model(spec_of(type));
@@ -40,7 +41,8 @@ TEST_CASE("the CUDA weight plan places every tensor once, aligned and apart", "[
     REQUIRE(plan->tensors.size() == all.size());
     for (const model::weight_view* w : all) REQUIRE(plan->find(*w) != nullptr);
 
-    // Buffers (values and q8_0 scales) in ascending order, aligned, not overlapping.
+    // Buffers (values and q8_0 scales) in ascending order, not overlapping,
+    // each at least 16-byte aligned (the kernels' widest load).
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
     for (const gpu::planned_tensor& t : plan->tensors) {
       ranges.emplace_back(t.offset, t.bytes);
@@ -48,12 +50,19 @@ TEST_CASE("the CUDA weight plan places every tensor once, aligned and apart", "[
     }
     std::sort(ranges.begin(), ranges.end());
     for (std::size_t i = 0; i < ranges.size(); ++i) {
-      CHECK(ranges[i].first % gpu::device_alignment == 0);
+      CHECK(ranges[i].first % 16 == 0);
       if (i + 1 < ranges.size()) CHECK(ranges[i].first + ranges[i].second <= ranges[i + 1].first);
     }
     CHECK(ranges.back().first + ranges.back().second <= plan->total_bytes);
 
     const auto& l0 = m->weights().layers[0];
+    // One piece each (one matmul), starting on the device alignment.
+    CHECK(plan->contiguous({&l0.wq, &l0.wk, &l0.wv}));
+    CHECK(plan->contiguous({&l0.w_gate, &l0.w_up}));
+    CHECK(plan->find(l0.wq)->offset % gpu::device_alignment == 0);
+    CHECK(plan->find(l0.w_gate)->offset % gpu::device_alignment == 0);
+    CHECK_FALSE(plan->contiguous({&l0.wq, &l0.wv}));
+    CHECK_FALSE(plan->contiguous({&l0.w_up, &l0.w_down}));  // other widths
     const gpu::planned_tensor* wq = plan->find(l0.wq);
     CHECK(wq->format == (type == tensor_type::f16    ? gpu::device_format::f16
                          : type == tensor_type::bf16 ? gpu::device_format::bf16

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -235,7 +236,15 @@ TEST_CASE("CUDA RoPE matches the CPU's and stores K and V in the page slot", "[c
     p.freq_scale = v.freq_scale;
     p.freq_factors = v.factors ? factors.data() : nullptr;
     p.halves = v.halves;
-    dev<float> dq(q), dk(k), dv(vv), dfac(factors);
+    // Q, K and V side by side per token, as the fused projection writes them.
+    const int width = heads * hd + 2 * kv_dim;
+    std::vector<float> qkv(n * width);
+    for (int t = 0; t < n; ++t) {
+      std::copy_n(q.data() + t * heads * hd, heads * hd, qkv.data() + t * width);
+      std::copy_n(k.data() + t * kv_dim, kv_dim, qkv.data() + t * width + heads * hd);
+      std::copy_n(vv.data() + t * kv_dim, kv_dim, qkv.data() + t * width + heads * hd + kv_dim);
+    }
+    dev<float> dqkv(qkv), dfac(factors);
     gpu::ops::rope_view r;
     r.rope_dim = rope_dim;
     r.theta_scale = static_cast<float>(engine::det::pow(500000.0, static_cast<double>(-2.0f / static_cast<float>(rope_dim))));
@@ -252,14 +261,24 @@ TEST_CASE("CUDA RoPE matches the CPU's and stores K and V in the page slot", "[c
     dev<int> dpos(pos), doff(std::vector<int>(n, 0)), dtab(table);
     gpu::ops::step_meta meta{nullptr, dpos.get(), doff.get(), dtab.get(), nullptr};
     const gpu::ops::kv_view kv{pool.get(), page_bytes, bt, kv_dim, 1};
-    gpu::ops::rope_kv(dq.get(), dk.get(), dv.get(), n, heads, kv_heads, hd, r, meta, kv, nullptr);
+    float* dq = dqkv.get();
+    gpu::ops::rope_kv(dq, dq + heads * hd, dq + heads * hd + kv_dim, width, width, n, heads, kv_heads, hd, r, meta, kv,
+                      nullptr);
 
     for (int t = 0; t < n; ++t) {
       engine::rope(q.data() + t * heads * hd, heads, hd, static_cast<std::uint32_t>(pos[t]), p);
       engine::rope(k.data() + t * kv_dim, kv_heads, hd, static_cast<std::uint32_t>(pos[t]), p);
     }
-    CHECK(nmse(dq.download(), q) < 1e-7);
-    CHECK(nmse(dk.download(), k) < 1e-7);
+    const auto got = dqkv.download();
+    std::vector<float> got_q, got_k, got_v;
+    for (int t = 0; t < n; ++t) {
+      got_q.insert(got_q.end(), got.begin() + t * width, got.begin() + t * width + heads * hd);
+      got_k.insert(got_k.end(), got.begin() + t * width + heads * hd, got.begin() + t * width + heads * hd + kv_dim);
+      got_v.insert(got_v.end(), got.begin() + t * width + heads * hd + kv_dim, got.begin() + (t + 1) * width);
+    }
+    CHECK(nmse(got_q, q) < 1e-7);
+    CHECK(nmse(got_k, k) < 1e-7);
+    CHECK(got_v == vv);  // V is only stored, never changed
     const auto bytes = pool.download();
     std::vector<float> k_stored, k_want, v_stored, v_want;
     for (int t = 0; t < n; ++t) {
@@ -321,9 +340,14 @@ TEST_CASE("CUDA SwiGLU matches the CPU's silu_mul", "[cuda][ops]") {
   constexpr int n = 3, ff = 256;
   const auto g = random_floats(n * ff, 12, 3.0f);
   const auto u = random_floats(n * ff, 13);
-  dev<float> dg(g), du(u);
+  std::vector<float> gu(n * 2 * ff);  // gate and up side by side, as the fused projection writes them
+  for (int t = 0; t < n; ++t) {
+    std::copy_n(g.data() + t * ff, ff, gu.data() + t * 2 * ff);
+    std::copy_n(u.data() + t * ff, ff, gu.data() + t * 2 * ff + ff);
+  }
+  dev<float> dgu(gu);
   test_acts a(gpu::ops::act_type::f16, n, ff);
-  gpu::ops::swiglu(dg.get(), du.get(), n, ff, a.view, nullptr);
+  gpu::ops::swiglu(dgu.get(), dgu.get() + ff, 2 * ff, n, ff, a.view, nullptr);
   const auto bytes = a.data.download();
   std::vector<std::uint16_t> h(n * ff);
   std::memcpy(h.data(), bytes.data(), h.size() * 2);
@@ -353,7 +377,7 @@ TEST_CASE("CUDA paged attention matches a double-precision reference", "[cuda][o
     dev<int> dpos(pos), doff(std::vector<int>(n, 0)), dtab(table);
     const gpu::ops::step_meta meta{nullptr, dpos.get(), doff.get(), dtab.get(), nullptr};
     const gpu::ops::kv_view kv{dpool.get(), page_bytes, bt, kv_dim, layer};
-    gpu::ops::attention(dq.get(), out.get(), n, heads, kv_heads, hd, meta, kv, nullptr);
+    gpu::ops::attention(dq.get(), q_dim, out.get(), n, heads, kv_heads, hd, meta, kv, nullptr);
 
     // Reference: Q rounded to f16 (as the CPU engine), the rest in double.
     const auto at = [&](int kvi, int j, int e) {  // kvi: 0 = K, 1 = V

@@ -9,11 +9,10 @@ namespace exa::gpu {
 namespace {
 
 // kv_cache (under the CPU engine's scheduler) keeps the replica's block
-// bookkeeping. It reads or writes a block's bytes only for the prefix cache's
-// copy-on-write, which the CUDA engine keeps off, so here it never does: this
-// pool lends it the device pool's block ids and nothing else. address() is
-// the device address (no host code dereferences it); host_accessible() is
-// what kv_cache checks before it would copy, and it never copies.
+// bookkeeping over the device pool's block ids; the prefix cache's
+// copy-on-write goes through the forward's copy_block, on the stream. The
+// device pool is shared with the device's other replicas and outlives the
+// engine, which owns only this view of it.
 class device_page_ids final : public engine::block_pool {
  public:
   explicit device_page_ids(engine::block_pool& device_pool) : pool_(device_pool) {}
@@ -24,7 +23,7 @@ class device_page_ids final : public engine::block_pool {
   std::optional<engine::block_id> allocate() noexcept override { return pool_.allocate(); }
   void release(engine::block_id block) override { pool_.release(block); }
   void* address(engine::block_id block) noexcept override { return pool_.address(block); }
-  bool host_accessible() const noexcept override { return true; }
+  bool host_accessible() const noexcept override { return false; }
 
  private:
   engine::block_pool& pool_;
@@ -41,6 +40,9 @@ class cuda_engine final : public engine::inference_engine {
   bool idle() const override { return inner_->idle(); }
   engine::step_result step() override { return inner_->step(); }
   engine::engine_stats stats() const override { return inner_->stats(); }
+  engine::prefix_summary cached_prefixes(std::size_t max_hashes) const override {
+    return inner_->cached_prefixes(max_hashes);
+  }
   std::optional<std::string> fault() const override { return inner_->fault(); }
 
   cuda_engine_counters counters() const {
@@ -105,10 +107,11 @@ expected<std::unique_ptr<engine::inference_engine>> make_cuda_engine(std::shared
   fc.max_graphs = options.max_graphs;
   auto forward = cuda_forward::create(model, fc);
   if (!forward) return std::unexpected(forward.error());
-  const cuda_forward* fwd = forward->get();
+  cuda_forward* fwd = forward->get();
   auto ids = std::make_unique<device_page_ids>(*pool);
   engine::cpu_engine_config ec = options.engine;
-  ec.prefix_cache = false;  // see device_page_ids
+  // The forward outlives every call: the cache is the engine's, the forward too.
+  ec.kv_block_copy = [fwd](engine::block_id dst, engine::block_id src) { fwd->copy_block(dst, src); };
   auto inner = std::make_unique<engine::cpu_engine>(std::move(model), *ids, c.kv_dim(), std::move(*forward), ec);
   return std::unique_ptr<engine::inference_engine>(
       new cuda_engine(std::move(own_pool), std::move(ids), fwd, std::move(inner)));

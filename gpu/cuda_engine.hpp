@@ -9,9 +9,10 @@
 // `unavailable` ("built without CUDA"); with it but no usable device,
 // `unavailable` with the CUDA runtime's reason.
 //
-// Not yet on the GPU: the prefix cache (kv_cache copies a shared block
-// through host pointers on copy-on-write; the engine turns it off) and
-// speculative decoding (refused as unsupported).
+// The prefix cache works as on the CPU (a shared page is copied on the
+// device when a sequence must write into it); batch invariance keeps cached
+// pages exact. Not yet on the GPU: speculative decoding (refused as
+// unsupported).
 
 #include <cstdint>
 #include <memory>
@@ -25,9 +26,9 @@
 namespace exa::gpu {
 
 struct cuda_engine_options {
-  /// Scheduling bounds and KV block size (kv_block_tokens) and the replica's
-  /// share of the pool (kv_max_blocks). prefix_cache is ignored (off); a
-  /// draft model is refused.
+  /// Scheduling bounds, KV block size (kv_block_tokens), the replica's share
+  /// of the pool (kv_max_blocks) and the prefix cache, as for the CPU engine;
+  /// a draft model is refused; kv_block_copy is the engine's own.
   engine::cpu_engine_config engine;
   /// The device's KV pool (a cuda_memory_pool on `device`), shared with its
   /// other replicas; it must outlive the engine. Null: the engine reserves a

@@ -128,6 +128,7 @@ struct cuda_forward::impl {
   std::vector<std::uint32_t> seq_blocks, seq_offset;  // staging scratch
   void* kv_base = nullptr;
   long long page_bytes = 0;
+  std::optional<error> pending;  // a failed copy_block, reported by the next execute()
 
   graph_policy graphs{0};
   std::vector<std::pair<graph_key, cudaGraphExec_t>> execs;
@@ -513,6 +514,15 @@ expected<std::unique_ptr<cuda_forward>> cuda_forward::create(std::shared_ptr<con
 
 cuda_forward_stats cuda_forward::stats() const noexcept { return impl_->stats; }
 
+void cuda_forward::copy_block(engine::block_id dst, engine::block_id src) {
+  impl& s = *impl_;
+  const std::size_t bytes = engine::kv_layout{s.c.n_layers, s.c.kv_dim(), s.cfg.block_tokens}.block_bytes();
+  auto* base = static_cast<std::byte*>(s.kv_base);
+  const cudaError_t rc = cudaMemcpyAsync(base + dst * s.page_bytes, base + src * s.page_bytes, bytes,
+                                         cudaMemcpyDeviceToDevice, s.stream);
+  if (rc != cudaSuccess && !s.pending) s.pending = error{errc::unavailable, cuda_text("cudaMemcpyAsync (KV page)", rc)};
+}
+
 expected<void> cuda_forward::execute(const engine::forward_batch& batch, std::vector<float>& logits) {
   impl& s = *impl_;
   logits.clear();
@@ -523,6 +533,7 @@ expected<void> cuda_forward::execute(const engine::forward_batch& batch, std::ve
                                                   std::to_string(batch.tables.size()) +
                                                   " sequences is over the CUDA forward's bounds");
   if (auto ok = check(cudaSetDevice(s.cfg.device), "cudaSetDevice"); !ok) return ok;
+  if (s.pending) return std::unexpected(*s.pending);
   std::size_t tables_used = 0;
   auto n_out = s.stage(batch, tables_used);
   if (!n_out) return std::unexpected(n_out.error());

@@ -4,7 +4,8 @@
 // weights are uploaded once (gpu/cuda_weight_plan.hpp); K and V live in the
 // pages of the device's cuda_memory_pool, laid out as the CPU engine lays out
 // its pages; every kernel runs on one stream; the logits of the tokens that
-// need them are copied back for the host's sampler. A step's launches are
+// need them are copied back for the host's sampler. A prefix-cached page is
+// copied on the device (copy_block) when a sequence must write into it. A step's launches are
 // recorded as a CUDA graph once its shape repeats (cuda_graph_policy.hpp) and
 // replayed from then on.
 //
@@ -68,6 +69,11 @@ class cuda_forward final : public engine::forward_executor {
   /// unavailable naming the CUDA error (the device is then unusable),
   /// invalid_argument for a batch over the configured bounds.
   expected<void> execute(const engine::forward_batch& batch, std::vector<float>& logits) override;
+
+  /// Copies KV page `src` over page `dst` on the stream, ahead of the next
+  /// step (the prefix cache's copy-on-write: kv_cache's block_copier). A
+  /// failure is reported by the next execute().
+  void copy_block(engine::block_id dst, engine::block_id src);
 
   cuda_forward_stats stats() const noexcept;
 

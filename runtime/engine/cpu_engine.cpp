@@ -25,7 +25,7 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
     : model_(std::move(model)),
       config_(config),
       cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(), config.kv_block_tokens},
-             config.kv_max_blocks, config.prefix_cache),
+             config.kv_max_blocks, config.prefix_cache, config.kv_block_copy),
       scheduler_(config.scheduler, cache_),
       forward_(std::make_unique<llama_forward>(model_->config(), model_->weights(), cache_, threads)) {
   if (config_.draft) {  // speculative decoding (speculative.hpp)
@@ -41,7 +41,7 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
     : model_(std::move(model)),
       config_(config),
       cache_(pool, kv_layout{model_->config().n_layers, kv_dim, config.kv_block_tokens}, config.kv_max_blocks,
-             config.prefix_cache),
+             config.prefix_cache, config.kv_block_copy),
       scheduler_(config.scheduler, cache_),
       forward_(std::move(forward)) {
   EXA_ASSERT(forward_ != nullptr);

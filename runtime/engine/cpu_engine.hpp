@@ -30,6 +30,9 @@ struct cpu_engine_config {
   std::uint32_t kv_max_blocks = 0;
   /// Share KV blocks between sequences with the same token prefix (kv_cache.hpp).
   bool prefix_cache = true;
+  /// How the prefix cache copies a shared block on copy-on-write when the KV
+  /// pool is device memory (the CUDA engine's stream); empty: memcpy.
+  block_copier kv_block_copy;
   /// Speculative decoding (speculative.hpp): a draft model with the target's
   /// vocabulary proposes `draft_tokens` tokens per step for each decoding
   /// sequence; none without a draft. Check the pair with check_draft() first.

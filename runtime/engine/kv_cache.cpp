@@ -9,8 +9,10 @@
 
 namespace exa::engine {
 
-kv_cache::kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks, bool prefix_cache)
+kv_cache::kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks, bool prefix_cache,
+                   block_copier copy)
     : pool_(pool),
+      copy_(std::move(copy)),
       layout_(layout),
       pages_(pool, layout),
       prefix_enabled_(prefix_cache),
@@ -19,7 +21,8 @@ kv_cache::kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks,
       refs_(pool.capacity_blocks(), 0),
       index_(pool.capacity_blocks(), layout.block_tokens) {
   EXA_ASSERT(layout_.block_tokens > 0 && layout_.n_layers > 0 && layout_.kv_dim > 0);
-  EXA_ASSERT_MSG(pool_.host_accessible(), "the CPU engine needs host-accessible KV blocks");
+  EXA_ASSERT_MSG(pool_.host_accessible() || copy_ || !prefix_enabled_,
+                 "a prefix cache over device memory needs a block copier");
   EXA_ASSERT_MSG(pool_.block_bytes() >= layout_.block_bytes(), "pool blocks too small for the KV layout");
 }
 
@@ -101,7 +104,10 @@ bool kv_cache::reserve(seq_id seq, std::uint32_t n_tokens, std::uint32_t write_f
     const block_id shared = t.blocks[i];
     if (!index_.contains(shared)) continue;
     const block_id copy = taken[next++];
-    std::memcpy(pool_.address(copy), pool_.address(shared), layout_.block_bytes());
+    if (copy_)
+      copy_(copy, shared);
+    else
+      std::memcpy(pool_.address(copy), pool_.address(shared), layout_.block_bytes());
     give_private(seq, copy);
     t.blocks[i] = copy;
     drop_ref(shared);

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -33,13 +34,20 @@ namespace exa::engine {
 
 using seq_id = std::uint64_t;
 
+/// Copies KV block `src` over block `dst` (copy-on-write of a prefix-cached
+/// block) where the pool is not host memory: a GPU engine enqueues the copy on
+/// its stream, ahead of the step that writes into `dst`.
+using block_copier = std::function<void(block_id dst, block_id src)>;
+
 class kv_cache {
  public:
-  /// The pool's blocks must be host-accessible and at least layout.block_bytes().
-  /// `max_blocks` caps what this cache may hold (cached blocks included) when
-  /// several caches (replicas) share one device pool; 0 means the whole pool.
+  /// The pool's blocks must be at least layout.block_bytes(), and
+  /// host-accessible unless `copy` copies them (or, without a prefix cache,
+  /// nothing is ever copied). `max_blocks` caps what this cache may hold
+  /// (cached blocks included) when several caches (replicas) share one device
+  /// pool; 0 means the whole pool.
   kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks = 0,
-           bool prefix_cache = false);
+           bool prefix_cache = false, block_copier copy = {});
   ~kv_cache();
   kv_cache(const kv_cache&) = delete;
   kv_cache& operator=(const kv_cache&) = delete;
@@ -128,6 +136,7 @@ class kv_cache {
   bool publish_block(seq_id seq, seq_table& t, std::uint32_t i, std::span<const model::token_id> tokens);
 
   block_pool& pool_;
+  block_copier copy_;  // empty: memcpy through host addresses
   kv_layout layout_;
   kv_pages pages_;
   bool prefix_enabled_;

@@ -123,6 +123,37 @@ TEST_CASE("a shared block is copied before it is written", "[prefix]") {
   c.check_invariants();
 }
 
+TEST_CASE("over device memory a shared block is copied through the block copier", "[prefix]") {
+  // A pool whose memory the host cannot touch (a GPU's): kv_cache only keeps
+  // its books, and copy-on-write goes through the copier (a device copy).
+  class device_ids final : public engine::block_pool {
+   public:
+    std::size_t block_bytes() const noexcept override { return layout.block_bytes(); }
+    std::uint32_t capacity_blocks() const noexcept override { return free_.capacity(); }
+    std::uint32_t free_blocks() const noexcept override { return free_.free_count(); }
+    std::optional<block_id> allocate() noexcept override { return free_.allocate(); }
+    void release(block_id b) override { free_.release(b); }
+    void* address(block_id) noexcept override { return nullptr; }
+    bool host_accessible() const noexcept override { return false; }
+
+   private:
+    engine::block_free_list free_{8};
+  } pool;
+  std::vector<std::pair<block_id, block_id>> copies;
+  engine::kv_cache c(pool, layout, 0, true, [&](block_id dst, block_id src) { copies.emplace_back(dst, src); });
+  const auto a = tokens(8);
+  REQUIRE(c.reserve(1, 8));
+  c.publish(1, a, 8);
+  REQUIRE(c.attach_prefix(2, a) == 8);
+  REQUIRE(c.reserve(2, 8, 7));  // the engine recomputes the last token: its block is copied
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].first == c.table(2)[1]);
+  CHECK(copies[0].second == c.table(1)[1]);
+  CHECK(copies[0].first != copies[0].second);
+  CHECK(c.table(2)[0] == c.table(1)[0]);  // the block it only reads stays shared
+  c.check_invariants();
+}
+
 TEST_CASE("two sequences computing one prefix side by side end up sharing it", "[prefix]") {
   auto pool = pool_of(16);
   engine::kv_cache c(*pool, layout, 0, true);

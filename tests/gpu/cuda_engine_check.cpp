@@ -2,7 +2,8 @@
 // step that is not a near-tie (after one, the sequences may fairly differ),
 // with close log-probabilities; and batch invariance on the GPU: a sequence's
 // tokens and log-probabilities are bitwise the same alone or among seven
-// others, with CUDA graphs or without, whatever its prefill was split into.
+// others, with CUDA graphs or without, whatever its prefill was split into,
+// with its prefix computed or taken from the prefix cache.
 
 #include <catch2/catch.hpp>
 
@@ -51,9 +52,11 @@ std::vector<engine::generation_request> requests(const model::llama_model& m, st
 }
 
 std::unique_ptr<engine::inference_engine> cuda_engine(std::shared_ptr<const model::llama_model> m,
-                                                      std::size_t max_graphs = 16, std::uint32_t prefill_chunk = 256) {
+                                                      std::size_t max_graphs = 16, std::uint32_t prefill_chunk = 256,
+                                                      bool prefix_cache = true) {
   gpu::cuda_engine_options o;
   o.engine.scheduler.prefill_chunk = prefill_chunk;
+  o.engine.prefix_cache = prefix_cache;
   o.own_kv_blocks = 64;
   o.max_graphs = max_graphs;
   auto e = gpu::make_cuda_engine(std::move(m), 0, o);
@@ -164,5 +167,44 @@ TEST_CASE("a sequence's logits on the GPU are bitwise the same alone or in a bat
     REQUIRE(counters.has_value());
     CHECK(counters->graph_replays > 0);
     CHECK(gpu::cuda_counters(*eager_engine)->graph_captures == 0);
+  }
+}
+
+TEST_CASE("the prefix cache on the GPU changes nothing a sequence computes", "[cuda][engine][prefix]") {
+  auto spec = variant("hd64");
+  spec.n_layers = 4, spec.dim = 256, spec.ff_dim = 512, spec.vocab_size = 512;
+  const auto m = test::make_model(spec);
+  // One request first (its full blocks are published), then five sharing its
+  // 40-token prefix: with the cache they attach those blocks, and the last
+  // shared block is copied on the device before they write into it.
+  const auto prefix = test::test_prompt(40, m->config().vocab_size, 99);
+  std::vector<engine::generation_request> first, rest;
+  for (std::uint64_t i = 0; i < 6; ++i) {
+    auto prompt = prefix;
+    const auto tail = test::test_prompt(i * 3, m->config().vocab_size, 200 + i);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    auto r = test::request(i + 1, prompt, 8);
+    r.logprobs = true;
+    r.top_logprobs = engine::max_top_logprobs;
+    (i == 0 ? first : rest).push_back(std::move(r));
+  }
+  std::map<engine::seq_id, generated> with_cache, without;
+  auto cached = cuda_engine(m, 16, 256, true);
+  auto plain = cuda_engine(m, 16, 256, false);
+  for (auto* wave : {&first, &rest}) {
+    for (auto& [id, g] : run(*cached, *wave)) with_cache[id] = g;
+    for (auto& [id, g] : run(*plain, *wave)) without[id] = g;
+  }
+  CHECK(cached->stats().prefix_hit_tokens >= 5 * 32);  // two 16-token blocks each, at least
+  CHECK(plain->stats().prefix_hit_tokens == 0);
+  REQUIRE(with_cache.size() == 6);
+  for (const auto& [id, g] : without) {
+    CAPTURE(id);
+    const generated& c = with_cache.at(id);
+    REQUIRE(c.ids == g.ids);
+    for (std::size_t i = 0; i < g.ids.size(); ++i) {
+      CHECK(c.logprobs[i].logprob == g.logprobs[i].logprob);
+      CHECK(c.logprobs[i].top_logprobs == g.logprobs[i].top_logprobs);
+    }
   }
 }

@@ -175,14 +175,16 @@ TEST_CASE("the prefix cache on the GPU changes nothing a sequence computes", "[c
   spec.n_layers = 4, spec.dim = 256, spec.ff_dim = 512, spec.vocab_size = 512;
   const auto m = test::make_model(spec);
   // One request first (its full blocks are published), then five sharing its
-  // 40-token prefix: with the cache they attach those blocks, and the last
-  // shared block is copied on the device before they write into it.
+  // 40-token prefix: with the cache they attach its first two 16-token
+  // blocks; the last, whose prompt is exactly those 32 tokens, recomputes its
+  // last token, so its second block is copied on the device first.
   const auto prefix = test::test_prompt(40, m->config().vocab_size, 99);
   std::vector<engine::generation_request> first, rest;
   for (std::uint64_t i = 0; i < 6; ++i) {
     auto prompt = prefix;
     const auto tail = test::test_prompt(i * 3, m->config().vocab_size, 200 + i);
     prompt.insert(prompt.end(), tail.begin(), tail.end());
+    if (i == 5) prompt.resize(32);
     auto r = test::request(i + 1, prompt, 8);
     r.logprobs = true;
     r.top_logprobs = engine::max_top_logprobs;
@@ -195,7 +197,7 @@ TEST_CASE("the prefix cache on the GPU changes nothing a sequence computes", "[c
     for (auto& [id, g] : run(*cached, *wave)) with_cache[id] = g;
     for (auto& [id, g] : run(*plain, *wave)) without[id] = g;
   }
-  CHECK(cached->stats().prefix_hit_tokens >= 5 * 32);  // two 16-token blocks each, at least
+  CHECK(cached->stats().prefix_hit_tokens >= 4 * 32);  // two 16-token blocks each, at least
   CHECK(plain->stats().prefix_hit_tokens == 0);
   REQUIRE(with_cache.size() == 6);
   for (const auto& [id, g] : without) {

@@ -2074,6 +2074,11 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
       [=](rollout_tick_atom) { on_rollout_tick(self); },
       [=](const version_samples& m) { on_version_samples(self, m); },
       [=](const deployment_loads& m) { on_deployment_loads(self, m); },
+      [=](quota_report& m) -> caf::result<quota_grant_msg> {
+        auto g = self->state.quotas.report(m.gateway, std::move(m.demands), clock_ns(self));
+        if (!g) return to_caf(g.error());
+        return quota_grant_msg{std::move(*g)};
+      },
       [=](autoscale_tick_atom) { on_autoscale_tick(self); },
       [=](models_atom) { return models_reply{list_models(self)}; },
       [=](ready_atom) {

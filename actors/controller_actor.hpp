@@ -234,6 +234,9 @@ struct controller_state {
   };
   std::map<std::string, load_seen> loads_seen;
   bool autoscale_tick_armed = false;
+  /// Tenant limits shared by the gateways: their demand under leases, and
+  /// each one's shares (quota_report).
+  auth::quota_authority quotas;
   /// Deployments waiting for room that defragmentation is making: the
   /// replicas moving out of the way (placed again as each stops).
   std::map<std::string, std::set<cluster::replica_id>> defrag_waiting;

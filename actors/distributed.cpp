@@ -517,6 +517,8 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   // replicas do not reuse each other's request numbers.
   std::random_device rd;
   rc.request_number_base = (std::uint64_t{rd()} & 0xFFFFFFu) << 40;
+  rc.quotas = o.quotas;
+  rc.gateway_id = (std::uint64_t{rd()} << 32) | rd();
   p->router = p->system.spawn(router_actor, rc, metrics);
   register_as(p->system, router_atom::value, p->router);
   register_as(p->system, controller_atom::value, w.controller);

@@ -22,6 +22,7 @@
 
 #include "actors/embedded_cluster.hpp"
 #include "api/gateway.hpp"
+#include "auth/quota_board.hpp"
 #include "common/error.hpp"
 
 namespace exa::actors {
@@ -149,6 +150,10 @@ struct gateway_options {
   std::shared_ptr<cluster::event_log> event_log;  // --event-log: what the router detects
   std::string region;  // "" = none: replicas of this region first, others when those are saturated or down
   std::string chat_template;  // router_config::chat_template ("": each file's own)
+  /// Tenant limits shared with the other gateways through the controller
+  /// (router_config::quotas); the front door admits on the same board.
+  /// Null: this gateway enforces whole limits on its own.
+  std::shared_ptr<auth::quota_board> quotas;
 };
 
 class gateway_process {

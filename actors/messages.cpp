@@ -91,6 +91,13 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<deployment_load>("exa.deployment_load");
   cfg.add_message_type<std::vector<deployment_load>>("exa.deployment_load_list");
   cfg.add_message_type<deployment_loads>("exa.deployment_loads");
+  cfg.add_message_type<auth::quota_demand>("exa.quota_demand");
+  cfg.add_message_type<std::vector<auth::quota_demand>>("exa.quota_demand_list");
+  cfg.add_message_type<auth::quota_share>("exa.quota_share");
+  cfg.add_message_type<std::vector<auth::quota_share>>("exa.quota_share_list");
+  cfg.add_message_type<auth::quota_grant>("exa.quota_grant");
+  cfg.add_message_type<quota_report>("exa.quota_report");
+  cfg.add_message_type<quota_grant_msg>("exa.quota_grant_msg");
   cfg.add_message_type<node_leaving>("exa.node_leaving");
   cfg.add_message_type<models_reply>("exa.models_reply");
   cfg.add_message_type<status_reply>("exa.status_reply");

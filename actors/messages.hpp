@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "api/gateway.hpp"
+#include "auth/quota_share.hpp"
 #include "cluster/node_cache.hpp"
 #include "cluster/types.hpp"
 #include "common/error.hpp"
@@ -669,6 +670,48 @@ struct deployment_loads {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deployment_loads& x) {
   return f(caf::meta::type_name("exa.deployment_loads"), x.loads);
+}
+
+}  // namespace exa::actors
+
+namespace exa::auth {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, quota_demand& x) {
+  return f(caf::meta::type_name("exa.quota_demand"), x.tenant, x.limit_requests_per_s, x.limit_tokens_per_min,
+           x.limit_concurrent, x.requests_per_s, x.tokens_per_min, x.concurrent);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, quota_share& x) {
+  return f(caf::meta::type_name("exa.quota_share"), x.tenant, x.requests, x.tokens, x.concurrent);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, quota_grant& x) {
+  return f(caf::meta::type_name("exa.quota_grant"), x.shares, x.gateways);
+}
+
+}  // namespace exa::auth
+
+namespace exa::actors {
+
+/// router -> controller, every quota_report_ms (router_config): this
+/// gateway's demand for each tenant with limits, so the controller divides
+/// every limit among the gateways (auth/quota_share.hpp). Answered with a
+/// quota_grant_msg (this gateway's shares) or an error.
+struct quota_report {
+  std::uint64_t gateway = 0;  // router_config::gateway_id
+  std::vector<auth::quota_demand> demands;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, quota_report& x) {
+  return f(caf::meta::type_name("exa.quota_report"), x.gateway, x.demands);
+}
+struct quota_grant_msg {
+  auth::quota_grant grant;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, quota_grant_msg& x) {
+  return f(caf::meta::type_name("exa.quota_grant_msg"), x.grant);
 }
 
 /// node -> controller: this node's process is stopping (SIGTERM): move its

@@ -227,6 +227,40 @@ void report_loads(self_ptr self) {
   arm_load_report(self);
 }
 
+using quota_tick_atom = caf::atom_constant<caf::atom("quotatick")>;
+
+// Tenant limits shared across gateways: this gateway's demand since the last
+// tick to the controller, its shares back onto the board. Without an answer
+// in time the board keeps its shares for a while, then falls back to an even
+// split (logged once each way).
+void report_quota(self_ptr self) {
+  auto& st = self->state;
+  auto board = st.config.quotas;
+  const auto period = std::chrono::milliseconds(st.config.quota_report_ms);
+  self->delayed_send(self, period, quota_tick_atom::value);
+  const auto now = static_cast<std::int64_t>(now_ns(self));
+  if (board->expire_shares(now))
+    spdlog::warn("event=quota_fallback gateways={} reason=\"no shares from the controller in time: each tenant's "
+                 "limits are divided evenly by the gateways\"",
+                 board->gateways());
+  auto demands = board->take_demand(static_cast<double>(now - st.quota_since_ns) / 1e9);
+  st.quota_since_ns = now;
+  auto c = caf::actor_cast<caf::actor>(self->home_system().registry().get(controller_atom::value));
+  if (!c || st.quota_pending) return;  // the last report's timeout ends it
+  st.quota_pending = true;
+  self->request(c, period, quota_report{st.config.gateway_id, std::move(demands)})
+      .then(
+          [=](const quota_grant_msg& m) {
+            self->state.quota_pending = false;
+            if (board->apply(m.grant, static_cast<std::int64_t>(now_ns(self))))
+              spdlog::info("event=quota_restored gateways={} tenants={}", m.grant.gateways, m.grant.shares.size());
+          },
+          [=](const caf::error& e) {
+            self->state.quota_pending = false;
+            spdlog::debug("event=quota_report_failed error=\"{}\"", to_string(from_caf(e)));
+          });
+}
+
 void on_sample(self_ptr self, const request_sample& m) {
   auto& st = self->state;
   if (m.ok && known(self, m.deployment)) {
@@ -656,6 +690,10 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
   st.admission.emplace(std::move(*admission));
   self->set_down_handler([=](const caf::down_msg& dm) { on_down(self, dm); });
   self->delayed_send(self, std::chrono::milliseconds(st.config.deadline_sweep_ms), deadline_atom::value);
+  if (st.config.quotas) {
+    st.quota_since_ns = static_cast<std::int64_t>(now_ns(self));
+    self->send(self, quota_tick_atom::value);  // the first report at once: shares before the first flood
+  }
   return {
       [=](const deployment_announce& d) {
         auto& s = self->state;
@@ -801,6 +839,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       },
       [=](flush_samples_atom) { flush_samples(self); },
       [=](load_report_atom) { report_loads(self); },
+      [=](quota_tick_atom) { report_quota(self); },
       [=](deadline_atom) {
         // One sweep for every request's deadline.
         auto& s = self->state;

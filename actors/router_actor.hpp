@@ -19,6 +19,7 @@
 #include "actors/messages.hpp"
 #include "template/chat_template.hpp"
 #include "actors/chaos_hooks.hpp"
+#include "auth/quota_board.hpp"
 #include "cluster/admission.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/fair_queue.hpp"
@@ -64,6 +65,14 @@ struct router_config {
   std::string region;
   /// How often the load of autoscaled deployments goes to the controller.
   std::uint32_t load_report_ms = 1000;
+  /// Tenant limits shared across gateways (auth/quota_board.hpp): every
+  /// quota_report_ms the router sends the demand the front door noted on
+  /// this board to the controller, and applies the shares it answers (or,
+  /// with no answer for the board's shares_keep_ns, limit / gateways). Null:
+  /// the front door enforces whole limits on its own.
+  std::shared_ptr<auth::quota_board> quotas;
+  std::uint64_t gateway_id = 0;  // this gateway in its quota reports: unique per gateway
+  std::uint32_t quota_report_ms = 1000;
   chaos_hooks hooks;
 };
 
@@ -157,6 +166,8 @@ struct router_state {
   };
   std::map<std::string, std::deque<latency_sample>> latencies;
   bool load_report_armed = false;
+  bool quota_pending = false;      // a quota report awaits its answer
+  std::int64_t quota_since_ns = 0;  // the current demand period began
   std::uint64_t split_rng = 0x9e3779b97f4a7c15ull;  // seeded: draws for requests without a conversation key
   std::shared_ptr<cluster_metrics> metrics;
   static inline const char* name = "router";

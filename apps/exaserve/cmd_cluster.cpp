@@ -285,6 +285,8 @@ int cmd_gateway(int argc, char** argv) {
   auto keys = keys_from_flags(*a);
   if (!keys) return fail("gateway", keys.error());
   door_config.keys = *keys;
+  // Limits are shared with the other gateways through the controller.
+  if (door_config.keys) door_config.quotas = std::make_shared<auth::quota_board>();
   if (auto ok = door_tls_from_flags(*a, door_config); !ok) return fail("gateway", ok.error());
   auto signals = block_stop_signals();
   block_reload_signal(signals);  // SIGHUP re-reads the keys file
@@ -298,6 +300,7 @@ int cmd_gateway(int argc, char** argv) {
   if (auto ok = jinja::check_template_override(o.chat_template); !ok) return fail("gateway", ok.error());
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   o.event_log = *events;
+  o.quotas = door_config.quotas;
   set_transport(*a, o);
   auto gateway = actors::gateway_process::start(std::move(o));
   if (!gateway) return fail("gateway", gateway.error());

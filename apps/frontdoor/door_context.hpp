@@ -52,7 +52,7 @@ struct door_counters {
 
 struct door_context {
   door_context(frontdoor_config c, std::shared_ptr<api::gateway_backend> b, kj::Timer& t)
-      : config(std::move(c)), backend(std::move(b)), timer(t) {}
+      : config(std::move(c)), backend(std::move(b)), timer(t), limiter(config.quotas) {}
 
   frontdoor_config config;
   std::shared_ptr<api::gateway_backend> backend;
@@ -60,7 +60,7 @@ struct door_context {
   request_ids ids;
   door_counters counters;
   bool stopping = false;  // set before teardown, so cancels are logged as such
-  auth::tenant_limiter limiter;  // per-tenant limits (keys file), front-door thread only
+  auth::shared_tenant_limiter limiter;  // per-tenant limits (keys file), front-door thread only
 };
 
 /// One generate request in flight, owned by the HTTP or RPC handler that

@@ -17,6 +17,7 @@
 
 #include "api/gateway.hpp"
 #include "auth/api_keys.hpp"
+#include "auth/quota_board.hpp"
 #include "common/error.hpp"
 
 namespace exa {
@@ -48,6 +49,10 @@ struct frontdoor_config {
   /// open, anyone who reaches the port may call them. Health, readiness and
   /// metrics stay open either way.
   std::shared_ptr<auth::key_store> keys;
+  /// Tenant limits shared with other gateways: admission uses this
+  /// gateway's share of each limit from the board its router keeps up to
+  /// date (auth/quota_board.hpp). Null: whole limits, enforced here alone.
+  std::shared_ptr<auth::quota_board> quotas;
   /// HTTPS and RPC over TLS (PEM files; both or neither). With a client CA,
   /// clients must also present a certificate it signed.
   std::string tls_cert, tls_key, tls_client_ca;

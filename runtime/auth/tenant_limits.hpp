@@ -1,9 +1,9 @@
 #pragma once
 // Per-tenant limits at a front door: requests per second and tokens per
 // minute (token buckets), requests in flight, and tokens per request.
-// Pure logic, driven by the caller's clock; one instance per front door
-// (each gateway enforces its own share: N gateways admit up to N times a
-// tenant's rate between them).
+// Pure logic, driven by the caller's clock; one instance per front door.
+// Gateways of a cluster share each limit: quota_board.hpp hands this one
+// its part of the whole limits.
 
 #include <cstdint>
 #include <expected>

@@ -11,7 +11,7 @@
 #   scripts/gpu_check.sh                  # everything
 #   GPU_CHECK_BUILD_DIR=dir scripts/gpu_check.sh   # reuse a CUDA build there
 #
-# Everything it writes goes under $OUT when set (else ./gpu-check-out): the
+# Everything it writes goes under $OUT when set (else build-gpu/gpu-check): the
 # log of each phase, the benchmark JSON, and summary.md (the table for
 # docs/PERFORMANCE.md). Generated models go to a scratch directory, not $OUT.
 # Exit status: 0 when every check passed, 1 otherwise (the summary says which).
@@ -19,9 +19,9 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${OUT:-$PWD/gpu-check-out}"
-mkdir -p "$out"
 build="${GPU_CHECK_BUILD_DIR:-$repo/build-gpu}"
+out="${OUT:-$build/gpu-check}"
+mkdir -p "$out"
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/exaserve-gpu-check.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
 jobs="$(nproc)"

@@ -17,7 +17,7 @@ std::optional<event_kind> kind_from_string(std::string_view s) {
   for (auto k : {event_kind::request_accepted, event_kind::request_tokens, event_kind::request_finished,
                  event_kind::replica_state, event_kind::node_state, event_kind::fault_injected,
                  event_kind::fault_detected, event_kind::fault_recovered, event_kind::fault_cleared,
-                 event_kind::clock_offset})
+                 event_kind::clock_offset, event_kind::rollout})
     if (to_string(k) == s) return k;
   return std::nullopt;
 }

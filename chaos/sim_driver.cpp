@@ -279,6 +279,59 @@ void note_ready_times(const std::vector<event>& events, std::int64_t t0_ns, sim_
   c.replicas_ready = static_cast<std::uint32_t>(std::min<std::size_t>(seen.size(), c.replicas_wanted));
 }
 
+// A scenario's rollout, as `exaserve-cli rollout` starts one; a refusal is
+// recorded, not fatal (the report says why).
+void start_rollout(api::gateway_backend& backend, const scenario& s, const sim_rollout& ro, double now_s,
+                   std::vector<sim_rollout_record>& records) {
+  api::rollout_request req;
+  req.what = api::rollout_request::op::start;
+  req.name = ro.deployment;
+  req.model_file = cluster::preset_ref(ro.model, *cluster::precision_from_string(ro.precision), ro.context_length);
+  req.steps = ro.steps;
+  req.bake_s = ro.bake_s;
+  req.surge = ro.surge;
+  req.max_unavailable = ro.max_unavailable;
+  req.min_samples = ro.min_samples;
+  auto& rec = records.emplace_back();
+  rec.deployment = ro.deployment;
+  rec.model = req.model_file;
+  rec.at_s = now_s;
+  const std::size_t index = records.size() - 1;
+  // The answer comes when the scheduler runs next; `records` outlives it.
+  backend.rollout(req, [&records, index](expected<api::rollout_result> r) {
+    if (!r) records[index].error = to_string(r.error());
+  });
+  spdlog::info("event=sim_rollout_start scenario={} deployment={} model={} at_s={:.1f}", s.name, ro.deployment,
+               req.model_file, now_s);
+}
+
+// Each rollout's verdict from the controller's transitions in the event
+// log: the first "started" after it was asked for, its steps, and the
+// first verdict after that.
+void note_rollouts(const std::vector<event>& events, std::int64_t t0_ns, std::vector<sim_rollout_record>& records) {
+  for (auto& ro : records) {
+    if (!ro.error.empty()) continue;
+    bool started = false;
+    for (const event& e : events) {
+      if (e.kind != event_kind::rollout || e.deployment != ro.deployment) continue;
+      const double at = static_cast<double>(e.t_ns - t0_ns) / 1e9;
+      if (at + 1e-9 < ro.at_s) continue;
+      if (!started) {
+        started = e.detail == "started";
+        continue;
+      }
+      if (e.detail == "step") ++ro.steps;
+      if (e.detail == "complete" || e.detail == "rolled_back" || e.detail == "aborted") {
+        ro.verdict = e.detail;
+        ro.finished_s = at;
+        ro.status = e.outcome;
+        break;
+      }
+    }
+    if (started && ro.verdict.empty()) ro.verdict = "in_progress";
+  }
+}
+
 expected<sim_run> run_once(const run_inputs& in, const std::string& policy, const run_mode& mode) {
   const scenario& s = in.s;
   sim_run run;
@@ -314,7 +367,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, cons
   std::vector<char> done(in.workload.size(), 0);
   std::vector<std::shared_ptr<record_sink>> sinks(in.workload.size());
   std::uint64_t gaps = 0;
-  std::size_t sent = 0, next_fault = 0, finished_seen = 0;
+  std::size_t sent = 0, next_fault = 0, finished_seen = 0, next_rollout = 0;
   std::uint32_t arrivals_in_interval = 0;
   double next_sample = s.sample_interval_s;
   sampler smp;
@@ -330,6 +383,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, cons
     double next_ext = std::min(next_sample, end_s);
     if (sent < in.workload.size()) next_ext = std::min(next_ext, in.workload[sent].at_s);
     if (next_fault < in.faults.size()) next_ext = std::min(next_ext, in.faults[next_fault].at_s);
+    if (next_rollout < s.rollouts.size()) next_ext = std::min(next_ext, s.rollouts[next_rollout].at_s);
     const double next_timer = clk.schedule().empty()
                                   ? std::numeric_limits<double>::infinity()
                                   : (std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -364,6 +418,8 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, cons
       ++sent;
       ++arrivals_in_interval;
     }
+    while (next_rollout < s.rollouts.size() && s.rollouts[next_rollout].at_s <= now)
+      start_rollout(*backend, s, s.rollouts[next_rollout++], now, run.rollouts);
     while (next_fault < in.faults.size() && in.faults[next_fault].at_s <= now) {
       const auto& f = in.faults[next_fault++];
       if (f.kill_rack) {
@@ -384,6 +440,15 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, cons
   run.samples.push_back(take_sample(now_s(), smp, *log, busy->load(), devices, run.requests, done, sent, arrivals_in_interval));
   for (std::size_t i = 0; i < sent; ++i) run.lost += !done[i];
   run.requests.resize(sent);
+  note_rollouts(log->events(), t0, run.rollouts);
+  for (auto& ro : run.rollouts) {  // one still going: its status line now, as `exaserve-cli rollout status` prints it
+    if (!ro.error.empty() || ro.verdict != "in_progress") continue;
+    api::rollout_request q;
+    q.what = api::rollout_request::op::status;
+    q.name = ro.deployment;
+    backend->rollout(q, [&ro](expected<api::rollout_result> r) { ro.status = r ? r->status : to_string(r.error()); });
+    sched->run();
+  }
   (*cluster)->stop();
   run.wall_s = std::chrono::duration<double>(clock_type::now() - wall0).count();
   run.peak_rss_bytes = peak_rss_bytes();

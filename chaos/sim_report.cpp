@@ -135,6 +135,24 @@ ojson cold_start_json(const sim_cold_start& c) {
   return j;
 }
 
+ojson rollouts_json(const std::vector<sim_rollout_record>& rollouts) {
+  ojson arr = ojson::array();
+  for (const auto& r : rollouts) {
+    ojson j;
+    j["deployment"] = r.deployment;
+    j["model"] = r.model;
+    j["at_s"] = ms(r.at_s);
+    j["error"] = r.error;
+    j["verdict"] = r.verdict;
+    j["steps"] = r.steps;
+    j["finished_s"] = ms(r.finished_s);
+    j["took_s"] = r.finished_s < 0 ? -1.0 : ms(r.finished_s - r.at_s);
+    j["status"] = r.status;
+    arr.push_back(std::move(j));
+  }
+  return arr;
+}
+
 ojson policy_json(const sim_run& run, const sim_summary& s) {
   ojson j;
   j["policy"] = run.policy;
@@ -149,6 +167,7 @@ ojson policy_json(const sim_run& run, const sim_summary& s) {
   j["peak_rss_bytes"] = run.peak_rss_bytes;
   j["faults"] = faults_json(run.faults);
   if (run.cold_start.modelled) j["cold_start"] = cold_start_json(run.cold_start);
+  if (!run.rollouts.empty()) j["rollouts"] = rollouts_json(run.rollouts);
   return j;
 }
 
@@ -312,6 +331,21 @@ void text_cold_start(const sim_report& r, std::string& out) {
   }
 }
 
+void text_rollouts(const sim_report& r, std::string& out) {
+  if (std::none_of(r.runs.begin(), r.runs.end(), [](const sim_run& x) { return !x.rollouts.empty(); })) return;
+  out += "\nrollouts (verdict; seconds from the start of the run; took = from the rollout's start to its verdict)\n";
+  out += fmt::format("{:<28} {:<16} {:<40} {:>7} {:<12} {:>6} {:>9} {:>8}\n", "run", "deployment", "new model", "at s",
+                     "verdict", "steps", "ended s", "took s");
+  for (const sim_run& run : r.runs)
+    for (const auto& ro : run.rollouts)
+      out += fmt::format("{:<28} {:<16} {:<40} {:>7.1f} {:<12} {:>6} {:>9} {:>8}\n", run.policy, ro.deployment,
+                         ro.model, ro.at_s, ro.error.empty() ? ro.verdict : "refused", ro.steps,
+                         num_or_dash(ro.finished_s, 1), num_or_dash(ro.finished_s < 0 ? -1 : ro.finished_s - ro.at_s, 1));
+  for (const sim_run& run : r.runs)
+    for (const auto& ro : run.rollouts)
+      out += fmt::format("  {} {}: {}\n", run.policy, ro.deployment, ro.error.empty() ? ro.status : ro.error);
+}
+
 }  // namespace
 
 std::string to_text(const sim_report& r) {
@@ -351,6 +385,7 @@ std::string to_text(const sim_report& r) {
     }
   }
   text_cold_start(r, out);
+  text_rollouts(r, out);
   text_faults(r, out);
   return out;
 }

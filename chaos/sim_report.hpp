@@ -66,6 +66,19 @@ struct sim_cold_start {
   std::uint32_t loads = 0, loads_from_cache = 0;  // replica loads, those from their node's cache
 };
 
+/// A rollout the scenario started (scenario "rollouts"): the controller's
+/// verdict and when it came.
+struct sim_rollout_record {
+  std::string deployment;
+  std::string model;           // the new version's model
+  double at_s = 0;             // when it was asked to start
+  std::string error;           // why the start was refused ("" = started)
+  std::string verdict;         // complete, rolled_back, aborted, in_progress ("" = never started)
+  std::uint32_t steps = 0;     // steps it moved through after the first
+  double finished_s = -1;      // when the verdict came, from the start of the run; -1: none
+  std::string status;          // `rollout status` at the end of the run
+};
+
 /// The result of one run (one routing policy).
 struct sim_run {
   std::string policy;
@@ -78,6 +91,7 @@ struct sim_run {
   std::uint64_t peak_rss_bytes = 0;
   std::uint64_t stream_violations = 0;  // token gaps or duplicates seen by clients: must be 0
   sim_cold_start cold_start;
+  std::vector<sim_rollout_record> rollouts;
 };
 
 struct sim_summary {

@@ -16,6 +16,7 @@
 #include "cluster/hardware.hpp"
 #include "cluster/ledger.hpp"
 #include "cluster/model_shape.hpp"
+#include "cluster/rollout.hpp"
 #include "cluster/routing.hpp"
 #include "common/assert.hpp"
 
@@ -51,6 +52,7 @@ constexpr std::uint32_t max_window_ms = 3'600'000;
 constexpr std::uint32_t max_migration_parallelism = 1024;
 constexpr std::uint32_t max_request_deadline_ms = 86'400'000;
 constexpr double max_storage_gb_per_s = 1e6;  // a petabyte a second: past it, a typo
+constexpr std::size_t max_rollouts = 64;
 
 // The batch limits the memory check assumes: the simulated engine's defaults
 // (engine/sim_engine.hpp), which size the activation reserve.
@@ -413,6 +415,62 @@ void parse_cold_start(const object_reader& top, const json& doc, scenario& s) {
     top.errors().fail("compare_cold_start", "needs timing.loads_max (and loads_per_node_max): the staggered runs' limits");
 }
 
+void parse_rollout(const object_reader& r, const scenario& s, sim_rollout& ro) {
+  r.known_keys({"at_s", "deployment", "model", "precision", "context_length", "steps", "bake_s", "surge",
+                "max_unavailable", "min_samples"});
+  r.require("at_s");
+  r.require("deployment");
+  r.number("at_s", 0, false, s.duration_s, ro.at_s);
+  r.string("deployment", max_plan_name_chars, ro.deployment);
+  const auto d = std::find_if(s.deployments.begin(), s.deployments.end(),
+                              [&](const sim_deployment& x) { return x.name == ro.deployment; });
+  if (!r.errors().failed() && d == s.deployments.end())
+    return r.errors().fail(r.field("deployment"), "\"" + ro.deployment + "\" is not a deployment of the scenario");
+  if (r.errors().failed()) return;
+  ro.model = d->model;
+  ro.precision = d->precision;
+  ro.context_length = d->context_length;
+  r.string("model", 64, ro.model);
+  if (!r.errors().failed() && !is_one_of(cluster::model_shape_preset_names(), ro.model))
+    r.errors().fail(r.field("model"), fmt::format("must be one of {} (got \"{}\")",
+                                                  name_list(cluster::model_shape_preset_names()), ro.model));
+  r.string("precision", 16, ro.precision);
+  const auto precision = cluster::precision_from_string(ro.precision);
+  if (!r.errors().failed() && !precision)
+    r.errors().fail(r.field("precision"), "must be fp32, fp16, bf16, int8 or int4 (got \"" + ro.precision + "\")");
+  if (precision) ro.precision = std::string(cluster::to_string(*precision));
+  if (r.has("context_length")) {
+    std::uint32_t v = 0;
+    r.u32("context_length", 1, max_context_length, v);
+    ro.context_length = v;
+  }
+  r.string("steps", 64, ro.steps);
+  if (!r.errors().failed() && !ro.steps.empty())
+    if (auto steps = cluster::parse_steps(ro.steps); !steps) r.errors().fail(r.field("steps"), steps.error().message);
+  r.u32("bake_s", 1, 86400, ro.bake_s);
+  r.u32("surge", 0, 1024, ro.surge);
+  r.u32("max_unavailable", 0, 1024, ro.max_unavailable);
+  r.u32("min_samples", 0, 1u << 20, ro.min_samples);
+  if (!r.errors().failed() && ro.surge == 0 && ro.max_unavailable == 0)
+    r.errors().fail(r.field("surge"), "surge and max_unavailable cannot both be 0: nothing could move");
+}
+
+void parse_rollouts(const object_reader& top, scenario& s) {
+  if (top.errors().failed() || !top.has("rollouts")) return;
+  const json& arr = top.at("rollouts");
+  if (!arr.is_array()) return top.errors().fail("rollouts", "must be an array");
+  if (arr.size() > max_rollouts) return top.errors().fail("rollouts", fmt::format("more than {} rollouts", max_rollouts));
+  for (std::size_t i = 0; i < arr.size() && !top.errors().failed(); ++i) {
+    const std::string path = fmt::format("rollouts[{}]", i);
+    if (!arr[i].is_object()) return top.errors().fail(path, "must be an object");
+    sim_rollout ro;
+    parse_rollout(object_reader(arr[i], path, top.errors()), s, ro);
+    s.rollouts.push_back(std::move(ro));
+  }
+  std::stable_sort(s.rollouts.begin(), s.rollouts.end(),
+                   [](const sim_rollout& a, const sim_rollout& b) { return a.at_s < b.at_s; });
+}
+
 void parse_sections(const object_reader& top, const json& doc, scenario& s) {
   field_errors& errs = top.errors();
   top.require("topology");
@@ -431,6 +489,7 @@ void parse_sections(const object_reader& top, const json& doc, scenario& s) {
     else s.compare_fixed_fleet = top.at("compare_fixed_fleet").get<bool>();
   }
   parse_cold_start(top, doc, s);
+  parse_rollouts(top, s);
   top.number("sample_interval_s", 0, true, s.duration_s, s.sample_interval_s);
   if (!errs.failed() && s.duration_s / s.sample_interval_s > max_samples)
     errs.fail("sample_interval_s", fmt::format("{} s over {} s is more than {:.0f} samples", s.sample_interval_s,
@@ -449,7 +508,7 @@ expected<scenario> parse_scenario(const std::string& json_text) {
   const object_reader top(doc, "", errs);
   top.known_keys({"name", "description", "seed", "topology", "deployments", "workload", "duration_s", "timing", "slo",
                   "faults", "compare_policies", "compare_fixed_fleet", "storage", "compare_cold_start",
-                  "sample_interval_s"});
+                  "rollouts", "sample_interval_s"});
   top.require("name");
   top.string("name", max_plan_name_chars, s.name);
   if (!errs.failed() && !json_detail::valid_name(s.name)) errs.fail("name", "must be letters, digits, '.', '_' or '-'");

@@ -157,6 +157,28 @@ struct sim_slo {
   double tpot_ms = 100;
 };
 
+/// "rollouts": a rollout the scenario starts at `at_s` (what `exaserve-cli
+/// rollout` does), of a new version whose model is another preset: slower
+/// or faster than the deployment's, so that the controller's verdict
+/// (runtime/cluster/rollout) promotes or rolls it back.
+/// { "at_s": 60, "deployment": "llama-13b", "model": "llama-2-13b", "precision": "fp16",
+///   "context_length": 16384, "steps": "10,50,100", "bake_s": 30, "surge": 1,
+///   "max_unavailable": 1, "min_samples": 50 }
+/// model, precision and context_length default to the deployment's; steps
+/// and min_samples to the controller's (1,10,100 and 100).
+struct sim_rollout {
+  double at_s = 0;
+  std::string deployment;
+  std::string model;
+  std::string precision;
+  std::optional<std::uint32_t> context_length;
+  std::string steps;
+  std::uint32_t bake_s = 60;
+  std::uint32_t surge = 1;
+  std::uint32_t max_unavailable = 1;
+  std::uint32_t min_samples = 0;
+};
+
 /// A scheduled fault of a scenario: a chaos fault, or (sim only) a rack loss.
 struct sim_fault {
   std::optional<fault_spec> chaos;  // set for chaos fault kinds
@@ -189,6 +211,7 @@ struct scenario {
   /// affinity (controller_config::cache_affinity), and report how long
   /// until every replica was ready and the store's peak read rate.
   bool compare_cold_start = false;
+  std::vector<sim_rollout> rollouts;  // by time
   double sample_interval_s = 10;
 };
 

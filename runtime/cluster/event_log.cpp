@@ -25,6 +25,7 @@ std::string_view to_string(event_kind k) noexcept {
     case event_kind::fault_recovered: return "fault_recovered";
     case event_kind::fault_cleared: return "fault_cleared";
     case event_kind::clock_offset: return "clock_offset";
+    case event_kind::rollout: return "rollout";
   }
   return "unknown";
 }
@@ -65,6 +66,7 @@ unsigned documented_fields(event_kind k) noexcept {
     case event_kind::fault_recovered: return f_fault_id;
     case event_kind::fault_cleared: return f_fault_id;
     case event_kind::clock_offset: return f_node | f_value_ms | f_value2_ms;
+    case event_kind::rollout: return f_deployment | f_detail | f_outcome;
   }
   return 0;
 }

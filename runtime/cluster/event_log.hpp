@@ -34,6 +34,9 @@ enum class event_kind : std::uint8_t {
   clock_offset,       // node, value_ms = this process's clock minus the controller's (ms),
                       // value2_ms = the round trip the estimate came from: merged logs
                       // of several hosts are ordered by times corrected with it
+  rollout,            // deployment = the plain name, detail = "started", "step", "paused", "resumed",
+                      // "complete", "rolled_back" or "aborted" (the controller's transitions),
+                      // outcome = the rollout's status line then
 };
 
 std::string_view to_string(event_kind k) noexcept;
@@ -49,7 +52,7 @@ struct event {
   std::int64_t node = -1;
   std::int64_t device = -1;
   std::uint64_t fault_id = 0;
-  std::string outcome;  // request_finished: "completed" | "error" | "cancelled"
+  std::string outcome;  // request_finished: "completed" | "error" | "cancelled"; rollout: its status line
   std::string detail;
   std::uint64_t index = 0;
   std::uint64_t count = 0;

@@ -372,3 +372,40 @@ TEST_CASE("a cold start under a saturated model store: staggered loads with cach
   CHECK(staggered_affinity.cold_start.all_ready_s <= unstaggered.cold_start.all_ready_s + 0.01);
   CHECK(staggered_affinity.cold_start.half_ready_s < 0.8 * unstaggered.cold_start.half_ready_s);
 }
+
+TEST_CASE("rollouts in virtual time: a faster version is promoted, a slower one rolled back, no request lost",
+          "[sim][rollout]") {
+  sim_config c;
+  auto s = load_scenario((repo_root() / "chaos/scenarios/rollout.json").string());
+  if (!s) FAIL(to_string(s.error()));
+  c.scenario = *s;
+  const auto r = run(c);
+  INFO(to_text(r));
+  REQUIRE(r.runs.size() == 1);
+  const auto& run = r.runs[0];
+  const auto sum = summarize(run, r.slo_ttft_ms, r.slo_tpot_ms, r.duration_s);
+  CHECK(run.lost == 0);
+  CHECK(sum.completed == sum.requests);
+  REQUIRE(run.rollouts.size() == 2);
+  const auto& faster = run.rollouts[0];
+  const auto& slower = run.rollouts[1];
+  CHECK(faster.error.empty());
+  CHECK(faster.verdict == "complete");
+  CHECK(faster.steps == 2);  // 10 % -> 50 % -> 100 %
+  CHECK(faster.finished_s > faster.at_s + 2 * 30);  // two steps baked at least 30 s each
+  CHECK(faster.finished_s < slower.at_s);
+  CHECK_THAT(faster.status, Catch::Contains("complete step 3/3"));
+  CHECK(slower.error.empty());
+  CHECK(slower.verdict == "rolled_back");
+  CHECK(slower.steps == 0);  // at its first step
+  CHECK(slower.finished_s > slower.at_s);
+  CHECK(slower.finished_s < slower.at_s + 120);
+  CHECK_THAT(slower.status, Catch::Contains("regression"));
+  // A rollout while another runs is refused, and the report says why.
+  c.scenario.rollouts[1].at_s = c.scenario.rollouts[0].at_s + 1;
+  const auto busy = run_simulation(c);
+  REQUIRE(busy);
+  REQUIRE(busy->runs[0].rollouts.size() == 2);
+  CHECK_THAT(busy->runs[0].rollouts[1].error, Catch::Contains("in progress"));
+  CHECK(busy->runs[0].rollouts[1].verdict.empty());
+}

@@ -276,6 +276,45 @@ TEST_CASE("storage and cold-start fields parse and are validated by name", "[sim
   require_field_error(with("/compare_cold_start", 1), "compare_cold_start", "true or false");
 }
 
+TEST_CASE("rollouts parse with the deployment's model as defaults and are validated by name", "[sim][rollout]") {
+  json j = base_scenario();
+  j["rollouts"] = json::array({json{{"at_s", 200}, {"deployment", "m"}, {"precision", "fp16"}, {"steps", "10,100"},
+                                    {"bake_s", 20}, {"surge", 0}, {"max_unavailable", 2}, {"min_samples", 40}},
+                               json{{"at_s", 50}, {"deployment", "m"}}});
+  const auto s = parse_scenario(j.dump());
+  REQUIRE(s.has_value());
+  REQUIRE(s->rollouts.size() == 2);
+  const auto& first = s->rollouts[0];  // sorted by time
+  CHECK(first.at_s == Approx(50));
+  CHECK(first.model == "llama-2-13b");
+  CHECK(first.precision == "int4");
+  CHECK(first.context_length == std::optional<std::uint32_t>{16384});
+  CHECK(first.steps.empty());
+  const auto& second = s->rollouts[1];
+  CHECK(second.precision == "fp16");
+  CHECK(second.steps == "10,100");
+  CHECK(second.bake_s == 20);
+  CHECK(second.surge == 0);
+  CHECK(second.max_unavailable == 2);
+  CHECK(second.min_samples == 40);
+  const auto one = [](json ro) {
+    json x = base_scenario();
+    x["rollouts"] = json::array({std::move(ro)});
+    return x;
+  };
+  require_field_error(one(json{{"deployment", "m"}}), "rollouts[0].at_s", "required");
+  require_field_error(one(json{{"at_s", 10}, {"deployment", "nope"}}), "rollouts[0].deployment", "not a deployment");
+  require_field_error(one(json{{"at_s", 400}, {"deployment", "m"}}), "rollouts[0].at_s");  // past the duration
+  require_field_error(one(json{{"at_s", 10}, {"deployment", "m"}, {"precision", "fp8"}}), "rollouts[0].precision");
+  require_field_error(one(json{{"at_s", 10}, {"deployment", "m"}, {"model", "gpt-5"}}), "rollouts[0].model");
+  require_field_error(one(json{{"at_s", 10}, {"deployment", "m"}, {"steps", "50,10"}}), "rollouts[0].steps");
+  require_field_error(one(json{{"at_s", 10}, {"deployment", "m"}, {"surge", 0}, {"max_unavailable", 0}}),
+                      "rollouts[0].surge", "both be 0");
+  require_field_error(one(json{{"at_s", 10}, {"deployment", "m"}, {"colour", "red"}}), "rollouts[0].colour",
+                      "unknown key");
+  require_field_error(with("/rollouts", 3), "rollouts", "array");
+}
+
 TEST_CASE("the cold-start scenario is the reference cluster's deploy with its store modelled", "[sim][cold_start]") {
   const auto s = load_scenario(scenario_path("cold_start.json"));
   REQUIRE(s.has_value());

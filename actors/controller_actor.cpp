@@ -1424,6 +1424,13 @@ void remove_deployment(self_ptr self, const std::string& name) {
 void count_rollout(self_ptr self, const std::string& base, std::string_view what) {
   if (self->state.config.metrics)
     cluster_metrics::series(self->state.config.metrics->rollout_transitions, base, std::string(what))->inc();
+  cluster::event e;  // the chaos harness and the simulator time rollouts by these
+  e.kind = cluster::event_kind::rollout;
+  e.deployment = base;
+  e.detail = std::string(what);
+  if (auto r = self->state.rollouts.find(base); r != self->state.rollouts.end() && r->second.machine)
+    e.outcome = r->second.machine->status_line();
+  log_event(self, self->state.config.hooks, e);
 }
 
 void remember_versions(self_ptr self) {

@@ -51,6 +51,14 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->device_memory = must(r.register_gauge("exaserve_device_memory_bytes",
                                            "A device's memory: the region reserved at start, and the KV pages in use.",
                                            {"node", "device", "kind"}));
+  m->device_temperature = must(r.register_gauge("exaserve_device_temperature_celsius",
+                                                "A GPU's temperature, where its driver reports it (NVML); "
+                                                "no series for devices that do not.",
+                                                {"node", "device"}));
+  m->device_utilization = must(r.register_gauge("exaserve_device_utilization_ratio",
+                                                "A GPU's busy fraction over the driver's last sample period (NVML); "
+                                                "no series for devices that do not report it.",
+                                                {"node", "device"}));
   m->nodes = must(r.register_gauge("exaserve_nodes", "Nodes the controller's failure detector watches, by health.",
                                    {"health"}));
   m->node_health_changes = must(r.register_counter(

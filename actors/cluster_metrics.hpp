@@ -30,6 +30,8 @@ struct cluster_metrics {
   metrics::gauge_family* nodes = nullptr;              // {health}: nodes the controller watches
   metrics::counter_family* node_health_changes = nullptr;  // {to}: suspect, confirmed, healthy
   metrics::gauge_family* device_memory = nullptr;      // {node, device, kind}: reserved, used
+  metrics::gauge_family* device_temperature = nullptr; // {node, device}: where the device reports it (NVML)
+  metrics::gauge_family* device_utilization = nullptr; // {node, device}: 0..1, where the device reports it (NVML)
   metrics::counter_family* drains = nullptr;           // {cause}: replicas the controller began draining
   metrics::counter_family* autoscale_decisions = nullptr;  // {deployment, direction}: up, down
   metrics::counter_family* rollout_transitions = nullptr;  // {deployment, phase}: started, step, complete, ...

@@ -16,6 +16,7 @@
 #include "cluster/node_cache.hpp"
 #include "cluster/routing.hpp"
 #include "engine/speculative.hpp"
+#include "engine/tp_weights.hpp"
 #include "model/file_digest.hpp"
 #include "model/llama_model.hpp"
 #include "template/chat_template.hpp"
@@ -100,6 +101,7 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
   spec.epoch = epoch;
   spec.model_file = dep.model_file;
   spec.device = p.devices.front();
+  spec.devices = p.devices;  // the TP group runs on all of them
   spec.kv_tokens = static_cast<std::uint32_t>(dep.spec.replica.kv_tokens);
   spec.engine = st.config.engine;
   spec.model_sha256 = dep.model_sha256;
@@ -882,7 +884,16 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   // Refused here rather than at each router, where it would only fail chats.
   if (auto ok = jinja::check_template_text(req.chat_template); !ok)
     return make_error(ok.error().code, "deployment '" + req.name + "': " + ok.error().message);
+  // Tensor parallelism: every replica on `tp` devices of one node.
+  const std::uint32_t tp = req.tensor_parallel ? req.tensor_parallel : 1;
+  if (!cluster::valid_tensor_parallel(tp))
+    return make_error(errc::invalid_argument, "deployment '" + req.name + "': tensor_parallel must be 1, 2, 4 or 8, got " +
+                                                  std::to_string(tp));
+  if (tp > 1 && !req.draft_model.empty())
+    return make_error(errc::unsupported, "deployment '" + req.name +
+                                             "': speculative decoding under tensor parallelism is not supported");
   controller_state::deployment dep;
+  dep.spec.replica.tensor_parallel = tp;
   dep.chat_template = req.chat_template;
   dep.model_sha256 = model::normalize_sha256(req.model_sha256);
   dep.tenant = req.tenant;
@@ -897,6 +908,10 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
     if (!model) return std::unexpected(model.error());
     dep.spec.model = cluster::model_shape_from(**model);
     dep.facts = model::describe_model((*model)->file());
+    if (tp > 1)  // the weights themselves must split: heads, FFN and whole quant blocks
+      if (auto ok = engine::check_tp_split((*model)->config(), (*model)->weights(), tp); !ok)
+        return make_error(ok.error().code, "deployment '" + req.name + "': tensor_parallel " + std::to_string(tp) +
+                                               ": " + ok.error().message);
     if (auto ok = add_draft(dep, req, model->get()); !ok) return std::unexpected(ok.error());
   }
   dep.routing = routing;
@@ -1076,7 +1091,7 @@ void reconcile_replica(self_ptr self, const node_join& m, const running_replica&
       return stop_reported(self, m.handle, r, "another replica fills its slot");
   auto per_device = cluster::estimate(dep->second.spec.model, dep->second.spec.replica);
   if (!per_device) return stop_reported(self, m.handle, r, "its memory cannot be estimated");
-  cluster::placed_slot p{ref, "", r.spec.id, m.node, {r.spec.device}, *per_device};
+  cluster::placed_slot p{ref, "", r.spec.id, m.node, devices_of(r.spec), *per_device};
   if (auto ok = st.placement->commit(p); !ok) return stop_reported(self, m.handle, r, "its device has no room in the ledger");
   if (st.slots->raise_epoch(ref, r.spec.epoch))
     persist(self, cluster::journal_record::slot_epoch(ref.deployment, ref.index, r.spec.epoch));
@@ -1207,11 +1222,12 @@ void on_node_join(self_ptr self, const node_join& m) {
       if (m.handle) self->send_exit(m.handle, to_caf(ok.error()));
       return;
     }
-    spdlog::info("event=node_added node={} rack={} devices={} device_memory_bytes={} address={}", m.node, m.rack,
-                 m.devices, m.device_memory_bytes, m.address.empty() ? "-" : m.address);
+    spdlog::info("event=node_added node={} rack={} devices={} device_kind={} device_memory_bytes={} address={}",
+                 m.node, m.rack, m.devices, m.device_kind, m.device_memory_bytes, m.address.empty() ? "-" : m.address);
   }
   s.nodes[m.node] = m.handle;
   s.contacts[m.node] = {m.address, m.hub};
+  s.device_kinds[m.node] = m.device_kind.empty() ? "cpu" : m.device_kind;
   note_node_files(self, m);
   if (!m.region.empty()) {
     s.node_regions[m.node] = m.region;
@@ -2113,7 +2129,9 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
                                   s.placement->region_of(n.id)});
           for (std::uint32_t d = 0; d < n.devices; ++d) {
             const auto* l = s.placement->ledger({n.id, d});
-            status.devices.push_back({n.id, d, "cpu", l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});
+            const auto kind = s.device_kinds.find(n.id);
+            status.devices.push_back({n.id, d, kind == s.device_kinds.end() ? "cpu" : kind->second,
+                                      l ? l->capacity_bytes() : 0, l ? l->used_bytes() : 0});
           }
         }
         for (const auto& [id, r] : s.replicas) {
@@ -2125,6 +2143,7 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
           rs.state = std::string(cluster::to_string(r.state));
           rs.node = r.node;
           rs.device = r.device;
+          rs.devices = devices_of(r.spec);
           status.replicas.push_back(std::move(rs));
         }
         status.models = list_models(self);

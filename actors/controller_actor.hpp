@@ -248,6 +248,8 @@ struct controller_state {
   /// The model files each node said its cache holds when it (last) joined
   /// (cluster::nodes_holding matches them to deployments); a lost node forgets.
   std::map<cluster::node_id, std::vector<cluster::cached_file>> node_files;
+  /// The kind of each node's devices, as it joined ("cpu" until it says).
+  std::map<cluster::node_id, std::string> device_kinds;
   static inline const char* name = "controller";
 };
 

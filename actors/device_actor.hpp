@@ -1,27 +1,28 @@
 #pragma once
-// A device actor owns one device's resources -- its memory pool (KV pages)
-// and its worker threads -- and runs engine steps for the replicas placed on
-// it, one at a time, in arrival order (replicas sharing a device take turns).
-// In production it is spawned detached, so a step never blocks one of CAF's
-// scheduler threads; under the deterministic test scheduler it runs inline.
+// A device actor owns one device (gpu::device: its memory pool, its
+// executor, its engine factory) and runs engine steps for the replicas
+// placed on it, one at a time, in arrival order (replicas sharing a device
+// take turns). Steps and engine creation run on the device's executor, off
+// CAF's scheduler; their completion comes back to this actor as a message
+// (with the inline executor of deterministic tests, at once). It knows
+// nothing of the device's kind.
 
 #include <caf/fwd.hpp>
+#include <caf/response_promise.hpp>
+
+#include <chrono>
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "actors/chaos_hooks.hpp"
 #include "actors/messages.hpp"
-#include <caf/response_promise.hpp>
-
-#include <map>
-#include <optional>
-
-#include "engine/block_pool.hpp"
 #include "engine/sim_engine.hpp"
-#include "engine/thread_pool.hpp"
+#include "gpu/device.hpp"
 
 namespace exa::actors {
 
@@ -30,9 +31,15 @@ struct cluster_metrics;
 struct device_config {
   cluster::node_id node = 0;
   std::uint32_t index = 0;
-  std::uint64_t memory_bytes = 256ull << 20;  // the KV region reserved at start
+  /// Opens the device when the actor starts (and again when it restarts).
+  /// Unset on simulated devices only.
+  gpu::device_opener open;
+  std::uint64_t memory_bytes = 256ull << 20;  // the memory budget (ledger) and, on CPU, the KV region
   std::size_t page_bytes = 32 * 1024;         // one KV block
-  std::uint32_t threads = 1;                  // engine worker threads
+  std::uint32_t threads = 1;                  // CPU devices: engine worker threads
+  /// Run steps inside the actor's handler (gpu::inline_executor): under the
+  /// deterministic test scheduler nothing may run on another thread.
+  bool inline_executor = false;
   /// Report measured wall time per step (production) or a modeled cost
   /// (deterministic tests: the same inputs must give the same routing).
   bool measure_wall_time = true;
@@ -48,18 +55,51 @@ struct device_config {
   std::uint32_t sim_prefix_block_tokens = 0;
   chaos_hooks hooks;
   /// The node's metrics: this device's memory, reserved and in use (KV
-  /// pages); null: none.
+  /// pages), and where the device reports them, temperature and
+  /// utilization; null: none.
   std::shared_ptr<cluster_metrics> metrics;
 };
 
-/// device -> replica: what an engine needs from its device. Shared, so an
-/// engine never outlives the pool its KV blocks come from.
+/// The device options a device_config asks for (gpu::open_device).
+gpu::device_options device_options_of(const device_config& config);
+
+/// device -> replica (simulated devices): what a simulated engine needs.
 struct device_resources {
-  std::shared_ptr<engine::block_pool> pool;
-  std::shared_ptr<engine::thread_pool> threads;
   std::size_t page_bytes = 0;
-  std::optional<engine::sim_device> sim;  // set on simulated devices
-  std::uint32_t sim_prefix_block_tokens = 0;  // simulated devices: engines' prefix cache (0: none)
+  std::optional<engine::sim_device> sim;
+  std::uint32_t sim_prefix_block_tokens = 0;  // engines' prefix cache (0: none)
+};
+
+/// replica -> device: build an engine for this model on the device (on its
+/// executor: a CUDA engine uploads its weights there). Replies engine_reply,
+/// or the device's error (unsupported, invalid_argument, out_of_memory).
+struct engine_request {
+  std::shared_ptr<const model::llama_model> model;
+  gpu::engine_options options;
+  /// A tensor-parallel replica: the other devices of its group (ranks 1..,
+  /// this device being rank 0; gpu/tensor_parallel.hpp). Empty: one device.
+  std::vector<std::shared_ptr<gpu::device>> peers;
+  /// A collective of the group waiting this long aborts the group.
+  std::chrono::milliseconds collective_timeout{60000};
+};
+struct engine_reply {
+  std::shared_ptr<engine::inference_engine> engine;
+  /// A tensor-parallel engine: aborts its group's collectives (a member
+  /// device was lost). Empty for one device.
+  std::function<void(const std::string&)> abort;
+};
+
+/// Asks a device actor for its device (a tensor-parallel group's first
+/// member builds the engine over the others'); replies device_handle.
+using device_atom = caf::atom_constant<caf::atom("device")>;
+struct device_handle {
+  std::shared_ptr<gpu::device> device;
+};
+
+/// executor -> device actor: a task it ran has completed (or failed).
+struct task_finished {
+  std::uint64_t id = 0;
+  gpu::task_outcome outcome;
 };
 
 /// replica -> device (simulated): a request arrived while my step runs; cut
@@ -73,14 +113,16 @@ struct deliver_step {
   std::uint64_t token = 0;  // which (re)schedule of that step
 };
 
-/// Asks a device for its resources; replies device_resources.
+/// Asks a simulated device for its parameters; replies device_resources.
 using resources_atom = caf::atom_constant<caf::atom("resources")>;
 
 struct device_state {
   device_config config;
-  std::shared_ptr<engine::block_pool> pool;
-  std::shared_ptr<engine::thread_pool> threads;
+  std::shared_ptr<gpu::device> device;  // null on simulated devices
   std::uint64_t steps = 0;
+  /// Tasks out on the executor: what to do with each one's outcome.
+  std::uint64_t next_task = 0;
+  std::map<std::uint64_t, std::function<void(gpu::task_outcome)>> tasks;
   /// Fault injection: while hung, steps and health checks get no answer
   /// (they wait here and run when the hang ends).
   bool hung = false;
@@ -115,5 +157,9 @@ caf::behavior device_actor(caf::stateful_actor<device_state>* self, device_confi
 }  // namespace exa::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::device_resources)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::engine_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::engine_reply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::device_handle)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::task_finished)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::interrupt_step)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(exa::actors::deliver_step)

@@ -30,6 +30,7 @@
 #include "actors/uplink_actor.hpp"
 #include "cluster/journal.hpp"
 #include "cluster/membership.hpp"
+#include "gpu/device_select.hpp"
 #include "metrics/aggregate.hpp"
 #include "metrics/prometheus.hpp"
 
@@ -422,6 +423,22 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   if (!o.engine.empty() && o.engine != "cpu" && o.engine != "null")
     return make_error(errc::invalid_argument, "--engine must be cpu or null, got '" + o.engine + "'");
   if (auto ok = check_transport(o.tls, o.insecure, {o.join, o.listen}); !ok) return std::unexpected(ok.error());
+  // The devices before the controller hears of us: a node that cannot have
+  // the GPUs it was asked for never joins.
+  auto request = gpu::parse_kind_request(o.device_kind);
+  if (!request) return make_error(errc::invalid_argument, "--device-kind: " + request.error().message);
+  auto kind = gpu::resolve_device_kind(*request, o.devices);
+  if (!kind) return std::unexpected(kind.error());
+  device_config device;
+  device.memory_bytes = o.device_memory_bytes;
+  device.threads = o.device_threads;
+  std::vector<std::shared_ptr<gpu::device>> opened;
+  if (kind->kind != gpu::device_kind::cpu) {  // GPUs: opened once; the ledger gets what they reserved
+    auto d = gpu::open_devices(kind->kind, o.devices, device_options_of(device));
+    if (!d) return std::unexpected(d.error());
+    opened = std::move(*d);
+    device.memory_bytes = gpu::min_memory_budget(opened);
+  }
   auto p = std::make_unique<impl>(default_transport_timeout_ms, o.tls);
   const auto who = member(o.identity, "node");
   auto joined = join(p->system, o.join, who, o.node, o.join_timeout_ms);
@@ -442,10 +459,10 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   nc.rack = o.rack;
   nc.region = o.region;
   nc.devices = o.devices;
-  nc.device.memory_bytes = o.device_memory_bytes;
-  nc.device.threads = o.device_threads;
+  nc.device = device;
   nc.device.measure_wall_time = true;
-  nc.detached_devices = true;
+  nc.device_kind = kind->kind;
+  nc.opened_devices = std::move(opened);
   nc.heartbeat_interval_ms = w.heartbeat_interval_ms;
   nc.lease_ms = w.lease_ms;
   nc.metrics = cluster_metrics::create();
@@ -463,8 +480,10 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   plan.nodes.push_back(nc);
   plan.metrics = nc.metrics;
   p->root = p->system.spawn(nodes_supervisor, std::move(plan), p->uplink, p->hub, p->uplink);
-  spdlog::info("event=node_joined node={} rack={} devices={} address={} heartbeat_interval_ms={} lease_ms={}",
-               o.node, o.rack, o.devices, nc.address, w.heartbeat_interval_ms, w.lease_ms);
+  spdlog::info("event=node_joined node={} rack={} devices={} device_kind={} device_memory_bytes={} address={} "
+               "heartbeat_interval_ms={} lease_ms={}",
+               o.node, o.rack, o.devices, gpu::to_string(kind->kind), device.memory_bytes, nc.address,
+               w.heartbeat_interval_ms, w.lease_ms);
   return std::unique_ptr<node_process>(new node_process(std::move(p)));
 }
 

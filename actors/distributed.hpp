@@ -102,6 +102,9 @@ struct node_options {
   std::uint64_t device_memory_bytes = 1ull << 30;
   std::string engine;  // "" = the controller's; "cpu" or "null" overrides
   std::uint32_t device_threads = 1;
+  /// "cpu", "cuda" or "auto" (gpu::parse_kind_request): `cuda` without
+  /// `devices` usable GPUs fails start() with the CUDA runtime's reason.
+  std::string device_kind = "cpu";
   std::uint32_t join_timeout_ms = 60000;  // keeps trying to reach the controller this long
   std::shared_ptr<cluster::event_log> event_log;  // --event-log: replica states, clock offsets
   std::string model_dir;  // --model-dir: models missing at their deployed path, by sha256 or name

@@ -22,6 +22,7 @@
 #include "cluster/membership.hpp"
 #include "cluster/model_ref.hpp"
 #include "engine/sim_engine.hpp"
+#include "gpu/device_select.hpp"
 
 namespace exa::actors {
 namespace {
@@ -154,7 +155,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.device.threads = o.device_threads;
     nc.device.measure_wall_time = !o.deterministic;
     nc.device.model_step_time = o.deterministic && o.model_step_time;
-    nc.detached_devices = !o.deterministic;
+    nc.device.inline_executor = o.deterministic;
     nc.heartbeat_interval_ms = o.heartbeat_interval_ms;
     nc.metrics = metrics;
     nc.hooks = hooks;
@@ -174,6 +175,30 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     plan.nodes.push_back(nc);
   }
   return plan;
+}
+
+// The nodes' devices: CPU devices are opened by each device actor (fresh
+// on a restart, as ever); GPUs are opened here, once, so that `cuda` fails
+// at start with the runtime's reason and the ledger gets what each card
+// really reserved.
+expected<void> open_cluster_devices(const cluster_options& o, cluster_plan& plan) {
+  auto request = gpu::parse_kind_request(o.device_kind);
+  if (!request) return make_error(errc::invalid_argument, "device_kind: " + request.error().message);
+  if (o.engine == "sim" || *request == gpu::kind_request::cpu) return {};
+  const std::uint32_t count = o.nodes * o.devices_per_node;
+  auto choice = gpu::resolve_device_kind(*request, count);
+  if (!choice) return std::unexpected(choice.error());
+  if (choice->kind == gpu::device_kind::cpu) return {};  // auto fell back (and said why)
+  auto opened = gpu::open_devices(choice->kind, count, device_options_of(plan.nodes.front().device));
+  if (!opened) return std::unexpected(opened.error());
+  for (std::size_t n = 0; n < plan.nodes.size(); ++n) {
+    auto& nc = plan.nodes[n];
+    nc.device_kind = choice->kind;
+    nc.opened_devices.assign(opened->begin() + n * o.devices_per_node, opened->begin() + (n + 1) * o.devices_per_node);
+    nc.device.memory_bytes = gpu::min_memory_budget(nc.opened_devices);
+    plan.controller.nodes[n].device_memory_bytes = nc.device.memory_bytes;
+  }
+  return {};
 }
 
 struct embedded_cluster::impl {
@@ -211,6 +236,8 @@ expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_opti
     for (auto& nc : plan->nodes) nc.hooks.sim_storage = p->sim_storage;  // their replicas load through it
     plan->controller.hooks.sim_storage = p->sim_storage;                  // it hears of finished fetches
   }
+  if (auto ok = open_cluster_devices(options, *plan); !ok) return std::unexpected(ok.error());
+  const auto device_kind = gpu::to_string(plan->nodes.front().device_kind);
   p->root = p->system.spawn(cluster_supervisor, std::move(*plan));
   if (!options.deterministic) {
     // The front doors may send the first request right after start(): wait
@@ -223,8 +250,9 @@ expected<std::unique_ptr<embedded_cluster>> embedded_cluster::start(cluster_opti
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  spdlog::info("event=embedded_cluster_start nodes={} devices_per_node={} engine={} deterministic={}", options.nodes,
-               options.devices_per_node, options.engine, options.deterministic);
+  spdlog::info("event=embedded_cluster_start nodes={} devices_per_node={} device_kind={} engine={} deterministic={}",
+               options.nodes, options.devices_per_node, device_kind,
+               options.engine, options.deterministic);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
 }
 

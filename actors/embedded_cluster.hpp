@@ -42,6 +42,11 @@ struct cluster_options {
   std::uint64_t device_memory_bytes = 1ull << 30;  // ledger capacity and KV region per device
   std::size_t kv_page_bytes = 32 * 1024;
   std::uint32_t device_threads = 1;                // engine worker threads per device
+  /// The kind of the nodes' devices: "cpu", "cuda" (every node's devices on
+  /// GPUs of this host, nodes × devices_per_node of them; too few is an
+  /// `unavailable` error naming why) or "auto" (CUDA when there are enough
+  /// GPUs, else CPU, saying why). Simulated engines ignore it.
+  std::string device_kind = "cpu";
   std::uint32_t scheduler_threads = 0;             // CAF workers; 0 = cores
   std::string engine = "cpu";                      // "cpu", "null" (zero-cost) or "sim" (cost model)
   std::string sim_gpu = "h100-80gb";               // engine "sim": the device preset simulated

@@ -36,6 +36,11 @@ error from_caf(const caf::error& e) {
   return {errc::internal, caf::to_string(e)};
 }
 
+std::vector<std::uint32_t> devices_of(const replica_spec& spec) {
+  if (spec.devices.empty()) return {spec.device};
+  return spec.devices;
+}
+
 void register_message_types(caf::actor_system_config& cfg) {
   // Names must match on every node of a distributed cluster.
   cfg.add_message_type<wire_error>("exa.wire_error");

@@ -52,7 +52,7 @@ typename Inspector::result_type inspect(Inspector& f, rollout_request& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_status& x) {
   return f(caf::meta::type_name("exa.replica_status"), x.id, x.deployment, x.slot, x.epoch, x.state, x.node,
-           x.device, x.running, x.queued, x.kv_used_tokens, x.kv_capacity_tokens);
+           x.device, x.running, x.queued, x.kv_used_tokens, x.kv_capacity_tokens, x.devices);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_status& x) {
@@ -77,7 +77,7 @@ typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
   return f(caf::meta::type_name("exa.deploy_request"), x.name, x.model_file, x.replicas, x.kv_tokens, x.routing,
            x.max_replicas_per_node, x.model_sha256, x.tenant, x.chat_template, x.warm_pool_percent,
            x.autoscale_min, x.autoscale_max, x.autoscale_metric, x.autoscale_target, x.idle_to_zero_s,
-           x.draft_model, x.draft_sha256, x.draft_tokens);
+           x.draft_model, x.draft_sha256, x.draft_tokens, x.tensor_parallel);
 }
 
 }  // namespace exa::api
@@ -150,13 +150,19 @@ struct replica_spec {
   std::string draft_model;
   std::string draft_sha256;
   std::uint32_t draft_tokens = 0;
+  /// Every device of the replica's placement, ascending (its tensor-parallel
+  /// group; one for TP 1); `device` is the first. Empty (a spec from before
+  /// TP groups): just `device`.
+  std::vector<std::uint32_t> devices;
 };
+/// The devices a replica runs on: spec.devices, or {spec.device}.
+std::vector<std::uint32_t> devices_of(const replica_spec& spec);
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_spec& x) {
   return f(caf::meta::type_name("exa.replica_spec"), x.id, x.deployment, x.slot, x.epoch, x.model_file,
            x.device, x.kv_tokens, x.engine, x.model_sha256, x.standby, x.draft_model, x.draft_sha256,
-           x.draft_tokens);
+           x.draft_tokens, x.devices);
 }
 
 /// controller -> replica: stand by (the warm pool: loaded, no new traffic)
@@ -806,11 +812,14 @@ struct node_join {
   /// The model files its cache holds (found at start, fetched or loaded
   /// since): cache-aware placement prefers the node for them at once.
   std::vector<cluster::cached_file> cached;
+  /// The kind of its devices ("cpu" or "cuda"); device_memory_bytes is what
+  /// each of them can give the ledger (a GPU's: what it really reserved).
+  std::string device_kind = "cpu";
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_join& x) {
   return f(caf::meta::type_name("exa.node_join"), x.node, x.rack, x.devices, x.device_memory_bytes, x.address,
-           x.handle, x.hub, x.replicas, x.region, x.cached);
+           x.handle, x.hub, x.replicas, x.region, x.cached, x.device_kind);
 }
 /// node (its model cache) -> controller: the node's cache holds this file
 /// now, fetched from the model store: its loads of it need the store no more
@@ -870,14 +879,12 @@ typename Inspector::result_type inspect(Inspector& f, subscribe_msg& x) {
 
 // ------------------------------------------------- local-only (pointers)
 
-/// replica -> device: run one step of this engine on the device's thread
-/// (shared: the engine outlives a replica killed mid-step). The job holds
-/// the pool and threads the engine uses, declared first so that they go
-/// after it: a job still in a killed device's mailbox is the engine's last
-/// owner, and its KV cache returns its blocks to the pool as it goes.
+/// replica -> device: run one step of this engine on the device's executor
+/// (shared: the engine outlives a replica killed mid-step). An engine holds
+/// its device (pool, threads, stream): a job still in a killed device's
+/// mailbox may be the engine's last owner, and its KV cache returns its
+/// blocks to the pool as it goes.
 struct step_job {
-  std::shared_ptr<engine::block_pool> pool;
-  std::shared_ptr<engine::thread_pool> threads;
   std::shared_ptr<engine::inference_engine> engine;
 };
 /// device -> replica: the step's outcome.

@@ -6,10 +6,13 @@
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "actors/cluster_metrics.hpp"
 #include "actors/model_cache_actor.hpp"
 #include "actors/replica_actor.hpp"
 #include "cluster/lifecycle.hpp"
+#include "gpu/device_select.hpp"
 
 namespace exa::actors {
 namespace {
@@ -24,7 +27,8 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   rc.spec = spec;
   if (!st.ctx.config.engine.empty()) rc.spec.engine = st.ctx.config.engine;
   rc.node = st.ctx.config.id;
-  rc.device = st.sup->child(device_name(spec.device));
+  for (const auto d : devices_of(spec)) rc.devices.push_back(st.sup->child(device_name(d)));
+  rc.device = rc.devices.front();
   rc.model_cache = st.sup->child("model-cache");
   rc.controller = st.ctx.controller;
   rc.router = st.ctx.router;
@@ -69,6 +73,10 @@ void check_devices(self_ptr self) {
         .then([](ok_atom) {},
               [=](const caf::error& err) {
                 auto& s = self->state;
+                // A check of a device restarted since (an earlier check found
+                // it): that fault is reported already, and the new device is
+                // checked on its own.
+                if (s.sup->child(device_name(i)) != dev) return;
                 const std::string why = "device check failed: " + caf::to_string(err);
                 spdlog::error("event=device_fault node={} device={} reason=\"{}\"", s.ctx.config.id, i, why);
                 cluster::event e;
@@ -78,9 +86,8 @@ void check_devices(self_ptr self) {
                 e.detail = "device_check";
                 log_event(self, s.ctx.config.hooks, e);
                 self->send(s.ctx.controller, device_fault{s.ctx.config.id, i, why});
-                if (auto d = s.sup->child(device_name(i)))
-                  caf::anon_send<caf::message_priority::high>(
-                      d, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, why)});
+                caf::anon_send<caf::message_priority::high>(
+                    dev, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, why)});
               });
   }
 }
@@ -165,6 +172,7 @@ void send_join(self_ptr self, bool rejoin) {
     node_join m{cfg.id, cfg.rack, cfg.devices, cfg.device.memory_bytes, cfg.address,
                 caf::actor_cast<caf::actor>(self), st.ctx.router, {}, cfg.region, files};
     m.cached.insert(m.cached.end(), cfg.simulated_cache.begin(), cfg.simulated_cache.end());
+    m.device_kind = std::string(gpu::to_string(cfg.device_kind));
     if (rejoin)
       for (const auto& [id, r] : st.replicas)
         if (r.handle) m.replicas.push_back({r.spec, r.handle});
@@ -223,6 +231,14 @@ void on_control_plane_change(self_ptr self, const control_plane_state& m) {
   send_join(self, true);
 }
 
+// Device i: the one opened for it before the node started, or a fresh one.
+gpu::device_opener device_opener(const node_config& cfg, std::uint32_t i) {
+  if (i < cfg.opened_devices.size()) return gpu::reuse(cfg.opened_devices[i]);
+  const auto kind = cfg.device_kind;
+  const auto options = device_options_of(cfg.device);
+  return [kind, i, options] { return gpu::open_device(kind, i, options); };
+}
+
 void start_children(self_ptr self) {
   auto& st = self->state;
   const auto& cfg = st.ctx.config;
@@ -234,12 +250,11 @@ void start_children(self_ptr self) {
     dc.index = i;
     dc.hooks = cfg.hooks;
     dc.metrics = cfg.metrics;
-    const bool detached = cfg.detached_devices;
+    if (!dc.sim) dc.open = device_opener(cfg, i);
+    // Not detached: steps run on the device's executor, never on this
+    // actor's thread, so a device actor is as cheap as any other.
     st.sup->add_child({device_name(i),
-                       [dc, detached](caf::scheduled_actor* parent) {
-                         return detached ? parent->spawn<caf::detached>(device_actor, dc)
-                                         : parent->spawn(device_actor, dc);
-                       },
+                       [dc](caf::scheduled_actor* parent) { return parent->spawn(device_actor, dc); },
                        restart_policy::permanent});
   }
   const auto node = cfg.id;
@@ -359,9 +374,15 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, node_context ctx
       [=](const spawn_replica& m) {
         auto& st = self->state;
         if (st.powered_off) return;  // nobody home
-        if (m.spec.device >= st.ctx.config.devices || st.replicas.count(m.spec.id)) {
-          report_failed(self, m.spec, "node " + std::to_string(st.ctx.config.id) + " cannot host it on device " +
-                                          std::to_string(m.spec.device));
+        const auto devices = devices_of(m.spec);
+        const bool fits = std::all_of(devices.begin(), devices.end(),
+                                      [&](std::uint32_t d) { return d < st.ctx.config.devices; }) &&
+                          !devices.empty() && devices.front() == m.spec.device;
+        if (!fits || st.replicas.count(m.spec.id)) {
+          std::string names;
+          for (const auto d : devices) names += (names.empty() ? "" : ",") + std::to_string(d);
+          report_failed(self, m.spec, "node " + std::to_string(st.ctx.config.id) + " cannot host it on device(s) " +
+                                          names + " (it has " + std::to_string(st.ctx.config.devices) + ")");
           return;
         }
         node_state::replica_entry e{m.spec, caf::actor{},

@@ -20,6 +20,7 @@
 #include "actors/device_actor.hpp"
 #include "actors/messages.hpp"
 #include "actors/supervisor.hpp"
+#include "gpu/device.hpp"
 #include "cluster/clock_offset.hpp"
 #include "cluster/degradation.hpp"
 #include "cluster/restart_intensity.hpp"
@@ -33,8 +34,13 @@ struct node_config {
   cluster::rack_id rack = 0;
   std::string region;  // "" = none
   std::uint32_t devices = 1;
-  device_config device;         // template: node and index are filled in
-  bool detached_devices = true; // own threads in production; inline under the test scheduler
+  device_config device;         // template: node, index and the opener are filled in
+  /// The kind of this node's devices (reported when it joins).
+  gpu::device_kind device_kind = gpu::device_kind::cpu;
+  /// Devices opened before the node started (gpu::open_devices: a process's
+  /// GPUs), one per index; a restarted device actor takes the same one
+  /// again. Empty: each device actor opens a fresh device of device_kind.
+  std::vector<std::shared_ptr<gpu::device>> opened_devices;
   std::uint64_t model_cache_bytes = 64ull << 30;  // model files kept loaded, in bytes (in-use ones always stay)
   std::string model_dir;  // where models missing at their path are looked for (by sha256, then name)
   std::string model_store;      // operator's model store: models found nowhere on the node are fetched from it

@@ -13,7 +13,6 @@
 #include "actors/cluster_metrics.hpp"
 #include "actors/device_actor.hpp"
 #include "common/assert.hpp"
-#include "engine/cpu_engine.hpp"
 #include "cluster/model_ref.hpp"
 #include "engine/null_engine.hpp"
 #include "engine/sim_engine.hpp"
@@ -198,6 +197,9 @@ void on_step_done(self_ptr self, const step_done& done) {
   // A step that was out while the node froze past its lease: its tokens
   // are not sent (the slot may be someone else's by now).
   if (lease_lapsed(self)) return;
+  // An engine that failed for good (a tensor-parallel group whose
+  // collective failed) serves nothing more: its requests resume elsewhere.
+  if (auto f = st.engine->fault()) return fail(self, "engine failed: " + *f);
   const engine::step_result& r = *done.result;
   if (st.health) st.health->observe_step(static_cast<std::int64_t>(done.seconds * 1e9));
   // Speeds for the predictive router: exponentially weighted, per kind of step.
@@ -301,11 +303,11 @@ void maybe_step(self_ptr self) {
   // timer is cancelled when the step returns. 0 (deterministic runs, where
   // steps take modeled virtual time): no timer, the device check covers it.
   if (st.ctx.step_timeout_ms == 0) {
-    self->request(st.ctx.device, caf::infinite, step_job{st.pool, st.threads, st.engine})
+    self->request(st.ctx.device, caf::infinite, step_job{st.engine})
         .then([=](const step_done& done) { on_step_done(self, done); }, on_error);
     return;
   }
-  self->request(st.ctx.device, std::chrono::milliseconds(st.ctx.step_timeout_ms), step_job{st.pool, st.threads, st.engine})
+  self->request(st.ctx.device, std::chrono::milliseconds(st.ctx.step_timeout_ms), step_job{st.engine})
       .then([=](const step_done& done) { on_step_done(self, done); }, on_error);
 }
 
@@ -365,36 +367,14 @@ expected<std::shared_ptr<engine::inference_engine>> make_sim_engine(const replic
   return std::make_shared<engine::sim_engine>(*cost, c);
 }
 
-expected<std::shared_ptr<engine::inference_engine>> make_engine(const replica_actor_state& st,
-                                                               const device_resources& res) {
-  const auto& spec = st.ctx.spec;
-  if (spec.engine == "sim") return make_sim_engine(spec, res);
+// The zero-cost engine (serving benchmarks): nothing runs on the device.
+std::shared_ptr<engine::inference_engine> make_null_engine(const replica_actor_state& st) {
   const auto& cfg = st.model->config();
-  if (spec.engine == "null") {
-    engine::null_engine_config nc;
-    nc.vocab_size = cfg.vocab_size;
-    nc.context_length = cfg.context_length;
-    nc.kv_capacity_tokens = spec.kv_tokens;
-    return std::make_shared<engine::null_engine>(nc);
-  }
-  if (spec.engine != "cpu") return make_error(errc::invalid_argument, "unknown engine '" + spec.engine + "'");
-  const std::size_t token_bytes = engine::cpu_engine::kv_block_bytes(cfg, 1);
-  if (token_bytes > res.page_bytes)
-    return make_error(errc::invalid_argument, "a KV page of " + std::to_string(res.page_bytes) +
-                                                  " bytes cannot hold one token of this model (" +
-                                                  std::to_string(token_bytes) + " bytes); raise the page size");
-  engine::cpu_engine_config ec;
-  ec.kv_block_tokens = static_cast<std::uint32_t>(std::min<std::size_t>(256, res.page_bytes / token_bytes));
-  ec.kv_max_blocks = (spec.kv_tokens + ec.kv_block_tokens - 1) / ec.kv_block_tokens;
-  if (st.draft) {
-    // Checked again here: the node's files are what the engine runs, and
-    // they need not be the ones the controller read.
-    const auto k = spec.draft_tokens ? spec.draft_tokens : engine::default_draft_tokens;
-    if (auto ok = engine::check_draft(*st.model, *st.draft, k); !ok) return std::unexpected(ok.error());
-    ec.draft = st.draft;
-    ec.draft_tokens = k;
-  }
-  return std::make_shared<engine::cpu_engine>(st.model, *res.pool, *res.threads, ec);
+  engine::null_engine_config nc;
+  nc.vocab_size = cfg.vocab_size;
+  nc.context_length = cfg.context_length;
+  nc.kv_capacity_tokens = st.ctx.spec.kv_tokens;
+  return std::make_shared<engine::null_engine>(nc);
 }
 
 void warm_up(self_ptr self) {
@@ -409,18 +389,64 @@ void warm_up(self_ptr self) {
   maybe_step(self);
 }
 
-void start_with_resources(self_ptr self) {
-  self->request(self->state.ctx.device, caf::infinite, resources_atom::value)
-      .then(
-          [=](const device_resources& res) {
-            self->state.pool = res.pool;
-            self->state.threads = res.threads;
-            auto eng = make_engine(self->state, res);
-            if (!eng) return fail(self, eng.error().message);
-            self->state.engine = std::move(*eng);
-            warm_up(self);
-          },
-          [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
+void start_engine(self_ptr self, std::shared_ptr<engine::inference_engine> eng) {
+  self->state.engine = std::move(eng);
+  warm_up(self);
+}
+
+// The engine: a simulated one from the device's parameters, the null one
+// here, a real one from the device (which knows its kind and builds it on
+// its executor).
+void make_engine(self_ptr self) {
+  auto& st = self->state;
+  const auto& spec = st.ctx.spec;
+  const auto device_failed = [=](const caf::error& err) {
+    fail(self, "engine on node " + std::to_string(self->state.ctx.node) + " device " +
+                   std::to_string(self->state.ctx.spec.device) + ": " + to_string(from_caf(err)));
+  };
+  if (spec.engine == "sim") {
+    self->request(st.ctx.device, caf::infinite, resources_atom::value)
+        .then(
+            [=](const device_resources& res) {
+              auto eng = make_sim_engine(self->state.ctx.spec, res);
+              if (!eng) return fail(self, eng.error().message);
+              start_engine(self, std::move(*eng));
+            },
+            device_failed);
+    return;
+  }
+  if (spec.engine == "null") return start_engine(self, make_null_engine(st));
+  if (spec.engine != "cpu") return fail(self, "unknown engine '" + spec.engine + "'");
+  auto req = std::make_shared<engine_request>();
+  req->model = st.model;
+  req->options.kv_tokens = spec.kv_tokens;
+  req->options.draft = st.draft;
+  req->options.draft_tokens = spec.draft_tokens;
+  // A collective waiting past the step timeout means a member is stuck.
+  req->collective_timeout = std::chrono::milliseconds(st.ctx.step_timeout_ms ? st.ctx.step_timeout_ms : 60000);
+  const auto ask_first = [=] {
+    self->request(self->state.ctx.device, caf::infinite, *req)
+        .then(
+            [=](const engine_reply& r) {
+              self->state.abort_group = r.abort;
+              start_engine(self, r.engine);
+            },
+            device_failed);
+  };
+  // A tensor-parallel group: the first device builds the engine over the
+  // others', which it is handed first.
+  const auto peers = st.ctx.devices.size() > 1 ? st.ctx.devices.size() - 1 : 0;
+  if (peers == 0) return ask_first();
+  req->peers.resize(peers);
+  auto missing = std::make_shared<std::size_t>(peers);
+  for (std::size_t i = 0; i < peers; ++i)
+    self->request(st.ctx.devices[i + 1], caf::infinite, device_atom::value)
+        .then(
+            [=](const device_handle& h) {
+              req->peers[i] = h.device;
+              if (--*missing == 0) ask_first();
+            },
+            device_failed);
 }
 
 void start_simulated(self_ptr self);
@@ -456,7 +482,7 @@ void start_simulated(self_ptr self) {
             auto cost = sim_cost(self->state.ctx.spec, res.sim);
             if (!cost) return fail(self, cost.error().message);
             self->delayed_send(self, std::chrono::nanoseconds(static_cast<std::int64_t>(cost->load_s() * 1e9)),
-                               deferred_call{[=] { start_with_resources(self); }});
+                               deferred_call{[=] { make_engine(self); }});
           },
           [=](const caf::error& err) { fail(self, "device unavailable: " + caf::to_string(err)); });
 }
@@ -465,7 +491,7 @@ void start_simulated(self_ptr self) {
 // model and pinned there alike; then the engine.
 void acquire_draft(self_ptr self) {
   auto& st = self->state;
-  if (st.ctx.spec.draft_model.empty() || st.ctx.spec.engine != "cpu") return start_with_resources(self);
+  if (st.ctx.spec.draft_model.empty() || st.ctx.spec.engine != "cpu") return make_engine(self);
   st.draft_requested = true;
   self->request(st.ctx.model_cache, caf::infinite, acquire_model{st.ctx.spec.draft_model, st.ctx.spec.draft_sha256})
       .then(
@@ -475,7 +501,7 @@ void acquire_draft(self_ptr self) {
               return fail(self, "draft model load failed: " + h.error.message);
             }
             self->state.draft = h.model;
-            start_with_resources(self);
+            make_engine(self);
           },
           [=](const caf::error& err) { fail(self, "model cache unavailable: " + caf::to_string(err)); });
 }
@@ -596,11 +622,21 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
     self->state.health.emplace(self->state.ctx.degradation);
   count_state(self->state, self->state.state, +1);
   // No device, no replica; but a replica's crash must not take the device
-  // (shared with other replicas) down: monitor, do not link.
-  self->monitor(self->state.ctx.device);
+  // (shared with other replicas) down: monitor, do not link. A member of a
+  // tensor-parallel group lost takes the whole group down: its collectives
+  // are aborted, so a step out on the first device returns at once.
+  if (self->state.ctx.devices.empty()) self->state.ctx.devices.push_back(self->state.ctx.device);
+  for (const auto& d : self->state.ctx.devices) self->monitor(d);
   self->set_down_handler([=](const caf::down_msg& dm) {
-    if (dm.source == self->state.ctx.device.address())
-      return fail(self, "device lost: " + caf::to_string(dm.reason));
+    const auto& devices = self->state.ctx.devices;
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      if (dm.source == devices[i].address()) {
+        const auto spec_devices = devices_of(self->state.ctx.spec);
+        const std::string why = "device " + std::to_string(i < spec_devices.size() ? spec_devices[i] : i) +
+                                " lost: " + caf::to_string(dm.reason);
+        if (self->state.abort_group) self->state.abort_group(why);
+        return fail(self, why);
+      }
     // A requester vanished: stop its generation and free its blocks.
     for (const auto& [id, r] : self->state.active)
       if (r.requester.address() == dm.source) return on_cancel(self, id);

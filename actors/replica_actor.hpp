@@ -19,8 +19,6 @@
 
 #include "actors/chaos_hooks.hpp"
 #include "actors/messages.hpp"
-#include "engine/block_pool.hpp"
-#include "engine/thread_pool.hpp"
 #include "cluster/degradation.hpp"
 #include "cluster/lifecycle.hpp"
 
@@ -31,7 +29,8 @@ struct cluster_metrics;
 struct replica_context {
   replica_spec spec;
   cluster::node_id node = 0;
-  caf::actor device;
+  caf::actor device;                // where its steps run: the first of `devices`
+  std::vector<caf::actor> devices;  // its whole placement (tensor-parallel group), ascending
   caf::actor model_cache;
   caf::actor controller;
   caf::actor router;
@@ -54,10 +53,11 @@ struct replica_actor_state {
   cluster::replica_state state = cluster::replica_state::creating;
   std::shared_ptr<const model::llama_model> model;
   std::shared_ptr<const model::llama_model> draft;  // spec.draft_model, loaded; null without one
-  // Declared before the engine so they are destroyed after it.
-  std::shared_ptr<engine::block_pool> pool;
-  std::shared_ptr<engine::thread_pool> threads;
+  /// Built by the device (it holds the device's pool and threads until it goes).
   std::shared_ptr<engine::inference_engine> engine;
+  /// A tensor-parallel engine: aborts its group's collectives (a member
+  /// device was lost), so a step out on the device returns at once.
+  std::function<void(const std::string&)> abort_group;
   bool step_in_flight = false;  // no new step may start (one is out, or deferred work runs)
   bool step_out = false;        // a step is on the device: the engine must not be touched
   std::vector<std::function<void()>> deferred;  // engine calls waiting for the step to return

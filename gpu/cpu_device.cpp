@@ -6,6 +6,28 @@
 #include "model/llama_model.hpp"
 
 namespace exa::gpu {
+namespace {
+
+// Every task under the device's compute lock.
+class locked_executor final : public executor {
+ public:
+  locked_executor(executor& inner, std::mutex& compute) : inner_(inner), compute_(compute) {}
+  void submit(task work, completion done) override {
+    inner_.submit(
+        [&m = compute_, w = std::move(work)] {
+          std::lock_guard lock(m);
+          w();
+        },
+        std::move(done));
+  }
+  std::size_t pending() const noexcept override { return inner_.pending(); }
+
+ private:
+  executor& inner_;
+  std::mutex& compute_;
+};
+
+}  // namespace
 
 expected<std::shared_ptr<cpu_device>> cpu_device::open(std::uint32_t index, const device_options& options) {
   if (options.page_bytes == 0 || options.memory_bytes < options.page_bytes)
@@ -23,11 +45,15 @@ expected<std::shared_ptr<cpu_device>> cpu_device::open(std::uint32_t index, cons
 cpu_device::cpu_device(std::uint32_t index, const device_options& options, std::unique_ptr<cpu_memory_pool> pool)
     : index_(index), options_(options), pool_(std::move(pool)),
       threads_(std::make_unique<engine::thread_pool>(options.threads)) {
-  if (options.inline_executor) exec_ = std::make_unique<inline_executor>();
-  else exec_ = std::make_unique<thread_executor>("exa-cpu" + std::to_string(index), options.queue_max);
+  if (options.inline_executor) worker_ = std::make_unique<inline_executor>();
+  else worker_ = std::make_unique<thread_executor>("exa-cpu" + std::to_string(index), options.queue_max);
+  exec_ = std::make_unique<locked_executor>(*worker_, compute_);
 }
 
-cpu_device::~cpu_device() = default;
+cpu_device::~cpu_device() {
+  exec_.reset();
+  worker_.reset();  // stops the worker before the pool and threads go
+}
 
 expected<std::shared_ptr<engine::inference_engine>> cpu_device::make_engine(
     std::shared_ptr<const model::llama_model> model, const engine_options& options) {

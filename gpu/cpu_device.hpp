@@ -3,9 +3,11 @@
 // cpu_memory_pool), its engine is the CPU engine, and its executor is one
 // worker thread that runs each step with the device's thread pool (the
 // worker takes part in every parallel section), or the inline executor in
-// deterministic tests.
+// deterministic tests. A thread pool runs one parallel section at a time, so
+// every task holds the device's compute lock (see compute_mutex()).
 
 #include <memory>
+#include <mutex>
 
 #include "engine/thread_pool.hpp"
 #include "gpu/cpu_memory_pool.hpp"
@@ -32,6 +34,10 @@ class cpu_device final : public device {
   telemetry read_telemetry() const override;
 
   engine::thread_pool& threads() noexcept { return *threads_; }
+  /// Held while anything runs on this device's threads: by every task of
+  /// its executor, and by a tensor-parallel group's step for each member
+  /// device other than the one it runs on (gpu/tensor_parallel.hpp).
+  std::mutex& compute_mutex() noexcept { return compute_; }
 
  private:
   cpu_device(std::uint32_t index, const device_options& options, std::unique_ptr<cpu_memory_pool> pool);
@@ -40,7 +46,9 @@ class cpu_device final : public device {
   device_options options_;
   std::unique_ptr<cpu_memory_pool> pool_;
   std::unique_ptr<engine::thread_pool> threads_;
-  std::unique_ptr<executor> exec_;  // last: stopped before the pool and threads go
+  std::mutex compute_;
+  std::unique_ptr<executor> worker_;  // the thread (or inline) executor
+  std::unique_ptr<executor> exec_;    // worker_, each task under compute_; last: stopped first
 };
 
 }  // namespace exa::gpu

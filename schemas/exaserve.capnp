@@ -332,6 +332,10 @@ struct ReplicaStatus {
 
   kvCapacityTokens @10 :UInt32;
   # KV cache capacity, in tokens.
+
+  devices @11 :List(UInt32);
+  # Every device it runs on, ascending: its tensor-parallel group (one device
+  # for TP 1); `device` is the first. Empty from older servers.
 }
 
 struct ClusterStatus {
@@ -421,6 +425,10 @@ struct DeployRequest {
 
   draftTokens @16 :UInt32 = 0;
   # Tokens the draft proposes per step (1 to 8); 0 means the default (4).
+
+  tensorParallel @17 :UInt32 = 0;
+  # Each replica runs tensor-parallel over this many devices of one node (1,
+  # 2, 4 or 8; the model's heads and FFN must split evenly); 0 means 1.
 }
 
 interface Admin {

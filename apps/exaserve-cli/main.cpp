@@ -50,6 +50,7 @@ commands:
          [--draft-model F [--draft-sha256 HEX] [--draft-tokens K]]   (speculative decoding: a
                                         draft GGUF on the server with the model's vocabulary
                                         proposes K tokens per step, 1-8, default 4)
+         [--tp N]   (each replica tensor-parallel over N devices of one node: 1, 2, 4 or 8)
   undeploy NAME
   scale NAME REPLICAS   (0: cold -- kept, and started again by its next request, which waits)
   drain node N | replica ID [--deadline-s S]
@@ -257,6 +258,13 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
     if (!k || *k == 0) return usage_fail("deploy", {"--draft-tokens must be in [1, 8], got '" + args.get("draft-tokens") + "'"});
     req.draft_tokens = static_cast<std::uint32_t>(*k);
   }
+  if (args.has("tp")) {
+    // The ledger's bound (cluster::max_tensor_parallel); the controller checks the model splits.
+    auto tp = parse_uint("--tp", args.get("tp"), 8);
+    if (!tp || (*tp != 1 && *tp != 2 && *tp != 4 && *tp != 8))
+      return usage_fail("deploy", {"--tp must be 1, 2, 4 or 8, got '" + args.get("tp") + "'"});
+    req.tensor_parallel = static_cast<std::uint32_t>(*tp);
+  }
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -405,7 +413,7 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"generate", {"model", "max-tokens", "temperature", "seed", "priority"}},
     {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant", "warm-pool-percent",
                 "autoscale-min", "autoscale-max", "autoscale-metric", "autoscale-target", "idle-to-zero-s", "chat-template",
-                "draft-model", "draft-sha256", "draft-tokens"}},
+                "draft-model", "draft-sha256", "draft-tokens", "tp"}},
     {"undeploy", {}},
     {"scale", {}},
     {"drain", {"deadline-s"}},

@@ -51,11 +51,19 @@ std::string devices_table(const api::cluster_status& s) {
   return render_table({"NODE", "DEVICE", "KIND", "MEM USED", "MEM TOTAL", "USE"}, rows);
 }
 
+// "node/device", or "node/d0,d1,..." for a replica on a tensor-parallel group.
+std::string node_devices(const api::replica_status& r) {
+  if (r.devices.size() <= 1) return fmt::format("{}/{}", r.node, r.device);
+  std::string out = fmt::format("{}/", r.node);
+  for (std::size_t i = 0; i < r.devices.size(); ++i) out += (i ? "," : "") + std::to_string(r.devices[i]);
+  return out;
+}
+
 std::string replicas_table(const api::cluster_status& s) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : s.replicas)
     rows.push_back({r.id, r.deployment, std::to_string(r.slot), std::to_string(r.epoch), r.state,
-                    fmt::format("{}/{}", r.node, r.device), std::to_string(r.running), std::to_string(r.queued),
+                    node_devices(r), std::to_string(r.running), std::to_string(r.queued),
                     fmt::format("{}/{}", r.kv_used_tokens, r.kv_capacity_tokens),
                     percent(r.kv_used_tokens, r.kv_capacity_tokens)});
   return render_table({"REPLICA", "DEPLOYMENT", "SLOT", "EPOCH", "STATE", "NODE/DEV", "RUNNING", "QUEUED",
@@ -198,7 +206,7 @@ std::string render_top(const api::cluster_status& s, const std::string& now, std
   std::vector<std::vector<std::string>> rows;
   for (std::size_t i = 0; i < shown; ++i) {
     const auto& r = *watch[i];
-    rows.push_back({r.id, r.deployment, std::to_string(r.slot), r.state, fmt::format("{}/{}", r.node, r.device),
+    rows.push_back({r.id, r.deployment, std::to_string(r.slot), r.state, node_devices(r),
                     std::to_string(r.running), std::to_string(r.queued), percent(r.kv_used_tokens, r.kv_capacity_tokens)});
   }
   out += fmt::format("\nREPLICAS TO WATCH ({} of {} not idle and ready)\n", shown, watch.size()) +

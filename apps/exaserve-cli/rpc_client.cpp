@@ -61,10 +61,12 @@ api::cluster_status to_api(rpc::ClusterStatus::Reader s) {
                          n.getRegion()});
   for (auto d : s.getDevices())
     out.devices.push_back({d.getNode(), d.getDevice(), d.getKind(), d.getMemoryBytes(), d.getMemoryUsedBytes()});
-  for (auto r : s.getReplicas())
+  for (auto r : s.getReplicas()) {
     out.replicas.push_back({r.getId(), r.getDeployment(), r.getSlot(), r.getEpoch(), r.getState(), r.getNode(),
                             r.getDevice(), r.getRunning(), r.getQueued(), r.getKvUsedTokens(),
-                            r.getKvCapacityTokens()});
+                            r.getKvCapacityTokens(), {}});
+    for (auto d : r.getDevices()) out.replicas.back().devices.push_back(d);
+  }
   for (auto m : s.getModels()) out.models.push_back(to_api(m));
   for (auto r : s.getRollouts()) out.rollouts.push_back({r.getName(), r.getStatus()});
   return out;
@@ -291,6 +293,7 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setDraftModel(request.draft_model);
         d.setDraftSha256(request.draft_sha256);
         d.setDraftTokens(request.draft_tokens);
+        d.setTensorParallel(request.tensor_parallel);
         return req.send().then([](auto) { return true; });
       },
       true);

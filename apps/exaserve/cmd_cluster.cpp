@@ -9,6 +9,7 @@
 #include "actors/distributed.hpp"
 #include "cluster/routing.hpp"
 #include "cluster/event_log.hpp"
+#include "gpu/device_select.hpp"
 #include "args.hpp"
 #include "cli_util.hpp"
 #include "commands.hpp"
@@ -107,7 +108,9 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"node-id", true, "this node's id, unique in the cluster (required)"},
     {"rack", true, "rack (failure domain) of this node (default 0)"},
     {"region", true, "region of this node (default none): gateways of a region prefer its replicas"},
-    {"devices", true, "CPU devices on this node (default 1)"},
+    {"devices", true, "devices on this node (default 1)"},
+    {"device-kind", true, "cpu (default), cuda (that many GPUs; an error naming the CUDA runtime's reason without "
+                          "them) or auto (GPUs when there are enough, else CPU devices)"},
     {"device-memory", true, "memory budget of each device in bytes (default 1073741824)"},
     {"engine", true, "cpu or null: overrides the controller's engine on this node"},
     {"device-threads", true, "engine worker threads per device (default 1)"},
@@ -196,7 +199,7 @@ int cmd_node(int argc, char** argv) {
   if (!a) return fail("node", a.error());
   if (a->has("help")) {
     std::printf("usage: exaserve node --join HOST:PORT --node-id N [--rack R] [--devices G] [--device-memory BYTES] "
-                "[--engine cpu|null] [--listen HOST:PORT]\n%s",
+                "[--engine cpu|null] [--device-kind cpu|cuda|auto] [--listen HOST:PORT]\n%s",
                 describe_flags(node_flags).c_str());
     return 0;
   }
@@ -230,6 +233,9 @@ int cmd_node(int argc, char** argv) {
   o.devices = static_cast<std::uint32_t>(*devices);
   o.device_memory_bytes = static_cast<std::uint64_t>(*memory);
   o.device_threads = static_cast<std::uint32_t>(*threads);
+  o.device_kind = a->get_or("device-kind", "cpu");
+  if (auto k = gpu::parse_kind_request(o.device_kind); !k)
+    return fail("node", {errc::invalid_argument, "--device-kind: " + k.error().message});
   o.engine = a->get_or("engine", "");
   o.join_timeout_ms = static_cast<std::uint32_t>(*join_timeout);
   o.event_log = *events;

@@ -29,9 +29,11 @@ const std::vector<flag_spec> flags = [] {
     {"model", true, "GGUF file of the first deployment (default: the generated tiny model)"},
     {"replicas", true, "replicas of the first deployment (default 2)"},
     {"nodes", true, "nodes of the embedded cluster (default 2)"},
-    {"devices-per-node", true, "CPU devices per node (default 2)"},
+    {"devices-per-node", true, "devices per node (default 2)"},
     {"device-memory-mb", true, "memory budget of each device (default 1024)"},
     {"engine", true, "cpu (default) or null (zero-cost, for serving benchmarks)"},
+    {"device-kind", true, "cpu (default), cuda (nodes x devices-per-node GPUs of this host; an error naming the "
+                          "CUDA runtime's reason without them) or auto (GPUs when there are enough, else CPU devices)"},
     {"host", true, "address to bind (default 127.0.0.1)"},
     {"http-port", true, "HTTP port (default 8000; 0 = any free port)"},
     {"rpc-port", true, "Cap'n Proto RPC port (default 7000; 0 = any free port)"},

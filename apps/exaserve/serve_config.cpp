@@ -7,6 +7,7 @@
 
 #include "args.hpp"
 #include "engine/speculative.hpp"
+#include "gpu/device_select.hpp"
 #include "template/chat_template.hpp"
 
 namespace exa::app {
@@ -89,6 +90,15 @@ setter engine_setter(std::string& dst) {
   };
 }
 
+// cpu, cuda or auto (gpu::parse_kind_request), checked while parsing.
+setter device_kind_setter(std::string& dst) {
+  return [&dst](const std::string& v, const std::string& what) -> expected<void> {
+    if (auto k = gpu::parse_kind_request(v); !k) return make_error(errc::invalid_argument, what + ": " + k.error().message);
+    dst = v;
+    return {};
+  };
+}
+
 std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
   return {{"nodes", uint_setter(c.nodes, 1, 1024)},
           {"devices_per_node", uint_setter(c.devices_per_node, 1, 64)},
@@ -99,6 +109,7 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"kv_page_kb", uint_setter(c.kv_page_bytes, 4, 65536, 1024)},
           {"device_threads", uint_setter(c.device_threads, 1, 256)},
           {"engine", engine_setter(c.engine)},
+          {"device_kind", device_kind_setter(c.device_kind)},
           {"kv_tokens", uint_setter(c.default_kv_tokens, 16, 1u << 24)},
           {"routing", string_setter(c.default_routing)},
           {"heartbeat_interval_ms", uint_setter(c.heartbeat_interval_ms, 10, 600000)},
@@ -156,7 +167,8 @@ std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
           {"chat_template", template_setter(d.chat_template, d.name)},
           {"draft_model", path_setter(d.draft_model)},
           {"draft_sha256", string_setter(d.draft_sha256)},
-          {"draft_tokens", uint_setter(d.draft_tokens, 1, engine::max_draft_tokens)}};
+          {"draft_tokens", uint_setter(d.draft_tokens, 1, engine::max_draft_tokens)},
+          {"tensor_parallel", uint_setter(d.tensor_parallel, 1, 8)}};
 }
 
 // Keys that only mean something together, checked once the file is read.
@@ -227,6 +239,7 @@ expected<void> apply_serve_flags(const args& a, serve_config& config) {
       {"devices-per-node", uint_setter(config.cluster.devices_per_node, 1, 64)},
       {"device-memory-mb", uint_setter(config.cluster.device_memory_bytes, 16, 1 << 22, 1ull << 20)},
       {"engine", engine_setter(config.cluster.engine)},
+      {"device-kind", device_kind_setter(config.cluster.device_kind)},
       {"host", string_setter(config.server.host)},
       {"http-port", uint_setter(config.server.http_port, 0, 65535)},
       {"rpc-port", uint_setter(config.server.rpc_port, 0, 65535)},

@@ -5,6 +5,7 @@
 //
 //   [cluster]                 nodes, devices_per_node, racks, device_memory_mb,
 //                             kv_page_kb, device_threads, engine (cpu|null),
+//                             device_kind (cpu|cuda|auto; default cpu),
 //                             kv_tokens, routing, heartbeat_interval_ms,
 //                             suspect_after_missed, observation_window_ms,
 //                             request_deadline_ms, queued_per_model_max,
@@ -17,7 +18,9 @@
 //                             compiled while parsing: the deployment carries
 //                             the text; it wins over [cluster] chat_template),
 //                             draft_model (a draft GGUF for speculative
-//                             decoding), draft_sha256, draft_tokens (1-8)
+//                             decoding), draft_sha256, draft_tokens (1-8),
+//                             tensor_parallel (1, 2, 4 or 8: devices of one
+//                             node each replica runs on)
 
 #include <cstdint>
 #include <string>

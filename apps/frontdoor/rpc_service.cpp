@@ -113,6 +113,8 @@ void fill(rpc::ReplicaStatus::Builder out, const api::replica_status& r) {
   out.setQueued(r.queued);
   out.setKvUsedTokens(r.kv_used_tokens);
   out.setKvCapacityTokens(r.kv_capacity_tokens);
+  auto devices = out.initDevices(static_cast<unsigned>(r.devices.size()));
+  for (unsigned i = 0; i < devices.size(); ++i) devices.set(i, r.devices[i]);
 }
 
 void fill(rpc::ClusterStatus::Builder out, const api::cluster_status& s) {
@@ -333,6 +335,7 @@ class admin_impl final : public rpc::Admin::Server {
     req.draft_model = r.getDraftModel();
     req.draft_sha256 = r.getDraftSha256();
     req.draft_tokens = r.getDraftTokens();
+    req.tensor_parallel = r.getTensorParallel();
     if (req.name.empty()) return to_rpc_exception(error{errc::invalid_argument, "deployment name must be given"});
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->deploy(std::move(req), std::move(cb.callback));

@@ -180,6 +180,9 @@ struct replica_status {
   std::uint32_t queued = 0;
   std::uint32_t kv_used_tokens = 0;
   std::uint32_t kv_capacity_tokens = 0;
+  /// Every device it runs on (its tensor-parallel group), ascending; `device`
+  /// is the first. Empty from a server that does not say: just `device`.
+  std::vector<std::uint32_t> devices;
 };
 
 struct device_status {
@@ -258,6 +261,10 @@ struct deploy_request {
   /// Tokens the draft proposes per step, in [1, engine::max_draft_tokens];
   /// 0: the engine's default. Only with draft_model.
   std::uint32_t draft_tokens = 0;
+  /// Each replica runs tensor-parallel over this many devices of one node
+  /// (1, 2, 4 or 8; 0 = 1): placement reserves memory on all of them and the
+  /// replica runs on all of them.
+  std::uint32_t tensor_parallel = 0;
   bool operator==(const deploy_request&) const = default;
 };
 

@@ -33,7 +33,8 @@ json to_json(const api::deploy_request& d) {
           {"autoscale_min", d.autoscale_min}, {"autoscale_max", d.autoscale_max},
           {"autoscale_metric", d.autoscale_metric}, {"autoscale_target", d.autoscale_target},
           {"idle_to_zero_s", d.idle_to_zero_s}, {"chat_template", d.chat_template},
-          {"draft_model", d.draft_model}, {"draft_sha256", d.draft_sha256}, {"draft_tokens", d.draft_tokens}};
+          {"draft_model", d.draft_model}, {"draft_sha256", d.draft_sha256}, {"draft_tokens", d.draft_tokens},
+          {"tensor_parallel", d.tensor_parallel}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -57,6 +58,7 @@ api::deploy_request deploy_from(const json& j) {
   d.draft_model = j.value("draft_model", std::string());      // journals before drafts: none
   d.draft_sha256 = j.value("draft_sha256", std::string());
   d.draft_tokens = j.value("draft_tokens", 0u);
+  d.tensor_parallel = j.value("tensor_parallel", 0u);  // journals before TP groups: one device
   return d;
 }
 

@@ -18,6 +18,7 @@
 #include "gpu/device_select.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/nvml.hpp"
+#include "gpu/tensor_parallel.hpp"
 #include "model/llama_model.hpp"
 #include "model/model_gen.hpp"
 
@@ -306,4 +307,136 @@ TEST_CASE("CPU device: refuses a page that cannot hold a token and a budget unde
   auto none = open_device(device_kind::cpu, 0, o);
   REQUIRE_FALSE(none);
   CHECK(none.error().code == errc::invalid_argument);
+}
+
+// ---------------------------------------------------------------- tensor parallel
+
+namespace {
+
+// Greedy tokens of one request on `eng`, each step run on `dev`'s executor
+// (as the device actor runs them), waiting for each completion (bounded).
+std::vector<std::int32_t> run_on(device& dev, engine::inference_engine& eng, std::uint64_t id,
+                                 std::vector<std::int32_t> prompt, std::uint32_t max_tokens) {
+  engine::generation_request req;
+  req.id = id;
+  req.prompt = std::move(prompt);
+  req.max_tokens = max_tokens;
+  REQUIRE(eng.submit(req));
+  std::vector<std::int32_t> out;
+  for (int i = 0; i < 1000 && !eng.idle(); ++i) {
+    outcome_box box;
+    auto r = std::make_shared<engine::step_result>();
+    dev.exec().submit([&eng, r] { *r = eng.step(); }, box.sink());
+    REQUIRE(box.wait_for(1));
+    REQUIRE_FALSE(box.outcomes[0].failure);
+    for (const auto& t : r->tokens) out.push_back(t.token);
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<device>> cpu_devices(std::uint32_t n, bool inline_exec = false) {
+  device_options o;
+  o.memory_bytes = 8ull << 20;
+  o.page_bytes = 64 * 1024;
+  o.inline_executor = inline_exec;
+  std::vector<std::shared_ptr<device>> out;
+  for (std::uint32_t i = 0; i < n; ++i) out.push_back(*open_device(device_kind::cpu, i, o));
+  return out;
+}
+
+const std::vector<std::int32_t> tp_prompt{1, 72, 101, 108, 108, 111, 44, 32, 84, 80};
+
+}  // namespace
+
+TEST_CASE("a tensor-parallel group over two CPU devices generates the same tokens run to run", "[device][tp]") {
+  engine_options eo;
+  eo.kv_tokens = 512;
+  std::vector<std::int32_t> first;
+  for (int run = 0; run < 2; ++run) {
+    auto devs = cpu_devices(2);
+    auto g = make_group_engine(devs, tiny_model(), eo, std::chrono::seconds(30));
+    REQUIRE(g);
+    REQUIRE(g->abort);
+    const auto tokens = run_on(*devs[0], *g->engine, 1, tp_prompt, 24);
+    CHECK(tokens.size() == 24);
+    if (run == 0) first = tokens;
+    else CHECK(tokens == first);
+  }
+  // The engine holds its devices: dropping the list leaves them alive.
+  auto devs = cpu_devices(2);
+  std::weak_ptr<device> second = devs[1];
+  auto g = make_group_engine(devs, tiny_model(), eo, std::chrono::seconds(30));
+  REQUIRE(g);
+  devs.clear();
+  CHECK_FALSE(second.expired());
+  g->engine.reset();
+  CHECK(second.expired());
+}
+
+TEST_CASE("a group shares a member device with a one-device replica: both stay exact", "[device][tp]") {
+  engine_options eo;
+  eo.kv_tokens = 512;
+  // Alone first: what each must produce.
+  std::vector<std::int32_t> tp_alone, single_alone;
+  {
+    auto devs = cpu_devices(2);
+    auto g = make_group_engine(devs, tiny_model(), eo, std::chrono::seconds(30));
+    REQUIRE(g);
+    tp_alone = run_on(*devs[0], *g->engine, 1, tp_prompt, 32);
+    auto single = devs[1]->make_engine(tiny_model(), eo);
+    REQUIRE(single);
+    single_alone = run_on(*devs[1], **single, 2, {1, 2, 3, 4, 5, 6}, 32);
+  }
+  // Then at once: the group's steps (on device 0's executor, using device 1's
+  // threads) and the single engine's (on device 1's executor) interleave.
+  auto devs = cpu_devices(2);
+  auto g = make_group_engine(devs, tiny_model(), eo, std::chrono::seconds(30));
+  REQUIRE(g);
+  auto single = devs[1]->make_engine(tiny_model(), eo);
+  REQUIRE(single);
+  std::vector<std::int32_t> tp_now, single_now;
+  std::thread other([&] { single_now = run_on(*devs[1], **single, 2, {1, 2, 3, 4, 5, 6}, 32); });
+  tp_now = run_on(*devs[0], *g->engine, 1, tp_prompt, 32);
+  other.join();
+  CHECK(tp_now == tp_alone);
+  CHECK(single_now == single_alone);
+}
+
+TEST_CASE("an aborted group fails its engine at once: no step hangs, nothing more is generated", "[device][tp]") {
+  engine_options eo;
+  eo.kv_tokens = 512;
+  auto devs = cpu_devices(2);
+  auto g = make_group_engine(devs, tiny_model(), eo, std::chrono::seconds(30));
+  REQUIRE(g);
+  engine::generation_request req;
+  req.id = 7;
+  req.prompt = tp_prompt;
+  req.max_tokens = 16;
+  REQUIRE(g->engine->submit(req));
+  g->abort("device 1 lost (test)");
+  outcome_box box;
+  auto r = std::make_shared<engine::step_result>();
+  const auto t0 = std::chrono::steady_clock::now();
+  devs[0]->exec().submit([e = g->engine, r] { *r = e->step(); }, box.sink());
+  REQUIRE(box.wait_for(1));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // far below the 30 s timeout
+  CHECK(r->tokens.empty());
+  auto fault = g->engine->fault();
+  REQUIRE(fault);
+  CHECK_THAT(*fault, Contains("device 1 lost (test)"));
+}
+
+TEST_CASE("a group needs two or more CPU devices, ascending, and a model that splits", "[device][tp]") {
+  engine_options eo;
+  auto devs = cpu_devices(3);
+  auto one = make_group_engine({devs[0]}, tiny_model(), eo, std::chrono::seconds(1));
+  REQUIRE_FALSE(one);
+  CHECK(one.error().code == errc::invalid_argument);
+  auto unordered = make_group_engine({devs[1], devs[0]}, tiny_model(), eo, std::chrono::seconds(1));
+  REQUIRE_FALSE(unordered);
+  CHECK_THAT(unordered.error().message, Contains("ascending"));
+  // The tiny model has 4 heads and 2 KV heads: three members do not divide them.
+  auto three = make_group_engine(devs, tiny_model(), eo, std::chrono::seconds(1));
+  REQUIRE_FALSE(three);
+  CHECK(three.error().code == errc::invalid_argument);
 }

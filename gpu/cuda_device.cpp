@@ -58,6 +58,10 @@ class cuda_device final : public device {
   std::uint64_t budget_bytes_ = 0;
   std::unique_ptr<cuda_memory_pool> pool_;
   cudaStream_t stream_ = nullptr;
+  // Queried by check_health() from the actor's thread. Never stream_: the
+  // executor thread may be recording a CUDA graph on it, and querying a
+  // capturing stream is illegal -- it fails and invalidates the capture.
+  cudaStream_t health_stream_ = nullptr;
   mutable std::mutex fault_mutex_;
   std::string fault_;  // guarded by fault_mutex_: the first CUDA error seen
   std::unique_ptr<executor> exec_;  // last: stopped before the stream and pool go
@@ -89,6 +93,8 @@ expected<std::shared_ptr<device>> cuda_device::open(std::uint32_t index, const d
   d->pool_ = std::move(*pool);
   if (auto rc = cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking); rc != cudaSuccess)
     return make_error(errc::unavailable, cuda_message("cudaStreamCreate", rc));
+  if (auto rc = cudaStreamCreateWithFlags(&d->health_stream_, cudaStreamNonBlocking); rc != cudaSuccess)
+    return make_error(errc::unavailable, cuda_message("cudaStreamCreate", rc));
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, static_cast<int>(index)) == cudaSuccess) d->name_ = prop.name;
   char bus[32] = {};
@@ -111,6 +117,7 @@ cuda_device::~cuda_device() {
     cudaStreamSynchronize(stream_);  // pending host callbacks run before the stream goes
     cudaStreamDestroy(stream_);
   }
+  if (health_stream_) cudaStreamDestroy(health_stream_);
 }
 
 void cuda_device::record_fault(const std::string& why) {
@@ -170,8 +177,9 @@ expected<void> cuda_device::check_health() {
   if (auto rc = cudaSetDevice(static_cast<int>(index_)); rc != cudaSuccess)
     return make_error(errc::unavailable, cuda_message("cudaSetDevice", rc));
   // A sticky error (a faulted kernel) poisons the context: every call fails.
-  // Querying the stream asks the device without waiting for it.
-  const auto rc = cudaStreamQuery(stream_);
+  // Querying a stream asks the device without waiting for it -- an idle one
+  // of our own, never stream_, which the executor may be capturing.
+  const auto rc = cudaStreamQuery(health_stream_);
   if (rc != cudaSuccess && rc != cudaErrorNotReady) {
     record_fault(cuda_message("cudaStreamQuery", rc));
     return make_error(errc::unavailable, "CUDA device " + std::to_string(index_) + ": " + cuda_message("cudaStreamQuery", rc));

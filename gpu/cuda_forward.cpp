@@ -541,24 +541,31 @@ expected<void> cuda_forward::execute(const engine::forward_batch& batch, std::ve
   // rows: a few KB) goes up whole; the tables as far as used.
   const std::size_t head_ints = 3 * std::size_t{s.cfg.max_tokens} + s.cfg.max_sequences;
   int* dev = s.meta.get<int>();
+  // A failure after the first copy is enqueued waits for the stream before
+  // it returns: the next step rewrites host_meta, which a pending copy (or
+  // the kernels it feeds) may still read.
+  const auto drained = [&](expected<void> failed) -> expected<void> {
+    cudaStreamSynchronize(s.stream);
+    return failed;
+  };
   if (auto ok = check(cudaMemcpyAsync(dev, s.host_meta, head_ints * 4, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
       !ok)
-    return ok;
+    return drained(ok);
   if (tables_used > 0) {
     if (auto ok = check(cudaMemcpyAsync(dev + head_ints, s.host_meta + head_ints, tables_used * 4,
                                         cudaMemcpyHostToDevice, s.stream),
                         "cudaMemcpyAsync");
         !ok)
-      return ok;
+      return drained(ok);
   }
-  if (auto ok = s.run(static_cast<std::uint32_t>(n_tok), *n_out); !ok) return ok;
+  if (auto ok = s.run(static_cast<std::uint32_t>(n_tok), *n_out); !ok) return drained(ok);
   const std::size_t vocab = static_cast<std::size_t>(s.output.rows);
   logits.resize(std::size_t{*n_out} * vocab);
   if (*n_out > 0) {
     if (auto ok = check(cudaMemcpyAsync(logits.data(), s.logits.get(), logits.size() * 4, cudaMemcpyDeviceToHost, s.stream),
                         "cudaMemcpyAsync (logits)");
         !ok)
-      return ok;
+      return drained(ok);
   }
   if (auto ok = check(cudaStreamSynchronize(s.stream), "the step"); !ok) return ok;
   ++s.stats.steps;

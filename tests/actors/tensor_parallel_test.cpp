@@ -112,7 +112,7 @@ TEST_CASE("tensor_parallel 2: each replica runs on both devices of its node, tok
   }
 }
 
-TEST_CASE("a member device that fails or hangs takes its group down; the request resumes and the replica returns",
+TEST_CASE("a member device that fails or hangs takes its group down, and the request resumes and the replica returns",
           "[actors][tp][failure]") {
   const std::string fault = GENERATE(std::string("fail"), std::string("hang"));
   INFO("fault: " << fault);

@@ -116,7 +116,7 @@ TEST_CASE("a saturated store is never exceeded and moves every byte once per nod
   CHECK_THAT(m.peak_store_rate_bytes_per_s(), WithinRel(100.0, 1e-12));  // it was saturated
 }
 
-TEST_CASE("a cancelled load frees its share; the fetch it waited for still fills the cache", "[storage]") {
+TEST_CASE("a cancelled load frees its share, and the fetch it waited for still fills the cache", "[storage]") {
   auto m = make(10, 0, 2);
   REQUIRE(m.start(1, 0, "f", 100, 0));
   m.cancel(1, 5);

@@ -169,8 +169,10 @@ fi
 # NCCL is loaded at run time (dlopen libnccl.so.2): where the system has none,
 # the one of the Python NCCL wheel, if any, will do.
 if ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2'; then
-  nccl_dir="$(timeout 30 python3 -c 'import importlib.util as u, os; s = u.find_spec("nvidia.nccl"); print(os.path.join(list(s.submodule_search_locations)[0], "lib"))' 2>/dev/null || true)"
-  if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/libnccl.so.2" ]; then
+  wheels="$(timeout 30 env -u LD_LIBRARY_PATH python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)"
+  nccl_dir=""
+  [ -n "$wheels" ] && nccl_dir="$(dirname "$(find "$wheels" -name 'libnccl.so.2' 2>/dev/null | head -1)")"
+  if [ -n "$wheels" ] && [ -f "$nccl_dir/libnccl.so.2" ]; then
     export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_dir"
     note "NCCL from $nccl_dir"
   fi
@@ -206,7 +208,7 @@ bench() {  # name model
 [ -f "$small" ] && { bench small "$small" || true; }
 [ -f "$big" ] && { bench 1b "$big" || true; }
 
-python3 - "$out" "${#skips[@]}" "${skips[@]+"${skips[@]}"}" "${failures[@]+"${failures[@]}"}" <<'EOF' | tee "$out/summary.md"
+env -u LD_LIBRARY_PATH python3 - "$out" "${#skips[@]}" "${skips[@]+"${skips[@]}"}" "${failures[@]+"${failures[@]}"}" <<'EOF' | tee "$out/summary.md"
 import json, os, sys
 out, n_skips = sys.argv[1], int(sys.argv[2])
 skips, failures = sys.argv[3:3 + n_skips], sys.argv[3 + n_skips:]

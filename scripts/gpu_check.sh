@@ -97,6 +97,11 @@ if [ -n "$prebuilt" ]; then
   [ -x "$prebuilt/bin/cuda_gpu_test" ] && [ -x "$prebuilt/bin/exaserve" ] ||
     { note "$prebuilt/bin lacks exaserve or cuda_gpu_test: make the bundle with scripts/gpu_bundle.sh"; exit 1; }
   [ -f "$prebuilt/BUILD_INFO" ] && sed 's/^/      /' "$prebuilt/BUILD_INFO" | tee -a "$out/progress.log"
+  bundled="$(grep -s '^commit=' "$prebuilt/BUILD_INFO" | cut -d= -f2)"
+  head="$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || true)"
+  if [ -n "$head" ] && [ -n "$bundled" ] && [ "$head" != "$bundled" ]; then
+    note "warning: the bundle was built at commit $bundled, this tree is at $head: rebuild it (scripts/gpu_bundle.sh) unless that is intended"
+  fi
   bin="$prebuilt/bin"
   export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   unresolved() { for p in "$bin"/*; do ldd "$p" 2>&1; done | grep -E "not found|No such file" | sort -u; }

@@ -21,7 +21,7 @@ tp_block_pool::tp_block_pool(std::vector<block_pool*> members)
   block_bytes_ = members_.front()->block_bytes();
   for (block_pool* m : members_) {
     EXA_ASSERT(m != nullptr);
-    EXA_ASSERT_MSG(m->host_accessible(), "a CPU tensor-parallel member needs host-accessible KV blocks");
+    host_ = host_ && m->host_accessible();
     block_bytes_ = std::min(block_bytes_, m->block_bytes());
   }
   blocks_.assign(members_.size(), std::vector<block_id>(ids_.capacity(), 0));
@@ -63,8 +63,14 @@ void* tp_block_pool::address(block_id block) noexcept {
   return members_.front()->address(blocks_.front()[block]);
 }
 
+block_id tp_block_pool::member_block(std::size_t r, block_id group) const {
+  EXA_ASSERT(r < members_.size() && ids_.in_use(group));
+  return blocks_[r][group];
+}
+
 kv_pages tp_block_pool::member_pages(std::size_t r, kv_layout layout) const {
   EXA_ASSERT(r < members_.size());
+  EXA_ASSERT_MSG(members_[r]->host_accessible(), "a CPU tensor-parallel member needs host-accessible KV blocks");
   EXA_ASSERT_MSG(members_[r]->block_bytes() >= layout.block_bytes(), "member pool blocks too small for the KV layout");
   return kv_pages(*members_[r], layout, &blocks_[r]);
 }

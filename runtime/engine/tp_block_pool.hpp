@@ -17,8 +17,9 @@ namespace exa::engine {
 
 class tp_block_pool final : public block_pool {
  public:
-  /// `members` (host-accessible, at least one) must outlive this pool.
-  /// Capacity: the smallest member's.
+  /// `members` (at least one) must outlive this pool. Capacity: the smallest
+  /// member's. Host-accessible members' blocks are read through
+  /// member_pages(); device members' (CUDA) through member_block().
   explicit tp_block_pool(std::vector<block_pool*> members);
   ~tp_block_pool() override;
   tp_block_pool(const tp_block_pool&) = delete;
@@ -39,15 +40,18 @@ class tp_block_pool final : public block_pool {
   /// used only by its prefix cache) would copy member 0's alone, so a kv_cache
   /// over this pool must not cache prefixes.
   void* address(block_id block) noexcept override;
-  bool host_accessible() const noexcept override { return true; }
+  bool host_accessible() const noexcept override { return host_; }
 
   std::size_t members() const noexcept { return members_.size(); }
   /// Member `r`'s view of the group's blocks, for its forward pass.
   kv_pages member_pages(std::size_t r, kv_layout layout) const;
+  /// Member `r`'s block for group block `group` (allocated).
+  block_id member_block(std::size_t r, block_id group) const;
 
  private:
   std::vector<block_pool*> members_;
   std::size_t block_bytes_ = 0;
+  bool host_ = true;  // every member's blocks are host memory
   block_free_list ids_;
   std::vector<std::vector<block_id>> blocks_;  // [member][group block] -> member block
 };

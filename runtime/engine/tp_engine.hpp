@@ -14,6 +14,7 @@
 // step() runs nothing (cpu_engine.hpp).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,22 @@ struct tp_member {
   std::shared_ptr<communicator> comm;
 };
 
+/// A member on a device whose forward the caller builds (a CUDA GPU:
+/// gpu/cuda_tp_engine.hpp): the engine gives the member's forward batches
+/// whose block tables name `kv_pool`'s own blocks.
+struct tp_device_member {
+  /// The device's KV pool, blocks of at least tp_engine::kv_block_bytes();
+  /// shared with the device's other replicas; any memory (a GPU's too).
+  block_pool* kv_pool = nullptr;
+  /// This member's communicator of the group, as for tp_member.
+  std::shared_ptr<communicator> comm;
+  /// Builds this member's forward over its shard (rank = its index in the
+  /// member list, of the member count) with KV blocks of `layout` (n_kv_heads
+  /// / G heads) in `kv_pool`; it all-reduces through `comm` and returns
+  /// logits on rank 0 only. Called once per member, in rank order, by create().
+  std::function<expected<std::unique_ptr<forward_executor>>(kv_layout layout)> make_forward;
+};
+
 class tp_engine final : public inference_engine {
  public:
   /// Shards `model` over `members` (member i has rank i). config.prefix_cache
@@ -54,6 +71,12 @@ class tp_engine final : public inference_engine {
   /// draft model or a pool that is not host-accessible.
   static expected<std::unique_ptr<tp_engine>> create(std::shared_ptr<const model::llama_model> model,
                                                      std::vector<tp_member> members, cpu_engine_config config = {});
+  /// The same over members whose forwards the caller builds. Errors: those
+  /// above (no host-memory or thread-pool requirement), invalid_argument for
+  /// a member without make_forward, and whatever a make_forward returns.
+  static expected<std::unique_ptr<tp_engine>> create(std::shared_ptr<const model::llama_model> model,
+                                                     std::vector<tp_device_member> members,
+                                                     cpu_engine_config config = {});
   ~tp_engine() override;
 
   /// Bytes of one member's KV block: n_kv_heads / tp heads of every layer.

@@ -16,9 +16,26 @@ tp_group::tp_group(const model::llama_config& config, std::vector<member> member
     for (std::size_t o = 0; o < r; ++o)
       EXA_ASSERT_MSG(members_[o].threads != m.threads, "two members share a thread_pool");
     forwards_.push_back(std::make_unique<llama_forward>(config, m.weights.weights(), m.pages, *m.threads, *m.comm));
+    comms_.push_back(m.comm);
   }
-  drivers_.reserve(members_.size() - 1);
-  for (std::size_t r = 1; r < members_.size(); ++r) drivers_.emplace_back([this, r] { drive(r); });
+  start_drivers();
+}
+
+tp_group::tp_group(std::vector<std::unique_ptr<forward_executor>> forwards,
+                   std::vector<std::shared_ptr<communicator>> comms)
+    : forwards_(std::move(forwards)), comms_(std::move(comms)), errors_(forwards_.size()), scratch_(forwards_.size()) {
+  EXA_ASSERT(!forwards_.empty() && comms_.size() == forwards_.size());
+  for (std::size_t r = 0; r < forwards_.size(); ++r) {
+    EXA_ASSERT(forwards_[r] != nullptr && comms_[r] != nullptr);
+    EXA_ASSERT_MSG(comms_[r]->rank() == static_cast<int>(r) && comms_[r]->size() == static_cast<int>(forwards_.size()),
+                   "a member's communicator rank or size differs from its place in the group");
+  }
+  start_drivers();
+}
+
+void tp_group::start_drivers() {
+  drivers_.reserve(forwards_.size() - 1);
+  for (std::size_t r = 1; r < forwards_.size(); ++r) drivers_.emplace_back([this, r] { drive(r); });
 }
 
 tp_group::~tp_group() {
@@ -34,7 +51,7 @@ void tp_group::run_member(std::size_t r, std::vector<float>& logits) {
   auto ok = forwards_[r]->execute(*batch_, logits);
   if (ok) return;
   // Release the members still waiting in a collective now, not at the timeout.
-  members_[r].comm->abort("tensor-parallel member " + std::to_string(r) + " failed: " + ok.error().message);
+  comms_[r]->abort("tensor-parallel member " + std::to_string(r) + " failed: " + ok.error().message);
   errors_[r] = std::move(ok.error());
 }
 

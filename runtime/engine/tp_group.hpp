@@ -11,6 +11,10 @@
 // stuck in a collective is released at once, not at the group's timeout.
 // execute() returns when every member has returned: never a hang past the
 // communicator's bound, and no member still running when it reports.
+//
+// Members are CPU llama_forwards over their shards (the first constructor), or
+// forwards of any device kind built by the caller (the second: tp_engine's
+// device members, e.g. CUDA forwards joined by NCCL).
 
 #include <condition_variable>
 #include <cstddef>
@@ -43,6 +47,10 @@ class tp_group final : public forward_executor {
   /// must have rank == its index and size == members.size(); each member its
   /// own thread_pool.
   tp_group(const model::llama_config& config, std::vector<member> members);
+  /// Members that are already forwards: `forwards[r]` is member r's, over its
+  /// shard and KV blocks, all-reducing through `comms[r]` (rank r of
+  /// forwards.size()); only member 0 returns logits.
+  tp_group(std::vector<std::unique_ptr<forward_executor>> forwards, std::vector<std::shared_ptr<communicator>> comms);
   ~tp_group() override;
   tp_group(const tp_group&) = delete;
   tp_group& operator=(const tp_group&) = delete;
@@ -51,14 +59,17 @@ class tp_group final : public forward_executor {
   /// reason) when a collective failed; the group is aborted then.
   expected<void> execute(const forward_batch& batch, std::vector<float>& logits) override;
 
-  std::size_t size() const noexcept { return members_.size(); }
+  std::size_t size() const noexcept { return forwards_.size(); }
 
  private:
   void drive(std::size_t r);  // a driver thread's loop, for member r
   void run_member(std::size_t r, std::vector<float>& logits);
 
-  std::vector<member> members_;
-  std::vector<std::unique_ptr<llama_forward>> forwards_;
+  void start_drivers();
+
+  std::vector<member> members_;  // CPU members' shards and pages (empty for device members)
+  std::vector<std::unique_ptr<forward_executor>> forwards_;
+  std::vector<std::shared_ptr<communicator>> comms_;  // [rank]
   std::vector<std::optional<error>> errors_;  // per member, of the current step
   std::vector<std::vector<float>> scratch_;   // logits of members > 0 (none: only rank 0 computes them)
 

@@ -575,3 +575,90 @@ TEST_CASE("tp: members and options the engine cannot use are refused", "[tp]") {
   CHECK(draft.code == errc::unsupported);
   CHECK_THAT(draft.message, Catch::Contains("speculative decoding"));
 }
+
+namespace {
+
+// A member forward the test builds itself, as gpu/cuda_tp_engine builds CUDA
+// ones: its shard, and a llama_forward over its own pool's block ids.
+class owned_member_forward final : public engine::forward_executor {
+ public:
+  owned_member_forward(const model::llama_model& m, engine::tp_weights shard, engine::block_pool& pool,
+                       engine::kv_layout layout, engine::thread_pool& threads, engine::communicator& comm)
+      : shard_(std::make_unique<engine::tp_weights>(std::move(shard))),
+        forward_(m.config(), shard_->weights(), engine::kv_pages(pool, layout), threads, comm) {}
+  expected<void> execute(const engine::forward_batch& batch, std::vector<float>& logits) override {
+    ++steps;
+    return forward_.execute(batch, logits);
+  }
+  int steps = 0;
+
+ private:
+  std::unique_ptr<engine::tp_weights> shard_;
+  engine::llama_forward forward_;
+};
+
+}  // namespace
+
+TEST_CASE("tp: an engine over device members (forwards built by the caller) matches the CPU members' bitwise", "[tp]") {
+  auto m = test::make_model(tp_spec(model::tensor_type::q8_0, model::architecture::qwen2));
+  const std::uint32_t vocab = m->config().vocab_size;
+  constexpr std::size_t n = 3;
+  const std::uint32_t g = 2;
+  devices cpu(*m, g, 1);
+  auto want_eng = engine::tp_engine::create(m, cpu.members());
+  REQUIRE(want_eng.has_value());
+  for (std::uint64_t i = 0; i < n; ++i) REQUIRE((*want_eng)->submit(greedy_request(i, vocab)).has_value());
+  const auto want = generate_all(**want_eng, n);
+
+  devices dev(*m, g, 1);
+  // Member 1's pool is shared with another replica that holds its first
+  // blocks: the member's block ids differ from the group's, so a forward fed
+  // untranslated tables would read the wrong pages.
+  std::vector<engine::block_id> other;
+  for (int i = 0; i < 5; ++i) other.push_back(*dev.pools[1]->allocate());
+  std::vector<owned_member_forward*> made;
+  std::vector<engine::tp_device_member> members;
+  for (std::uint32_t r = 0; r < g; ++r) {
+    engine::tp_device_member dm;
+    dm.kv_pool = dev.pools[r].get();
+    dm.comm = dev.comms[r];
+    dm.make_forward = [&, r](engine::kv_layout layout) -> expected<std::unique_ptr<engine::forward_executor>> {
+      auto shard = engine::tp_weights::shard(m->config(), m->weights(), r, g);
+      if (!shard) return std::unexpected(shard.error());
+      auto f = std::make_unique<owned_member_forward>(*m, std::move(*shard), *dev.pools[r], layout, *dev.threads[r],
+                                                      *dev.comms[r]);
+      made.push_back(f.get());
+      return f;
+    };
+    members.push_back(std::move(dm));
+  }
+  {
+    auto eng = engine::tp_engine::create(m, std::move(members));
+    REQUIRE(eng.has_value());
+    REQUIRE(made.size() == g);
+    for (std::uint64_t i = 0; i < n; ++i) REQUIRE((*eng)->submit(greedy_request(i, vocab)).has_value());
+    const auto got = generate_all(**eng, n);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      CHECK(got[i].ids == want[i].ids);
+      CHECK(got[i].margins == want[i].margins);  // the same arithmetic: bitwise the same logits
+    }
+    CHECK(made[0]->steps > 0);
+    CHECK(made[1]->steps == made[0]->steps);
+  }
+  for (auto b : other) dev.pools[1]->release(b);
+
+  // A member without a way to build its forward, and one whose forward fails to build.
+  std::vector<engine::tp_device_member> bad(g);
+  for (std::uint32_t r = 0; r < g; ++r) bad[r].kv_pool = dev.pools[r].get(), bad[r].comm = dev.comms[r];
+  auto none = engine::tp_engine::create(m, bad);
+  REQUIRE_FALSE(none.has_value());
+  CHECK(none.error().message == "tensor-parallel member 0 has no way to build its forward");
+  for (auto& b : bad)
+    b.make_forward = [](engine::kv_layout) -> expected<std::unique_ptr<engine::forward_executor>> {
+      return make_error(errc::unavailable, "device lost");
+    };
+  auto failed = engine::tp_engine::create(m, bad);
+  REQUIRE_FALSE(failed.has_value());
+  CHECK(failed.error().message == "device lost");
+}

@@ -940,6 +940,7 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
     if (a.idle_to_zero_ms > 0 && a.min_replicas > 0)
       return make_error(errc::invalid_argument, "idle_to_zero_s needs autoscale_min 0 (it scales to zero)");
     if (auto ok = cluster::validate(a); !ok) return std::unexpected(ok.error());
+    dep.spec.pack_nodes = st.config.consolidate;
   }
   if (req.max_replicas_per_node) dep.spec.max_replicas_per_node = req.max_replicas_per_node;
   dep.spec.replica.kv_tokens = req.kv_tokens ? req.kv_tokens : st.config.default_kv_tokens;

@@ -100,6 +100,10 @@ struct controller_config {
   /// their loads need no cluster-wide turn (they read no store). Off only to
   /// measure what it is worth (the simulator's cold-start comparison).
   bool cache_affinity = true;
+  /// Night-time consolidation: autoscaled deployments spread over devices
+  /// and pack over nodes (placement's pack_nodes), so the slots a
+  /// scale-down stops are on the nodes filled last and whole nodes empty.
+  bool consolidate = false;
   /// Rollouts: how versions are judged, how long a step bakes unless the
   /// rollout names it, how often the controller looks, and how long the new
   /// version may have no ready replica before the rollout gives up on it.

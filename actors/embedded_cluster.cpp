@@ -136,6 +136,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   c.loads.cluster_max = o.loads_max;
   c.loads.per_node_max = o.loads_per_node_max;
   c.cache_affinity = o.cache_affinity;
+  c.consolidate = o.consolidate;
   const auto warm_files = sim_warm_files(o);
   for (const auto& d : o.deployments) c.desired->deployments[d.name] = d;
   for (std::uint32_t n = 0; n < o.nodes; ++n) {

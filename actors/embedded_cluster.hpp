@@ -124,6 +124,8 @@ struct cluster_options {
   std::shared_ptr<sim_storage_stats> storage_stats;
   /// Cache-aware placement and loads (controller_config::cache_affinity).
   bool cache_affinity = true;
+  /// Night-time consolidation of autoscaled deployments (controller_config::consolidate).
+  bool consolidate = false;
 };
 
 class embedded_cluster {

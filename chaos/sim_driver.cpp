@@ -82,6 +82,7 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
     o.loads_per_node_max = sim_timing{}.loads_per_node_max;
   }
   o.cache_affinity = mode.cache_affinity;
+  o.consolidate = s.timing.consolidate;
   for (const auto& d : s.deployments) {
     api::deploy_request r;
     r.name = d.name;
@@ -184,21 +185,29 @@ struct run_inputs {
 
 struct sampler {
   std::map<std::uint64_t, std::string> replica_state;  // from the event log
+  std::map<std::uint64_t, std::int64_t> replica_node;
   std::size_t cursor = 0;
   std::uint64_t last_busy_us = 0;
   double last_t = 0;
 };
 
 sim_sample take_sample(double t, sampler& smp, const event_log& log, std::uint64_t busy_us, std::uint32_t devices,
-                       const std::vector<sim_request_record>& records, const std::vector<char>& done,
-                       std::size_t sent, std::uint32_t arrivals) {
+                       std::uint32_t nodes, const std::vector<sim_request_record>& records,
+                       const std::vector<char>& done, std::size_t sent, std::uint32_t arrivals) {
   sim_sample out;
   out.t_s = t;
   out.arrivals = arrivals;
   log.visit_since(smp.cursor, [&](const event& e) {
-    if (e.kind == event_kind::replica_state) smp.replica_state[e.replica] = e.detail;
+    if (e.kind != event_kind::replica_state) return;
+    smp.replica_state[e.replica] = e.detail;
+    smp.replica_node[e.replica] = e.node;
   });
-  for (const auto& [id, st] : smp.replica_state) ++out.replicas_by_state[st];
+  std::set<std::int64_t> in_use;  // nodes where a replica holds a device
+  for (const auto& [id, st] : smp.replica_state) {
+    ++out.replicas_by_state[st];
+    if (st != "stopped" && st != "failed") in_use.insert(smp.replica_node[id]);
+  }
+  out.idle_nodes = nodes - static_cast<std::uint32_t>(std::min<std::size_t>(in_use.size(), nodes));
   std::vector<double> ttfts;
   for (std::size_t i = 0; i < sent; ++i) {
     if (!done[i]) {
@@ -429,7 +438,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, cons
       }
     }
     if (now >= next_sample) {
-      run.samples.push_back(take_sample(now, smp, *log, busy->load(), devices, run.requests, done, sent,
+      run.samples.push_back(take_sample(now, smp, *log, busy->load(), devices, s.topology.nodes, run.requests, done, sent,
                                         arrivals_in_interval));
       arrivals_in_interval = 0;
       next_sample += s.sample_interval_s;
@@ -437,7 +446,8 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, cons
                    run.samples.back().in_flight);
     }
   }
-  run.samples.push_back(take_sample(now_s(), smp, *log, busy->load(), devices, run.requests, done, sent, arrivals_in_interval));
+  run.samples.push_back(take_sample(now_s(), smp, *log, busy->load(), devices, s.topology.nodes, run.requests, done,
+                                    sent, arrivals_in_interval));
   for (std::size_t i = 0; i < sent; ++i) run.lost += !done[i];
   run.requests.resize(sent);
   note_rollouts(log->events(), t0, run.rollouts);

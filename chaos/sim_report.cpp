@@ -48,6 +48,8 @@ void summarize_samples(const std::vector<sim_sample>& samples, sim_summary& s) {
       if (state != "stopped" && state != "failed") held += count;
     s.replica_hours += held * std::max(0.0, x.t_s - prev_t) / 3600.0;
     s.peak_replicas = std::max(s.peak_replicas, held);
+    s.idle_node_hours += x.idle_nodes * std::max(0.0, x.t_s - prev_t) / 3600.0;
+    s.min_idle_nodes = x.t_s == samples.front().t_s ? x.idle_nodes : std::min<double>(s.min_idle_nodes, x.idle_nodes);
     prev_t = x.t_s;
   }
   const auto n = static_cast<double>(samples.size());
@@ -93,6 +95,8 @@ ojson summary_json(const sim_summary& s) {
   j["max_queued"] = ms(s.max_queued);
   j["replica_hours"] = ms(s.replica_hours);
   j["peak_replicas"] = ms(s.peak_replicas);
+  j["idle_node_hours"] = ms(s.idle_node_hours);
+  j["min_idle_nodes"] = ms(s.min_idle_nodes);
   j["prompt_tokens"] = s.prompt_tokens;
   j["cached_tokens"] = s.cached_tokens;
   j["prefix_hit_rate"] = share(s.prompt_tokens ? double(s.cached_tokens) / double(s.prompt_tokens) : 0.0);
@@ -352,17 +356,19 @@ std::string to_text(const sim_report& r) {
   const std::vector<sim_summary> sums = summaries(r);
   std::string out = fmt::format("scenario {}  seed {}  duration {:.0f} s  SLO ttft {:.0f} ms, tpot {:.0f} ms\n\n",
                                 r.scenario, r.seed, r.duration_s, r.slo_ttft_ms, r.slo_tpot_ms);
-  out += fmt::format("{:<24} {:>9} {:>9} {:>7} {:>5} {:>19} {:>15} {:>15} {:>7} {:>11} {:>6} {:>8} {:>10}\n",
+  out += fmt::format("{:<24} {:>9} {:>9} {:>7} {:>5} {:>19} {:>15} {:>15} {:>7} {:>11} {:>6} {:>8} {:>10} {:>11}\n",
                      "policy", "requests", "completed", "errored", "lost", "ttft p50/p99 ms", "tpot p50/p99 ms",
-                     "e2e p50/p99 s", "SLO %", "goodput t/s", "util %", "queued", "replica-h");
+                     "e2e p50/p99 s", "SLO %", "goodput t/s", "util %", "queued", "replica-h",
+                     "idle node-h");
   for (std::size_t i = 0; i < r.runs.size(); ++i) {
     const sim_summary& s = sums[i];
-    out += fmt::format("{:<24} {:>9} {:>9} {:>7} {:>5} {:>19} {:>15} {:>15} {:>7.2f} {:>11.1f} {:>6.1f} {:>8.1f} {:>10.1f}\n",
+    out += fmt::format("{:<24} {:>9} {:>9} {:>7} {:>5} {:>19} {:>15} {:>15} {:>7.2f} {:>11.1f} {:>6.1f} {:>8.1f} {:>10.1f} {:>11.1f}\n",
                        r.runs[i].policy, s.requests, s.completed, s.errored, s.lost,
                        num_or_dash(s.ttft_p50_ms, 0) + "/" + num_or_dash(s.ttft_p99_ms, 0),
                        num_or_dash(s.tpot_p50_ms, 1) + "/" + num_or_dash(s.tpot_p99_ms, 1),
                        num_or_dash(s.e2e_p50_s, 1) + "/" + num_or_dash(s.e2e_p99_s, 1), s.slo_attainment * 100,
-                       s.goodput_tokens_per_s, s.mean_device_utilization * 100, s.mean_queued, s.replica_hours);
+                       s.goodput_tokens_per_s, s.mean_device_utilization * 100, s.mean_queued, s.replica_hours,
+                       s.idle_node_hours);
   }
   if (!sums.empty() && !sums.front().tenants.empty()) {
     out += "\ntenants (first policy)\n";

@@ -36,6 +36,7 @@ struct sim_sample {
   std::uint32_t queued = 0;             // admitted, waiting for a replica
   std::map<std::string, std::uint32_t> replicas_by_state;
   double device_utilization = 0;        // busy fraction over the interval, all devices
+  std::uint32_t idle_nodes = 0;         // nodes where no replica holds a device
   double ttft_p50_s = -1, ttft_p99_s = -1;  // of requests whose first token came in the interval
 };
 
@@ -109,6 +110,11 @@ struct sim_summary {
   /// most of them at once.
   double replica_hours = 0;
   double peak_replicas = 0;
+  /// Nodes where no replica held a device (a node that could be powered
+  /// down or lent out), integrated over the samples, in hours; and the
+  /// fewest of them at once.
+  double idle_node_hours = 0;
+  double min_idle_nodes = 0;
   /// Prefix cache, over completed requests: prompt tokens, those read from
   /// a replica's prefix cache (hit rate = cached / prompt, the prefill
   /// tokens saved). Load spread: completed requests per replica that

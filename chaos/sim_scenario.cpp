@@ -294,7 +294,7 @@ void parse_timing(const object_reader& r, sim_timing& t) {
   r.known_keys({"heartbeat_interval_ms", "suspect_after_missed", "observation_window_ms", "migration_parallelism",
                 "request_deadline_ms", "in_flight_per_replica_max", "fair_admission", "tenant_headroom_slots",
                 "loads_max", "loads_per_node_max", "autoscale_up_window_s", "autoscale_down_window_s",
-                "autoscale_up_cooldown_s", "autoscale_down_cooldown_s"});
+                "autoscale_up_cooldown_s", "autoscale_down_cooldown_s", "consolidate"});
   r.u32("autoscale_up_window_s", 1, 3600, t.autoscale_up_window_s);
   r.u32("autoscale_down_window_s", 1, 86400, t.autoscale_down_window_s);
   r.u32("autoscale_up_cooldown_s", 0, 3600, t.autoscale_up_cooldown_s);
@@ -303,6 +303,10 @@ void parse_timing(const object_reader& r, sim_timing& t) {
   r.u32("loads_per_node_max", 1, 4096, t.loads_per_node_max);
   r.u32("tenant_headroom_slots", 0, 1u << 20, t.tenant_headroom_slots);
   r.u32("in_flight_per_replica_max", 1, 1u << 20, t.in_flight_per_replica_max);
+  if (!r.errors().failed() && r.has("consolidate")) {
+    if (!r.at("consolidate").is_boolean()) r.errors().fail(r.field("consolidate"), "must be true or false");
+    else t.consolidate = r.at("consolidate").get<bool>();
+  }
   if (!r.errors().failed() && r.has("fair_admission")) {
     const auto& v = r.at("fair_admission");
     if (!v.is_boolean())

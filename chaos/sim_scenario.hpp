@@ -134,6 +134,9 @@ struct sim_timing {
   std::uint32_t autoscale_down_window_s = 300;
   std::uint32_t autoscale_up_cooldown_s = 10;
   std::uint32_t autoscale_down_cooldown_s = 120;
+  /// Night-time consolidation of autoscaled deployments (pack nodes, so a
+  /// scale-down empties whole ones): "consolidate": true.
+  bool consolidate = false;
 };
 
 /// "storage": the model store and node disks that model loads read

@@ -22,6 +22,7 @@ const std::vector<flag_spec> flags = {
     {"duration-s", true, "simulated seconds of workload (default: the scenario's)"},
     {"report-json", true, "write the JSON report here"},
     {"plot", true, "write a self-contained HTML page with SVG plots here"},
+    {"consolidate", false, "autoscaled deployments pack nodes, so scale-downs empty whole ones (timing.consolidate)"},
     {"help", false, "show this help"},
 };
 
@@ -44,7 +45,8 @@ int cmd_sim(int argc, char** argv) {
   if (!a) return fail("sim", a.error());
   if (a->has("help") || a->positional().size() != 1) {
     std::printf("usage: exaserve sim SCENARIO [--seed N] [--rate-multiplier X] [--duration-s S] "
-                "[--report-json FILE] [--plot FILE]\n%sScenarios: chaos/scenarios/*.json (reference, ci, diurnal)\n",
+                "[--report-json FILE] [--plot FILE] [--consolidate]\n%sScenarios: chaos/scenarios/*.json (reference, "
+                "ci, diurnal, cold_start, rollout)\n",
                 describe_flags(flags).c_str());
     return a->has("help") ? 0 : 2;
   }
@@ -61,6 +63,7 @@ int cmd_sim(int argc, char** argv) {
   if (a->has("seed")) c.seed = static_cast<std::uint64_t>(*seed);
   if (a->has("rate-multiplier")) c.rate_multiplier = *rate;
   if (a->has("duration-s")) c.duration_s = *duration;
+  if (a->has("consolidate")) c.scenario.timing.consolidate = true;
   auto report = chaos::run_simulation(c);
   if (!report) return fail("sim", report.error());
   std::printf("%s", chaos::to_text(*report).c_str());

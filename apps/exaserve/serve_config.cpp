@@ -54,6 +54,14 @@ setter positive_double_setter(double& dst) {
   };
 }
 
+setter bool_setter(bool& dst) {
+  return [&dst](const std::string& v, const std::string& what) -> expected<void> {
+    if (v != "true" && v != "false") return make_error(errc::invalid_argument, what + ": must be true or false, got '" + v + "'");
+    dst = v == "true";
+    return {};
+  };
+}
+
 setter string_setter(std::string& dst) {
   return [&dst](const std::string& v, const std::string&) -> expected<void> {
     dst = v;
@@ -141,7 +149,8 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"autoscale_down_cooldown_s", uint_setter(c.autoscale_down_cooldown_s, 0, 86400)},
           {"autoscale_tolerance_percent", uint_setter(c.autoscale_tolerance_percent, 0, 99)},
           {"autoscale_max_down_percent", uint_setter(c.autoscale_max_down_percent, 1, 100)},
-          {"autoscale_tick_ms", uint_setter(c.autoscale_tick_ms, 10, 60000)}};
+          {"autoscale_tick_ms", uint_setter(c.autoscale_tick_ms, 10, 60000)},
+          {"consolidate", bool_setter(c.consolidate)}};
 }
 
 std::map<std::string, setter> server_keys(frontdoor_config& s) {

@@ -220,6 +220,8 @@ class placer {
  private:
   std::optional<std::vector<std::uint32_t>> pick_devices(std::size_t node, const prepared& p) const;
   bool better(const prepared& p, std::size_t a, std::size_t b) const;
+  bool packs_better(const prepared& p, std::size_t a, std::size_t b) const;
+  bool has_empty_device(std::size_t node) const;
   std::uint32_t tp(const prepared& p) const { return p.spec->replica.tensor_parallel; }
 
   cluster_state& state_;
@@ -257,7 +259,8 @@ prepared placer::prepare(const deployment_spec& spec, const memory_breakdown& m,
     if (fits_empty && nodes[i].devices >= spec.replica.tensor_parallel) ++eligible;
   }
   const std::uint32_t even = eligible == 0 ? 1 : (spec.replicas + eligible - 1) / eligible;
-  p.node_limit = spec.max_replicas_per_node.value_or(even);
+  // Packing has no even share per node: memory and devices are its limits.
+  p.node_limit = spec.max_replicas_per_node.value_or(spec.pack_nodes ? no_limit : even);
   p.rack_limit = spec.max_replicas_per_rack.value_or(no_limit);
   return p;
 }
@@ -271,6 +274,7 @@ bool placer::better(const prepared& p, std::size_t a, std::size_t b) const {
   if (ga != gb) return ga < gb;
   const std::uint32_t ra = p.per_rack[rack_of_[a]], rb = p.per_rack[rack_of_[b]];
   if (ra != rb) return ra < rb;
+  if (p.spec->pack_nodes) return packs_better(p, a, b);
   if (p.per_node[a] != p.per_node[b]) return p.per_node[a] < p.per_node[b];
   if (!p.spec->cached_on.empty()) {
     const bool ca = p.spec->cached_on.count(state_.nodes()[a].id) != 0;
@@ -282,6 +286,32 @@ bool placer::better(const prepared& p, std::size_t a, std::size_t b) const {
   const wide lb = wide{node_used_[b]} * node_capacity_[a];
   if (la != lb) return la < lb;
   return a < b;
+}
+
+// Consolidation's order (pack_nodes): a node with an empty device (no
+// replica of any deployment) first, so each replica has a device of its own
+// while any is left; then the fuller node, so the nodes in use fill before
+// another is taken; then a node whose cache holds the file; then the lower id.
+bool placer::packs_better(const prepared& p, std::size_t a, std::size_t b) const {
+  const bool ea = has_empty_device(a), eb = has_empty_device(b);
+  if (ea != eb) return ea;
+  using wide = unsigned __int128;  // used × capacity overflows 64 bits
+  const wide la = wide{node_used_[a]} * node_capacity_[b];
+  const wide lb = wide{node_used_[b]} * node_capacity_[a];
+  if (la != lb) return la > lb;
+  if (!p.spec->cached_on.empty()) {
+    const bool ca = p.spec->cached_on.count(state_.nodes()[a].id) != 0;
+    const bool cb = p.spec->cached_on.count(state_.nodes()[b].id) != 0;
+    if (ca != cb) return ca;
+  }
+  return a < b;
+}
+
+bool placer::has_empty_device(std::size_t node) const {
+  const node_info& n = state_.nodes()[node];
+  for (std::uint32_t d = 0; d < n.devices; ++d)
+    if (state_.ledger({n.id, d})->replica_count() == 0) return true;
+  return false;
 }
 
 std::optional<std::vector<std::uint32_t>> placer::pick_devices(std::size_t node, const prepared& p) const {

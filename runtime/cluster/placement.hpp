@@ -11,7 +11,9 @@
 // region's gateways have replicas near them), then in its rack, then on the
 // node, then a node whose cache holds the model file (cached_on), then the
 // least-loaded node (smallest used fraction of its memory),
-// then the lowest node id. Within the node the TP group takes the devices with
+// then the lowest node id. A deployment with pack_nodes (consolidation)
+// keeps the region and rack rules and then packs instead: a node with an
+// empty device first, then the fuller node. Within the node the TP group takes the devices with
 // the most free memory (ties: lowest index). Spreading keeps a node or rack
 // failure from taking many replicas of one deployment and evens out memory
 // bandwidth; a deployment that wants packing sets max_replicas_per_node.
@@ -58,6 +60,15 @@ struct deployment_spec {
   /// store and, while another replica maps it, no disk): preferred after the
   /// spreading rules, before the least-loaded node.
   std::set<node_id> cached_on;
+  /// Consolidation (an autoscaled deployment's night): spread over devices,
+  /// pack over nodes. After the region and rack rules, a node with a device
+  /// that holds no replica wins over one without, then the fuller node
+  /// (more memory used), instead of the node with fewer of its replicas and
+  /// the least-loaded one. So a deployment that grows fills nodes one after
+  /// another, each replica on a device of its own while there are any, and
+  /// its highest slots (the ones a scale-down stops) are on the nodes it
+  /// filled last: they empty whole.
+  bool pack_nodes = false;
 };
 
 /// A slot with a home: the replica that fills it, on `devices` of `node`.

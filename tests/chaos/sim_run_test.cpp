@@ -409,3 +409,50 @@ TEST_CASE("rollouts in virtual time: a faster version is promoted, a slower one 
   CHECK_THAT(busy->runs[0].rollouts[1].error, Catch::Contains("in progress"));
   CHECK(busy->runs[0].rollouts[1].verdict.empty());
 }
+
+TEST_CASE("night-time consolidation: packed, an autoscaled fleet's scale-downs leave whole nodes idle",
+          "[sim][autoscale][consolidation]") {
+  // diurnal.json made small: 8 nodes x 4 H100 in 2 racks, a day of 20
+  // minutes, between 4 and 24 replicas.
+  sim_config c;
+  c.scenario = load("diurnal.json");
+  c.scenario.topology.nodes = 8;
+  c.scenario.topology.gpus_per_node = 4;
+  c.scenario.topology.racks = 2;
+  c.scenario.duration_s = 1200;
+  c.scenario.workload.diurnal_period_s = 1200;
+  c.scenario.workload.rate_multiplier = 2;
+  c.scenario.compare_fixed_fleet = false;
+  c.scenario.sample_interval_s = 10;
+  auto& d = c.scenario.deployments[0];
+  d.replicas = 24;
+  d.max_replicas_per_node = 8;
+  d.autoscale_min = 4;
+  d.autoscale_max = 24;
+  d.autoscale_target = 1;
+  c.scenario.timing.autoscale_down_window_s = 60;
+  c.scenario.timing.autoscale_down_cooldown_s = 60;
+  std::vector<sim_summary> sums;
+  for (const bool consolidate : {false, true}) {
+    c.scenario.timing.consolidate = consolidate;
+    const auto r = run(c);
+    REQUIRE(r.runs.size() == 1);
+    CHECK(r.runs[0].lost == 0);
+    sums.push_back(summarize(r.runs[0], r.slo_ttft_ms, r.slo_tpot_ms, r.duration_s));
+    CHECK(sums.back().completed == sums.back().requests);
+  }
+  const auto& spread = sums[0];
+  const auto& packed = sums[1];
+  INFO("idle node-hours spread " << spread.idle_node_hours << " packed " << packed.idle_node_hours
+                                 << "; replica-hours " << spread.replica_hours << " vs " << packed.replica_hours
+                                 << "; SLO " << spread.slo_attainment << " vs " << packed.slo_attainment);
+  // The same fleet (the autoscaler does not care where replicas are) ...
+  CHECK(packed.replica_hours == Approx(spread.replica_hours).epsilon(0.1));
+  CHECK(packed.slo_attainment >= spread.slo_attainment - 0.01);
+  // ... on far fewer nodes: at least a node idle all along when packed, and
+  // a third of the node-hours (8 nodes x 1/3 h) idle, where spreading uses
+  // every node.
+  CHECK(packed.min_idle_nodes >= 1);
+  CHECK(packed.idle_node_hours > 0.3 * 8 * 1200 / 3600);
+  CHECK(packed.idle_node_hours > spread.idle_node_hours + 0.5);
+}

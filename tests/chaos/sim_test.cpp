@@ -315,6 +315,12 @@ TEST_CASE("rollouts parse with the deployment's model as defaults and are valida
   require_field_error(with("/rollouts", 3), "rollouts", "array");
 }
 
+TEST_CASE("timing.consolidate parses as a boolean, off by default", "[sim][consolidation]") {
+  CHECK_FALSE(parse_scenario(base_scenario().dump())->timing.consolidate);
+  CHECK(parse_scenario(with("/timing/consolidate", true).dump())->timing.consolidate);
+  require_field_error(with("/timing/consolidate", "yes"), "timing.consolidate", "true or false");
+}
+
 TEST_CASE("the cold-start scenario is the reference cluster's deploy with its store modelled", "[sim][cold_start]") {
   const auto s = load_scenario(scenario_path("cold_start.json"));
   REQUIRE(s.has_value());

@@ -25,6 +25,7 @@
 #include "model/model_gen.hpp"
 #include "model/utf8.hpp"
 #include "run_process.hpp"
+#include "serve_config.hpp"
 
 using namespace exa;
 using json = nlohmann::json;
@@ -424,4 +425,16 @@ TEST_CASE("a prompt sent again is served from the replica's prefix cache: usage 
   CHECK(hit >= 2.0 * cached);
   CHECK(hit < lookup);
   CHECK_THAT(m.body, Catch::Contains("exaserve_prefix_cache_blocks{replica="));
+}
+
+TEST_CASE("serve config: [cluster] consolidate is a boolean, off by default", "[serving][config][consolidation]") {
+  app::serve_config c = app::default_serve_config();
+  CHECK_FALSE(c.cluster.consolidate);
+  REQUIRE(app::apply_config_text("[cluster]\nconsolidate = true\n", c));
+  CHECK(c.cluster.consolidate);
+  auto r = app::apply_config_text("[cluster]\nconsolidate = yes\n", c);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::invalid_argument);
+  CHECK(r.error().message.find("line 2") != std::string::npos);
+  CHECK(r.error().message.find("true or false") != std::string::npos);
 }

@@ -13,9 +13,11 @@
 #include "engine/det_math.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/matmul.hpp"
+#include "engine/tp_weights.hpp"
 #include "gpu/cuda_graph_policy.hpp"
 #include "gpu/cuda_memory_pool.hpp"
 #include "gpu/cuda_weight_plan.hpp"
+#include "gpu/nccl_communicator.hpp"
 #include "gpu/ops/attention.cuh"
 #include "gpu/ops/convert.cuh"
 #include "gpu/ops/embed.cuh"
@@ -107,6 +109,14 @@ struct cuda_forward::impl {
   std::shared_ptr<const model::llama_model> model;
   cuda_forward_config cfg;
   model::llama_config c;
+  // Tensor-parallel member (cfg.comm): its shard of the weights, and its
+  // share of the heads and MLP rows; the whole model (wt = the model's) otherwise.
+  std::unique_ptr<engine::tp_weights> shard;
+  const model::llama_weights* wt = nullptr;
+  nccl_communicator* comm = nullptr;
+  int rank = 0;
+  std::uint32_t heads = 0, kv_heads = 0, q_dim = 0, kv_dim = 0, ff = 0;
+  std::optional<error> enqueue_failed;  // a collective that failed to enqueue this step
   weight_plan plan;
   cudaStream_t stream = nullptr;
   bool own_stream = false;
@@ -141,7 +151,12 @@ struct cuda_forward::impl {
   expected<void> upload_tensor(const planned_tensor& t);
   void bind_views();
   expected<void> fuse_biases();
-  std::size_t qkv_width() const { return std::size_t{c.dim} + 2 * std::size_t{c.kv_dim()}; }
+  std::size_t qkv_width() const { return std::size_t{q_dim} + 2 * std::size_t{kv_dim}; }
+  expected<void> join_group();
+  // Row-parallel O and down: the epilogue of a member's partial product into
+  // x, then the all-reduce that sums x over the group (tp_reduce).
+  ops::matmul_epilogue residual(const float* bias) const { return {rank == 0 ? bias : nullptr, rank == 0}; }
+  void tp_reduce(std::uint32_t n_tok);
   expected<void> allocate_step_buffers();
 
   // Meta layout (ints): tokens, positions, table offsets (max_tokens each),
@@ -179,12 +194,15 @@ expected<void> cuda_forward::impl::init(std::shared_ptr<const model::llama_model
   c = model->config();
   if (cfg.max_tokens == 0 || cfg.max_sequences == 0 || cfg.block_tokens == 0)
     return make_error(errc::invalid_argument, "the CUDA forward needs nonzero step bounds and block size");
-  auto p = plan_weights(c, model->weights());
+  if (auto ok = join_group(); !ok) return ok;
+  auto p = plan_weights(c, *wt);
   if (!p) return std::unexpected(p.error());
   plan = std::move(*p);
   if (auto ok = check(cudaSetDevice(cfg.device), "cudaSetDevice"); !ok) return ok;
   if (auto ok = attach_pool(); !ok) return ok;
-  if (cfg.stream != nullptr) {
+  if (comm != nullptr) {
+    stream = static_cast<cudaStream_t>(comm->stream());  // NCCL enqueues there: the forward must too
+  } else if (cfg.stream != nullptr) {
     stream = static_cast<cudaStream_t>(cfg.stream);
   } else {
     if (auto ok = check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"); !ok) return ok;
@@ -194,8 +212,42 @@ expected<void> cuda_forward::impl::init(std::shared_ptr<const model::llama_model
   bind_views();
   if (auto ok = fuse_biases(); !ok) return ok;
   if (auto ok = allocate_step_buffers(); !ok) return ok;
-  graphs = graph_policy(cfg.max_graphs);
+  // A member runs eagerly: its all-reduces poll NCCL on the host, which a
+  // graph capture would not record.
+  graphs = graph_policy(comm != nullptr ? 0 : cfg.max_graphs);
   return {};
+}
+
+expected<void> cuda_forward::impl::join_group() {
+  wt = &model->weights();
+  heads = c.n_heads, kv_heads = c.n_kv_heads, ff = c.ff_dim;
+  if (cfg.comm != nullptr) {
+    comm = dynamic_cast<nccl_communicator*>(cfg.comm);
+    if (comm == nullptr)
+      return make_error(errc::invalid_argument, "a CUDA tensor-parallel member needs an NCCL communicator");
+    if (comm->device() != cfg.device)
+      return make_error(errc::invalid_argument, "the NCCL communicator is on CUDA device " +
+                                                    std::to_string(comm->device()) + ", the forward on device " +
+                                                    std::to_string(cfg.device));
+    rank = comm->rank();
+    const auto g = static_cast<std::uint32_t>(comm->size());
+    auto sh = engine::tp_weights::shard(c, model->weights(), static_cast<std::uint32_t>(rank), g);
+    if (!sh) return std::unexpected(sh.error());
+    shard = std::make_unique<engine::tp_weights>(std::move(*sh));
+    wt = &shard->weights();
+    heads /= g, kv_heads /= g, ff /= g;
+  }
+  q_dim = heads * c.head_dim();
+  kv_dim = kv_heads * c.head_dim();
+  return {};
+}
+
+void cuda_forward::impl::tp_reduce(std::uint32_t n_tok) {
+  if (comm == nullptr) return;
+  // Rank 0's x holds x + its partial (+ bias), the others' their partial
+  // alone: the sum is the residual plus the whole projection, on every member.
+  auto ok = comm->all_reduce_sum(x.get<float>(), std::size_t{n_tok} * c.dim);
+  if (!ok && !enqueue_failed) enqueue_failed = std::move(ok.error());
 }
 
 expected<void> cuda_forward::impl::attach_pool() {
@@ -204,7 +256,7 @@ expected<void> cuda_forward::impl::attach_pool() {
   if (pool->device() != cfg.device)
     return make_error(errc::invalid_argument, "the KV pool is on CUDA device " + std::to_string(pool->device()) +
                                                   ", the forward on device " + std::to_string(cfg.device));
-  const std::size_t need = engine::kv_layout{c.n_layers, c.kv_dim(), cfg.block_tokens}.block_bytes();
+  const std::size_t need = engine::kv_layout{c.n_layers, kv_dim, cfg.block_tokens}.block_bytes();
   if (pool->block_bytes() < need || pool->capacity_blocks() == 0)
     return make_error(errc::invalid_argument, "KV pages of " + std::to_string(pool->block_bytes()) + " bytes cannot hold " +
                                                   std::to_string(cfg.block_tokens) + " tokens (" + std::to_string(need) +
@@ -272,7 +324,7 @@ void cuda_forward::impl::bind_views() {
   };
   const auto vec = [&](const model::weight_view& w) { return static_cast<const float*>(matrix(w).data); };
   const auto opt = [&](const std::optional<model::weight_view>& w) { return w ? vec(*w) : nullptr; };
-  const auto& wt = model->weights();
+  const auto& wt = *this->wt;
   embd = matrix(wt.token_embd);
   output = matrix(wt.tied_output ? wt.token_embd : wt.output);
   output_norm = vec(wt.output_norm);
@@ -304,7 +356,7 @@ void cuda_forward::impl::bind_views() {
 
 expected<void> cuda_forward::impl::fuse_biases() {
   // A fused Q/K/V projection adds one bias vector: the three side by side.
-  const auto& wt = model->weights();
+  const auto& wt = *this->wt;
   std::vector<float> host;
   std::vector<std::size_t> at(layers.size(), SIZE_MAX);
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -312,7 +364,7 @@ expected<void> cuda_forward::impl::fuse_biases() {
     if (!layers[l].qkv || !(w.bq || w.bk || w.bv)) continue;
     at[l] = host.size();
     for (const auto* b : {&w.bq, &w.bk, &w.bv}) {
-      const std::size_t n = b == &w.bq ? c.dim : c.kv_dim();
+      const std::size_t n = b == &w.bq ? q_dim : kv_dim;
       const std::size_t base = host.size();
       host.resize(base + n, 0.0f);
       if (*b) engine::dequantize_row(**b, 0, host.data() + base);
@@ -366,11 +418,14 @@ void cuda_forward::impl::mm(const ops::matrix_view& w, std::uint32_t n_tok, floa
 }
 
 void cuda_forward::impl::enqueue_attention(const layer& w, std::uint32_t l, std::uint32_t n_tok) {
-  const int n = static_cast<int>(n_tok), dim = static_cast<int>(c.dim), kv_dim = static_cast<int>(c.kv_dim());
-  const int hd = static_cast<int>(c.head_dim()), heads = static_cast<int>(c.n_heads), kv_heads = static_cast<int>(c.n_kv_heads);
+  // Q width, K/V width and heads: this member's share (the whole model's on one device).
+  const int n = static_cast<int>(n_tok), dim = static_cast<int>(c.dim), qd = static_cast<int>(q_dim),
+            kv_dim = static_cast<int>(this->kv_dim);
+  const int hd = static_cast<int>(c.head_dim()), heads = static_cast<int>(this->heads),
+            kv_heads = static_cast<int>(this->kv_heads);
   const auto width = static_cast<std::uint32_t>(qkv_width());
   float* q = qkv.get<float>();
-  float* k = q + dim;
+  float* k = q + qd;
   float* v = k + kv_dim;
   ops::rms_norm(x.get<float>(), nullptr, n, dim, w.attn_norm, c.rms_eps, mixed_types ? xn.get<float>() : nullptr,
                 act_view_for(w.wq), stream);
@@ -388,25 +443,27 @@ void cuda_forward::impl::enqueue_attention(const layer& w, std::uint32_t l, std:
   ops::rope_kv(q, k, v, static_cast<int>(width), static_cast<int>(width), n, heads, kv_heads, hd, rope, meta_view, kv,
                stream);
   ops::attention(q, static_cast<int>(width), att.get<float>(), n, heads, kv_heads, hd, meta_view, kv, stream);
-  ops::convert(att.get<float>(), dim, n, dim, act_view_for(w.wo), stream);
-  mm(w.wo, n_tok, x.get<float>(), c.dim, {w.bo, true});  // x += att · Woᵀ (+ bo)
+  ops::convert(att.get<float>(), qd, n, qd, act_view_for(w.wo), stream);
+  mm(w.wo, n_tok, x.get<float>(), c.dim, residual(w.bo));  // x += att · Woᵀ (+ bo)
+  tp_reduce(n_tok);
 }
 
 void cuda_forward::impl::enqueue_mlp(const layer& w, std::uint32_t n_tok) {
-  const int n = static_cast<int>(n_tok), dim = static_cast<int>(c.dim), ff = static_cast<int>(c.ff_dim);
+  const int n = static_cast<int>(n_tok), dim = static_cast<int>(c.dim), ff = static_cast<int>(this->ff);
   float* gate = gu.get<float>();
   float* up = gate + ff;
   ops::rms_norm(x.get<float>(), nullptr, n, dim, w.ffn_norm, c.rms_eps, mixed_types ? xn.get<float>() : nullptr,
                 act_view_for(w.gate), stream);
   if (w.gate_up) {
-    mm(*w.gate_up, n_tok, gate, 2 * c.ff_dim);
+    mm(*w.gate_up, n_tok, gate, 2 * this->ff);
   } else {
-    mm(w.gate, n_tok, gate, 2 * c.ff_dim);
+    mm(w.gate, n_tok, gate, 2 * this->ff);
     if (w.up.type != w.gate.type) ops::convert(xn.get<float>(), dim, n, dim, act_view_for(w.up), stream);
-    mm(w.up, n_tok, up, 2 * c.ff_dim);
+    mm(w.up, n_tok, up, 2 * this->ff);
   }
   ops::swiglu(gate, up, 2 * ff, n, ff, act_view_for(w.down), stream);
-  mm(w.down, n_tok, x.get<float>(), c.dim, {nullptr, true});  // x += h · Wdownᵀ
+  mm(w.down, n_tok, x.get<float>(), c.dim, residual(nullptr));  // x += h · Wdownᵀ
+  tp_reduce(n_tok);
 }
 
 void cuda_forward::impl::enqueue(std::uint32_t n_tok, std::uint32_t n_out) {
@@ -416,6 +473,8 @@ void cuda_forward::impl::enqueue(std::uint32_t n_tok, std::uint32_t n_out) {
     enqueue_attention(layers[l], l, n_tok);
     enqueue_mlp(layers[l], n_tok);
   }
+  // Every member holds the same hidden state now: rank 0 alone computes logits.
+  if (rank != 0) return;
   // Only the tokens that need logits go through the final norm and the head.
   ops::rms_norm(x.get<float>(), meta_view.out_rows, static_cast<int>(n_out), static_cast<int>(c.dim), output_norm,
                 c.rms_eps, nullptr, act_view_for(output), stream);
@@ -496,7 +555,9 @@ expected<void> cuda_forward::impl::run(std::uint32_t n_tok, std::uint32_t n_out)
     if (d.what == graph_decision::action::replay) ++stats.graph_replays;
     return check(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
   }
+  enqueue_failed.reset();
   enqueue(n_tok, n_out);
+  if (enqueue_failed) return std::unexpected(*enqueue_failed);
   return check(cudaGetLastError(), "kernel launch");
 }
 
@@ -516,7 +577,7 @@ cuda_forward_stats cuda_forward::stats() const noexcept { return impl_->stats; }
 
 void cuda_forward::copy_block(engine::block_id dst, engine::block_id src) {
   impl& s = *impl_;
-  const std::size_t bytes = engine::kv_layout{s.c.n_layers, s.c.kv_dim(), s.cfg.block_tokens}.block_bytes();
+  const std::size_t bytes = engine::kv_layout{s.c.n_layers, s.kv_dim, s.cfg.block_tokens}.block_bytes();
   auto* base = static_cast<std::byte*>(s.kv_base);
   const cudaError_t rc = cudaMemcpyAsync(base + dst * s.page_bytes, base + src * s.page_bytes, bytes,
                                          cudaMemcpyDeviceToDevice, s.stream);
@@ -560,14 +621,23 @@ expected<void> cuda_forward::execute(const engine::forward_batch& batch, std::ve
   }
   if (auto ok = s.run(static_cast<std::uint32_t>(n_tok), *n_out); !ok) return drained(ok);
   const std::size_t vocab = static_cast<std::size_t>(s.output.rows);
-  logits.resize(std::size_t{*n_out} * vocab);
-  if (*n_out > 0) {
+  logits.resize(s.rank == 0 ? std::size_t{*n_out} * vocab : 0);  // a member other than rank 0 returns none
+  if (!logits.empty()) {
     if (auto ok = check(cudaMemcpyAsync(logits.data(), s.logits.get(), logits.size() * 4, cudaMemcpyDeviceToHost, s.stream),
                         "cudaMemcpyAsync (logits)");
         !ok)
       return drained(ok);
   }
-  if (auto ok = check(cudaStreamSynchronize(s.stream), "the step"); !ok) return ok;
+  // A member waits bounded by its group's timeout (a peer gone would hold its
+  // all-reduces forever); past it the group is aborted.
+  if (s.comm != nullptr) {
+    if (auto ok = s.comm->wait(); !ok) {
+      logits.clear();
+      return drained(ok);  // the abort released the collectives: the stream drains
+    }
+  } else if (auto ok = check(cudaStreamSynchronize(s.stream), "the step"); !ok) {
+    return ok;
+  }
   ++s.stats.steps;
   return {};
 }

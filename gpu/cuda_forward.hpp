@@ -43,6 +43,15 @@ struct cuda_forward_config {
   std::uint32_t max_sequences = 64;
   /// Graphs kept (cuda_graph_policy.hpp); 0 runs every step eagerly.
   std::size_t max_graphs = 16;
+  /// Tensor parallelism: member comm->rank() of comm->size(), which must be a
+  /// gpu::nccl_communicator on `device` (it must outlive the forward). The
+  /// forward uploads only its shard (engine::tp_weights), its KV pages hold
+  /// n_kv_heads / size heads, it runs on the communicator's stream (`stream`
+  /// is ignored) and eagerly (no graphs), all-reduces x after the O and down
+  /// projections (rank 0 adds the residual and the O bias into its partial
+  /// product, the others contribute theirs alone), and only rank 0 returns
+  /// logits. UNPROVEN ON HARDWARE: compiled, never run on a GPU yet.
+  engine::communicator* comm = nullptr;
 };
 
 struct cuda_forward_stats {
@@ -67,7 +76,9 @@ class cuda_forward final : public engine::forward_executor {
 
   /// Runs the batch and returns when the logits are on the host. Errors:
   /// unavailable naming the CUDA error (the device is then unusable),
-  /// invalid_argument for a batch over the configured bounds.
+  /// invalid_argument for a batch over the configured bounds; for a
+  /// tensor-parallel member, unavailable when a collective failed or did not
+  /// complete within the group's timeout (the group is aborted then).
   expected<void> execute(const engine::forward_batch& batch, std::vector<float>& logits) override;
 
   /// Copies KV page `src` over page `dst` on the stream, ahead of the next

@@ -7,6 +7,7 @@
 #include "engine/tp_engine.hpp"
 #include "gpu/cpu_communicator.hpp"
 #include "gpu/cpu_device.hpp"
+#include "gpu/cuda_tp_engine.hpp"
 #include "gpu/device_engine.hpp"
 #include "model/llama_model.hpp"
 
@@ -37,6 +38,36 @@ class tp_device_engine final : public engine::inference_engine {
   std::unique_ptr<engine::tp_engine> inner_;
 };
 
+// A group of CUDA devices: NCCL communicators and CUDA member forwards
+// (cuda_tp_engine.hpp) over each member device's KV pool. UNPROVEN ON HARDWARE.
+expected<group_engine> make_cuda_group(const std::vector<std::shared_ptr<device>>& members,
+                                       std::shared_ptr<const model::llama_model> model, const engine_options& options,
+                                       std::chrono::milliseconds collective_timeout) {
+  cuda_tp_options o;
+  std::size_t page_bytes = members.front()->pool().block_bytes();
+  for (const auto& m : members) {
+    if (m->kind() != device_kind::cuda)
+      return make_error(errc::unsupported, "a tensor-parallel group mixes CUDA and " +
+                                               std::string(to_string(m->kind())) + " devices");
+    if (!o.devices.empty() && o.devices.back() >= static_cast<int>(m->index()))
+      return make_error(errc::invalid_argument, "a tensor-parallel group lists its devices once each, ascending");
+    o.devices.push_back(static_cast<int>(m->index()));
+    o.kv_pools.push_back(&m->pool());
+    page_bytes = std::min(page_bytes, m->pool().block_bytes());
+  }
+  const auto tp = static_cast<std::uint32_t>(members.size());
+  auto ec = paged_kv_config(engine::tp_engine::kv_block_bytes(model->config(), 1, tp), page_bytes, options.kv_tokens);
+  if (!ec) return std::unexpected(ec.error());
+  o.engine = *ec;
+  o.collective_timeout = collective_timeout;
+  auto made = make_cuda_tp_engine(std::move(model), std::move(o));
+  if (!made) return std::unexpected(made.error());
+  group_engine out;
+  out.engine = std::shared_ptr<engine::inference_engine>(std::move(made->engine));
+  out.abort = std::move(made->abort);
+  return out;
+}
+
 }  // namespace
 
 expected<group_engine> make_group_engine(std::vector<std::shared_ptr<device>> members,
@@ -44,19 +75,20 @@ expected<group_engine> make_group_engine(std::vector<std::shared_ptr<device>> me
                                          const engine_options& options, std::chrono::milliseconds collective_timeout) {
   if (!model) return make_error(errc::invalid_argument, "no model to run");
   if (members.size() < 2) return make_error(errc::invalid_argument, "a tensor-parallel group needs two devices or more");
+  if (options.draft) return make_error(errc::unsupported, "speculative decoding under tensor parallelism is not supported");
+  if (members.front()->kind() == device_kind::cuda)
+    return make_cuda_group(members, std::move(model), options, collective_timeout);
   std::vector<std::shared_ptr<cpu_device>> cpus;
   for (const auto& m : members) {
     auto cpu = std::dynamic_pointer_cast<cpu_device>(m);
     if (!cpu)
-      return make_error(errc::unsupported, "tensor parallelism over " + std::string(to_string(m->kind())) +
-                                               " devices is not supported yet (CPU devices only: a CUDA group needs "
-                                               "NCCL and a sharded CUDA forward)");
+      return make_error(errc::unsupported, "a tensor-parallel group mixes CPU and " +
+                                               std::string(to_string(m->kind())) + " devices");
     for (const auto& c : cpus)
       if (c->index() >= cpu->index())
         return make_error(errc::invalid_argument, "a tensor-parallel group lists its devices once each, ascending");
     cpus.push_back(std::move(cpu));
   }
-  if (options.draft) return make_error(errc::unsupported, "speculative decoding under tensor parallelism is not supported");
   const auto tp = static_cast<std::uint32_t>(members.size());
   std::size_t page_bytes = cpus.front()->pool().block_bytes();
   for (const auto& c : cpus) page_bytes = std::min(page_bytes, c->pool().block_bytes());

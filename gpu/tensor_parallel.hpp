@@ -1,9 +1,10 @@
 #pragma once
 // One replica tensor-parallel over several devices of a node (its placement's
 // TP group): engine::tp_engine over each member device's KV pool and worker
-// threads, joined by an in-process communicator group. CPU devices only for
-// now; a group of CUDA devices needs NCCL groups (gpu/nccl_communicator) and
-// a sharded CUDA forward, and is refused as unsupported.
+// threads, joined by an in-process communicator group. A group of CUDA
+// devices runs CUDA member forwards joined by NCCL instead
+// (gpu/cuda_tp_engine.hpp; UNPROVEN ON HARDWARE), each on a stream of its own
+// next to the device's other replicas; a group mixing kinds is refused.
 //
 // Sharing a device: a member device may also run other replicas. Its worker
 // threads serve one step at a time, so the group's step runs on the first
@@ -38,7 +39,9 @@ struct group_engine {
 /// A tensor-parallel engine over `members` (rank r = members[r], ascending
 /// device indices on one node). Errors: invalid_argument (fewer than two
 /// members, a model that does not split evenly over them, pages too small
-/// for one token's share), unsupported (non-CPU devices, a draft model).
+/// for one token's share), unsupported (devices of mixed kinds, a draft
+/// model); for CUDA devices also those of make_cuda_tp_engine (unavailable
+/// without NCCL, naming why).
 expected<group_engine> make_group_engine(std::vector<std::shared_ptr<device>> members,
                                          std::shared_ptr<const model::llama_model> model,
                                          const engine_options& options, std::chrono::milliseconds collective_timeout);

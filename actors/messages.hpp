@@ -259,11 +259,16 @@ struct submit_msg {
   std::string request_id;      // the client-visible id, for the replica's log lines
   bool logprobs = false;           // send each token's log-probability (engine::compute_logprobs)
   std::uint32_t top_logprobs = 0;  // and this many alternatives with it
+  /// For the engine's scheduling across tenants (engine/tenant_usage.hpp).
+  std::string tenant;          // the request's tenant ("" = the open one)
+  double tenant_weight = 1;    // its fair-share weight, > 0
+  std::uint8_t priority = 0;   // engine::request_priority: 0 interactive, 1 batch
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_msg& x) {
   return f(caf::meta::type_name("exa.submit"), x.request, x.prompt, x.resume, x.max_tokens, x.temperature,
-           x.top_p, x.top_k, x.seed, x.stop_tokens, x.epoch, x.request_id, x.logprobs, x.top_logprobs);
+           x.top_p, x.top_k, x.seed, x.stop_tokens, x.epoch, x.request_id, x.logprobs, x.top_logprobs, x.tenant,
+           x.tenant_weight, x.priority);
 }
 
 /// One generated token's log-probability and the most likely alternatives

@@ -550,6 +550,9 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   req.stop_tokens = m.stop_tokens;
   req.logprobs = m.logprobs;
   req.top_logprobs = m.top_logprobs;
+  req.tenant = m.tenant;
+  req.tenant_weight = m.tenant_weight;
+  req.priority = m.priority == 0 ? engine::request_priority::interactive : engine::request_priority::batch;
   auto promise = self->make_response_promise<ok_atom>();
   // A simulated step covers many decode steps: cut it at the next boundary
   // so this request joins when it would on a real engine.

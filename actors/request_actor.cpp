@@ -8,9 +8,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "actors/cluster_metrics.hpp"
 #include "actors/cluster_supervisor.hpp"
+#include "cluster/fair_queue.hpp"
+#include "cluster/rollout.hpp"
 #include "engine/engine.hpp"
 #include "model/llama_model.hpp"
 #include "model/prefix_hash.hpp"
@@ -277,6 +280,12 @@ void submit(self_ptr self, const picked_replica& p) {
   const auto& r = st.ctx.request;
   submit_msg m{st.ctx.number, st.prompt, st.generated, r.max_tokens, r.sampling.temperature, r.sampling.top_p,
                r.sampling.top_k, r.sampling.seed, st.stop_tokens, p.epoch, r.request_id, r.logprobs, r.top_logprobs};
+  // Who asked, so the replica can schedule across tenants (a priority the
+  // router could not parse is interactive there too).
+  m.tenant = r.tenant;
+  m.tenant_weight = std::isfinite(r.tenant_weight) && r.tenant_weight > 0 ? r.tenant_weight : 1.0;  // as the router reads it
+  const auto priority = cluster::parse_priority_class(r.priority.empty() ? "interactive" : r.priority);
+  m.priority = static_cast<std::uint8_t>(priority ? *priority : cluster::priority_class::interactive);
   // Accepting (not finishing) a request is quick; a replica that does not
   // even accept it within submit_timeout_ms is treated as failed for it.
   self->request(p.handle, std::chrono::milliseconds(st.ctx.submit_timeout_ms), std::move(m))

@@ -140,6 +140,7 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
   std::vector<scheduled_chunk> plan;
   std::uint32_t budget = config_.max_batch_tokens;
   preempted = 0;
+  usage_.adopt_weights();
   // Snapshot: preemption moves sequences out of running_ while we iterate.
   std::vector<sequence*> order;
   for (auto& s : running_) order.push_back(s.get());

@@ -238,6 +238,7 @@ void sim_engine::set_device_sharing(std::uint32_t active_replicas) {
 // ---- engine: macro steps ---------------------------------------------------
 
 step_result sim_engine::step() {
+  usage_.adopt_weights();  // not in begin_step: a replay keeps the cut step's
   begin_step(sharing_);
   step_result out;
   out.finished = std::move(pending_finished_);
@@ -257,6 +258,7 @@ void sim_engine::begin_step(std::uint32_t sharing) {
   last_.sharing = sharing;
   last_.kv_used = kv_used_;
   last_.next_admit = next_admit_;
+  last_.arrivals = next_arrival_;
   last_.stats = stats_;
   usage_.save(last_.usage);
   for (seq& s : running_) {
@@ -270,6 +272,7 @@ void sim_engine::begin_step(std::uint32_t sharing) {
 void sim_engine::run_macro(step_result& out, const replay* limits) {
   last_.boundaries_s.clear();
   last_.prefill_order.clear();
+  last_.prefill_chunked.clear();
   last_.fair = limits != nullptr ? limits->fair : contended();
   bool finished = false;
   const double prefill_s = last_.fair ? prefill_fair(out, limits, finished)
@@ -305,8 +308,9 @@ void sim_engine::run_macro(step_result& out, const replay* limits) {
   out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
   stats_.generated_tokens += out.tokens.size();
   stats_.prefill_tokens += out.prefill_tokens;
-  // Only a step with a boundary before its end can be cut.
-  last_.valid = last_.boundaries_s.size() >= 2;
+  // Only a step with a boundary before its end can be cut, or one that
+  // prefilled first come, which a second tenant's arrival may re-plan.
+  last_.valid = last_.boundaries_s.size() >= 2 || (!last_.fair && last_.has_prefill);
 }
 
 double sim_engine::admit(step_result& out, std::uint32_t admit_limit) {
@@ -384,12 +388,13 @@ bool sim_engine::contended() const {
   return false;
 }
 
-std::vector<seq_id> sim_engine::fair_order() const {
+std::vector<seq_id> sim_engine::fair_order(std::uint64_t arrived_before) const {
   // Sequences part way through their prefill and waiting ones, in fair order.
   std::vector<std::pair<fair_key, seq_id>> candidates;
   for (const seq& s : running_)
     if (s.prefilling) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
-  for (const seq& s : waiting_) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
+  for (const seq& s : waiting_)
+    if (s.arrival < arrived_before) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
   std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<seq_id> order;
   order.reserve(candidates.size());
@@ -405,6 +410,16 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
   const std::vector<seq_id> order = limits != nullptr ? limits->order : fair_order();
   const std::size_t kept = limits != nullptr ? limits->prefill_kept : std::numeric_limits<std::size_t>::max();
   const double weights_s = cost_.decode_step_s(0, 0, last_.sharing);  // a chunk reads the weights at least once
+  // The tenant served least among those with work here: a tenant over its
+  // share beside it is chunked, so that it can cut in.
+  std::optional<std::pair<double, tenant_usage::slot>> lightest;
+  const auto consider = [&](const seq& s) {
+    const std::pair<double, tenant_usage::slot> u{usage_.usage(s.tenant), s.tenant};
+    if (!lightest || u < *lightest) lightest = u;
+  };
+  for (const seq& s : waiting_) consider(s);
+  for (const seq& s : running_)
+    if (s.prefilling) consider(s);
   double prefill_s = 0;
   std::uint64_t tokens = 0;
   std::uint32_t admitted = 0;
@@ -432,12 +447,23 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
       run->prefilled = static_cast<std::uint32_t>(cached);
       ++admitted;
     }
-    last_.prefill_order.push_back(id);
     seq& s = *run;
+    // Only a tenant over its share is chunked: its prefill is what others
+    // cut into. Chunks are even (at most fair_prefill_chunk), so none is a
+    // sliver that costs a whole read of the weights for a few tokens. A
+    // replay chunks as the step did, whatever arrived since.
+    const std::size_t at = last_.prefill_order.size();
+    const bool chunked = limits != nullptr && at < limits->chunked.size()
+                             ? limits->chunked[at] != 0
+                             : lightest && usage_.over_share(s.tenant, lightest->second);
+    last_.prefill_order.push_back(id);
+    last_.prefill_chunked.push_back(chunked ? 1 : 0);
     while (s.prefilling && last_.boundaries_s.size() < kept && tokens < config_.max_batch_tokens) {
       const std::uint64_t left = s.context() - s.prefilled;
       const std::uint64_t room = tokens == 0 ? left : config_.max_batch_tokens - tokens;
-      const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>({config_.fair_prefill_chunk, left, room}));
+      const std::uint64_t chunks = (left + config_.fair_prefill_chunk - 1) / config_.fair_prefill_chunk;
+      const std::uint64_t even = chunked ? (left + chunks - 1) / chunks : left;
+      const auto n = static_cast<std::uint32_t>(std::min({even, left, room}));
       prefill_s += std::max(cost_.prefill_s(n, s.prefilled), weights_s);
       s.prefilled += n;
       tokens += n;
@@ -547,7 +573,9 @@ void sim_engine::retire() {
 std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
   if (!last_.valid || std::isnan(elapsed_s)) return std::nullopt;
   const std::vector<double>& b = last_.boundaries_s;
-  EXA_ASSERT(b.size() >= 2);
+  EXA_ASSERT(!b.empty());
+  if (!last_.fair && last_.has_prefill && elapsed_s < b.front() && contended())
+    if (auto replanned = replan_fair(elapsed_s)) return replanned;
   const auto cut = static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), elapsed_s) - b.begin());
   if (cut + 1 >= b.size()) return std::nullopt;  // the first boundary at or after it is the end
   const double cut_s = b[cut];
@@ -557,6 +585,7 @@ std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
   limits.fair = last_.fair;
   limits.admitted = last_.admitted;
   limits.order = std::move(last_.prefill_order);
+  limits.chunked = std::move(last_.prefill_chunked);
   const std::size_t prefill = last_.prefill_boundaries;
   limits.prefill_kept = std::min(cut + 1, prefill);
   limits.decode_kept = static_cast<std::uint32_t>(cut + 1 - limits.prefill_kept);
@@ -573,6 +602,55 @@ std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
   last_.pending = std::move(pending);
   run_macro(out, &limits);
   EXA_ASSERT_MSG(limits.fair || last_.admitted == limits.admitted, "the replay admits what the step admitted");
+  EXA_ASSERT_MSG(std::abs(out.duration_s - cut_s) <= 1e-9 * cut_s, "the replay ends at the cut");
+  return out;
+}
+
+std::optional<step_result> sim_engine::replan_fair(double elapsed_s) {
+  // A request of a second tenant (or class) arrived while the engine, with
+  // one tenant, prefilled first come and in one piece. An engine that chunks
+  // its prefill (which, with one tenant, changes nothing but the number of
+  // boundaries) lets it in at the next chunk boundary: replay the step as a
+  // step across tenants -- the sequences waiting when it began, in fair
+  // order, in chunks -- up to the first boundary at or after the arrival.
+  // When that version of the step has no boundary at or after the arrival
+  // within its prefill, or none before the step's end, the step stands as it
+  // ran (replayed once more) and nullopt says so.
+  const double ran_s = last_.boundaries_s.back();
+  const std::uint64_t arrivals = last_.arrivals;
+  const std::uint32_t admitted = last_.admitted;
+  const std::uint32_t sharing = last_.sharing;
+  const std::vector<finish_event> pending = std::move(last_.pending);
+  const auto replay_as = [&](replay& limits) {
+    rollback();
+    begin_step(sharing);
+    last_.arrivals = arrivals;
+    // The first replay orders what waited when the step began (undone now).
+    if (limits.fair && limits.order.empty()) limits.order = fair_order(arrivals);
+    step_result out;
+    out.finished = pending;
+    last_.pending = pending;
+    run_macro(out, &limits);
+    return out;
+  };
+  replay limits;
+  limits.fair = true;
+  limits.prefill_kept = std::numeric_limits<std::size_t>::max();
+  replay_as(limits);
+  const std::vector<double>& b = last_.boundaries_s;
+  const auto cut = static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), elapsed_s) - b.begin());
+  if (cut >= last_.prefill_boundaries || b[cut] >= ran_s) {
+    limits.fair = false;
+    limits.admitted = admitted;
+    limits.decode_kept = std::numeric_limits<std::uint32_t>::max();
+    replay_as(limits);
+    return std::nullopt;
+  }
+  limits.order = last_.prefill_order;
+  limits.chunked = last_.prefill_chunked;
+  limits.prefill_kept = cut + 1;
+  const double cut_s = b[cut];
+  step_result out = replay_as(limits);
   EXA_ASSERT_MSG(std::abs(out.duration_s - cut_s) <= 1e-9 * cut_s, "the replay ends at the cut");
   return out;
 }

@@ -15,15 +15,19 @@
 // Across tenants (tenant_usage.hpp), once two tenants (or two priority
 // classes) have work here, prompts are served in fair order instead of
 // first come (interactive first, then the tenant served least lately) and
-// prefilled in chunks of fair_prefill_chunk tokens, one sequence after
-// another; every chunk ends at a step boundary, so a light tenant's request
-// that arrives during a heavy tenant's prefill starts its own at the next
-// chunk boundary instead of after the whole prompt, and a step that
-// completes a prefill ends there, so its first token leaves at once. A
-// sequence being prefilled holds its KV reservation and does not decode.
+// prefilled one sequence after another, those of a tenant over its share in
+// even chunks of at most fair_prefill_chunk tokens; every chunk ends at a
+// step boundary, so a light tenant's request that arrives during a heavy
+// tenant's prefill starts its own at the next chunk boundary instead of
+// after the whole prompt, and a step that completes a prefill ends there, so
+// its first token leaves at once. A sequence being prefilled holds its KV
+// reservation and does not decode. A second tenant's first request that
+// arrives while a one-tenant step prefills re-plans that step this way (see
+// truncate_last_step).
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <list>
 #include <optional>
 #include <span>
@@ -128,7 +132,11 @@ class sim_engine final : public inference_engine {
   /// replaying it up to there. Requests submitted since stay waiting for the
   /// next step. Nullopt when that boundary is the step's end, or when a
   /// cancel of one of its sequences (or a reuse of an id it finished) has
-  /// made it final. See docs/SIMULATION.md.
+  /// made it final. A step that prefilled first come (one tenant) while a
+  /// request of another tenant or class has been submitted since is instead
+  /// replayed as a step across tenants, cut at its first chunk boundary at
+  /// or after elapsed_s, when that comes before the step's end. See
+  /// docs/SIMULATION.md.
   std::optional<step_result> truncate_last_step(double elapsed_s) override;
   prefix_summary cached_prefixes(std::size_t max_hashes) const override;
 
@@ -175,11 +183,13 @@ class sim_engine final : public inference_engine {
     bool fair = false;                  // scheduled across tenants (chunked prefill, fair order)
     std::size_t prefill_boundaries = 0; // boundaries_s[0..this) end prefill chunks (1 unless fair)
     std::vector<seq_id> prefill_order;  // fair: the sequences it prefilled, in order
+    std::vector<char> prefill_chunked;  // fair: whether each was chunked
     tenant_usage::snapshot usage;       // state before it
     std::uint32_t sharing = 1;          // the bandwidth share it ran under
     std::uint32_t admitted = 0;         // sequences it admitted (and prefilled)
     std::uint64_t kv_used = 0;          // state before it
     std::uint64_t next_admit = 0;
+    std::uint64_t arrivals = 0;         // submissions before it (submit order)
     engine_stats stats;
     std::vector<finish_event> pending;  // finishes decided before it (cancellations) that it reported
     std::vector<seq> finished;          // sequences it retired, kept until the next step
@@ -214,6 +224,7 @@ class sim_engine final : public inference_engine {
     bool fair = false;
     std::uint32_t admitted = 0;  // not fair: sequences it admits
     std::vector<seq_id> order;   // fair: sequences it prefills, in order
+    std::vector<char> chunked;   // fair: whether each was chunked (empty: decide afresh)
     std::size_t prefill_kept = 0;
     std::uint32_t decode_kept = 0;
   };
@@ -223,7 +234,10 @@ class sim_engine final : public inference_engine {
   void run_macro(step_result& out, const replay* limits);
   double admit(step_result& out, std::uint32_t admit_limit);
   bool contended() const;
-  std::vector<seq_id> fair_order() const;
+  /// Sequences being prefilled, and waiting ones submitted before
+  /// `arrived_before` (submit order), in fair order.
+  std::vector<seq_id> fair_order(std::uint64_t arrived_before = std::numeric_limits<std::uint64_t>::max()) const;
+  std::optional<step_result> replan_fair(double elapsed_s);
   double prefill_fair(step_result& out, const replay* limits, bool& finished);
   std::uint64_t cached_prefix(const seq& s) const;
   void take_waiting(std::deque<seq>::iterator it, std::uint64_t cached);

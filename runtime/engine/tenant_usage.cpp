@@ -29,10 +29,11 @@ tenant_usage::slot tenant_usage::intern(std::string_view tenant, double weight) 
     slot_of_.emplace(std::string(tenant), s);
     served_.push_back(0);
     weight_.push_back(weight);
+    next_weight_.push_back(weight);
   } else {
     s = static_cast<slot>(served_.size() - 1);  // the shared overflow slot
   }
-  weight_[s] = weight;
+  next_weight_[s] = weight;
   return s;
 }
 

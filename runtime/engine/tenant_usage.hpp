@@ -54,8 +54,12 @@ class tenant_usage {
   explicit tenant_usage(tenant_usage_config config = {});
 
   /// The tenant's slot, made at first sight. The weight (> 0, checked by the
-  /// engine at submit) is the latest one given.
+  /// engine at submit) is the latest one given; for a known tenant it takes
+  /// effect at the next adopt_weights().
   slot intern(std::string_view tenant, double weight);
+  /// Engines call this as a step begins, so that a step, and a replay of it
+  /// after a cut, see the same weights whatever was submitted meanwhile.
+  void adopt_weights() { weight_.assign(next_weight_.begin(), next_weight_.end()); }
   /// Charges `tokens` computed for the tenant in `s`.
   void charge(slot s, std::uint64_t tokens);
   /// Charged tokens (decayed) over the tenant's weight.
@@ -84,7 +88,8 @@ class tenant_usage {
   tenant_usage_config config_;
   std::map<std::string, slot, std::less<>> slot_of_;
   std::vector<double> served_;  // decayed tokens, by slot
-  std::vector<double> weight_;  // by slot
+  std::vector<double> weight_;       // by slot, in effect
+  std::vector<double> next_weight_;  // by slot, the latest given
   std::uint64_t since_halving_ = 0;
 };
 

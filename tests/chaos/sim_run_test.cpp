@@ -258,10 +258,14 @@ TEST_CASE("a tenant flooding at ten times its share leaves a quiet tenant served
   if (!s) FAIL(to_string(s.error()));
   sim_config c;
   c.scenario = *s;
-  c.duration_s = 60;
   c.drain_s = 300;
+  // Fair and alone over the whole 120 s: the quiet tenant's first request
+  // finds every place taken by the flood and waits at the router for one to
+  // free (38 ms); in 60 s it would be the p99 of the ~100 samples, in 120 s
+  // it is not. First come first served is far off either way: 60 s.
   const auto quiet_p99 = [&](bool fair, bool flood) {
     sim_config v = c;
+    v.duration_s = fair ? 120 : 60;
     v.scenario.timing.fair_admission = fair;
     if (!flood) v.scenario.workload.tenants.pop_back();
     const auto report = run(v);
@@ -276,7 +280,9 @@ TEST_CASE("a tenant flooding at ten times its share leaves a quiet tenant served
   const double fifo = quiet_p99(false, true);
   INFO("quiet TTFT p99 ms: alone " << alone << ", fair " << fair << ", first come first served " << fifo);
   CHECK(alone > 0);
-  CHECK(fair < 3 * alone);    // measured 1.7x over 120 s (bench/fairness.sh)
+  // Measured 1.25x (bench/fairness.sh): the router's fair queue and the
+  // replicas' scheduling across tenants; the router alone gave 1.75x.
+  CHECK(fair < 1.4 * alone);
   CHECK(fifo > 100 * alone);  // behind the flood's whole backlog
 }
 

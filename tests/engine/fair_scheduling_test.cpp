@@ -33,6 +33,13 @@ TEST_CASE("tenant usage: tokens over weight, halved every window", "[fair]") {
   u.charge(b, 600);
   CHECK(u.usage(a) == 300);
   CHECK(u.usage(b) == 300);  // twice the tokens at twice the weight
+  // A new weight takes effect when the engine's next step begins.
+  CHECK(u.intern("b", 3) == b);
+  CHECK(u.usage(b) == 300);
+  u.adopt_weights();
+  CHECK(u.usage(b) == 200);
+  u.intern("b", 2);
+  u.adopt_weights();
   CHECK(u.served_lately(a));
   // 900 of 1000 charged: the next 100 halve everything.
   u.charge(b, 100);
@@ -267,11 +274,15 @@ sim_engine_config sim_config() {
 // A light tenant's request arrives `arrival_s` after four of the heavy
 // tenant's prompts did; returns its time to first token. The step in flight
 // at the arrival is cut there, as the replica and device actors do.
-double light_ttft(const std::string& light_tenant, double arrival_s) {
+// `light_known`: the light tenant was served before (else its request is
+// the first the engine sees of it).
+double light_ttft(const std::string& light_tenant, double arrival_s, bool light_known = true) {
   sim_engine e(sim_cost_model(llama2_13b_int4(), sim_device{}), sim_config());
-  // Both tenants have been served lately (one request each, run to the end).
-  REQUIRE(e.submit(sim_request(1, 500, 10, light_tenant)));
+  // Both tenants have been served lately, the heavy one more (run to the
+  // end): its prefills are the ones chunked.
+  if (light_known) REQUIRE(e.submit(sim_request(1, 500, 10, light_tenant)));
   REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  REQUIRE(e.submit(sim_request(3, 500, 10, "heavy")));
   for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
   REQUIRE(e.idle());
   for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
@@ -305,8 +316,8 @@ TEST_CASE("sim engine: a light tenant's prefill starts at the next chunk boundar
   for (const double arrival_s : {0.001, 0.005, 0.020, 0.040}) {
     CAPTURE(arrival_s);
     const double fair = light_ttft("light", arrival_s);
-    // Its own prefill (chunked too, so a little attention term more), after
-    // at most one of the heavy tenant's chunks.
+    // Its own prefill (whole: its tenant is under its share), after at
+    // most one of the heavy tenant's chunks.
     CHECK(fair >= own_s * (1 - 1e-9));
     CHECK(fair <= own_s + chunk_s + 1e-4);
     // The same request of the same tenant (one tenant: first come) waits
@@ -314,6 +325,25 @@ TEST_CASE("sim engine: a light tenant's prefill starts at the next chunk boundar
     const double fifo = light_ttft("heavy", arrival_s);
     CHECK(fifo >= 4 * own_s - arrival_s);
   }
+}
+
+TEST_CASE("sim engine: a new tenant's first request cuts into a one-tenant prefill at a chunk boundary",
+          "[fair][sim]") {
+  // The engine has seen one tenant only, so it prefilled the four prompts
+  // first come, in one piece; the newcomer's arrival re-plans that step as
+  // one across tenants, chunked, up to the next chunk boundary.
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  const double own_s = cost.prefill_s(500);
+  const double chunk_s = cost.prefill_s(128, 256);
+  for (const double arrival_s : {0.0005, 0.004, 0.012}) {
+    CAPTURE(arrival_s);
+    const double fair = light_ttft("light", arrival_s, false);
+    CHECK(fair >= own_s * (1 - 1e-9));
+    CHECK(fair <= own_s + chunk_s + 1e-4);
+  }
+  // Past the first prompt's prefill, the step as it ran stands: the
+  // newcomer waits for the other three.
+  CHECK(light_ttft("light", 0.020, false) >= 4 * own_s - 0.020);
 }
 
 TEST_CASE("sim engine: interactive prompts are prefilled before batch ones", "[fair][sim]") {

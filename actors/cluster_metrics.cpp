@@ -28,13 +28,18 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
                                         {"model", "tenant", "outcome"}));
   m->prompt_tokens = must(r.register_counter("exaserve_prompt_tokens_total", "Prompt tokens of finished requests.", {"model"}));
   m->generated_tokens = must(r.register_counter("exaserve_generated_tokens_total", "Tokens streamed to clients.", {"model"}));
+  // Latency per version: `model` is the deployment that served (NAME, or
+  // NAME@V for a version a rollout added), `deployment` and `version` its
+  // two parts (NAME and V, "1" for the plain name), so a rollout's versions
+  // compare with `sum by (le, version)` over one deployment. Both follow
+  // from `model`: they add no series.
   m->ttft_ms = must(r.register_histogram("exaserve_time_to_first_token_ms", "Request accepted to first token.",
-                                         {"model", "tenant"}, latency_bounds_ms));
+                                         {"model", "deployment", "version", "tenant"}, latency_bounds_ms));
   m->tpot_ms = must(r.register_histogram("exaserve_time_per_output_token_ms",
                                          "Mean time per output token after the first, per request.",
-                                         {"model", "tenant"}, latency_bounds_ms));
+                                         {"model", "deployment", "version", "tenant"}, latency_bounds_ms));
   m->e2e_ms = must(r.register_histogram("exaserve_request_duration_ms", "Request accepted to finished.",
-                                        {"model", "tenant"}, latency_bounds_ms));
+                                        {"model", "deployment", "version", "tenant"}, latency_bounds_ms));
   m->queue_depth = must(r.register_gauge("exaserve_queue_depth", "Requests admitted and waiting for a replica.", {"model"}));
   m->in_flight = must(r.register_gauge("exaserve_requests_in_flight", "Requests admitted and not finished.", {"model"}));
   m->replicas = must(r.register_gauge("exaserve_replicas", "Replicas by lifecycle state.", {"state"}));

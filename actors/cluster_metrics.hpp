@@ -16,9 +16,9 @@ struct cluster_metrics {
   metrics::counter_family* requests = nullptr;         // {model, tenant, outcome}
   metrics::counter_family* prompt_tokens = nullptr;    // {model}
   metrics::counter_family* generated_tokens = nullptr; // {model}
-  metrics::histogram_family* ttft_ms = nullptr;        // {model, tenant}
-  metrics::histogram_family* tpot_ms = nullptr;        // {model, tenant}
-  metrics::histogram_family* e2e_ms = nullptr;         // {model, tenant}
+  metrics::histogram_family* ttft_ms = nullptr;        // {model, deployment, version, tenant}
+  metrics::histogram_family* tpot_ms = nullptr;        // {model, deployment, version, tenant}
+  metrics::histogram_family* e2e_ms = nullptr;         // {model, deployment, version, tenant}
   metrics::gauge_family* queue_depth = nullptr;        // {model}
   metrics::gauge_family* in_flight = nullptr;          // {model}
   metrics::gauge_family* replicas = nullptr;           // {state}
@@ -64,6 +64,10 @@ struct cluster_metrics {
   template <class Family>
   static auto* series(Family* f, std::string_view a, std::string_view b, std::string_view c) {
     return f->with_or_overflow({a, b, c}).value();
+  }
+  template <class Family>
+  static auto* series(Family* f, std::string_view a, std::string_view b, std::string_view c, std::string_view d) {
+    return f->with_or_overflow({a, b, c, d}).value();
   }
 };
 

@@ -58,9 +58,16 @@ void finish(self_ptr self, api::finish_reason reason, std::optional<error> err =
     cluster_metrics::series(m->requests, model, tenant, outcome)->inc();
     cluster_metrics::series(m->prompt_tokens, model)->inc(st.prompt.size());
     cluster_metrics::series(m->generated_tokens, model)->inc(st.generated.size());
-    cluster_metrics::series(m->e2e_ms, model, tenant)->observe(r.timings.e2e_ms);
-    if (st.first_token_ns) cluster_metrics::series(m->ttft_ms, model, tenant)->observe(r.timings.ttft_ms);
-    if (st.generated.size() > 1) cluster_metrics::series(m->tpot_ms, model, tenant)->observe(r.timings.tpot_ms);
+    // The router resolved the model to the deployment that serves it: NAME,
+    // or NAME@V for a version a rollout added.
+    const auto deployment = cluster::split_version(model).base;
+    const std::string version = cluster::version_of(model);
+    const auto latency = [&](metrics::histogram_family* f) {
+      return cluster_metrics::series(f, model, deployment, version, tenant);
+    };
+    latency(m->e2e_ms)->observe(r.timings.e2e_ms);
+    if (st.first_token_ns) latency(m->ttft_ms)->observe(r.timings.ttft_ms);
+    if (st.generated.size() > 1) latency(m->tpot_ms)->observe(r.timings.tpot_ms);
   }
   spdlog::debug("event=request_done request={} reason={} tokens={} ttft_ms={:.2f} e2e_ms={:.2f} replica={} attempts={}{}",
                 st.ctx.request.request_id, static_cast<int>(reason), st.generated.size(), r.timings.ttft_ms,

@@ -236,7 +236,8 @@ TEST_CASE("metrics count requests, tokens, latency and replicas by state", "[act
   CHECK_THAT(text, Catch::Contains("exaserve_requests_total{model=\"tiny\",tenant=\"\",outcome=\"completed\"} 1"));
   CHECK_THAT(text, Catch::Contains("exaserve_requests_total{model=\"unknown\",tenant=\"\",outcome=\"refused\"} 1"));
   CHECK_THAT(text, Catch::Contains("exaserve_generated_tokens_total{model=\"tiny\"} 7"));
-  CHECK_THAT(text, Catch::Contains("exaserve_time_to_first_token_ms_count{model=\"tiny\",tenant=\"\"} 1"));
+  CHECK_THAT(text, Catch::Contains(
+                       "exaserve_time_to_first_token_ms_count{model=\"tiny\",deployment=\"tiny\",version=\"1\",tenant=\"\"} 1"));
   CHECK_THAT(text, Catch::Contains("exaserve_replicas{state=\"ready\"} 2"));
   CHECK_THAT(text, Catch::Contains("exaserve_kv_capacity_tokens{replica=\"1\"}"));
   CHECK_THAT(text, Catch::Contains("# TYPE exaserve_time_to_first_token_ms histogram"));

@@ -132,6 +132,17 @@ TEST_CASE("a version as fast as the old one is promoted step by step and no requ
   REQUIRE(pinned_old->result.has_value());
   CHECK(new_ids.count(pinned_new->result->replica));
   CHECK(old_ids.count(pinned_old->result->replica));
+  // Latency is exported per version: one series each, under one deployment.
+  std::string metrics;
+  f.backend().metrics([&](std::string t) { metrics = std::move(t); });
+  for (const char* family : {"exaserve_time_to_first_token_ms", "exaserve_time_per_output_token_ms",
+                             "exaserve_request_duration_ms"}) {
+    CAPTURE(family);
+    CHECK_THAT(metrics, Catch::Contains(std::string(family) +
+                                        "_count{model=\"tiny@2\",deployment=\"tiny\",version=\"2\",tenant=\"\"} 1"));
+    CHECK_THAT(metrics, Catch::Contains(std::string(family) +
+                                        "_count{model=\"tiny\",deployment=\"tiny\",version=\"1\",tenant=\"\"}"));
+  }
 
   const auto sinks = traffic_until_final(f, 20000ms);
   CHECK(phase(f) == "complete");

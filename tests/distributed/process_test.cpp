@@ -466,7 +466,8 @@ TEST_CASE("a gateway with --keys-file: keys made by `exaserve keys`, revoked on 
   // Latency and outcomes are per tenant in the metrics; the key never is.
   const auto metrics = http_request(c.http_port(), "GET", "/metrics").body;
   CHECK_THAT(metrics, Contains("exaserve_requests_total{model=\"tiny\",tenant=\"acme\",outcome=\"completed\"} 1"));
-  CHECK_THAT(metrics, Contains("exaserve_time_to_first_token_ms_count{model=\"tiny\",tenant=\"acme\"} 1"));
+  CHECK_THAT(metrics,
+             Contains("exaserve_time_to_first_token_ms_count{model=\"tiny\",deployment=\"tiny\",version=\"1\",tenant=\"acme\"} 1"));
   CHECK_THAT(metrics, !Contains(key));
   // The owner is kept in the controller's journal, so a restart keeps it.
   CHECK_THAT(exa::chaos::read_text(c.dir() + "/state/journal.log"), Contains("\"tenant\":\"acme\""));

@@ -334,6 +334,10 @@ TEST_CASE("the cold-start scenario is the reference cluster's deploy with its st
   CHECK(s->timing.loads_max == 32);
   CHECK(s->timing.loads_per_node_max == 4);
   CHECK(load_scenario(scenario_path("cold_start_ci.json")).has_value());
+  const auto big = load_scenario(scenario_path("cold_start_70b.json"));
+  REQUIRE(big.has_value());
+  CHECK(big->deployments.front().model == "llama-2-70b");
+  CHECK(big->deployments.front().replicas == 1024);
 }
 
 TEST_CASE("a diurnal curve thins arrivals to its trough at night and keeps them at noon", "[sim]") {

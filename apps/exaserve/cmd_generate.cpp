@@ -19,6 +19,9 @@
 #include "engine/tp_engine.hpp"
 #include "gpu/cpu_communicator.hpp"
 #include "gpu/cpu_memory_pool.hpp"
+#include "gpu/cuda_engine.hpp"
+#include "gpu/cuda_memory_pool.hpp"
+#include "gpu/cuda_tp_engine.hpp"
 #include "model/llama_model.hpp"
 #include "model/utf8.hpp"
 
@@ -37,7 +40,8 @@ const std::vector<flag_spec> flags = {
     {"top-k", true, "sample among the k most likely (default 0: off)"},
     {"seed", true, "sampling seed (default 0)"},
     {"threads", true, "worker threads (default: all cores); with --tp, split evenly among the devices"},
-    {"tp", true, "tensor-parallel over N CPU devices, each with its own KV pool and threads (default 1)"},
+    {"tp", true, "tensor-parallel over N devices, each with its own KV pool (CPU: and threads) (default 1)"},
+    {"device-kind", true, "cpu (default) or cuda: CUDA GPUs 0..N-1 (--tp N over NCCL; unproven on hardware)"},
     {"draft-model", true, "GGUF draft model for speculative decoding (the model's vocabulary)"},
     {"draft-tokens", true, "tokens the draft proposes per step (default 4, at most 8)"},
     {"ids", false, "print generated token ids (comma-separated) instead of text"},
@@ -52,6 +56,7 @@ struct options {
   engine::generation_request request;
   std::size_t threads = 0;
   std::uint32_t tp = 1;
+  bool cuda = false;  // --device-kind cuda
   std::string draft_path;  // empty: no speculative decoding
   std::uint32_t draft_tokens = engine::default_draft_tokens;
   bool ids = false;
@@ -88,6 +93,11 @@ expected<options> read_options(const args& a) {
                         static_cast<std::uint32_t>(*top_k), static_cast<std::uint64_t>(*seed)};
   o.threads = static_cast<std::size_t>(*threads);
   o.tp = static_cast<std::uint32_t>(*tp);
+  if (auto kind = a.get("device-kind")) {
+    if (*kind != "cpu" && *kind != "cuda")
+      return make_error(errc::invalid_argument, "--device-kind must be cpu or cuda, not '" + *kind + "'");
+    o.cuda = *kind == "cuda";
+  }
   auto draft_tokens = a.get_int("draft-tokens", engine::default_draft_tokens, 1, engine::max_draft_tokens);
   if (!draft_tokens) return std::unexpected(draft_tokens.error());
   o.draft_tokens = static_cast<std::uint32_t>(*draft_tokens);
@@ -138,6 +148,37 @@ struct engine_rig {
   std::size_t total_threads = 0;
 };
 
+// --device-kind cuda: the CUDA engine on GPU 0, or with --tp N one replica
+// over GPUs 0..N-1 joined by NCCL. Without the GPUs: unavailable, naming the
+// CUDA runtime's reason or the count.
+expected<engine_rig> make_cuda_rig(std::shared_ptr<const model::llama_model> model, const options& o,
+                                      engine::cpu_engine_config config, std::uint32_t blocks) {
+  auto n = gpu::cuda_device_count();
+  if (!n) return std::unexpected(n.error());
+  if (static_cast<std::uint32_t>(*n) < o.tp)
+    return make_error(errc::unavailable, std::to_string(o.tp) + " CUDA devices needed, " + std::to_string(*n) + " present");
+  engine_rig rig;
+  if (o.tp == 1) {
+    gpu::cuda_engine_options co;
+    co.engine = config;
+    co.own_kv_blocks = blocks;
+    auto e = gpu::make_cuda_engine(std::move(model), 0, co);
+    if (!e) return std::unexpected(e.error());
+    rig.engine = std::move(*e);
+    return rig;
+  }
+  gpu::cuda_tp_options co;
+  co.engine = config;
+  co.own_kv_blocks = blocks;
+  for (std::uint32_t r = 0; r < o.tp; ++r) co.devices.push_back(static_cast<int>(r));
+  co.collective_timeout = std::chrono::seconds(60);
+  auto e = gpu::make_cuda_tp_engine(std::move(model), co);
+  if (!e) return std::unexpected(e.error());
+  spdlog::info("event=tensor_parallel devices={} kind=cuda prefix_cache=off", o.tp);
+  rig.engine = std::move(e->engine);
+  return rig;
+}
+
 // One device: the CPU engine. --tp N: N CPU devices (a KV pool and a share of
 // the threads each) joined by an in-process communicator group.
 expected<engine_rig> make_engine(std::shared_ptr<const model::llama_model> model, const options& o,
@@ -145,6 +186,7 @@ expected<engine_rig> make_engine(std::shared_ptr<const model::llama_model> model
   constexpr std::uint32_t block_tokens = 16;
   const auto& cfg = model->config();
   const std::uint32_t blocks = (kv_tokens + block_tokens - 1) / block_tokens;
+  if (o.cuda) return make_cuda_rig(std::move(model), o, std::move(config), blocks);
   const std::size_t all = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   engine_rig rig;
   const std::size_t block_bytes = o.tp == 1 ? engine::cpu_engine::kv_block_bytes(cfg, block_tokens)

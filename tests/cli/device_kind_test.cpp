@@ -64,3 +64,19 @@ TEST_CASE("node --device-kind cuda without the GPUs fails before it tries to joi
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Contains("unavailable") && Contains(expected_reason(64)));
 }
+
+TEST_CASE("generate --device-kind cuda --tp N without N GPUs exits non-zero naming why", "[cli][device][tp]") {
+  // --tp 64: more GPUs than any host has, so this holds with or without one.
+  const std::vector<std::string> base = {"generate", "--prompt-ids", "1,72,105,33", "--max-tokens", "4", "--ids"};
+  auto args = base;
+  for (const char* a : {"--device-kind", "cuda", "--tp", "64"}) args.emplace_back(a);
+  const auto r = run(args);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Contains("unavailable") && Contains(expected_reason(64)));
+  CHECK(r.out.empty());
+  args = base;
+  for (const char* a : {"--device-kind", "gpu"}) args.emplace_back(a);
+  const auto bad = run(args);
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Contains("--device-kind must be cpu or cuda, not 'gpu'"));
+}

@@ -6,7 +6,7 @@
 # tree, not our Debian -dev packages (CAF, Cap'n Proto, spdlog, ...), and
 # cannot reach a package registry: building there fails at configure. So:
 #
-#   here:   flock /tmp/exa-build.lock cmake --build build --target exaserve cuda_gpu_test cuda_device_test nccl_test
+#   here:   flock /tmp/exa-build.lock cmake --build build --target exaserve cuda_gpu_test cuda_device_test nccl_test cuda_tp_gpu_test
 #           scripts/gpu_bundle.sh            # or: scripts/gpu_bundle.sh path/to/cuda-build
 #   there:  the device tool's run with carry [".gpu-bundle"] and the command
 #           scripts/gpu_check.sh             # finds .gpu-bundle and skips the build
@@ -38,7 +38,7 @@ done
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/lib/compat"
 programs=()
-for t in exaserve cuda_gpu_test cuda_device_test nccl_test; do
+for t in exaserve cuda_gpu_test cuda_device_test nccl_test cuda_tp_gpu_test; do
   [ -x "$build/bin/$t" ] || continue
   strip --strip-unneeded -o "$dest/bin/$t" "$build/bin/$t"
   programs+=("$build/bin/$t")

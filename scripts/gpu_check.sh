@@ -158,7 +158,7 @@ else
     grep -q "building the CUDA device" "$logs/configure.log" || { note "CMake did not enable CUDA (see configure.log)"; exit 1; }
   fi
   targets=(exaserve cuda_gpu_test)
-  for t in cuda_device_test nccl_test; do
+  for t in cuda_device_test nccl_test cuda_tp_gpu_test; do
     cmake --build "$build" --target help 2>/dev/null | grep -q "^${t}[: ]" && targets+=("$t")
   done
   note "targets: ${targets[*]}"
@@ -187,6 +187,8 @@ step "3/6 GPU tests"
 run_logged cuda_gpu_test 240 "$bin/cuda_gpu_test" || true
 [ -x "$bin/cuda_device_test" ] && { run_logged cuda_device_test 120 "$bin/cuda_device_test" || true; }
 [ -x "$bin/nccl_test" ] && { ALLOW_SKIP=1 run_logged nccl_test 120 "$bin/nccl_test" || true; }
+# CUDA TP=2 over NCCL against one GPU: skipped (not failed) on a one-GPU machine.
+[ -x "$bin/cuda_tp_gpu_test" ] && { ALLOW_SKIP=1 run_logged cuda_tp_gpu_test 120 "$bin/cuda_tp_gpu_test" || true; }
 
 step "4/6 models: the small preset and a ~1B-parameter f16 model"
 small="$scratch/small-f16.gguf"

@@ -168,12 +168,14 @@ TEST_CASE("a node's join keeps every field across processes, its cached model fi
   j.device_memory_bytes = 80ull << 30;
   j.address = "10.0.0.17:7100";
   j.region = "eu-west";
+  j.device_kind = "cuda";
   actors::replica_spec spec;
   spec.id = 42;
   spec.deployment = "llama";
   spec.slot = 5;
   spec.epoch = 9;
   spec.model_file = "/models/llama.gguf";
+  spec.devices = {2, 3};
   j.replicas.push_back({spec, caf::actor{}});
   const std::string sha(64, 'c');
   j.cached = {{"llama.gguf", 70ull << 30, ""}, {sha + ".gguf", 4096, sha}};
@@ -184,12 +186,14 @@ TEST_CASE("a node's join keeps every field across processes, its cached model fi
   CHECK(j2.device_memory_bytes == (80ull << 30));
   CHECK(j2.address == "10.0.0.17:7100");
   CHECK(j2.region == "eu-west");
+  CHECK(j2.device_kind == "cuda");
   REQUIRE(j2.replicas.size() == 1);
   CHECK(j2.replicas[0].spec.id == 42);
   CHECK(j2.replicas[0].spec.deployment == "llama");
   CHECK(j2.replicas[0].spec.slot == 5);
   CHECK(j2.replicas[0].spec.epoch == 9);
   CHECK(j2.replicas[0].spec.model_file == "/models/llama.gguf");
+  CHECK(j2.replicas[0].spec.devices == spec.devices);
   CHECK(j2.cached == j.cached);
 
   const auto c2 = round_trip(sys, actors::cached_files_msg{j.cached});

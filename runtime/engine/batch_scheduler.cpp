@@ -180,21 +180,13 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
 }
 
 bool batch_scheduler::contended() const {
-  // Two tenants served lately or with work here, or two priority classes
-  // with work here: otherwise every order below is first come, as before.
-  std::optional<tenant_usage::slot> tenant;
-  std::optional<request_priority> priority;
-  const auto differs = [](auto& first, auto value) {
-    if (!first) first = value;
-    return *first != value;
-  };
-  for (tenant_usage::slot i = 0; i < usage_.slots(); ++i)
-    if (usage_.served_lately(i) && differs(tenant, i)) return true;
-  for (const auto& s : waiting_)
-    if (differs(tenant, s->tenant) || differs(priority, s->request.priority)) return true;
-  for (const auto& s : running_)
-    if (differs(tenant, s->tenant) || differs(priority, s->request.priority)) return true;
-  return false;
+  return tenants_contended(usage_, [&](auto&& differs) {
+    for (const auto& s : waiting_)
+      if (differs(s->tenant, s->request.priority)) return true;
+    for (const auto& s : running_)
+      if (differs(s->tenant, s->request.priority)) return true;
+    return false;
+  });
 }
 
 fair_key batch_scheduler::key(const sequence& seq, std::uint64_t order) const {

@@ -371,21 +371,13 @@ void sim_engine::take_waiting(std::deque<seq>::iterator it, std::uint64_t cached
 // ---- engine: across tenants ------------------------------------------------
 
 bool sim_engine::contended() const {
-  // Two tenants served lately or with work here, or two priority classes
-  // with work here: otherwise the engine keeps its first-come schedule.
-  std::optional<tenant_usage::slot> tenant;
-  std::optional<request_priority> priority;
-  const auto differs = [](auto& first, auto value) {
-    if (!first) first = value;
-    return *first != value;
-  };
-  for (tenant_usage::slot i = 0; i < usage_.slots(); ++i)
-    if (usage_.served_lately(i) && differs(tenant, i)) return true;
-  for (const seq& s : waiting_)
-    if (differs(tenant, s.tenant) || differs(priority, s.priority)) return true;
-  for (const seq& s : running_)
-    if (differs(tenant, s.tenant) || differs(priority, s.priority)) return true;
-  return false;
+  return tenants_contended(usage_, [&](auto&& differs) {
+    for (const seq& s : waiting_)
+      if (differs(s.tenant, s.priority)) return true;
+    for (const seq& s : running_)
+      if (differs(s.tenant, s.priority)) return true;
+    return false;
+  });
 }
 
 std::vector<seq_id> sim_engine::fair_order(std::uint64_t arrived_before) const {

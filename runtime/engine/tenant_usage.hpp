@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +93,24 @@ class tenant_usage {
   std::vector<double> next_weight_;  // by slot, the latest given
   std::uint64_t since_halving_ = 0;
 };
+
+/// Whether ordering across tenants matters: two tenants served lately or
+/// with work here, or two priority classes with work here; otherwise engines
+/// keep their first-come schedule. `each_with_work(visit)` calls
+/// visit(tenant, priority) for every sequence with work, stopping (and
+/// returning true) as soon as visit returns true.
+template <class EachWithWork>
+bool tenants_contended(const tenant_usage& usage, EachWithWork&& each_with_work) {
+  std::optional<tenant_usage::slot> tenant;
+  std::optional<request_priority> priority;
+  const auto differs = [](auto& first, auto value) {
+    if (!first) first = value;
+    return *first != value;
+  };
+  for (tenant_usage::slot i = 0; i < usage.slots(); ++i)
+    if (usage.served_lately(i) && differs(tenant, i)) return true;
+  return each_with_work([&](tenant_usage::slot t, request_priority p) { return differs(tenant, t) || differs(priority, p); });
+}
 
 /// How engines order prompts that wait for prefill when scheduling across
 /// tenants: interactive before batch, then the tenant served least lately,

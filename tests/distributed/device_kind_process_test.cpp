@@ -25,17 +25,7 @@ namespace {
 // The KIND column of `exaserve-cli status`'s DEVICES table.
 std::vector<std::string> device_kinds(const std::string& status) {
   std::vector<std::string> kinds;
-  std::istringstream in(status);
-  std::string line;
-  bool in_table = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("DEVICES", 0) == 0) {
-      in_table = true;
-      std::getline(in, line);  // the header row
-      continue;
-    }
-    if (!in_table) continue;
-    if (line.find_first_not_of(' ') == std::string::npos) break;
+  for (const std::string& line : status_table_rows(status, "DEVICES")) {
     std::istringstream row(line);
     std::string node, device, kind;
     row >> node >> device >> kind;

@@ -52,20 +52,30 @@ struct replica_row {
   unsigned slot = 0, epoch = 0, node = 0, running = 0, queued = 0, kv_used = 0, kv_capacity = 0;
 };
 
-// The REPLICAS table of `exaserve-cli status`.
-inline std::vector<replica_row> parse_replicas(const std::string& status) {
-  std::vector<replica_row> out;
+// The rows of one table of `exaserve-cli status` (the lines after the one
+// starting with `title` and its header row, up to the first blank line).
+inline std::vector<std::string> status_table_rows(const std::string& status, const std::string& title) {
+  std::vector<std::string> rows;
   std::istringstream in(status);
   std::string line;
   bool in_table = false;
   while (std::getline(in, line)) {
-    if (line.rfind("REPLICAS", 0) == 0) {
+    if (line.rfind(title, 0) == 0) {
       in_table = true;
       std::getline(in, line);  // the header row
       continue;
     }
     if (!in_table) continue;
     if (line.find_first_not_of(' ') == std::string::npos) break;
+    rows.push_back(line);
+  }
+  return rows;
+}
+
+// The REPLICAS table of `exaserve-cli status`.
+inline std::vector<replica_row> parse_replicas(const std::string& status) {
+  std::vector<replica_row> out;
+  for (const std::string& line : status_table_rows(status, "REPLICAS")) {
     std::istringstream row(line);
     replica_row r;
     std::string node_dev;

@@ -147,4 +147,17 @@ double fair_queue::counter(std::string_view tenant) const {
   return it == tenants_.end() ? 0 : it->second.counter;
 }
 
+void fair_queue::raise_counter(std::string_view tenant, double at_least) {
+  const auto it = tenants_.find(tenant);
+  if (it == tenants_.end() || !std::isfinite(at_least) || at_least <= it->second.counter) return;
+  it->second.counter = at_least;
+}
+
+std::vector<std::pair<std::string, std::size_t>> fair_queue::backlog() const {
+  std::vector<std::pair<std::string, std::size_t>> out;
+  for (const auto& [name, t] : tenants_)
+    if (t.size() > 0) out.emplace_back(name, t.size());
+  return out;
+}
+
 }  // namespace exa::cluster

@@ -27,6 +27,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/error.hpp"
 
@@ -77,6 +79,11 @@ class fair_queue {
   /// A tenant's counter (served tokens / weight, lifted as above); 0 for an
   /// unknown tenant.
   double counter(std::string_view tenant) const;
+  /// Raises a queued tenant's counter to at least `at_least` (its counter
+  /// across gateways: fair_share_board.hpp); no-op for a tenant not known.
+  void raise_counter(std::string_view tenant, double at_least);
+  /// The tenants with requests waiting, and how many each.
+  std::vector<std::pair<std::string, std::size_t>> backlog() const;
 
  private:
   struct entry {

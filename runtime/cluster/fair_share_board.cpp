@@ -1,0 +1,274 @@
+#include "cluster/fair_share_board.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+namespace exa::cluster {
+
+// ------------------------------------------------------------ the authority
+
+fair_share_authority::fair_share_authority(fair_share_authority_config config) : config_(config) {}
+
+bool fair_share_authority::backlogged(const std::string& deployment, const std::string& tenant) const {
+  const key k{deployment, tenant};
+  for (const auto& [id, l] : gateways_)
+    if (auto it = l.entries.find(k); it != l.entries.end() && it->second.waiting > 0) return true;
+  return false;
+}
+
+// The counter a tenant becoming backlogged is lifted to: the smallest of
+// the backlogged tenants', or with none the largest served.
+double fair_share_authority::floor(const std::string& deployment, const deployment_state& d) const {
+  double f = std::numeric_limits<double>::infinity();
+  for (const auto& [tenant, c] : d.counters)
+    if (c < f && backlogged(deployment, tenant)) f = c;
+  // A backlogged tenant without a kept counter (past entries_max) stands
+  // at the floor itself: it does not lower it.
+  return std::isinf(f) ? d.last_served : f;
+}
+
+void fair_share_authority::forget_idle(const std::string& deployment) {
+  auto d = deployments_.find(deployment);
+  if (d == deployments_.end()) return;
+  const double f = floor(deployment, d->second);
+  for (auto it = d->second.counters.begin(); it != d->second.counters.end();) {
+    if (it->second <= f && !backlogged(deployment, it->first)) {
+      it = d->second.counters.erase(it);
+      --counters_;
+    } else {
+      ++it;
+    }
+  }
+  // No live gateway reports the deployment any more: nothing to keep.
+  bool reported = false;
+  for (const auto& [id, l] : gateways_) {
+    auto it = l.entries.lower_bound(key{deployment, std::string{}});
+    if (it != l.entries.end() && it->first.first == deployment) reported = true;
+  }
+  if (!reported) {
+    counters_ -= d->second.counters.size();
+    deployments_.erase(d);
+  }
+}
+
+std::size_t fair_share_authority::expire(std::int64_t now_ns) {
+  std::set<std::string> touched;
+  std::size_t n = 0;
+  for (auto it = gateways_.begin(); it != gateways_.end();) {
+    if (now_ns - it->second.reported_ns > config_.lease_ns) {
+      for (const auto& [k, s] : it->second.entries) touched.insert(k.first);
+      it = gateways_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& d : touched) forget_idle(d);
+  return n;
+}
+
+expected<fair_share_answer> fair_share_authority::report(const fair_share_report& r, std::int64_t now_ns) {
+  if (r.entries.size() > config_.entries_max)
+    return make_error(errc::invalid_argument, "a fair-share report of " + std::to_string(r.entries.size()) +
+                                                  " entries is over the limit of " +
+                                                  std::to_string(config_.entries_max));
+  expire(now_ns);
+  if (!gateways_.count(r.gateway) && gateways_.size() >= config_.gateways_max)
+    return make_error(errc::overloaded, std::to_string(config_.gateways_max) +
+                                            " gateways already share fair-queue counters");
+  // Who was backlogged before this report, by deployment.
+  std::set<std::string> reported_deployments;
+  for (const auto& e : r.entries) reported_deployments.insert(e.deployment);
+  std::set<key> before;
+  for (const auto& [id, l] : gateways_)
+    for (const auto& [k, s] : l.entries)
+      if (s.waiting > 0 && reported_deployments.count(k.first)) before.insert(k);
+  // This gateway's new totals, and what each grew by.
+  lease next;
+  next.reported_ns = now_ns;
+  const auto* prev = gateways_.count(r.gateway) ? &gateways_.at(r.gateway) : nullptr;
+  std::map<key, double> grown;
+  for (const auto& e : r.entries) {
+    if (!std::isfinite(e.charged) || e.charged < 0) continue;  // nonsense: ignored
+    key k{e.deployment, e.tenant};
+    double delta = e.charged;
+    if (prev)
+      if (auto p = prev->entries.find(k);
+          p != prev->entries.end() && p->second.generation == e.generation && e.charged >= p->second.charged)
+        delta = e.charged - p->second.charged;
+    auto& s = next.entries[k];
+    s = {e.generation, e.charged, e.waiting};
+    if (delta > 0) grown[k] += delta;
+  }
+  gateways_[r.gateway] = std::move(next);
+  // Lift those newly backlogged (before they are charged: idleness banks
+  // no credit), then charge what was served.
+  for (const auto& dname : reported_deployments) {
+    auto& d = deployments_[dname];
+    std::vector<std::string> lifted;
+    const auto& mine = gateways_.at(r.gateway).entries;
+    for (auto it = mine.lower_bound(key{dname, std::string{}}); it != mine.end() && it->first.first == dname; ++it)
+      if (it->second.waiting > 0 && !before.count(it->first)) lifted.push_back(it->first.second);
+    if (!lifted.empty()) {
+      // The floor among those already backlogged.
+      double f = std::numeric_limits<double>::infinity();
+      for (const auto& [tenant, c] : d.counters)
+        if (c < f && before.count(key{dname, tenant})) f = c;
+      if (std::isinf(f)) f = d.last_served;
+      for (const auto& t : lifted) {
+        auto c = d.counters.find(t);
+        if (c == d.counters.end()) {
+          if (counters_ >= config_.entries_max) continue;  // bounded: stands at the floor
+          c = d.counters.emplace(t, 0.0).first;
+          ++counters_;
+        }
+        c->second = std::max(c->second, f);
+      }
+    }
+  }
+  // Where a tenant served while not kept starts: its deployment's floor
+  // before this report's charges (the same for all, whatever their order).
+  std::map<std::string, double> floors;
+  for (const auto& dname : reported_deployments) floors[dname] = floor(dname, deployments_[dname]);
+  for (const auto& [k, delta] : grown) {
+    auto& d = deployments_[k.first];
+    auto c = d.counters.find(k.second);
+    if (c == d.counters.end()) {
+      if (counters_ >= config_.entries_max) continue;
+      c = d.counters.emplace(k.second, floors[k.first]).first;
+      ++counters_;
+    }
+    c->second += delta;
+    d.last_served = std::max(d.last_served, c->second);
+  }
+  fair_share_answer out;
+  out.gateways = static_cast<std::uint32_t>(gateways_.size());
+  for (const auto& dname : reported_deployments) {
+    forget_idle(dname);
+    auto d = deployments_.find(dname);
+    if (d == deployments_.end()) continue;
+    fair_deployment_counters c;
+    c.deployment = dname;
+    c.floor = floor(dname, d->second);
+    for (const auto& [tenant, v] : d->second.counters)
+      c.counters.push_back({tenant, backlogged(dname, tenant) ? v : std::max(v, c.floor)});
+    out.deployments.push_back(std::move(c));
+  }
+  return out;
+}
+
+double fair_share_authority::counter(const std::string& deployment, const std::string& tenant) const {
+  auto d = deployments_.find(deployment);
+  if (d == deployments_.end()) return 0;
+  const double f = floor(deployment, d->second);
+  auto c = d->second.counters.find(tenant);
+  if (c == d->second.counters.end()) return f;
+  return backlogged(deployment, tenant) ? c->second : std::max(c->second, f);
+}
+
+std::size_t fair_share_authority::counters() const { return counters_; }
+
+// ------------------------------------------------------------ a gateway's board
+
+fair_share_board::fair_share_board(fair_share_board_config config) : config_(config) {}
+
+fair_share_board::tracked* fair_share_board::track(const key& k) {
+  auto it = entries_.find(k);
+  if (it != entries_.end()) return &it->second;
+  if (entries_.size() >= config_.entries_max) return nullptr;
+  auto& t = entries_[k];
+  t.generation = next_generation_++;
+  return &t;
+}
+
+void fair_share_board::note_charged(const std::string& deployment, const std::string& tenant, double weighted_tokens) {
+  if (!std::isfinite(weighted_tokens) || weighted_tokens <= 0) return;
+  auto* t = track({deployment, tenant});
+  if (!t) {
+    ++untracked_;
+    return;
+  }
+  t->charged += weighted_tokens;
+  t->charged_since_report = true;
+}
+
+double fair_share_board::counter(const std::string& deployment, const std::string& tenant) const {
+  double local = 0;
+  if (auto it = entries_.find({deployment, tenant}); it != entries_.end())
+    local = it->second.charged - (have_answer_ && !fell_back_ ? it->second.answered : 0);
+  if (!have_answer_ || fell_back_) return 0;  // the fair queue's own counters decide
+  auto d = global_.find(deployment);
+  if (d == global_.end()) return local;
+  auto c = d->second.counters.find(tenant);
+  return (c == d->second.counters.end() ? d->second.floor : c->second) + local;
+}
+
+void fair_share_board::apply_to(const std::string& deployment, fair_queue& queue) const {
+  if (!have_answer_ || fell_back_) return;
+  for (const auto& [tenant, n] : queue.backlog()) queue.raise_counter(tenant, counter(deployment, tenant));
+}
+
+fair_share_report fair_share_board::take_report(
+    std::uint64_t gateway, const std::map<std::string, std::vector<std::pair<std::string, std::size_t>>>& backlog) {
+  fair_share_report r;
+  r.gateway = gateway;
+  std::map<key, std::size_t> waiting;
+  for (const auto& [d, tenants] : backlog)
+    for (const auto& [t, n] : tenants) {
+      if (n == 0) continue;
+      if (track({d, t})) waiting[{d, t}] = n;
+    }
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    auto& t = it->second;
+    const auto w = waiting.find(it->first);
+    const std::size_t n = w == waiting.end() ? 0 : w->second;
+    if (t.charged_since_report || n > 0 || t.answered != t.charged)
+      t.idle_reports = 0;
+    else if (++t.idle_reports > config_.idle_reports_max) {
+      it = entries_.erase(it);
+      continue;
+    }
+    t.charged_since_report = false;
+    t.reported = t.charged;
+    r.entries.push_back({it->first.first, it->first.second, t.generation, t.charged,
+                         static_cast<std::uint32_t>(std::min<std::size_t>(n, UINT32_MAX))});
+    ++it;
+  }
+  return r;
+}
+
+bool fair_share_board::apply(const fair_share_answer& answer, std::int64_t now_ns) {
+  for (auto& [k, t] : entries_) t.answered = t.reported;
+  global_.clear();
+  std::size_t kept = 0;
+  for (const auto& d : answer.deployments) {
+    auto& g = global_[d.deployment];
+    g.floor = std::isfinite(d.floor) ? d.floor : 0;
+    for (const auto& c : d.counters) {
+      if (kept >= config_.entries_max) break;  // bounded: the rest stand at the floor
+      if (!std::isfinite(c.counter)) continue;
+      g.counters[c.tenant] = c.counter;
+      ++kept;
+    }
+  }
+  gateways_ = std::max<std::uint32_t>(1, answer.gateways);
+  answered_ns_ = now_ns;
+  have_answer_ = true;
+  return std::exchange(fell_back_, false);
+}
+
+bool fair_share_board::expire(std::int64_t now_ns) {
+  if (!have_answer_ || fell_back_ || now_ns - answered_ns_ <= config_.keep_ns) return false;
+  global_.clear();
+  for (auto& [k, t] : entries_) {
+    t.charged -= t.answered;
+    t.reported = t.answered = 0;
+    t.generation = next_generation_++;
+  }
+  fell_back_ = true;
+  return true;
+}
+
+}  // namespace exa::cluster

@@ -14,7 +14,7 @@ namespace {
 // for |x| < 2^51, and no libm call.
 double round_even(double x) noexcept {
   // IEEE semantics (no -ffast-math) forbid folding (x + s) − s to x.
-  constexpr double shifter = 6755399441055744.0;  // 1.5 · 2^52
+  constexpr double shifter = expf_parts::shifter;  // 1.5 · 2^52
   const double t = x + shifter;
   return t - shifter;
 }
@@ -72,15 +72,18 @@ constexpr std::array<double, 64> exp2_table = make_exp2_table();
 
 }  // namespace
 
+const double* expf_parts::table() noexcept { return exp2_table.data(); }
+
 float expf(float xf) noexcept {
   const double x = xf;
   if (x != x) return xf;
-  if (x > 88.8) return std::numeric_limits<float>::infinity();
-  if (x < -104.0) return 0.0f;
+  if (x > expf_parts::upper) return std::numeric_limits<float>::infinity();
+  if (x < expf_parts::lower) return 0.0f;
   // x = (64k + j)·ln2/64 + r, |r| ≤ ln2/128: e^x = 2^k · 2^(j/64) · e^r.
-  constexpr double scale = 92.33248261689366;  // 64 / ln2
-  constexpr double ln2_64_hi = 0.01083042469326756;  // ln2/64 to 32 significant bits
-  constexpr double ln2_64_lo = 2.9815858269852933e-12;   // the rest
+  // Every step below is repeated lane by lane in kernels_impl.hpp's vexpf.
+  constexpr double scale = expf_parts::scale;
+  constexpr double ln2_64_hi = expf_parts::ln2_64_hi;
+  constexpr double ln2_64_lo = expf_parts::ln2_64_lo;
   const double kd = round_even(x * scale);
   const double r = (x - kd * ln2_64_hi) - kd * ln2_64_lo;
   // e^r to r^5/5!: below 4e-17 relative for |r| ≤ 0.0055.

@@ -19,6 +19,19 @@ void sincos(double x, double& s, double& c) noexcept;
 /// double (about 3× cheaper than exp; the engine calls it for every SiLU and
 /// attention weight).
 float expf(float x) noexcept;
+
+/// expf's constants and table, for the vector versions in the kernel variants
+/// (kernels_impl.hpp), which must take the same steps lane by lane.
+namespace expf_parts {
+inline constexpr double upper = 88.8;   // above: +inf
+inline constexpr double lower = -104.0;  // below: 0
+inline constexpr double scale = 92.33248261689366;  // 64 / ln2
+inline constexpr double ln2_64_hi = 0.01083042469326756;  // ln2/64 to 32 significant bits
+inline constexpr double ln2_64_lo = 2.9815858269852933e-12;   // the rest
+inline constexpr double shifter = 6755399441055744.0;  // 1.5 · 2^52: round to even by adding and subtracting
+/// 2^(j/64), j = 0..63.
+const double* table() noexcept;
+}  // namespace expf_parts
 /// x^y for x > 0.
 inline double pow(double x, double y) noexcept { return exp(y * log(x)); }
 

@@ -64,6 +64,10 @@ struct kernel_table {
   /// For i < rows in order: out[e] = fma(w[i], v[i · stride + e], out[e]).
   void (*axpy_f16_rows)(const float* w, const std::uint16_t* v, std::size_t stride, std::size_t rows,
                         std::size_t n, float* out);
+  /// g[i] = g[i] / (1 + det::expf(-g[i])) · u[i] (ops.hpp's silu_mul).
+  void (*silu_mul)(float* g, const float* u, std::size_t n);
+  /// ops.hpp's softmax: det::expf(x[i] − max), the sum in double in order.
+  void (*softmax)(float* x, std::size_t n);
 };
 
 /// The table of variant `i` (whether this CPU can run it is the caller's

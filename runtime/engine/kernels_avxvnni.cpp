@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 
+#include "engine/det_math.hpp"
 #include "engine/kernel_table.hpp"
 #include "engine/kquant_dot.hpp"
 #include "engine/legacy_dot.hpp"
@@ -26,7 +27,7 @@
 namespace exa::engine::kernels_avxvnni {
 extern const kernel_table table;
 const kernel_table table{isa::avxvnni, false, rows_fn, quantize_fn, dot_f16_fn, axpy_f16_fn, kquant_fn, legacy_fn,
-                         dot_f16_rows_fn, axpy_f16_rows_fn};
+                         dot_f16_rows_fn, axpy_f16_rows_fn, silu_mul_fn, softmax_fn};
 }  // namespace exa::engine::kernels_avxvnni
 
 #pragma GCC pop_options

@@ -427,6 +427,7 @@ inline __m256i dot_i8x32(__m256i abs_w, __m256i w, __m256i x) noexcept {
 
 struct q8_0_row {
   using block = block_q8_0;
+  static constexpr bool reload = true;  // a plain load: read again where used
   static __m256i load(const block& b) noexcept {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
   }
@@ -434,6 +435,7 @@ struct q8_0_row {
 
 struct q4_0_row {
   using block = block_q4_0;
+  static constexpr bool reload = false;
   static __m256i load(const block& b) noexcept {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
     const __m128i mask = _mm_set1_epi8(0x0f);
@@ -450,31 +452,42 @@ struct q4_0_row {
 // registers, and the second pass finds the row block in cache).
 template <class Row, int R, int C>
 void quant_half(const typename Row::block* const* rows, const block_q8_0* const* xs, const float* const* xsc,
-                std::size_t nb, int h, __m256 (&acc)[R][C]) noexcept {
+                std::size_t nb, int h, __m256 (&out)[R][C]) noexcept {
+  // Local accumulators (not `out`, which would stay in memory). Registers:
+  // R·C accumulators, each row's |w| and scale, one token's bytes and scale
+  // at a time, and a temporary; w itself is read from L1 by vpsignb (q8_0),
+  // or kept unpacked per row (q4_0, whose unpacking is not free).
+  __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (std::size_t b = static_cast<std::size_t>(h); b < nb; b += 2) {
-    __m256i wv[R], aw[R];
+    __m256i aw[R];
     __m256 wd[R];
+    [[maybe_unused]] __m256i wv[R];
     for (int r = 0; r < R; ++r) {
-      wv[r] = Row::load(rows[r][b]);
-      aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
+      const __m256i w = Row::load(rows[r][b]);
+      if constexpr (!Row::reload) wv[r] = w;
+      aw[r] = _mm256_sign_epi8(w, w);
       wd[r] = _mm256_set1_ps(h2f(rows[r][b].d));
     }
     for (int c = 0; c < C; ++c) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b].qs));
-      const __m256 xd = _mm256_broadcast_ss(xsc[c] + b);  // the activations' scales, already floats
+      const __m256 xd = _mm256_broadcast_ss(xsc[c] + b);
       for (int r = 0; r < R; ++r) {
-        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(aw[r], wv[r], xv)), wd[r]);
+        __m256i w;
+        if constexpr (Row::reload) w = Row::load(rows[r][b]);
+        else w = wv[r];
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(aw[r], w, xv)), wd[r]);
         acc[r][c] = _mm256_fmadd_ps(scaled, xd, acc[r][c]);
       }
     }
   }
-  // An odd block count: the last step's missing block adds fma(0, 0, acc),
-  // as the AVX-512 kernel does.
-  if (h == 1 && nb % 2 == 1)
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), acc[r][c]);
+  // An odd block count: the AVX-512 kernel's last step adds fma(0, 0, acc)
+  // for the missing block. That is the identity here (acc starts at +0 and
+  // a sum is -0 only when both terms are), so it is left out: kept, it made
+  // GCC hold the accumulators in memory as well, a store per FMA.
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
 }
 
 template <class Row, int R, int C>
@@ -926,7 +939,7 @@ constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 :
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
 constexpr int float_rows(int c) { return c == 1 ? 6 : c == 2 ? 2 : 1; }
-constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 4 : 3; }
+constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 4 : c == 3 ? 3 : 2; }
 #else
 constexpr int float_rows(int) { return 1; }
 constexpr int quant_rows(int) { return 1; }
@@ -1046,9 +1059,145 @@ inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
                        _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(r)));
     }
   }
+#elif defined(EXA_K_AVX2)
+  // The AVX-512 loop above on 8 lanes: the same roundf, exactly.
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  for (std::size_t b = 0; b < n / 32; ++b) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + b * 32 + 8 * i);
+    const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_mask, v[0]), _mm256_andnot_ps(sign_mask, v[1])),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign_mask, v[2]), _mm256_andnot_ps(sign_mask, v[3])));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // max is exact in any order
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    const float amax = _mm_cvtss_f32(m);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = model::float_to_f16(d);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 sc = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+      const __m256 t = _mm256_round_ps(sc, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 frac = _mm256_andnot_ps(sign_mask, _mm256_sub_ps(sc, t));
+      const __m256 up = _mm256_cmp_ps(frac, half, _CMP_GE_OQ);
+      const __m256 step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(sc, sign_mask)));
+      q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, step));  // t + 0 where not rounding up: the same integer
+    }
+    // int32 → int8 (|q| ≤ 127: no saturation), then undo the packs' lane interleave.
+    const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), ordered);
+  }
 #else
   model::quantize_row_q8_0(x, out, n);
 #endif
+}
+
+// ------------------------------------------------ e^x, SiLU and softmax
+// det::expf lane by lane: the same double steps (det_math.cpp), so the same
+// bits; only the table lookup is a gather.
+#if defined(EXA_K_AVX512)
+inline __m256 vexpf(__m256 xf) noexcept {
+  namespace e = det::expf_parts;
+  const __m512d x = _mm512_cvtps_pd(xf);
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
+  const __mmask8 big = _mm512_cmp_pd_mask(x, _mm512_set1_pd(e::upper), _CMP_GT_OQ);
+  const __mmask8 small = _mm512_cmp_pd_mask(x, _mm512_set1_pd(e::lower), _CMP_LT_OQ);
+  const __m512d xc = _mm512_maskz_mov_pd(static_cast<__mmask8>(~(nan | big | small)), x);  // others: any finite value
+  const __m512d sh = _mm512_set1_pd(e::shifter);
+  const __m512d kd = _mm512_sub_pd(_mm512_add_pd(_mm512_mul_pd(xc, _mm512_set1_pd(e::scale)), sh), sh);
+  const __m512d r = _mm512_sub_pd(_mm512_sub_pd(xc, _mm512_mul_pd(kd, _mm512_set1_pd(e::ln2_64_hi))),
+                                  _mm512_mul_pd(kd, _mm512_set1_pd(e::ln2_64_lo)));
+  __m512d p = _mm512_set1_pd(1.0 / 120.0);
+  for (const double c : {1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
+    p = _mm512_add_pd(_mm512_set1_pd(c), _mm512_mul_pd(r, p));
+  const __m256i n = _mm512_cvtpd_epi32(kd);  // kd is an integer: exact
+  const __m256i j = _mm256_and_si256(n, _mm256_set1_epi32(63));
+  const __m256i k = _mm256_srai_epi32(_mm256_sub_epi32(n, j), 6);
+  const __m512d t = _mm512_i32gather_pd(j, e::table(), 8);
+  const __m512i bits = _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm256_add_epi32(k, _mm256_set1_epi32(1023))), 52);
+  __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(t, p), _mm512_castsi512_pd(bits)));
+  y = _mm256_mask_blend_ps(small, y, _mm256_setzero_ps());
+  y = _mm256_mask_blend_ps(big, y, _mm256_set1_ps(__builtin_inff()));
+  return _mm256_mask_blend_ps(nan, y, xf);
+}
+constexpr std::size_t vexpf_lanes = 8;
+inline void vexpf_minus(float* x, float sub) noexcept {  // x[0..8) = e^(x − sub)
+  _mm256_storeu_ps(x, vexpf(_mm256_sub_ps(_mm256_loadu_ps(x), _mm256_set1_ps(sub))));
+}
+#elif defined(EXA_K_AVX2)
+inline __m128 vexpf(__m128 xf) noexcept {
+  namespace e = det::expf_parts;
+  const __m256d x = _mm256_cvtps_pd(xf);
+  const __m128 nan = _mm_cmpunord_ps(xf, xf);
+  const __m256d big = _mm256_cmp_pd(x, _mm256_set1_pd(e::upper), _CMP_GT_OQ);
+  const __m256d small = _mm256_cmp_pd(x, _mm256_set1_pd(e::lower), _CMP_LT_OQ);
+  const __m256d odd = _mm256_or_pd(_mm256_or_pd(big, small), _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+  const __m256d xc = _mm256_andnot_pd(odd, x);  // the special lanes compute e^0 and are replaced below
+  const __m256d sh = _mm256_set1_pd(e::shifter);
+  const __m256d kd = _mm256_sub_pd(_mm256_add_pd(_mm256_mul_pd(xc, _mm256_set1_pd(e::scale)), sh), sh);
+  const __m256d r = _mm256_sub_pd(_mm256_sub_pd(xc, _mm256_mul_pd(kd, _mm256_set1_pd(e::ln2_64_hi))),
+                                  _mm256_mul_pd(kd, _mm256_set1_pd(e::ln2_64_lo)));
+  __m256d p = _mm256_set1_pd(1.0 / 120.0);
+  for (const double c : {1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
+    p = _mm256_add_pd(_mm256_set1_pd(c), _mm256_mul_pd(r, p));
+  const __m128i n = _mm256_cvtpd_epi32(kd);  // kd is an integer: exact
+  const __m128i j = _mm_and_si128(n, _mm_set1_epi32(63));
+  const __m128i k = _mm_srai_epi32(_mm_sub_epi32(n, j), 6);
+  const __m256d t = _mm256_i32gather_pd(e::table(), j, 8);
+  const __m256i bits = _mm256_slli_epi64(_mm256_cvtepi32_epi64(_mm_add_epi32(k, _mm_set1_epi32(1023))), 52);
+  __m128 y = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(t, p), _mm256_castsi256_pd(bits)));
+  y = _mm_blendv_ps(y, _mm_setzero_ps(), _mm256_cvtpd_ps(small));  // all-ones lanes → NaN: sign bit set
+  y = _mm_blendv_ps(y, _mm_set1_ps(__builtin_inff()), _mm256_cvtpd_ps(big));
+  return _mm_blendv_ps(y, xf, nan);
+}
+constexpr std::size_t vexpf_lanes = 4;
+inline void vexpf_minus(float* x, float sub) noexcept {  // x[0..4) = e^(x − sub)
+  _mm_storeu_ps(x, vexpf(_mm_sub_ps(_mm_loadu_ps(x), _mm_set1_ps(sub))));
+}
+#endif
+
+// The scalar order (ops.cpp): g / (1 + e^(−g)), then · u.
+inline void silu_mul(float* g, const float* u, std::size_t n) noexcept {
+  std::size_t i = 0;
+#if defined(EXA_K_AVX512)
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 den = _mm256_add_ps(one, vexpf(_mm256_xor_ps(gv, sign)));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+  }
+#elif defined(EXA_K_AVX2)
+  const __m128 one = _mm_set1_ps(1.0f), sign = _mm_set1_ps(-0.0f);
+  for (; i + 4 <= n; i += 4) {
+    const __m128 gv = _mm_loadu_ps(g + i);
+    const __m128 den = _mm_add_ps(one, vexpf(_mm_xor_ps(gv, sign)));
+    _mm_storeu_ps(g + i, _mm_mul_ps(_mm_div_ps(gv, den), _mm_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; ++i) g[i] = g[i] / (1.0f + det::expf(-g[i])) * u[i];
+}
+
+// The scalar order (ops.cpp): the max, e^(x − max) per element, their sum in
+// double one after the other, then · (float)(1 / sum).
+inline void softmax(float* x, std::size_t n) noexcept {
+  float mx = -__builtin_inff();
+  for (std::size_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  std::size_t i = 0;
+#if defined(EXA_K_HAS_AVX2)
+  for (; i + vexpf_lanes <= n; i += vexpf_lanes) {
+    vexpf_minus(x + i, mx);
+    for (std::size_t l = 0; l < vexpf_lanes; ++l) sum += x[i + l];
+  }
+#endif
+  for (; i < n; ++i) {
+    x[i] = det::expf(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (std::size_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
 inline float dot_f16(const float* q, const std::uint16_t* k, std::size_t n) {
@@ -1107,6 +1256,8 @@ void axpy_f16_rows_fn(const float* w, const std::uint16_t* v, std::size_t stride
                       float* out) {
   axpy_f16_rows(w, v, stride, rows, n, out);
 }
+void silu_mul_fn(float* g, const float* u, std::size_t n) { silu_mul(g, u, n); }
+void softmax_fn(float* x, std::size_t n) { softmax(x, n); }
 void legacy_fn(tensor_type type, const std::byte* row, const void* x, std::size_t x_stride, std::size_t n_tokens,
                std::size_t nb, float* y, std::size_t y_stride) {
   lg::row_tokens(type, row, x, x_stride, n_tokens, nb, y, y_stride);

@@ -120,7 +120,7 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
     kernels_->dot_f16_rows(q, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd, scores.data() + j0);
   }
   for (std::size_t j = 0; j < n; ++j) scores[j] *= scale;
-  softmax(scores.data(), n);
+  kernels_->softmax(scores.data(), n);
   float* out = att_.data() + t * q_dim_ + head * hd;
   for (std::size_t i = 0; i < hd; ++i) out[i] = 0.0f;
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
@@ -180,7 +180,7 @@ expected<void> llama_forward::mlp_layer(std::uint32_t layer, std::size_t n_tok) 
   xn_acts_.convert(w.w_gate.type, xn_.data(), dim, n_tok, dim, &pool_);
   project(w.w_gate, n_tok, gate_.data(), ff);
   project(w.w_up, n_tok, up_.data(), ff);
-  for_tokens(n_tok, [&](std::size_t t) { silu_mul(gate_.data() + t * ff, up_.data() + t * ff, ff); });
+  for_tokens(n_tok, [&](std::size_t t) { kernels_->silu_mul(gate_.data() + t * ff, up_.data() + t * ff, ff); });
   matmul(w.w_down, gate_.data(), ff, n_tok, proj_.data(), dim, pool_, other_acts_);
   if (auto ok = all_reduce(proj_.data(), n_tok * dim); !ok) return ok;  // row-parallel, as O
   for_tokens(n_tok, [&](std::size_t t) {

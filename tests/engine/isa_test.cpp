@@ -190,6 +190,58 @@ TEST_CASE("attention's fp16 dot and axpy and the Q8_0 quantizer agree across var
   }
 }
 
+TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across variants", "[engine][isa][math]") {
+  const auto variants = test::runnable_isas();
+  const auto& ref = engine::kernels_for(isa::scalar);
+  // Every range det::expf distinguishes: ordinary arguments, both cut-offs
+  // and their neighbours, subnormal results, signed zeros, infinities, NaN.
+  std::vector<float> g = random_floats(4099, 11, 30.0f);
+  const auto wide = random_floats(2000, 12, 120.0f);
+  g.insert(g.end(), wide.begin(), wide.end());
+  for (const float f : {0.0f, -0.0f, 88.8f, -88.8f, 88.79f, 104.0f, -104.0f, 103.99f, 104.01f, 87.0f, -87.5f,
+                        100.0f, -100.0f, 1e-30f, -1e-30f, __builtin_inff(), -__builtin_inff(), __builtin_nanf("")})
+    g.push_back(f);
+  const auto u = random_floats(g.size(), 13, 3.0f);
+  // The scalar table must be det::expf itself (the reference of ops.hpp).
+  {
+    auto out = g;
+    ref.silu_mul(out.data(), u.data(), out.size());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const float want = g[i] / (1.0f + engine::det::expf(-g[i])) * u[i];
+      if (std::memcmp(&want, &out[i], sizeof want) != 0) FAIL("scalar silu_mul differs at " << i << " x=" << g[i]);
+    }
+  }
+  for (const isa v : variants) {
+    const auto& t = engine::kernels_for(v);
+    CAPTURE(engine::to_string(v));
+    for (const std::size_t n : {g.size(), std::size_t{7}, std::size_t{1}, std::size_t{12}}) {
+      std::vector<float> a(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(n)), b = a;
+      ref.silu_mul(a.data(), u.data(), n);
+      t.silu_mul(b.data(), u.data(), n);
+      CHECK(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
+    }
+    // softmax rows as attention makes them: scaled scores of every length up
+    // to two vector widths past a multiple, and one long row.
+    for (const std::size_t n : {1, 3, 4, 5, 8, 9, 15, 16, 17, 33, 511}) {
+      auto a = random_floats(n, 100 + n, 12.0f), b = a;
+      ref.softmax(a.data(), n);
+      t.softmax(b.data(), n);
+      CAPTURE(n);
+      CHECK(same_bits(a, b));
+    }
+  }
+  // Ties: with amax = 127 the scale is 1 and x.5 values round away from zero.
+  std::vector<float> x(256);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = (i % 32 == 0) ? 127.0f : static_cast<float>(static_cast<int>(i % 61) - 30) + 0.5f;
+  std::vector<model::block_q8_0> expect(8), got(8);
+  model::quantize_row_q8_0(x.data(), expect.data(), x.size());
+  for (const isa v : variants) {
+    CAPTURE(engine::to_string(v));
+    engine::kernels_for(v).quantize_q8_0(x.data(), got.data(), x.size());
+    CHECK(std::memcmp(expect.data(), got.data(), expect.size() * sizeof expect[0]) == 0);
+  }
+}
+
 TEST_CASE("a model's logits are bitwise the same on every ISA variant", "[engine][isa]") {
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
                              model::tensor_type::q4_0, model::tensor_type::q4_K);

@@ -2103,6 +2103,11 @@ caf::behavior controller_actor(caf::stateful_actor<controller_state>* self, cont
         if (!g) return to_caf(g.error());
         return quota_grant_msg{std::move(*g)};
       },
+      [=](const fair_share_report_msg& m) -> caf::result<fair_share_answer_msg> {
+        auto a = self->state.fair_shares.report(m.report, clock_ns(self));
+        if (!a) return to_caf(a.error());
+        return fair_share_answer_msg{std::move(*a)};
+      },
       [=](autoscale_tick_atom) { on_autoscale_tick(self); },
       [=](models_atom) { return models_reply{list_models(self)}; },
       [=](ready_atom) {

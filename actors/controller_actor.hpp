@@ -241,6 +241,9 @@ struct controller_state {
   /// Tenant limits shared by the gateways: their demand under leases, and
   /// each one's shares (quota_report).
   auth::quota_authority quotas;
+  /// Weighted fair queuing across the gateways: the global per-tenant
+  /// counters their fair queues order by (fair_share_report_msg).
+  cluster::fair_share_authority fair_shares;
   /// Deployments waiting for room that defragmentation is making: the
   /// replicas moving out of the way (placed again as each stops).
   std::map<std::string, std::set<cluster::replica_id>> defrag_waiting;

@@ -537,6 +537,7 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   std::random_device rd;
   rc.request_number_base = (std::uint64_t{rd()} & 0xFFFFFFu) << 40;
   rc.quotas = o.quotas;
+  if (o.fair_across_gateways) rc.fair_shares = std::make_shared<cluster::fair_share_board>();
   rc.gateway_id = (std::uint64_t{rd()} << 32) | rd();
   p->router = p->system.spawn(router_actor, rc, metrics);
   register_as(p->system, router_atom::value, p->router);

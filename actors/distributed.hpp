@@ -157,6 +157,10 @@ struct gateway_options {
   /// (router_config::quotas); the front door admits on the same board.
   /// Null: this gateway enforces whole limits on its own.
   std::shared_ptr<auth::quota_board> quotas;
+  /// Weighted fair queuing shared with the other gateways through the
+  /// controller (router_config::fair_shares); false: this gateway's fair
+  /// queues count only what it served.
+  bool fair_across_gateways = true;
 };
 
 class gateway_process {

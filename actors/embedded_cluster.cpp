@@ -107,6 +107,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.router.tenant_headroom_slots = o.tenant_headroom_slots;
   plan.router.table.default_policy = o.default_routing;
   plan.router.region = o.gateway_region;
+  plan.router_is_hub = o.routers_subscribe;
   auto& c = plan.controller;
   c.engine = o.engine;
   c.default_kv_tokens = o.default_kv_tokens;

@@ -39,6 +39,10 @@ struct cluster_options {
   std::uint32_t racks = 1;                         // nodes spread round-robin over racks
   std::uint32_t regions = 0;                       // 0: none; else nodes spread round-robin over r0, r1, ...
   std::string gateway_region;                      // the embedded gateway's region ("" = none)
+  /// Several gateways in one process (tests): "the router" is a hub that
+  /// routers subscribe to (subscribe_msg, then gateway_join to the
+  /// controller) instead of one router; the backend then has no router.
+  bool routers_subscribe = false;
   std::uint64_t device_memory_bytes = 1ull << 30;  // ledger capacity and KV region per device
   std::size_t kv_page_bytes = 32 * 1024;
   std::uint32_t device_threads = 1;                // engine worker threads per device

@@ -103,6 +103,16 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<auth::quota_grant>("exa.quota_grant");
   cfg.add_message_type<quota_report>("exa.quota_report");
   cfg.add_message_type<quota_grant_msg>("exa.quota_grant_msg");
+  cfg.add_message_type<cluster::fair_share_entry>("exa.fair_share_entry");
+  cfg.add_message_type<std::vector<cluster::fair_share_entry>>("exa.fair_share_entry_list");
+  cfg.add_message_type<cluster::fair_share_report>("exa.fair_share_report");
+  cfg.add_message_type<cluster::fair_counter>("exa.fair_counter");
+  cfg.add_message_type<std::vector<cluster::fair_counter>>("exa.fair_counter_list");
+  cfg.add_message_type<cluster::fair_deployment_counters>("exa.fair_deployment_counters");
+  cfg.add_message_type<std::vector<cluster::fair_deployment_counters>>("exa.fair_deployment_counters_list");
+  cfg.add_message_type<cluster::fair_share_answer>("exa.fair_share_answer");
+  cfg.add_message_type<fair_share_report_msg>("exa.fair_share_report_msg");
+  cfg.add_message_type<fair_share_answer_msg>("exa.fair_share_answer_msg");
   cfg.add_message_type<node_leaving>("exa.node_leaving");
   cfg.add_message_type<models_reply>("exa.models_reply");
   cfg.add_message_type<status_reply>("exa.status_reply");

@@ -19,6 +19,7 @@
 
 #include "api/gateway.hpp"
 #include "auth/quota_share.hpp"
+#include "cluster/fair_share_board.hpp"
 #include "cluster/node_cache.hpp"
 #include "cluster/types.hpp"
 #include "common/error.hpp"
@@ -723,6 +724,55 @@ struct quota_grant_msg {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, quota_grant_msg& x) {
   return f(caf::meta::type_name("exa.quota_grant_msg"), x.grant);
+}
+
+}  // namespace exa::actors
+
+namespace exa::cluster {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fair_share_entry& x) {
+  return f(caf::meta::type_name("exa.fair_share_entry"), x.deployment, x.tenant, x.generation, x.charged, x.waiting);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fair_share_report& x) {
+  return f(caf::meta::type_name("exa.fair_share_report"), x.gateway, x.entries);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fair_counter& x) {
+  return f(caf::meta::type_name("exa.fair_counter"), x.tenant, x.counter);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fair_deployment_counters& x) {
+  return f(caf::meta::type_name("exa.fair_deployment_counters"), x.deployment, x.floor, x.counters);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fair_share_answer& x) {
+  return f(caf::meta::type_name("exa.fair_share_answer"), x.deployments, x.gateways);
+}
+
+}  // namespace exa::cluster
+
+namespace exa::actors {
+
+/// router -> controller, with each quota report (router_config::
+/// fair_shares): what this gateway's fair queues charged per deployment and
+/// tenant, in total, and their backlog, so the controller keeps global
+/// fair-queue counters (cluster/fair_share_board.hpp). Answered with a
+/// fair_share_answer_msg or an error.
+struct fair_share_report_msg {
+  cluster::fair_share_report report;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fair_share_report_msg& x) {
+  return f(caf::meta::type_name("exa.fair_share_report_msg"), x.report);
+}
+struct fair_share_answer_msg {
+  cluster::fair_share_answer answer;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fair_share_answer_msg& x) {
+  return f(caf::meta::type_name("exa.fair_share_answer_msg"), x.answer);
 }
 
 /// node -> controller: this node's process is stopping (SIGTERM): move its

@@ -229,6 +229,37 @@ void report_loads(self_ptr self) {
 
 using quota_tick_atom = caf::atom_constant<caf::atom("quotatick")>;
 
+// Weighted fair queuing across gateways: what this router's fair queues
+// charged and their backlog to the controller, its global counters back
+// onto the board (applied to the queues as they drain). Without an answer
+// for the board's keep_ns the queues order by their own counters (logged
+// once each way).
+void report_fair_shares(self_ptr self, std::int64_t now, std::chrono::milliseconds period) {
+  auto& st = self->state;
+  auto board = st.config.fair_shares;
+  if (board->expire(now))
+    spdlog::warn("event=fair_share_fallback gateways={} reason=\"no fair-queue counters from the controller in time: "
+                 "each deployment's waiting requests are ordered by this gateway's own counters\"",
+                 board->gateways());
+  auto c = caf::actor_cast<caf::actor>(self->home_system().registry().get(controller_atom::value));
+  if (!c || st.fair_share_pending) return;  // the last report's timeout ends it
+  std::map<std::string, std::vector<std::pair<std::string, std::size_t>>> backlog;
+  for (const auto& [d, q] : st.pick_queues) backlog[d] = q.backlog();
+  st.fair_share_pending = true;
+  self->request(c, period, fair_share_report_msg{board->take_report(st.config.gateway_id, backlog)})
+      .then(
+          [=](const fair_share_answer_msg& m) {
+            self->state.fair_share_pending = false;
+            if (board->apply(m.answer, static_cast<std::int64_t>(now_ns(self))))
+              spdlog::info("event=fair_share_restored gateways={} deployments={}", m.answer.gateways,
+                           m.answer.deployments.size());
+          },
+          [=](const caf::error& e) {
+            self->state.fair_share_pending = false;
+            spdlog::debug("event=fair_share_report_failed error=\"{}\"", to_string(from_caf(e)));
+          });
+}
+
 // Tenant limits shared across gateways: this gateway's demand since the last
 // tick to the controller, its shares back onto the board. Without an answer
 // in time the board keeps its shares for a while, then falls back to an even
@@ -239,6 +270,8 @@ void report_quota(self_ptr self) {
   const auto period = std::chrono::milliseconds(st.config.quota_report_ms);
   self->delayed_send(self, period, quota_tick_atom::value);
   const auto now = static_cast<std::int64_t>(now_ns(self));
+  if (st.config.fair_shares) report_fair_shares(self, now, period);
+  if (!board) return;
   if (board->expire_shares(now))
     spdlog::warn("event=quota_fallback gateways={} reason=\"no shares from the controller in time: each tenant's "
                  "limits are divided evenly by the gateways\"",
@@ -483,6 +516,11 @@ expected<picked_replica> pick_now(self_ptr self, const pick_replica& m, const ca
       ++st.tenant_places[entry.deployment][entry.tenant];
     }
     update_gauges(self, entry.deployment);
+    // Every request served counts toward its tenant's counter across
+    // gateways, also one that found a free place without waiting.
+    if (st.config.fair_shares && st.config.fair_across_tenants)
+      st.config.fair_shares->note_charged(
+          m.deployment, entry.tenant, static_cast<double>(std::uint64_t{m.prompt_tokens} + m.max_tokens) / entry.weight);
   }
   return picked_replica{id, epoch, handle->second};
 }
@@ -492,6 +530,7 @@ void drain_picks(self_ptr self, const std::string& deployment) {
   auto& st = self->state;
   auto q = st.pick_queues.find(deployment);
   if (q == st.pick_queues.end()) return;
+  if (st.config.fair_shares) st.config.fair_shares->apply_to(deployment, q->second);
   for (;;) {
     // Nothing to try while every place is taken: route() would charge a
     // replica for a request it cannot take.
@@ -573,6 +612,8 @@ caf::result<picked_replica> on_pick(self_ptr self, const pick_replica& m) {
     if (q.empty()) st.pick_queues.erase(m.deployment);
     return to_caf(ok.error());
   }
+  // Its counter across gateways: no credit for what it was served elsewhere.
+  if (st.config.fair_shares) q.raise_counter(tenant, st.config.fair_shares->counter(m.deployment, tenant));
   auto promise = self->make_response_promise();
   st.held_picks[hold] = {promise, m, requester,
                          static_cast<std::int64_t>(now_ns(self)) + std::int64_t{st.config.pick_hold_ms} * 1000000};
@@ -690,7 +731,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
   st.admission.emplace(std::move(*admission));
   self->set_down_handler([=](const caf::down_msg& dm) { on_down(self, dm); });
   self->delayed_send(self, std::chrono::milliseconds(st.config.deadline_sweep_ms), deadline_atom::value);
-  if (st.config.quotas) {
+  if (st.config.quotas || st.config.fair_shares) {
     st.quota_since_ns = static_cast<std::int64_t>(now_ns(self));
     self->send(self, quota_tick_atom::value);  // the first report at once: shares before the first flood
   }

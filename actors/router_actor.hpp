@@ -23,6 +23,7 @@
 #include "cluster/admission.hpp"
 #include "cluster/failure_detector.hpp"
 #include "cluster/fair_queue.hpp"
+#include "cluster/fair_share_board.hpp"
 #include "cluster/routing.hpp"
 
 namespace exa::actors {
@@ -73,6 +74,14 @@ struct router_config {
   std::shared_ptr<auth::quota_board> quotas;
   std::uint64_t gateway_id = 0;  // this gateway in its quota reports: unique per gateway
   std::uint32_t quota_report_ms = 1000;
+  /// Weighted fair queuing shared across gateways (cluster/
+  /// fair_share_board.hpp): with the quota report, every quota_report_ms,
+  /// what this router's fair queues charged and their backlog go to the
+  /// controller, and its global counters come back; the pick queues order
+  /// by them plus what was charged here since (without answers for the
+  /// board's keep_ns: by their own counters). Null: each gateway's fair
+  /// queues count only what it served itself (one gateway: the same).
+  std::shared_ptr<cluster::fair_share_board> fair_shares;
   chaos_hooks hooks;
 };
 
@@ -167,6 +176,7 @@ struct router_state {
   std::map<std::string, std::deque<latency_sample>> latencies;
   bool load_report_armed = false;
   bool quota_pending = false;      // a quota report awaits its answer
+  bool fair_share_pending = false;  // a fair-share report awaits its answer
   std::int64_t quota_since_ns = 0;  // the current demand period began
   std::uint64_t split_rng = 0x9e3779b97f4a7c15ull;  // seeded: draws for requests without a conversation key
   std::shared_ptr<cluster_metrics> metrics;

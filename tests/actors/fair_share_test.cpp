@@ -1,0 +1,222 @@
+// Weighted fair queuing across gateways, on the deterministic scheduler in
+// virtual time: a simulated replica shared by two gateway routers (each with
+// its own places on it and its own fair queue), the embedded cluster's
+// controller keeping the global counters. Tenant A floods through both
+// gateways, tenant B through one, both always backlogged. With the counters
+// shared the replica's service splits by the tenants' weights; with each
+// gateway counting alone, A gets its share at each gateway (about 3/4).
+
+#include <catch2/catch.hpp>
+
+#include <caf/actor_registry.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/cluster_supervisor.hpp"
+#include "actors/messages.hpp"
+#include "actors/router_actor.hpp"
+#include "cluster/fair_share_board.hpp"
+#include "cluster/model_ref.hpp"
+#include "cluster_fixture.hpp"
+
+using namespace exa;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::uint32_t prompt_tokens = 64;
+constexpr std::uint32_t max_tokens = 32;
+
+actors::cluster_options one_simulated_replica() {
+  auto o = test::cluster_fixture::defaults();
+  o.nodes = 1;
+  o.devices_per_node = 1;
+  o.engine = "sim";
+  o.routers_subscribe = true;
+  o.deployments.clear();
+  api::deploy_request d;
+  d.name = "m";
+  d.model_file = cluster::preset_ref("llama-3-8b", cluster::precision::fp16, 4096);
+  d.replicas = 1;
+  d.kv_tokens = 65536;
+  o.deployments.push_back(d);
+  return o;
+}
+
+class two_gateways {
+ public:
+  explicit two_gateways(bool shared, std::map<std::string, double> weights = {})
+      : f_(one_simulated_replica()), weights_(std::move(weights)) {
+    auto& reg = f_.system().registry();
+    auto hub = caf::actor_cast<caf::actor>(reg.get(actors::router_atom::value));
+    auto controller = caf::actor_cast<caf::actor>(reg.get(actors::controller_atom::value));
+    REQUIRE(hub);
+    REQUIRE(controller);
+    agent_ = f_.system().spawn([](caf::event_based_actor* self) -> caf::behavior {
+      self->set_default_handler(caf::drop);
+      return {[](actors::tick_atom) {}};
+    });
+    for (std::uint64_t id : {1, 2}) {
+      actors::router_config rc;
+      rc.admission.in_flight_per_replica_max = 4;  // each gateway's places on the replica
+      rc.admission.queued_per_model_max = 1024;
+      rc.fair_across_tenants = true;
+      rc.tenant_headroom_slots = 0;  // the order alone decides, not a per-gateway reserve
+      rc.pick_hold_ms = 60000;
+      rc.submit_timeout_ms = 90000;
+      rc.gateway_id = id;
+      rc.request_number_base = id << 40;
+      rc.quota_report_ms = 200;
+      if (shared) {
+        boards_.push_back(std::make_shared<cluster::fair_share_board>());
+        rc.fair_shares = boards_.back();
+      }
+      auto r = f_.system().spawn(actors::router_actor, rc, std::shared_ptr<actors::cluster_metrics>{});
+      caf::anon_send(hub, actors::subscribe_msg{r});
+      caf::anon_send(controller, actors::gateway_join{r, agent_});
+      routers_.push_back(r);
+    }
+    f_.run();
+    f_.advance(2000ms, 20ms);  // the replica loads
+  }
+  ~two_gateways() {
+    for (auto& r : routers_) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(agent_, caf::exit_reason::user_shutdown);
+    f_.run();
+  }
+
+  // Runs `seconds` of virtual time, keeping 8 requests of each flood waiting
+  // or running; the tokens of the requests that finished, per tenant.
+  std::map<std::string, double> flood(int seconds) {
+    std::map<std::string, double> done;
+    for (int k = 0; k < seconds * 50; ++k) {
+      for (const auto& [g, tenant] : floods_) top_up(g, tenant);
+      f_.advance(20ms, 20ms);
+      for (auto& [key, sinks] : outstanding_)
+        std::erase_if(sinks, [&](const std::shared_ptr<test::recording_sink>& s) {
+          if (!s->result) return false;
+          if (!s->result->err) done[key.second] += prompt_tokens + max_tokens;
+          else ++failed_;
+          return true;
+        });
+    }
+    return done;
+  }
+  std::uint64_t failed() const { return failed_; }
+  cluster::fair_share_board& board(std::size_t i) { return *boards_.at(i); }
+  test::cluster_fixture& fixture() { return f_; }
+
+ private:
+  void top_up(std::size_t g, const std::string& tenant) {
+    auto& sinks = outstanding_[{g, tenant}];
+    while (sinks.size() < 8) {
+      api::generate_request r;
+      r.request_id = "g" + std::to_string(g) + "-" + std::to_string(next_++);
+      r.model = "m";
+      r.prompt_ids = std::vector<api::token_id>(prompt_tokens, 7);
+      r.max_tokens = max_tokens;
+      r.ignore_eos = true;
+      r.tenant = tenant;
+      if (auto w = weights_.find(tenant); w != weights_.end()) r.tenant_weight = w->second;
+      auto sink = std::make_shared<test::recording_sink>();
+      caf::anon_send(routers_[g], actors::route_request{r, sink});
+      sinks.push_back(sink);
+    }
+  }
+
+  test::cluster_fixture f_;
+  std::map<std::string, double> weights_;
+  caf::actor agent_;
+  std::vector<caf::actor> routers_;
+  std::vector<std::shared_ptr<cluster::fair_share_board>> boards_;
+  const std::vector<std::pair<std::size_t, std::string>> floods_{{0, "A"}, {1, "A"}, {0, "B"}};
+  std::map<std::pair<std::size_t, std::string>, std::vector<std::shared_ptr<test::recording_sink>>> outstanding_;
+  std::uint64_t next_ = 1;
+  std::uint64_t failed_ = 0;
+};
+
+double share_of_a(const std::map<std::string, double>& done) {
+  const double a = done.count("A") ? done.at("A") : 0, b = done.count("B") ? done.at("B") : 0;
+  return a + b > 0 ? a / (a + b) : 0;
+}
+
+}  // namespace
+
+TEST_CASE("shared fair-queue counters split a replica by tenant across two gateways", "[actors][fair_share]") {
+  two_gateways g(/*shared=*/true);
+  g.flood(5);  // warm-up: backlogs form, the first reports and answers
+  const auto done = g.flood(30);
+  const double a = share_of_a(done);
+  INFO("A " << done.at("A") << " tokens, B " << done.at("B") << " tokens: A's share " << a);
+  CHECK(a == Approx(0.5).epsilon(0.1));
+  CHECK(g.board(0).synced());
+  CHECK_FALSE(g.board(0).fell_back());
+  CHECK(g.board(0).gateways() == 2);
+  CHECK(g.failed() == 0);
+  // Cut off from the controller, the gateways keep the counters for the
+  // board's keep_ns (3 s), then order by their own; back, they share again.
+  auto& reg = g.fixture().system().registry();
+  auto controller = caf::actor_cast<caf::actor>(reg.get(actors::controller_atom::value));
+  reg.erase(actors::controller_atom::value);  // as the uplink does when the controller is lost
+  g.flood(2);
+  CHECK_FALSE(g.board(0).fell_back());
+  g.flood(2);
+  CHECK(g.board(0).fell_back());
+  const double alone = share_of_a(g.flood(20));
+  INFO("A's share with each gateway on its own counters: " << alone);
+  CHECK(alone > 0.65);
+  actors::register_as(g.fixture().system(), actors::controller_atom::value, controller);
+  g.flood(1);
+  CHECK_FALSE(g.board(0).fell_back());
+}
+
+TEST_CASE("shared fair-queue counters follow the tenants' weights", "[actors][fair_share]") {
+  two_gateways g(/*shared=*/true, {{"A", 2.0}, {"B", 1.0}});
+  g.flood(5);
+  const auto done = g.flood(30);
+  const double a = share_of_a(done);
+  INFO("A " << done.at("A") << " tokens, B " << done.at("B") << " tokens: A's share " << a);
+  CHECK(a == Approx(2.0 / 3).epsilon(0.1));
+}
+
+TEST_CASE("without shared counters a tenant on two gateways gets its share at each", "[actors][fair_share]") {
+  two_gateways g(/*shared=*/false);
+  g.flood(5);
+  const auto done = g.flood(30);
+  const double a = share_of_a(done);
+  INFO("A " << done.at("A") << " tokens, B " << done.at("B") << " tokens: A's share " << a);
+  CHECK(a > 0.65);
+}
+
+TEST_CASE("fair-share reports and answers keep every field across processes", "[actors][fair_share][messages]") {
+  struct config : caf::actor_system_config {
+    config() {
+      set("scheduler.policy", caf::atom("testing"));
+      set("logger.verbosity", caf::atom("quiet"));
+      actors::register_message_types(*this);
+    }
+  } cfg;
+  caf::actor_system sys{cfg};
+  const auto round_trip = [&](auto value) {
+    std::vector<char> buf;
+    caf::binary_serializer sink{sys, buf};
+    REQUIRE_FALSE(sink(value));
+    decltype(value) out;
+    caf::binary_deserializer source{sys, buf};
+    REQUIRE_FALSE(source(out));
+    return out;
+  };
+  const actors::fair_share_report_msg r{{7, {{"m", "acme", 3, 1234.5, 6}, {"n", "", 1, 0.25, 0}}}};
+  CHECK(round_trip(r).report == r.report);
+  const actors::fair_share_answer_msg a{{{{"m", 99.5, {{"acme", 1300}, {"beta", 101}}}}, 3}};
+  CHECK(round_trip(a).answer == a.answer);
+}

@@ -263,6 +263,71 @@ void float_tile(row_span w, std::size_t r0, const float* x, std::size_t x_stride
     }
 }
 
+#if defined(EXA_K_AVX2)
+// Several tokens on AVX2: lanes 0-7 and 8-15 of every accumulator never meet
+// before the tree, so each half runs as its own pass over k (as q256 does for
+// q8_0). An accumulator then takes one register instead of two, and a 3 × 4
+// tile fits the 16 registers with its weights held: 12 FMAs per 3 weight
+// loads and 4 token loads, where the two-register 1 × 4 tile needed 10 loads
+// per 8 FMAs and was bound by the loads.
+template <class Row>
+inline __m256 load8(const std::byte* row, std::size_t k) noexcept;
+template <>
+inline __m256 load8<f32_row>(const std::byte* row, std::size_t k) noexcept {
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+}
+template <>
+inline __m256 load8<f16_row>(const std::byte* row, std::size_t k) noexcept {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + k)));
+}
+template <>
+inline __m256 load8<bf16_row>(const std::byte* row, std::size_t k) noexcept {
+  const __m256i wide = _mm256_cvtepu16_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + k)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+template <class Row, int R, int C>
+void float_half(const std::byte* const* rows, const float* const* xs, std::size_t k_full, std::size_t h,
+                __m256 (&out)[R][C]) noexcept {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (std::size_t k = 8 * h; k < k_full; k += 16) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) {
+      wv[r] = load8<Row>(rows[r], k);
+      asm("" : "+x"(wv[r]));  // held for the C tokens, not reloaded per FMA
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m256 xv = _mm256_loadu_ps(xs[c] + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+}
+
+template <class Row, int R, int C>
+void float_tile_halves(row_span w, std::size_t r0, const float* x, std::size_t x_stride, std::size_t t0, float* y,
+                       std::size_t y_stride) noexcept {
+  const std::size_t k_full = w.cols / 16 * 16;
+  const std::byte* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = w.row(r0 + r);
+  const float* xs[C];
+  for (int c = 0; c < C; ++c) xs[c] = x + (t0 + c) * x_stride;
+  __m256 lo[R][C], hi[R][C];
+  float_half<Row, R, C>(rows, xs, k_full, 0, lo);
+  float_half<Row, R, C>(rows, xs, k_full, 1, hi);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = vhsum(v16{lo[r][c], hi[r][c]});
+      for (std::size_t k = k_full; k < w.cols; ++k) s = fma1(Row::at(rows[r], k), xs[c][k], s);
+      y[(t0 + c) * y_stride + r0 + r] = s;
+    }
+}
+#endif
+
 // ============================================================ q8_0 / q4_0 weights
 
 #if defined(EXA_K_AVX512)
@@ -450,9 +515,19 @@ struct q4_0_row {
 // final tree, so they can be computed together (decode: every weight byte
 // read once) or one after the other (more tokens: twice the tiles fit the 16
 // registers, and the second pass finds the row block in cache).
+// The weight blocks' scales as floats for the rows of the row block being
+// multiplied (rows() fills it once per row block when several tokens will
+// read it): a broadcast load per row and block instead of a conversion.
+struct row_scales {
+  std::vector<float> d;  // (row − first) · nb + block
+  std::size_t first = 0;
+  std::size_t nb = 0;
+};
+inline thread_local row_scales tl_row_scales;
+
 template <class Row, int R, int C>
 void quant_half(const typename Row::block* const* rows, const block_q8_0* const* xs, const float* const* xsc,
-                std::size_t nb, int h, __m256 (&out)[R][C]) noexcept {
+                const float* const* wsc, std::size_t nb, int h, __m256 (&out)[R][C]) noexcept {
   // Local accumulators (not `out`, which would stay in memory). Registers:
   // R·C accumulators, each row's |w| and scale, one token's bytes and scale
   // at a time, and a temporary; w itself is read from L1 by vpsignb (q8_0),
@@ -468,7 +543,7 @@ void quant_half(const typename Row::block* const* rows, const block_q8_0* const*
       const __m256i w = Row::load(rows[r][b]);
       if constexpr (!Row::reload) wv[r] = w;
       aw[r] = _mm256_sign_epi8(w, w);
-      wd[r] = _mm256_set1_ps(h2f(rows[r][b].d));
+      wd[r] = _mm256_broadcast_ss(wsc[r] + b);
     }
     for (int c = 0; c < C; ++c) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b].qs));
@@ -504,9 +579,12 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
     xsc[c] = a.xs + (t0 + c) * a.xq_stride;
   }
   if constexpr (C >= 2) {
+    const row_scales& sc = tl_row_scales;
+    const float* wsc[R];
+    for (int r = 0; r < R; ++r) wsc[r] = sc.d.data() + (r0 + r - sc.first) * nb;
     __m256 lo[R][C], hi[R][C];
-    quant_half<Row, R, C>(rows, xs, xsc, nb, 0, lo);
-    quant_half<Row, R, C>(rows, xs, xsc, nb, 1, hi);
+    quant_half<Row, R, C>(rows, xs, xsc, wsc, nb, 0, lo);
+    quant_half<Row, R, C>(rows, xs, xsc, wsc, nb, 1, hi);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) y[(t0 + c) * y_stride + r0 + r] = tree16(lo[r][c], hi[r][c]);
   } else {
@@ -938,7 +1016,7 @@ constexpr int float_rows(int c) { return c == 1 ? 12 : c == 2 ? 8 : 4; }
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
-constexpr int float_rows(int c) { return c == 1 ? 6 : c == 2 ? 2 : 1; }
+constexpr int float_rows(int c) { return c == 1 ? 6 : c == 2 ? 4 : 3; }  // c > 1: float_tile_halves
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 4 : c == 3 ? 3 : 2; }
 #else
 constexpr int float_rows(int) { return 1; }
@@ -956,6 +1034,15 @@ void run_float(tensor_type type, row_span w, const kernel_acts& p, std::size_t r
                float* y, std::size_t ys) noexcept {
   constexpr int R = float_rows(C);
   const auto tile = [&]<int RR>(std::size_t r) {
+#if defined(EXA_K_AVX2)
+    if constexpr (C > 1) {
+      switch (type) {
+        case tensor_type::f32: return float_tile_halves<f32_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
+        case tensor_type::f16: return float_tile_halves<f16_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
+        default: return float_tile_halves<bf16_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
+      }
+    }
+#endif
     switch (type) {
       case tensor_type::f32: return float_tile<f32_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
       case tensor_type::f16: return float_tile<f16_row, RR, C>(w, r, p.xf, p.xf_stride, t0, y, ys);
@@ -1022,6 +1109,26 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       const std::size_t bytes = std::min(row_end - re, rows_per_block) * pitch;
       for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off, 0, 2);
     }
+#if defined(EXA_K_AVX2)
+    if (n_tokens >= 2 && (w.type == tensor_type::q8_0 || w.type == tensor_type::q4_0)) {
+      // Each weight block's scale as a float, once for all the token tiles.
+      q256::row_scales& sc = q256::tl_row_scales;
+      const std::size_t nb = w.cols / 32;
+      sc.first = rb;
+      sc.nb = nb;
+      sc.d.resize((re - rb) * nb);
+      const std::size_t bb = w.type == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+      for (std::size_t r = rb; r < re; ++r) {
+        const std::byte* row = span.row(r);
+        float* out = sc.d.data() + (r - rb) * nb;
+        for (std::size_t b = 0; b < nb; ++b) {
+          std::uint16_t d;  // both block types begin with their fp16 scale
+          std::memcpy(&d, row + b * bb, sizeof d);
+          out[b] = h2f(d);
+        }
+      }
+    }
+#endif
     std::size_t t = 0;
     for (; t + max_tile_tokens <= n_tokens; t += max_tile_tokens)
       run_token_tile<max_tile_tokens>(w.type, span, p, rb, re, t, y, y_stride);

@@ -13,7 +13,7 @@
 //   prediction columns                 contiguous doubles for the predictive scan
 //
 // Positions are dense and ordered by replica id, so "lowest id wins a tie" is
-// "lowest position wins". Inserting or erasing a member only marks the index
+// "lowest position wins"; least_loaded_from() breaks ties from a cursor instead. Inserting or erasing a member only marks the index
 // stale; reindex() rebuilds it in O(n log n), so a burst of membership changes
 // costs one rebuild. A pool has one owner and is not thread-safe.
 
@@ -151,10 +151,24 @@ class candidate_pool {
   std::optional<position> find(replica_id id) const noexcept;
   /// First position whose id is greater than `id` (size() if none), O(log n).
   position position_after(replica_id id) const noexcept;
+  /// The same, O(1) when `hint` is still `id`'s position (a cursor kept
+  /// since the pool was last reindexed).
+  position position_after(replica_id id, position hint) const noexcept {
+    return hint < ids_.size() && ids_[hint] == id ? hint + 1 : position_after(id);
+  }
   /// First eligible position at or after `start`, wrapping around; O(n/64).
   std::optional<position> next_eligible(position start) const noexcept;
   /// Eligible member with the fewest outstanding tokens, lowest id on ties; O(1).
   std::optional<position> least_loaded() const noexcept;
+  /// Eligible member with the fewest outstanding tokens; among equal loads the
+  /// first at or after `start` in position order, wrapping around. A policy
+  /// that passes a moving cursor spreads ties instead of always handing them
+  /// to the lowest id. O(log n).
+  std::optional<position> least_loaded_from(position start) const noexcept;
+  /// Whether two or more eligible members share the fewest outstanding
+  /// tokens, O(1): when not, least_loaded() is every cursor's answer and a
+  /// policy need not compute its cursor.
+  bool least_tied() const noexcept { return tree_[1].tied; }
   prediction_columns prediction() const noexcept;
   /// Eligible members whose decode / prefill speed is unknown (replicas that
   /// have not reported yet); while both are 0 queue_s is complete.
@@ -188,11 +202,13 @@ class candidate_pool {
   struct tree_node {
     std::uint64_t key = std::numeric_limits<std::uint64_t>::max();
     position pos = std::numeric_limits<position>::max();
+    bool tied = false;  // another eligible member of the subtree has `key` too
   };
 
   void sync(position p);
   void set_eligible(position p, bool eligible);
   void update_tree(position p);
+  position first_least_from(position start) const noexcept;
   void update_speeds(position p, bool routable);
   double median_of(bool decode) const;
 

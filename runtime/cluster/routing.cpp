@@ -93,6 +93,34 @@ std::optional<candidate_pool::position> candidate_pool::least_loaded() const noe
   return p;
 }
 
+std::optional<candidate_pool::position> candidate_pool::least_loaded_from(position start) const noexcept {
+  const auto least = least_loaded();
+  // The root holds the lowest tied position: at or after `start`, it is the answer.
+  if (!least || !least_tied() || *least >= start || start >= size()) return least;
+  const position at_or_after = first_least_from(start);
+  if (at_or_after == npos) return least;  // every tied member lies before `start`: wrap
+  EXA_ASSERT(at_or_after >= start && eligible(at_or_after) &&
+             records_[at_or_after].outstanding_tokens == records_[*least].outstanding_tokens);
+  return at_or_after;
+}
+
+// The first position at or after `start` whose key is the tree's minimum, or
+// npos. Walks the subtrees that cover [start, leaves) left to right, bottom
+// up (O(log n), no recursion); the first whose minimum is the tree's holds
+// the answer as its winner, the lowest tied position in it.
+candidate_pool::position candidate_pool::first_least_from(position start) const noexcept {
+  const std::uint64_t key = tree_[1].key;
+  std::size_t i = tree_leaves_ + start;
+  while (tree_[i].key != key) {
+    while (i & 1) {  // a right child: its right neighbour is up the tree
+      i >>= 1;
+      if (i <= 1) return npos;
+    }
+    ++i;  // the left child's right sibling: the next range to the right
+  }
+  return tree_[i].pos;
+}
+
 candidate_pool::prediction_columns candidate_pool::prediction() const noexcept {
   EXA_ASSERT(indexed_);
   return {queue_s_, queued_tokens_, decode_s_per_token_, prefill_s_per_token_, penalty_};
@@ -301,21 +329,24 @@ void candidate_pool::update_speeds(position p, bool routable) {
 }
 
 // Tournament tree: each inner node holds the smaller (key, position) of its
-// children, so the root is the least-loaded eligible member. Ineligible
+// children, so the root is the least-loaded eligible member, and whether its
+// subtree holds another eligible member with the same key (a tie for the
+// minimum: both children have it, or the winning child has a tie). Ineligible
 // members carry key_max; eligible keys are capped one below it.
 void candidate_pool::update_tree(position p) {
   const auto less = [](const tree_node& a, const tree_node& b) {
     return a.key < b.key || (a.key == b.key && a.pos < b.pos);
   };
   std::size_t i = tree_leaves_ + p;
-  tree_[i] = tree_node{eligible(p) ? std::min(records_[p].outstanding_tokens, key_max - 1) : key_max, p};
+  tree_[i] = tree_node{eligible(p) ? std::min(records_[p].outstanding_tokens, key_max - 1) : key_max, p, false};
   while (i > 1) {
     i /= 2;
     const tree_node& l = tree_[2 * i];
     const tree_node& r = tree_[2 * i + 1];
-    const tree_node winner = less(r, l) ? r : l;
+    tree_node winner = less(r, l) ? r : l;
+    winner.tied = (l.key == r.key && l.key != key_max) || winner.tied;
     // Above an unchanged node nothing can change.
-    if (winner.key == tree_[i].key && winner.pos == tree_[i].pos) break;
+    if (winner.key == tree_[i].key && winner.pos == tree_[i].pos && winner.tied == tree_[i].tied) break;
     tree_[i] = winner;
   }
 }
@@ -353,7 +384,10 @@ std::optional<candidate_pool::position> round_robin_policy::choose_in(const requ
 std::optional<candidate_pool::position> least_outstanding_policy::choose_in(const request_cost&,
                                                                             const candidate_pool& pool,
                                                                             rng_state&) {
-  return pool.least_loaded();
+  auto chosen = pool.least_loaded();
+  if (chosen && pool.least_tied()) chosen = pool.least_loaded_from(cursor_.start(pool));
+  if (chosen) cursor_.chose(pool, *chosen);
+  return chosen;
 }
 
 std::optional<candidate_pool::position> power_of_two_policy::choose_in(const request_cost&,
@@ -371,7 +405,7 @@ std::optional<candidate_pool::position> power_of_two_policy::choose_in(const req
   const candidate_pool::position b = eligible[j];
   const std::uint64_t load_a = pool.at(a).outstanding_tokens;
   const std::uint64_t load_b = pool.at(b).outstanding_tokens;
-  return (load_b < load_a || (load_b == load_a && b < a)) ? b : a;
+  return load_b < load_a ? b : a;
 }
 
 predictive_policy::predictive_policy(predictive_config config) : config_(config) {
@@ -502,16 +536,32 @@ void prefix_aware_policy::observe_routed(replica_id id, const request_cost& cost
 std::optional<candidate_pool::position> prefix_aware_policy::choose_in(const request_cost& cost,
                                                                        const candidate_pool& pool,
                                                                        rng_state&) {
-  const auto least = pool.least_loaded();
-  if (!least || cost.prefix_hashes.empty() || cost.prefix_block_tokens == 0 || index_.replicas() == 0)
-    return least;
-  const std::uint64_t min_load = pool.at(*least).outstanding_tokens;
+  auto least = pool.least_loaded();
+  if (!least) return least;
+  // The cursor matters only where a tie can use it.
+  const bool scans = !cost.prefix_hashes.empty() && cost.prefix_block_tokens != 0 && index_.replicas() != 0;
+  const candidate_pool::position start = scans || pool.least_tied() ? cursor_.start(pool) : 0;
+  if (pool.least_tied()) least = pool.least_loaded_from(start);
+  const candidate_pool::position chosen = scans ? choose_near_least(cost, pool, *least, start) : *least;
+  cursor_.chose(pool, chosen);
+  return chosen;
+}
+
+candidate_pool::position prefix_aware_policy::choose_near_least(const request_cost& cost,
+                                                                const candidate_pool& pool,
+                                                                candidate_pool::position least,
+                                                                candidate_pool::position start) const {
+  // Distance from the cursor in position order, wrapping: the tie-break.
+  const auto after_cursor = [&](candidate_pool::position p) {
+    return p >= start ? p - start : p + pool.size() - start;
+  };
+  const std::uint64_t min_load = pool.at(least).outstanding_tokens;
   const double relative = config_.load_slack_ratio * static_cast<double>(min_load);
   const std::uint64_t slack =
       std::max(config_.load_slack_tokens,
                relative >= static_cast<double>(key_max) ? key_max : static_cast<std::uint64_t>(relative));
   const std::uint64_t bound = saturating_add(min_load, slack);
-  candidate_pool::position best = *least;
+  candidate_pool::position best = least;
   std::uint64_t best_tokens = 0;
   for (const candidate_pool::position p : pool.eligible_positions()) {
     const routing_candidate& c = pool.at(p);
@@ -520,9 +570,9 @@ std::optional<candidate_pool::position> prefix_aware_policy::choose_in(const req
         std::uint64_t{cost.prefix_block_tokens} * index_.matched_blocks(c.id, cost.prefix_block_tokens, cost.prefix_hashes);
     if (tokens == 0 || tokens < config_.min_match_tokens || tokens < best_tokens) continue;
     const routing_candidate& b = pool.at(best);
-    // Longer match; on equal match, less load; then the lower id (position).
+    // Longer match; on equal match, less load; then the first after the cursor.
     const bool better = tokens > best_tokens || c.outstanding_tokens < b.outstanding_tokens ||
-                        (c.outstanding_tokens == b.outstanding_tokens && p < best);
+                        (c.outstanding_tokens == b.outstanding_tokens && after_cursor(p) < after_cursor(best));
     if (best_tokens == 0 || better) {
       best = p;
       best_tokens = tokens;

@@ -10,12 +10,12 @@
 //
 // Cost of one decision, n = replicas of the routed model version:
 //   round_robin         O(log n + n/64)   (binary search for the cursor, bitset scan)
-//   least_outstanding   O(1) query + O(log n) to charge the request (tournament tree)
+//   least_outstanding   O(log n) query (tournament tree, ties from a cursor) + O(log n) charge
 //   power_of_two        O(1) sampling + O(log n) charge
 //   predictive          O(n) branch-free scan of three double columns (five while an
 //                       eligible replica has no observed speed) + O(log n) charge; the
 //                       estimate depends on the request, so no one order serves every request
-//   prefix_aware        O(1) least-loaded, then O(n) scan of the eligible replicas within
+//   prefix_aware        O(log n) least-loaded, then O(n) scan of the eligible replicas within
 //                       the load bound, each costing (matched blocks + 1) hash lookups
 // Measured (bench/routing_bench.cpp, see docs/PERFORMANCE.md): tens of ns for
 // the first three, about half a nanosecond per replica for predictive.
@@ -74,6 +74,24 @@ class routing_policy {
                                                             rng_state& rng) = 0;
 };
 
+/// Where a policy breaks ties: just after the replica it chose last, in id
+/// order, wrapping around (round robin among the tied).
+class tie_cursor {
+ public:
+  /// The position to start from in `pool`: 0 before any choice.
+  candidate_pool::position start(const candidate_pool& pool) const noexcept {
+    return last_ ? pool.position_after(*last_, position_) : 0;
+  }
+  void chose(const candidate_pool& pool, candidate_pool::position p) noexcept {
+    last_ = pool.at(p).id;
+    position_ = p;
+  }
+
+ private:
+  std::optional<replica_id> last_;
+  candidate_pool::position position_ = 0;  // last_'s position when chosen: a hint, checked
+};
+
 /// Cycles through eligible replicas in id order, resuming after the last
 /// one chosen (deterministic, no randomness).
 class round_robin_policy final : public routing_policy {
@@ -86,7 +104,11 @@ class round_robin_policy final : public routing_policy {
   std::optional<replica_id> last_;
 };
 
-/// Fewest outstanding tokens; lowest id on ties.
+/// Fewest outstanding tokens; among equal loads, the first in id order after
+/// the replica this policy chose last, wrapping around. At light load every
+/// replica is idle between requests, so a fixed tie-break (lowest id) would
+/// hand nearly every request to one replica; the cursor turns idle ties into
+/// round robin. Deterministic: it depends only on the sequence of decisions.
 class least_outstanding_policy final : public routing_policy {
  public:
   std::string_view name() const noexcept override { return "least_outstanding"; }
@@ -94,11 +116,13 @@ class least_outstanding_policy final : public routing_policy {
  private:
   std::optional<candidate_pool::position> choose_in(const request_cost&, const candidate_pool& pool,
                                                     rng_state&) override;
+  tie_cursor cursor_;
 };
 
 /// Two distinct eligible replicas drawn uniformly; the one with fewer
-/// outstanding tokens wins (lower id on ties). Near least-outstanding
-/// quality without every router herding onto the same minimum.
+/// outstanding tokens wins, the first drawn on ties (uniform, where "the
+/// lower id" would favour low ids whenever replicas are idle). Near
+/// least-outstanding quality without every router herding onto the same minimum.
 class power_of_two_policy final : public routing_policy {
  public:
   std::string_view name() const noexcept override { return "power_of_two"; }
@@ -154,7 +178,9 @@ struct prefix_aware_config {
 };
 
 /// Longest cached prefix among the replicas near the least loaded (see
-/// prefix_aware_config), ties to the lower load, then the lower id; the
+/// prefix_aware_config), ties to the lower load, then to the first in id
+/// order after the replica this policy chose last (as least_outstanding's
+/// cursor, so idle replicas share the requests that match nothing); the
 /// least loaded replica when no replica within the bound holds any of the
 /// prompt's blocks. Replicas report their prefix cache's block hashes with
 /// their load (load_report::prefix_hashes); the policy also records the
@@ -174,8 +200,12 @@ class prefix_aware_policy final : public routing_policy {
  private:
   std::optional<candidate_pool::position> choose_in(const request_cost& cost,
                                                     const candidate_pool& pool, rng_state&) override;
+  candidate_pool::position choose_near_least(const request_cost& cost, const candidate_pool& pool,
+                                             candidate_pool::position least,
+                                             candidate_pool::position start) const;
   prefix_aware_config config_;
   prefix_index index_;
+  tie_cursor cursor_;
 };
 
 /// A region name: "" (none), or 1..64 letters, digits, '-', '_' or '.';

@@ -66,10 +66,16 @@ std::vector<api::generate_result> repeat_sequentially(test::cluster_fixture& f, 
 
 /// The long prompt once; then a long request of another prompt that is
 /// still generating (it has its first token, 60 more to go) when the long
-/// prompt comes again. Returns {first, other, again}.
+/// prompt comes again. Returns {first, other, again}. Between the first and
+/// the other a short unrelated request runs to completion: idle replicas'
+/// ties rotate, so it takes the second replica and the other's tie comes
+/// back to the first.
 std::vector<api::generate_result> repeat_beside_busy(test::cluster_fixture& f) {
   auto first = f.generate(request("first", long_prompt()));
   f.run();
+  auto filler = f.generate(request("filler", std::vector<std::int32_t>{7, 8, 9}, 2));
+  f.run();
+  REQUIRE(finished(filler).replica != finished(first).replica);
   std::vector<std::int32_t> other_prompt(40);
   for (std::size_t i = 0; i < other_prompt.size(); ++i) other_prompt[i] = static_cast<std::int32_t>(200 + i);
   auto other = f.generate(request("other", other_prompt, 64));
@@ -114,8 +120,7 @@ TEST_CASE("prefix_aware follows the cache to a busier replica within the load sl
   SECTION("prefix_aware") {
     auto f = with_policy("prefix_aware");
     const auto r = repeat_beside_busy(f);
-    // Idle replicas tie to the same one, so the other request shares the
-    // cached replica: the setup this test is about.
+    // The other request shares the cached replica: the setup this test is about.
     REQUIRE(r[1].replica == r[0].replica);
     CHECK(r[2].replica == r[0].replica);
     CHECK(r[2].usage.cached_tokens > 0);

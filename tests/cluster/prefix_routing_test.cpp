@@ -245,12 +245,16 @@ TEST_CASE("prefix_aware's choices match brute force under random reports", "[rou
                                   return a.second < b.second;
                                 })->second;
       const std::uint64_t bound = min + std::max<std::uint64_t>(1500, static_cast<std::uint64_t>(0.2 * min));
+      // Ties go to the first id after the last chosen, wrapping around: visit
+      // the ids in that order and let only a strictly better one replace.
+      std::vector<replica_id> order;
+      for (replica_id i = 0; i < n; ++i) order.push_back((last_chosen + i) % n + 1);
       replica_id expect = 0;
       std::size_t best = 0;
-      for (replica_id id = 1; id <= n; ++id) {  // least loaded, lowest id
+      for (const replica_id id : order) {  // least loaded, first after the cursor
         if (load[id] == min && expect == 0) expect = id;
       }
-      for (replica_id id = 1; id <= n; ++id) {
+      for (const replica_id id : order) {
         if (load[id] > bound) continue;
         std::size_t m = 0;
         while (m < req.size() && held[id].count(req[m])) ++m;

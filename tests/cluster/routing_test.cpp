@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "cluster/routing.hpp"
@@ -111,7 +114,7 @@ TEST_CASE("round robin cycles in id order and skips what it must not route to", 
   CHECK_FALSE(shuffled.choose({}, std::vector<routing_candidate>{candidate(1, 0, replica_state::draining)}, rng));
 }
 
-TEST_CASE("least outstanding picks the minimum, lowest id on ties", "[routing]") {
+TEST_CASE("least outstanding picks the minimum, ties to the first after its last choice", "[routing]") {
   least_outstanding_policy lot;
   rng_state rng(1);
   std::vector<routing_candidate> set = {candidate(1, 500), candidate(2, 70), candidate(3, 90), candidate(4, 70)};
@@ -123,6 +126,90 @@ TEST_CASE("least outstanding picks the minimum, lowest id on ties", "[routing]")
   set[0].outstanding_tokens = 0;
   CHECK(*lot.choose({}, set, rng) == 1);
   CHECK_FALSE(lot.choose({}, std::vector<routing_candidate>{}, rng));
+  // Ties: 2 and 4 (suspect cleared) at 70 after choosing 1: 2 first, then 4,
+  // then 2 again; a fresh policy starts from the lowest id.
+  set[0].outstanding_tokens = 500;
+  set[1].suspect = false;
+  set[3].state = replica_state::ready;
+  CHECK(*lot.choose({}, set, rng) == 2);
+  CHECK(*lot.choose({}, set, rng) == 4);
+  CHECK(*lot.choose({}, set, rng) == 2);
+  CHECK(*least_outstanding_policy{}.choose({}, set, rng) == 2);
+}
+
+TEST_CASE("least_loaded_from and least_tied match brute force for every cursor", "[routing]") {
+  // Few distinct loads so ties are common; sizes around powers of two so
+  // the tournament tree has padding leaves and uneven subtrees.
+  rng_state rng(99);
+  for (const std::uint32_t n : {1u, 2u, 3u, 5u, 8u, 9u, 31u, 64u, 65u}) {
+    for (int round = 0; round < 20; ++round) {
+      std::vector<routing_candidate> set;
+      for (replica_id id = 1; id <= n; ++id) {
+        auto c = candidate(id * 3, rng.below(3) * 100);  // ids with gaps
+        if (rng.below(5) == 0) c.suspect = true;
+        set.push_back(c);
+      }
+      auto pool = candidate_pool::from(set);
+      const auto check_tied = [&] {
+        std::uint64_t min = std::numeric_limits<std::uint64_t>::max();
+        int at_min = 0;
+        for (candidate_pool::position p = 0; p < n; ++p) {
+          if (!pool.eligible(p)) continue;
+          const auto load = pool.at(p).outstanding_tokens;
+          at_min = load < min ? 1 : at_min + (load == min ? 1 : 0);
+          min = std::min(min, load);
+        }
+        REQUIRE(pool.least_tied() == (at_min >= 2));
+      };
+      check_tied();
+      // Ties appear and vanish as loads change one member at a time.
+      for (int change = 0; change < 8; ++change) {
+        const auto p = static_cast<candidate_pool::position>(rng.below(n));
+        pool.apply_load(p, load_report{0, rng.below(3) * 100}, 0.2);
+        check_tied();
+      }
+      for (candidate_pool::position start = 0; start <= n; ++start) {
+        std::optional<candidate_pool::position> expect;
+        for (std::uint32_t i = 0; i < n; ++i) {
+          const auto p = static_cast<candidate_pool::position>((start + i) % n);
+          if (!pool.eligible(p)) continue;
+          if (!expect || pool.at(p).outstanding_tokens < pool.at(*expect).outstanding_tokens) expect = p;
+        }
+        INFO("n " << n << " round " << round << " start " << start);
+        REQUIRE(pool.least_loaded_from(start) == expect);
+      }
+    }
+  }
+}
+
+TEST_CASE("idle replicas share sequential requests instead of the lowest id taking them", "[routing]") {
+  // Light load: each request finishes (its replica reports 0) before the
+  // next arrives, so every decision is a tie among idle replicas. A fixed
+  // tie-break sent them all to one replica; a fair one gives each about
+  // picks / n. power_of_two draws, so its bound is statistical (about 5
+  // standard deviations at 2400 picks over 6 replicas, seeded).
+  constexpr replica_id n = 6;
+  constexpr int picks = 2400;
+  for (const char* policy : {"least_outstanding", "prefix_aware", "power_of_two"}) {
+    auto table = make_table(policy);
+    for (replica_id id = 1; id <= n; ++id) REQUIRE(table.upsert(candidate(id)));
+    std::map<replica_id, int> count;
+    for (int i = 0; i < picks; ++i) {
+      const auto routed = table.route("m", "", request_cost{100, 50});
+      REQUIRE(routed);
+      const replica_id id = (*routed)->id;
+      ++count[id];
+      REQUIRE(table.update_load(id, load_report{0, 0}));  // done before the next request
+    }
+    INFO(policy);
+    REQUIRE(count.size() == n);
+    const int share = picks / static_cast<int>(n);
+    const int slack = std::string_view(policy) == "power_of_two" ? 90 : 0;
+    for (const auto& [id, k] : count) {
+      INFO("replica " << id << " took " << k);
+      CHECK(std::abs(k - share) <= slack);
+    }
+  }
 }
 
 TEST_CASE("power of two is seed-deterministic and only picks eligible candidates", "[routing]") {
@@ -421,9 +508,13 @@ struct reference {
     }
     return out;
   }
-  replica_id least_outstanding() const {
+  // Ties to the first id after the last routed one, wrapping around.
+  replica_id least_outstanding(replica_id last) const {
+    const auto all = eligible();
+    const auto first = std::find_if(all.begin(), all.end(), [&](const auto* c) { return c->id > last; });
     const routing_candidate* best = nullptr;
-    for (const auto* c : eligible()) {
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const auto* c = all[(static_cast<std::size_t>(first - all.begin()) + i) % all.size()];
       if (!best || c->outstanding_tokens < best->outstanding_tokens) best = c;
     }
     return best->id;
@@ -501,17 +592,19 @@ void cross_check(const std::string& policy, std::uint64_t seed, bool unknown_spe
   reference ref{&table, {}};
   rng_state rng(seed);
   replica_id next_id = 1;
+  replica_id last = 0;
   for (int step = 0; step < 1500; ++step) {
     random_change(table, ref, rng, next_id, unknown_speeds);
     const request_cost cost{rng.below(2000), 1 + rng.below(500)};
     const auto eligible = ref.eligible();
     const replica_id expect = eligible.empty() ? 0
                               : policy == "predictive" ? ref.predictive(cost)
-                                                       : ref.least_outstanding();
+                                                       : ref.least_outstanding(last);
     const auto routed = table.route("m", "", cost);
     INFO("policy " << policy << ", seed " << seed << ", unknown speeds " << unknown_speeds << ", step " << step);
     REQUIRE(routed.has_value() == !eligible.empty());
     if (routed) REQUIRE((*routed)->id == expect);
+    if (routed) last = (*routed)->id;
   }
 }
 

@@ -92,6 +92,8 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
     r.replicas = !fixed_fleet && d.autoscale_max > 0 ? std::max<std::uint32_t>(d.autoscale_min, 1) : d.replicas;
     r.kv_tokens = d.kv_tokens;
     r.routing = policy.empty() ? d.routing : policy;
+    r.prefix_slack_tokens = d.prefix_slack_tokens;
+    r.prefix_slack_ratio = d.prefix_slack_ratio;
     r.max_replicas_per_node = d.max_replicas_per_node.value_or(0);
     // The fixed fleet, sized for the peak, keeps no pool: its replica-hours
     // are its `replicas`, the baseline the autoscaled run is held against.
@@ -164,6 +166,7 @@ struct record_sink final : api::stream_sink {
     record->cached_tokens = r.usage.cached_tokens;
     record->replica = r.replica;
     if (r.usage.completion_tokens != received) ++*gaps;
+    if (std::getenv("EXA_H1_DUMP") && record->tenant == "quiet") std::fprintf(stderr, "H1Q %.6f %.3f %u %s\n", record->arrival_s, record->ttft_s * 1e3, record->prompt_tokens, record->replica.c_str());  // H1-TEMP
     *done = 1;
   }
 };

@@ -429,6 +429,14 @@ struct DeployRequest {
   tensorParallel @17 :UInt32 = 0;
   # Each replica runs tensor-parallel over this many devices of one node (1,
   # 2, 4 or 8; the model's heads and FFN must split evenly); 0 means 1.
+
+  prefixSlackTokens @18 :UInt64 = 2048;
+  # prefix_aware routing's load bound: a replica holding a longer cached
+  # prefix is preferred while its queue is at most the least loaded one's
+  # plus max(prefixSlackTokens, prefixSlackRatio x that queue). 0 to 2^32.
+
+  prefixSlackRatio @19 :Float64 = 0.25;
+  # The relative part of that bound, 0 to 100. Both are read only by prefix_aware.
 }
 
 interface Admin {

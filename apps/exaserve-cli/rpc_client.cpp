@@ -294,6 +294,8 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setDraftSha256(request.draft_sha256);
         d.setDraftTokens(request.draft_tokens);
         d.setTensorParallel(request.tensor_parallel);
+        d.setPrefixSlackTokens(request.prefix_slack_tokens);
+        d.setPrefixSlackRatio(request.prefix_slack_ratio);
         return req.send().then([](auto) { return true; });
       },
       true);

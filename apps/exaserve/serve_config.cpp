@@ -5,7 +5,10 @@
 #include <map>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "args.hpp"
+#include "cluster/routing.hpp"
 #include "engine/speculative.hpp"
 #include "gpu/device_select.hpp"
 #include "template/chat_template.hpp"
@@ -49,6 +52,21 @@ setter positive_double_setter(double& dst) {
     const double x = std::strtod(v.c_str(), &end);
     if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || x > 1e9)
       return make_error(errc::invalid_argument, what + ": expected a number above 0, got '" + v + "'");
+    dst = x;
+    return {};
+  };
+}
+
+// prefix_aware's load_slack_ratio: a plain number, range-checked by the
+// router's own check so the file and a deploy request refuse the same values.
+setter prefix_slack_ratio_setter(double& dst) {
+  return [&dst](const std::string& v, const std::string& what) -> expected<void> {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !cluster::check_prefix_slack(0, x))
+      return make_error(errc::invalid_argument, what + " must be a number in [0, " +
+                                                    fmt::format("{}", cluster::prefix_slack_ratio_max) + "], got '" +
+                                                    v + "'");
     dst = x;
     return {};
   };
@@ -165,6 +183,8 @@ std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
           {"replicas", uint_setter(d.replicas, 1, 4096)},
           {"kv_tokens", uint_setter(d.kv_tokens, 16, 1u << 24)},
           {"routing", string_setter(d.routing)},
+          {"prefix_slack_tokens", uint_setter(d.prefix_slack_tokens, 0, cluster::prefix_slack_tokens_max)},
+          {"prefix_slack_ratio", prefix_slack_ratio_setter(d.prefix_slack_ratio)},
           {"sha256", string_setter(d.model_sha256)},
           {"tenant", string_setter(d.tenant)},
           {"warm_pool_percent", uint_setter(d.warm_pool_percent, 0, 50)},

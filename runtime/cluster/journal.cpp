@@ -34,7 +34,8 @@ json to_json(const api::deploy_request& d) {
           {"autoscale_metric", d.autoscale_metric}, {"autoscale_target", d.autoscale_target},
           {"idle_to_zero_s", d.idle_to_zero_s}, {"chat_template", d.chat_template},
           {"draft_model", d.draft_model}, {"draft_sha256", d.draft_sha256}, {"draft_tokens", d.draft_tokens},
-          {"tensor_parallel", d.tensor_parallel}};
+          {"tensor_parallel", d.tensor_parallel}, {"prefix_slack_tokens", d.prefix_slack_tokens},
+          {"prefix_slack_ratio", d.prefix_slack_ratio}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -59,6 +60,9 @@ api::deploy_request deploy_from(const json& j) {
   d.draft_sha256 = j.value("draft_sha256", std::string());
   d.draft_tokens = j.value("draft_tokens", 0u);
   d.tensor_parallel = j.value("tensor_parallel", 0u);  // journals before TP groups: one device
+  // Journals before per-deployment slack: the defaults, as they ran with.
+  d.prefix_slack_tokens = j.value("prefix_slack_tokens", d.prefix_slack_tokens);
+  d.prefix_slack_ratio = j.value("prefix_slack_ratio", d.prefix_slack_ratio);
   return d;
 }
 

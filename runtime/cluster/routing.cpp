@@ -11,6 +11,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "common/assert.hpp"
 
 namespace exa::cluster {
@@ -588,6 +590,17 @@ constexpr std::array<std::string_view, 5> policy_names = {"round_robin", "least_
 
 std::span<const std::string_view> routing_policy_names() noexcept { return policy_names; }
 
+expected<void> check_prefix_slack(std::uint64_t tokens, double ratio) {
+  if (tokens > prefix_slack_tokens_max)
+    return make_error(errc::invalid_argument, "prefix_slack_tokens must be in [0, " +
+                                                  std::to_string(prefix_slack_tokens_max) + "], got " +
+                                                  std::to_string(tokens));
+  if (!std::isfinite(ratio) || ratio < 0 || ratio > prefix_slack_ratio_max)
+    return make_error(errc::invalid_argument, fmt::format("prefix_slack_ratio must be a number in [0, {}], got {}",
+                                                          prefix_slack_ratio_max, ratio));
+  return {};
+}
+
 expected<void> check_region(std::string_view region) {
   if (region.size() > 64) return make_error(errc::invalid_argument, "a region name has at most 64 characters");
   for (const char c : region)
@@ -866,6 +879,20 @@ expected<void> replica_table::fence(const slot_ref& slot, epoch_t epoch) {
                                              std::to_string(it->second.epoch));
   }
   mark_older_stale(slot, epoch);
+  return {};
+}
+
+expected<void> replica_table::set_policy(std::string_view model, std::string_view policy_name,
+                                         std::uint64_t prefix_slack_tokens, double prefix_slack_ratio) {
+  if (auto ok = check_prefix_slack(prefix_slack_tokens, prefix_slack_ratio); !ok) return ok;
+  prefix_aware_config prefix = config_.prefix_aware;
+  prefix.load_slack_tokens = prefix_slack_tokens;
+  prefix.load_slack_ratio = prefix_slack_ratio;
+  auto policy = make_routing_policy(policy_name, config_.predictive, prefix);
+  if (!policy) return std::unexpected(policy.error());
+  auto entry = model_for_insert(std::string(model));
+  if (!entry) return std::unexpected(entry.error());
+  (*entry)->policy = std::move(*policy);
   return {};
 }
 

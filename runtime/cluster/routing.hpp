@@ -177,6 +177,17 @@ struct prefix_aware_config {
   prefix_index_config index;
 };
 
+/// Bounds of a deployment's prefix_aware slack: tokens up to 2^32 (a queue
+/// far past any replica's), the ratio up to 100 (a bound of 101x the least
+/// loaded replica's queue already ignores load).
+inline constexpr std::uint64_t prefix_slack_tokens_max = std::uint64_t{1} << 32;
+inline constexpr double prefix_slack_ratio_max = 100;
+
+/// A deployment's prefix_slack_tokens / prefix_slack_ratio (prefix_aware_config's
+/// load_slack_tokens / load_slack_ratio): invalid_argument naming the key and
+/// the accepted range when out of bounds or not finite.
+expected<void> check_prefix_slack(std::uint64_t tokens, double ratio);
+
 /// Longest cached prefix among the replicas near the least loaded (see
 /// prefix_aware_config), ties to the lower load, then to the first in id
 /// order after the replica this policy chose last (as least_outstanding's
@@ -271,6 +282,11 @@ class replica_table {
   expected<void> fence(const slot_ref& slot, epoch_t epoch);
   /// Sets a model's policy by name (declaring the model if new).
   expected<void> set_policy(std::string_view model, std::string_view policy_name);
+  /// The same with the model's own prefix_aware slack (the deployment's
+  /// prefix_slack_tokens / prefix_slack_ratio) over the table's configuration;
+  /// invalid_argument (check_prefix_slack) for bad values.
+  expected<void> set_policy(std::string_view model, std::string_view policy_name, std::uint64_t prefix_slack_tokens,
+                            double prefix_slack_ratio);
 
   /// Chooses a replica of `model` (`version`, or the model's only version
   /// when empty) and charges the request to it until its next load report,

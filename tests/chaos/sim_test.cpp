@@ -15,6 +15,7 @@
 #include "chaos/sim_report.hpp"
 #include "chaos/sim_scenario.hpp"
 #include "chaos/sim_workload.hpp"
+#include "cluster/routing.hpp"
 #include "common/splitmix64.hpp"
 
 namespace {
@@ -203,12 +204,33 @@ TEST_CASE("topology fields are validated by name", "[sim]") {
   require_field_error(with("/topology/switches", 2), "topology.switches", "unknown key");
 }
 
+TEST_CASE("a deployment's prefix slack parses, with the router's defaults when absent", "[sim][prefix]") {
+  const auto plain = parse_scenario(base_scenario().dump());
+  REQUIRE(plain);
+  CHECK(plain->deployments[0].prefix_slack_tokens == exa::cluster::prefix_aware_config{}.load_slack_tokens);
+  CHECK(plain->deployments[0].prefix_slack_ratio == exa::cluster::prefix_aware_config{}.load_slack_ratio);
+  json j = with("/deployments/0/prefix_slack_tokens", 0);
+  j["deployments"][0]["prefix_slack_ratio"] = 1.5;
+  const auto s = parse_scenario(j.dump());
+  REQUIRE(s);
+  CHECK(s->deployments[0].prefix_slack_tokens == 0);
+  CHECK(s->deployments[0].prefix_slack_ratio == 1.5);
+}
+
 TEST_CASE("deployment fields are validated by name", "[sim]") {
   require_field_error(with("/deployments/0/model", "gpt-4"), "deployments[0].model", "llama-2-13b");
   require_field_error(with("/deployments/0/precision", "fp8"), "deployments[0].precision");
   require_field_error(with("/deployments/0/routing", "random"), "deployments[0].routing", "least_outstanding");
   require_field_error(with("/deployments/0/replicas", 0), "deployments[0].replicas");
   require_field_error(with("/deployments/0/context_length", 40000), "deployments[0].context_length", "kv_tokens");
+  require_field_error(with("/deployments/0/prefix_slack_ratio", -0.5), "deployments[0].prefix_slack_ratio", "[0, 100]");
+  require_field_error(with("/deployments/0/prefix_slack_ratio", "lots"), "deployments[0].prefix_slack_ratio",
+                      "a number");
+  require_field_error(with("/deployments/0/prefix_slack_tokens", -1), "deployments[0].prefix_slack_tokens");
+  require_field_error(with("/deployments/0/prefix_slack_tokens", 1.5), "deployments[0].prefix_slack_tokens",
+                      "an integer");
+  require_field_error(with("/deployments/0/prefix_slack_tokens", 5000000000ull), "deployments[0].prefix_slack_tokens",
+                      "4294967296");
   json two = base_scenario();
   two["deployments"].push_back(two["deployments"][0]);
   require_field_error(two, "deployments[1].name", "two deployments");

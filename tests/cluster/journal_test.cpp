@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cluster/journal.hpp"
+#include "cluster/routing.hpp"
 
 using namespace exa;
 using namespace exa::cluster;
@@ -313,4 +314,40 @@ TEST_CASE("a deployment's draft model survives the log and the snapshot, and old
   CHECK(old->state().deployments.at("old").draft_model.empty());
   CHECK(old->state().deployments.at("old").draft_sha256.empty());
   CHECK(old->state().deployments.at("old").draft_tokens == 0);
+}
+
+TEST_CASE("a deployment's prefix slack survives the log and the snapshot, and older journals load the defaults",
+          "[journal][routing][prefix]") {
+  api::deploy_request d = dep("slack", 2);
+  d.routing = "prefix_aware";
+  d.prefix_slack_tokens = 512;
+  d.prefix_slack_ratio = 0.75;
+  const auto dir = fresh_dir("prefix-slack");
+  {
+    auto j = journal::open(dir);
+    REQUIRE(j);
+    REQUIRE(j->append(journal_record::deploy(d)));
+  }
+  auto again = journal::open(dir);
+  REQUIRE(again);
+  CHECK(again->state().deployments.at("slack") == d);
+  REQUIRE(again->snapshot());
+  auto from_snapshot = journal::open(dir);
+  REQUIRE(from_snapshot);
+  CHECK(from_snapshot->state().deployments.at("slack").prefix_slack_tokens == 512);
+  CHECK(from_snapshot->state().deployments.at("slack").prefix_slack_ratio == 0.75);
+
+  const auto old_dir = fresh_dir("prefix-slack-old");
+  std::filesystem::create_directories(old_dir);
+  const std::string payload =
+      R"({"op":"deploy","deployment":{"name":"old","model_file":"/m.gguf","replicas":1,"kv_tokens":0,)"
+      R"("routing":"prefix_aware","max_replicas_per_node":0}})";
+  std::string frame;
+  for (std::uint32_t v : {static_cast<std::uint32_t>(payload.size()), crc32(payload.data(), payload.size())})
+    for (int i = 0; i < 4; ++i) frame.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  std::ofstream(old_dir + "/journal.log", std::ios::binary) << frame << payload;
+  auto old = journal::open(old_dir);
+  REQUIRE(old);
+  CHECK(old->state().deployments.at("old").prefix_slack_tokens == cluster::prefix_aware_config{}.load_slack_tokens);
+  CHECK(old->state().deployments.at("old").prefix_slack_ratio == cluster::prefix_aware_config{}.load_slack_ratio);
 }

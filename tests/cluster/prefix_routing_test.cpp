@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <map>
+#include <limits>
+#include <optional>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "cluster/routing.hpp"
@@ -272,6 +275,41 @@ TEST_CASE("prefix_aware's choices match brute force under random reports", "[rou
       last_request = req;
     }
   }
+}
+
+TEST_CASE("a model's own prefix slack overrides the table's, and bad values are refused naming the key",
+          "[routing][prefix]") {
+  const auto conv = hashes(prompt(1, 256, 1, 256));
+  // Replica 2 holds the conversation 1500 tokens behind replica 1: within
+  // the default 2048, past a deployment's 1000.
+  const auto choose = [&](std::optional<std::pair<std::uint64_t, double>> slack) {
+    auto table = prefix_table(2);
+    if (slack) REQUIRE(table.set_policy("m", "prefix_aware", slack->first, slack->second));
+    REQUIRE(table.update_load(1, report(0, {})));
+    REQUIRE(table.update_load(2, report(1500, conv)));
+    return (*table.route("m", "", cost_of(conv)))->id;
+  };
+  CHECK(choose(std::nullopt) == 2);
+  CHECK(choose(std::pair<std::uint64_t, double>{1000, 0}) == 1);
+  CHECK(choose(std::pair<std::uint64_t, double>{1500, 0}) == 2);
+
+  auto table = prefix_table(1);
+  for (const auto& [tokens, ratio, words] : std::vector<std::tuple<std::uint64_t, double, std::string>>{
+           {0, -0.1, "prefix_slack_ratio must be a number in [0, 100], got -0.1"},
+           {0, 100.5, "prefix_slack_ratio"},
+           {0, std::numeric_limits<double>::infinity(), "prefix_slack_ratio"},
+           {0, std::numeric_limits<double>::quiet_NaN(), "prefix_slack_ratio"},
+           {prefix_slack_tokens_max + 1, 0.25, "prefix_slack_tokens must be in [0, 4294967296], got 4294967297"}}) {
+    const auto ok = table.set_policy("m", "prefix_aware", tokens, ratio);
+    INFO(words);
+    REQUIRE_FALSE(ok);
+    CHECK(ok.error().code == errc::invalid_argument);
+    CHECK(ok.error().message.find(words) != std::string::npos);
+    CHECK_FALSE(check_prefix_slack(tokens, ratio));
+  }
+  CHECK(table.policy_name("m").value() == "prefix_aware");  // a refused change leaves the policy
+  CHECK(check_prefix_slack(0, 0));
+  CHECK(check_prefix_slack(prefix_slack_tokens_max, prefix_slack_ratio_max));
 }
 
 TEST_CASE("prefix_aware refuses a bad configuration", "[routing][prefix]") {

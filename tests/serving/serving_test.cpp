@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "actors/embedded_cluster.hpp"
+#include "cluster/routing.hpp"
 #include "engine/cpu_engine.hpp"
 #include "engine/thread_pool.hpp"
 #include "frontdoor.hpp"
@@ -437,4 +438,32 @@ TEST_CASE("serve config: [cluster] consolidate is a boolean, off by default", "[
   CHECK(r.error().code == errc::invalid_argument);
   CHECK(r.error().message.find("line 2") != std::string::npos);
   CHECK(r.error().message.find("true or false") != std::string::npos);
+}
+
+TEST_CASE("serve config: a deployment's prefix_slack_tokens and prefix_slack_ratio, range-checked",
+          "[serving][config][prefix]") {
+  using Catch::Matchers::Contains;
+  app::serve_config c = app::default_serve_config();
+  c.cluster.deployments.clear();
+  REQUIRE(app::apply_config_text("[deployment a]\nrouting = prefix_aware\nprefix_slack_tokens = 512\n"
+                                 "prefix_slack_ratio = 0.5\n[deployment b]\nreplicas = 1\n",
+                                 c));
+  REQUIRE(c.cluster.deployments.size() == 2);
+  CHECK(c.cluster.deployments[0].prefix_slack_tokens == 512);
+  CHECK(c.cluster.deployments[0].prefix_slack_ratio == 0.5);
+  CHECK(c.cluster.deployments[1].prefix_slack_tokens == cluster::prefix_aware_config{}.load_slack_tokens);
+  CHECK(c.cluster.deployments[1].prefix_slack_ratio == cluster::prefix_aware_config{}.load_slack_ratio);
+  for (const auto& [text, words] : std::vector<std::pair<std::string, std::string>>{
+           {"prefix_slack_ratio = -1", "line 2: prefix_slack_ratio must be a number in [0, 100], got '-1'"},
+           {"prefix_slack_ratio = 101", "in [0, 100], got '101'"},
+           {"prefix_slack_ratio = nan", "in [0, 100], got 'nan'"},
+           {"prefix_slack_ratio = half", "in [0, 100], got 'half'"},
+           {"prefix_slack_tokens = -5", "line 2: prefix_slack_tokens must be an integer, got '-5'"},
+           {"prefix_slack_tokens = 4294967297", "must be in [0, 4294967296]"}}) {
+    auto r = app::apply_config_text("[deployment a]\n" + text + "\n", c);
+    INFO(text);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::invalid_argument);
+    CHECK_THAT(r.error().message, Contains(words));
+  }
 }

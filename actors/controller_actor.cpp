@@ -1049,6 +1049,8 @@ std::vector<api::model_info> list_models(self_ptr self) {
     mi.architecture = dep.facts.architecture;
     mi.quantization = dep.facts.quantization;
     mi.tokenizer = dep.facts.tokenizer;
+    mi.draft_model = dep.draft_model;
+    if (!dep.draft_model.empty()) mi.draft_tokens = dep.draft_tokens ? dep.draft_tokens : engine::default_draft_tokens;
     for (const auto& [id, r] : self->state.replicas)
       if (r.deployment == name && cluster::serves_requests(r.state)) ++mi.replicas_ready;
     // The worst of what the gateways saw over the last minute.

@@ -246,6 +246,13 @@ struct ModelInfo {
   tokenizer @13 :Text;
   # The file's tokenizer.ggml.model ("llama": SentencePiece, "gpt2": byte-level
   # BPE); empty when unknown.
+
+  draftModel @14 :Text;
+  # Speculative decoding: the deployment's draft model (a GGUF path on the
+  # server); empty when it has none.
+
+  draftTokens @15 :UInt32 = 0;
+  # Tokens the draft proposes per step (its default filled in); 0 without a draft.
 }
 
 struct NodeStatus {

@@ -59,15 +59,35 @@ std::string node_devices(const api::replica_status& r) {
   return out;
 }
 
+// The deployment a listed model is: "tiny" at version 2 is tiny@2.
+std::string deployment_of(const api::model_info& m) {
+  if (m.name.find('@') != std::string::npos || m.version.empty() || m.version == "1") return m.name;
+  return m.name + "@" + m.version;
+}
+
+// A deployment's draft model as a table cell: "FILE,k=K" (the file's name,
+// not its directory, so the column stays narrow), "-" without one.
+std::string draft_cell(const api::model_info& m) {
+  if (m.draft_model.empty()) return "-";
+  const auto slash = m.draft_model.find_last_of('/');
+  const std::string file = slash == std::string::npos ? m.draft_model : m.draft_model.substr(slash + 1);
+  return fmt::format("{},k={}", file, m.draft_tokens);
+}
+
+// DRAFT is last so that a reader splitting rows on spaces keeps its columns.
 std::string replicas_table(const api::cluster_status& s) {
+  std::map<std::string, std::string> drafts;  // deployment -> its DRAFT cell
+  for (const auto& m : s.models) drafts[deployment_of(m)] = draft_cell(m);
   std::vector<std::vector<std::string>> rows;
-  for (const auto& r : s.replicas)
+  for (const auto& r : s.replicas) {
+    const auto d = drafts.find(r.deployment);
     rows.push_back({r.id, r.deployment, std::to_string(r.slot), std::to_string(r.epoch), r.state,
                     node_devices(r), std::to_string(r.running), std::to_string(r.queued),
                     fmt::format("{}/{}", r.kv_used_tokens, r.kv_capacity_tokens),
-                    percent(r.kv_used_tokens, r.kv_capacity_tokens)});
+                    percent(r.kv_used_tokens, r.kv_capacity_tokens), d == drafts.end() ? "-" : d->second});
+  }
   return render_table({"REPLICA", "DEPLOYMENT", "SLOT", "EPOCH", "STATE", "NODE/DEV", "RUNNING", "QUEUED",
-                       "KV TOKENS", "KV USE"},
+                       "KV TOKENS", "KV USE", "DRAFT"},
                       rows);
 }
 
@@ -79,9 +99,9 @@ std::string render_models(const std::vector<api::model_info>& models) {
     rows.push_back({m.name, m.version.empty() ? "-" : m.version, m.model_file,
                     fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), std::to_string(m.context_length),
                     m.architecture.empty() ? "-" : m.architecture, m.quantization.empty() ? "-" : m.quantization,
-                    m.tokenizer.empty() ? "-" : m.tokenizer});
-  return render_table({"NAME", "VERSION", "MODEL FILE", "READY/DESIRED", "CONTEXT", "ARCH", "QUANT", "TOKENIZER"},
-                      rows);
+                    m.tokenizer.empty() ? "-" : m.tokenizer, draft_cell(m)});
+  return render_table(
+      {"NAME", "VERSION", "MODEL FILE", "READY/DESIRED", "CONTEXT", "ARCH", "QUANT", "TOKENIZER", "DRAFT"}, rows);
 }
 
 std::string render_status(const api::cluster_status& s) {
@@ -123,12 +143,6 @@ std::string latency_pair(double p50, double p99) {
   if (p50 < 0 && p99 < 0) return "-";
   const auto one = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.0f}", v); };
   return one(p50) + "/" + one(p99);
-}
-
-// The deployment a listed model is: "tiny" at version 2 is tiny@2.
-std::string deployment_of(const api::model_info& m) {
-  if (m.name.find('@') != std::string::npos || m.version.empty() || m.version == "1") return m.name;
-  return m.name + "@" + m.version;
 }
 }  // namespace
 

@@ -496,7 +496,12 @@ json model_json(const api::model_info& m, std::int64_t created) {
           // the dominant weight type) and its tokenizer; null where unknown.
           {"architecture", m.architecture.empty() ? json(nullptr) : json(m.architecture)},
           {"quantization", m.quantization.empty() ? json(nullptr) : json(m.quantization)},
-          {"tokenizer", m.tokenizer.empty() ? json(nullptr) : json(m.tokenizer)}};
+          {"tokenizer", m.tokenizer.empty() ? json(nullptr) : json(m.tokenizer)},
+          // Speculative decoding: the draft model's file and its tokens per
+          // step; null without a draft. Extra keys, like the ones above:
+          // OpenAI clients read id/object/created/owned_by and ignore the rest.
+          {"draft_model", m.draft_model.empty() ? json(nullptr) : json(m.draft_model)},
+          {"draft_tokens", m.draft_model.empty() ? json(nullptr) : json(m.draft_tokens)}};
 }
 }  // namespace
 

@@ -99,6 +99,8 @@ void fill(rpc::ModelInfo::Builder out, const api::model_info& m) {
   out.setArchitecture(m.architecture);
   out.setQuantization(m.quantization);
   out.setTokenizer(m.tokenizer);
+  out.setDraftModel(m.draft_model);
+  out.setDraftTokens(m.draft_tokens);
 }
 
 void fill(rpc::ReplicaStatus::Builder out, const api::replica_status& r) {

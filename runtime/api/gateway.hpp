@@ -166,6 +166,11 @@ struct model_info {
   std::string architecture;
   std::string quantization;
   std::string tokenizer;
+  /// Speculative decoding (deploy_request::draft_model): the draft's GGUF
+  /// path, "" when the deployment has none, and the tokens it proposes per
+  /// step (the engine's default filled in; 0 without a draft).
+  std::string draft_model;
+  std::uint32_t draft_tokens = 0;
 };
 
 struct replica_status {

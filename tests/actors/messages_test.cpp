@@ -91,6 +91,42 @@ TEST_CASE("model info keeps its file facts across processes", "[actors][messages
   CHECK(m2.tokenizer == "gpt2");
 }
 
+TEST_CASE("model info keeps its draft model across processes", "[actors][messages][speculative]") {
+  // `exaserve-cli status` and /v1/models on a gateway read the controller's
+  // model list, which crosses processes.
+  config cfg;
+  caf::actor_system sys{cfg};
+  api::model_info m;
+  m.name = "spec";
+  m.draft_model = "/models/draft.gguf";
+  m.draft_tokens = 6;
+  const auto m2 = round_trip(sys, m);
+  CHECK(m2.draft_model == "/models/draft.gguf");
+  CHECK(m2.draft_tokens == 6);
+}
+
+TEST_CASE("a deploy request and its announce keep the prefix slack across processes",
+          "[actors][messages][routing][prefix]") {
+  config cfg;
+  caf::actor_system sys{cfg};
+  api::deploy_request d;
+  d.name = "chat";
+  d.routing = "prefix_aware";
+  d.prefix_slack_tokens = 777;
+  d.prefix_slack_ratio = 1.25;
+  CHECK(round_trip(sys, d) == d);
+  actors::deployment_announce a;
+  a.name = "chat";
+  a.routing = "prefix_aware";
+  a.prefix_slack_tokens = 777;
+  a.prefix_slack_ratio = 1.25;
+  a.tenant = "acme";
+  const auto a2 = round_trip(sys, a);
+  CHECK(a2.prefix_slack_tokens == 777);
+  CHECK(a2.prefix_slack_ratio == 1.25);
+  CHECK(a2.tenant == "acme");
+}
+
 TEST_CASE("a deployment's announce and deploy request keep its chat template across processes",
           "[actors][messages][chat_template]") {
   config cfg;

@@ -214,7 +214,7 @@ TEST_CASE("chat over HTTP: logprobs.content streamed and not", "[logprobs][http]
   CHECK(merged == content);
 }
 
-TEST_CASE("/v1/models shows each deployment's architecture, quantization and tokenizer", "[openai]") {
+TEST_CASE("/v1/models shows each deployment's architecture, quantization, tokenizer and draft model", "[openai]") {
   api::model_info m;
   m.name = "llama3";
   m.model_file = "/models/llama3.gguf";
@@ -222,7 +222,11 @@ TEST_CASE("/v1/models shows each deployment's architecture, quantization and tok
   m.architecture = "llama";
   m.quantization = "Q4_K_M";
   m.tokenizer = "gpt2";
+  m.draft_model = "/models/llama3-draft.gguf";
+  m.draft_tokens = 4;
   const auto one = json::parse(door::render_model(m, 1));
+  CHECK(one["draft_model"] == "/models/llama3-draft.gguf");
+  CHECK(one["draft_tokens"] == 4);
   CHECK(one["architecture"] == "llama");
   CHECK(one["quantization"] == "Q4_K_M");
   CHECK(one["tokenizer"] == "gpt2");
@@ -231,6 +235,8 @@ TEST_CASE("/v1/models shows each deployment's architecture, quantization and tok
   CHECK(unknown["data"][0]["architecture"].is_null());  // not known: null, not ""
   CHECK(unknown["data"][0]["quantization"].is_null());
   CHECK(unknown["data"][0]["tokenizer"].is_null());
+  CHECK(unknown["data"][0]["draft_model"].is_null());  // no draft: null
+  CHECK(unknown["data"][0]["draft_tokens"].is_null());
 }
 
 TEST_CASE("logprobs show the float the engine computed, at its own precision", "[logprobs]") {

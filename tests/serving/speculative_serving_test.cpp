@@ -11,12 +11,17 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "actors/embedded_cluster.hpp"
 #include "frontdoor.hpp"
 #include "http_client.hpp"
+#include "run_process.hpp"
 #include "model/draft_model.hpp"
 #include "model/model_gen.hpp"
 #include "serve_config.hpp"
@@ -168,6 +173,54 @@ TEST_CASE("a deployment with a draft serves the same greedy text as without one,
   CHECK(accepted >= 0);
   CHECK(accepted <= proposed);
   CHECK(metric_value(m.body, "exaserve_draft_proposed_tokens_total{model=\"plain\"}") <= 0);
+
+  // /v1/models names each deployment's draft (null without one), and
+  // `exaserve-cli status` shows it in the REPLICAS and DEPLOYMENTS tables.
+  const auto models = test::http_request(port, "GET", "/v1/models");
+  INFO(models.body);
+  REQUIRE(models.status == 200);
+  std::map<std::string, json> listed;
+  const json model_list = json::parse(models.body);
+  for (const auto& d : model_list["data"]) listed[d["id"].get<std::string>()] = d;
+  REQUIRE(listed.count("spec"));
+  REQUIRE(listed.count("plain"));
+  CHECK(listed["spec"]["draft_model"] == draft_path());
+  CHECK(listed["spec"]["draft_tokens"] == 4);
+  CHECK(listed["spec"]["object"] == "model");  // still an OpenAI model object
+  CHECK(listed["plain"]["draft_model"].is_null());
+  CHECK(listed["plain"]["draft_tokens"].is_null());
+  const std::string connect = "127.0.0.1:" + std::to_string((*door)->rpc_port());
+  const auto st = test::run_process({std::string(EXA_BIN_DIR) + "/exaserve-cli", "--connect", connect, "status"},
+                                    std::chrono::seconds(60));
+  INFO(st.out << st.err);
+  REQUIRE(st.exit_code == 0);
+  const std::string cell = std::filesystem::path(draft_path()).filename().string() + ",k=4";
+  int spec_rows = 0, plain_rows = 0;
+  bool in_replicas = false;
+  std::istringstream lines(st.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("REPLICAS", 0) == 0) {
+      in_replicas = true;
+      std::getline(lines, line);
+      CHECK_THAT(line, Contains("KV USE") && Contains("DRAFT"));
+      continue;
+    }
+    if (!in_replicas) continue;
+    if (line.find_first_not_of(' ') == std::string::npos) break;
+    std::istringstream row(line);
+    std::vector<std::string> cells{std::istream_iterator<std::string>(row), std::istream_iterator<std::string>()};
+    REQUIRE(cells.size() == 11);
+    if (cells[1] == "spec") {
+      ++spec_rows;
+      CHECK(cells.back() == cell);
+    } else if (cells[1] == "plain") {
+      ++plain_rows;
+      CHECK(cells.back() == "-");
+    }
+  }
+  CHECK(spec_rows == 1);
+  CHECK(plain_rows == 1);
+  CHECK_THAT(st.out, Contains("DEPLOYMENTS") && Contains(cell));
 
   // A draft with another vocabulary is refused at deploy, naming both files.
   api::deploy_request bad = spec;

@@ -166,7 +166,6 @@ struct record_sink final : api::stream_sink {
     record->cached_tokens = r.usage.cached_tokens;
     record->replica = r.replica;
     if (r.usage.completion_tokens != received) ++*gaps;
-    if (std::getenv("EXA_H1_DUMP") && record->tenant == "quiet") std::fprintf(stderr, "H1Q %.6f %.3f %u %s\n", record->arrival_s, record->ttft_s * 1e3, record->prompt_tokens, record->replica.c_str());  // H1-TEMP
     *done = 1;
   }
 };

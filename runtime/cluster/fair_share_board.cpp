@@ -69,6 +69,64 @@ std::size_t fair_share_authority::expire(std::int64_t now_ns) {
   return n;
 }
 
+// Replaces `r.gateway`'s lease with its report's totals; returns what each
+// total grew by since its last report.
+std::map<fair_share_authority::key, double> fair_share_authority::merge(const fair_share_report& r,
+                                                                         std::int64_t now_ns) {
+  lease next;
+  next.reported_ns = now_ns;
+  const auto prev = gateways_.find(r.gateway);
+  std::map<key, double> grown;
+  for (const auto& e : r.entries) {
+    if (!std::isfinite(e.charged) || e.charged < 0) continue;  // nonsense: ignored
+    key k{e.deployment, e.tenant};
+    double delta = e.charged;  // a new entry, a new generation or a total that went down: all of it
+    if (prev != gateways_.end())
+      if (auto p = prev->second.entries.find(k); p != prev->second.entries.end() &&
+                                                 p->second.generation == e.generation && e.charged >= p->second.charged)
+        delta = e.charged - p->second.charged;
+    next.entries[k] = {e.generation, e.charged, e.waiting};
+    if (delta > 0) grown[k] += delta;
+  }
+  gateways_[r.gateway] = std::move(next);
+  return grown;
+}
+
+// Lifts the tenants `gateway` now has waiting on `deployment` that no
+// gateway had waiting `before` to the floor of those that had.
+void fair_share_authority::lift(const std::string& deployment, std::uint64_t gateway, const std::set<key>& before) {
+  auto& d = deployments_[deployment];
+  const auto& mine = gateways_.at(gateway).entries;
+  std::vector<std::string> lifted;
+  for (auto it = mine.lower_bound(key{deployment, std::string{}}); it != mine.end() && it->first.first == deployment;
+       ++it)
+    if (it->second.waiting > 0 && !before.count(it->first)) lifted.push_back(it->first.second);
+  if (lifted.empty()) return;
+  double f = std::numeric_limits<double>::infinity();
+  for (const auto& [tenant, c] : d.counters)
+    if (c < f && before.count(key{deployment, tenant})) f = c;
+  if (std::isinf(f)) f = d.last_served;
+  for (const auto& t : lifted) {
+    auto c = d.counters.find(t);
+    if (c == d.counters.end()) {
+      if (counters_ >= config_.entries_max) continue;  // bounded: stands at the floor
+      c = d.counters.emplace(t, 0.0).first;
+      ++counters_;
+    }
+    c->second = std::max(c->second, f);
+  }
+}
+
+fair_deployment_counters fair_share_authority::counters_of(const std::string& deployment,
+                                                           const deployment_state& d) const {
+  fair_deployment_counters out;
+  out.deployment = deployment;
+  out.floor = floor(deployment, d);
+  for (const auto& [tenant, v] : d.counters)
+    out.counters.push_back({tenant, backlogged(deployment, tenant) ? v : std::max(v, out.floor)});
+  return out;
+}
+
 expected<fair_share_answer> fair_share_authority::report(const fair_share_report& r, std::int64_t now_ns) {
   if (r.entries.size() > config_.entries_max)
     return make_error(errc::invalid_argument, "a fair-share report of " + std::to_string(r.entries.size()) +
@@ -78,60 +136,19 @@ expected<fair_share_answer> fair_share_authority::report(const fair_share_report
   if (!gateways_.count(r.gateway) && gateways_.size() >= config_.gateways_max)
     return make_error(errc::overloaded, std::to_string(config_.gateways_max) +
                                             " gateways already share fair-queue counters");
-  // Who was backlogged before this report, by deployment.
-  std::set<std::string> reported_deployments;
-  for (const auto& e : r.entries) reported_deployments.insert(e.deployment);
-  std::set<key> before;
+  std::set<std::string> reported;
+  for (const auto& e : r.entries) reported.insert(e.deployment);
+  std::set<key> before;  // waiting somewhere before this report
   for (const auto& [id, l] : gateways_)
     for (const auto& [k, s] : l.entries)
-      if (s.waiting > 0 && reported_deployments.count(k.first)) before.insert(k);
-  // This gateway's new totals, and what each grew by.
-  lease next;
-  next.reported_ns = now_ns;
-  const auto* prev = gateways_.count(r.gateway) ? &gateways_.at(r.gateway) : nullptr;
-  std::map<key, double> grown;
-  for (const auto& e : r.entries) {
-    if (!std::isfinite(e.charged) || e.charged < 0) continue;  // nonsense: ignored
-    key k{e.deployment, e.tenant};
-    double delta = e.charged;
-    if (prev)
-      if (auto p = prev->entries.find(k);
-          p != prev->entries.end() && p->second.generation == e.generation && e.charged >= p->second.charged)
-        delta = e.charged - p->second.charged;
-    auto& s = next.entries[k];
-    s = {e.generation, e.charged, e.waiting};
-    if (delta > 0) grown[k] += delta;
-  }
-  gateways_[r.gateway] = std::move(next);
-  // Lift those newly backlogged (before they are charged: idleness banks
-  // no credit), then charge what was served.
-  for (const auto& dname : reported_deployments) {
-    auto& d = deployments_[dname];
-    std::vector<std::string> lifted;
-    const auto& mine = gateways_.at(r.gateway).entries;
-    for (auto it = mine.lower_bound(key{dname, std::string{}}); it != mine.end() && it->first.first == dname; ++it)
-      if (it->second.waiting > 0 && !before.count(it->first)) lifted.push_back(it->first.second);
-    if (!lifted.empty()) {
-      // The floor among those already backlogged.
-      double f = std::numeric_limits<double>::infinity();
-      for (const auto& [tenant, c] : d.counters)
-        if (c < f && before.count(key{dname, tenant})) f = c;
-      if (std::isinf(f)) f = d.last_served;
-      for (const auto& t : lifted) {
-        auto c = d.counters.find(t);
-        if (c == d.counters.end()) {
-          if (counters_ >= config_.entries_max) continue;  // bounded: stands at the floor
-          c = d.counters.emplace(t, 0.0).first;
-          ++counters_;
-        }
-        c->second = std::max(c->second, f);
-      }
-    }
-  }
-  // Where a tenant served while not kept starts: its deployment's floor
-  // before this report's charges (the same for all, whatever their order).
+      if (s.waiting > 0 && reported.count(k.first)) before.insert(k);
+  const auto grown = merge(r, now_ns);
+  // Lift those newly backlogged before charging them: idleness banks no credit.
+  for (const auto& d : reported) lift(d, r.gateway, before);
+  // A tenant served while not kept starts at its deployment's floor before
+  // this report's charges (the same for all, whatever their order).
   std::map<std::string, double> floors;
-  for (const auto& dname : reported_deployments) floors[dname] = floor(dname, deployments_[dname]);
+  for (const auto& d : reported) floors[d] = floor(d, deployments_[d]);
   for (const auto& [k, delta] : grown) {
     auto& d = deployments_[k.first];
     auto c = d.counters.find(k.second);
@@ -145,16 +162,9 @@ expected<fair_share_answer> fair_share_authority::report(const fair_share_report
   }
   fair_share_answer out;
   out.gateways = static_cast<std::uint32_t>(gateways_.size());
-  for (const auto& dname : reported_deployments) {
-    forget_idle(dname);
-    auto d = deployments_.find(dname);
-    if (d == deployments_.end()) continue;
-    fair_deployment_counters c;
-    c.deployment = dname;
-    c.floor = floor(dname, d->second);
-    for (const auto& [tenant, v] : d->second.counters)
-      c.counters.push_back({tenant, backlogged(dname, tenant) ? v : std::max(v, c.floor)});
-    out.deployments.push_back(std::move(c));
+  for (const auto& d : reported) {
+    forget_idle(d);
+    if (auto it = deployments_.find(d); it != deployments_.end()) out.deployments.push_back(counters_of(d, it->second));
   }
   return out;
 }

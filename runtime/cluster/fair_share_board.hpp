@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,6 +124,9 @@ class fair_share_authority {
     std::map<std::string, double> counters;  // by tenant
     double last_served = 0;                  // the largest counter reached
   };
+  std::map<key, double> merge(const fair_share_report& report, std::int64_t now_ns);
+  void lift(const std::string& deployment, std::uint64_t gateway, const std::set<key>& before);
+  fair_deployment_counters counters_of(const std::string& deployment, const deployment_state& d) const;
   bool backlogged(const std::string& deployment, const std::string& tenant) const;
   double floor(const std::string& deployment, const deployment_state& d) const;
   void forget_idle(const std::string& deployment);

@@ -102,13 +102,27 @@ void batch_scheduler::attach_cached(sequence& seq) {
 }
 
 void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget, bool fair) {
+  // Across tenants, sequences of a tenant over its share that would take
+  // the running set past fair_context_tokens wait; lighter ones may go.
+  std::vector<const sequence*> over_budget;
+  const auto eligible = [&](const sequence& s) {
+    return std::find(over_budget.begin(), over_budget.end(), &s) == over_budget.end();
+  };
   while (!waiting_.empty() && running_.size() < config_.max_running && budget > 0) {
     // First come, or across tenants the best in fair order (preempted work
     // is at the front, so it still goes first among equals).
-    std::size_t pick = 0;
-    for (std::size_t i = 1; fair && i < waiting_.size(); ++i)
-      if (key(*waiting_[i], waiting_[i]->arrival) < key(*waiting_[pick], waiting_[pick]->arrival)) pick = i;
+    std::optional<std::size_t> best;
+    for (std::size_t i = 0; i < waiting_.size() && (fair || !best); ++i)
+      if (eligible(*waiting_[i]) &&
+          (!best || key(*waiting_[i], waiting_[i]->arrival) < key(*waiting_[*best], waiting_[*best]->arrival)))
+        best = i;
+    if (!best) break;
+    const std::size_t pick = *best;
     sequence& seq = *waiting_[pick];
+    if (fair && !within_context_budget(seq)) {
+      over_budget.push_back(&seq);
+      continue;
+    }
     attach_cached(seq);
     const std::uint32_t n = std::min({seq.pending(), config_.prefill_chunk, budget});
     // Keep one free block per running sequence so admitting new work does
@@ -210,6 +224,26 @@ const sequence* batch_scheduler::favoured_prefill() const {
   if (running_.size() < config_.max_running)
     for (const auto& s : waiting_) consider(*s, s->arrival);
   return best;
+}
+
+bool batch_scheduler::within_context_budget(const sequence& candidate) const {
+  if (config_.fair_context_tokens == 0) return true;
+  // Over its share beside the lightest tenant with work here.
+  const sequence* lightest = nullptr;
+  const auto consider = [&](const sequence& s) {
+    if (lightest == nullptr || usage_.usage(s.tenant) < usage_.usage(lightest->tenant)) lightest = &s;
+  };
+  for (const auto& s : waiting_) consider(*s);
+  for (const auto& s : running_) consider(*s);
+  if (!usage_.over_share(candidate.tenant, lightest->tenant)) return true;
+  const auto reserved = [](const sequence& s) { return std::uint64_t{s.prompt_len} + s.request.max_tokens; };
+  std::uint32_t mine = 0;
+  std::uint64_t context = reserved(candidate);
+  for (const auto& s : running_) {
+    mine += s->tenant == candidate.tenant ? 1 : 0;
+    context += reserved(*s);
+  }
+  return over_share_admits(mine, static_cast<double>(context), static_cast<double>(config_.fair_context_tokens));
 }
 
 bool batch_scheduler::yields_to(const sequence& decoding, const sequence& favoured) const {

@@ -17,7 +17,9 @@
 // share that have been served more than its tenant sit out the step (at most
 // max_held_steps steps in a row), so the light tenant's prefill runs in a
 // short step of its own. Batch invariance makes this safe: which tokens share
-// a step never changes what they compute.
+// a step never changes what they compute. With fair_context_tokens, a
+// tenant over its share keeps only that much context in the running set, so
+// the decode steps a light tenant's prompt waits out stay short.
 
 #include <cstdint>
 #include <deque>
@@ -38,6 +40,13 @@ struct scheduler_config {
   /// Steps in a row that a heavy tenant's decodes may sit out for another
   /// tenant's prefill; the step after that runs them whatever waits.
   std::uint32_t max_held_steps = 2;
+  /// Across tenants: a tenant over its share is admitted only while the
+  /// running set's context with it, every sequence at prompt + max_tokens,
+  /// stays within this many tokens (a decode step reads that context, so it
+  /// bounds the step a light tenant's prompt waits out); one with nothing
+  /// running is always admitted. 0: no bound (the default: the CPU engine
+  /// has no cost model to size it from; see sim_engine's fair_step_budget).
+  std::uint64_t fair_context_tokens = 0;
   tenant_usage_config usage{};
 };
 
@@ -110,6 +119,7 @@ class batch_scheduler {
   fair_key key(const sequence& seq, std::uint64_t order) const;
   const sequence* favoured_prefill() const;
   bool yields_to(const sequence& decoding, const sequence& favoured) const;
+  bool within_context_budget(const sequence& candidate) const;
 
   scheduler_config config_;
   kv_cache& cache_;

@@ -412,6 +412,11 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
   for (const seq& s : waiting_) consider(s);
   for (const seq& s : running_)
     if (s.prefilling) consider(s);
+  // A replay of a step across tenants admits what it admitted (its order);
+  // otherwise a tenant over its share joins the running set within the
+  // step budget only.
+  const bool budgeted = config_.fair_step_budget > 0 && (limits == nullptr || limits->chunked.empty());
+  const double budget_s = config_.fair_step_budget * weights_s;
   double prefill_s = 0;
   std::uint64_t tokens = 0;
   std::uint32_t admitted = 0;
@@ -431,6 +436,15 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
       if (!admitting || !fits) {
         admitting = false;
         continue;
+      }
+      // Over the budget it waits, and lighter tenants after it in fair
+      // order may still go.
+      if (budgeted && lightest && usage_.over_share(wait->tenant, lightest->second)) {
+        const auto mine = static_cast<std::uint32_t>(
+            std::count_if(running_.begin(), running_.end(), [&](const seq& r) { return r.tenant == wait->tenant; }));
+        const double step_with_s = cost_.decode_step_s(static_cast<std::uint32_t>(running_.size()) + 1,
+                                                       kv_used_ + wait->kv_tokens(), last_.sharing);
+        if (!over_share_admits(mine, step_with_s, budget_s)) continue;
       }
       const std::uint64_t cached = cached_prefix(*wait);
       take_waiting(wait, cached);

@@ -23,7 +23,9 @@
 // its first token leaves at once. A sequence being prefilled holds its KV
 // reservation and does not decode. A second tenant's first request that
 // arrives while a one-tenant step prefills re-plans that step this way (see
-// truncate_last_step).
+// truncate_last_step). While it is over its share, a tenant keeps in the
+// running set only what a decode step within fair_step_budget reads, so the
+// step in flight when a light tenant's request arrives is short.
 
 #include <cstdint>
 #include <deque>
@@ -112,6 +114,16 @@ struct sim_engine_config {
   /// Across tenants: prompt tokens per prefill chunk (see above). A chunk
   /// costs at least one read of the weights.
   std::uint32_t fair_prefill_chunk = 128;
+  /// Across tenants: a tenant over its share is admitted only while a decode
+  /// step of the running set with it, every sequence at its reserved length
+  /// (prompt + max_tokens), would take at most this many times one read of
+  /// the weights (decode_step_s(0, 0)); one with nothing running here is
+  /// always admitted. So the decode step in flight when a light tenant's
+  /// request arrives is short. 0: no bound (the default: in
+  /// bench/scenarios/fairness.json, 1.5 cost the flooding tenant a third of
+  /// its throughput and did not lower the quiet tenant's p99; see
+  /// docs/PERFORMANCE.md "Fairness across tenants").
+  double fair_step_budget = 0;
   tenant_usage_config usage{};
 };
 

@@ -112,6 +112,18 @@ bool tenants_contended(const tenant_usage& usage, EachWithWork&& each_with_work)
   return each_with_work([&](tenant_usage::slot t, request_priority p) { return differs(tenant, t) || differs(priority, p); });
 }
 
+/// Whether a replica admits one more sequence of a tenant over its share
+/// while scheduling across tenants: always when that tenant has nothing
+/// running there (it progresses, and over_share keeps it from falling below
+/// its share), otherwise only while the running set's cost with the newcomer
+/// stays within `budget` (a step-time or token bound; 0 or less: no bound).
+/// Bounding what the heavy tenant keeps in the batch bounds the step a light
+/// tenant's request waits out when it arrives (sim_engine's
+/// fair_step_budget, batch_scheduler's fair_context_tokens).
+constexpr bool over_share_admits(std::uint32_t tenant_running, double cost_with, double budget) noexcept {
+  return budget <= 0 || tenant_running == 0 || cost_with <= budget;
+}
+
 /// How engines order prompts that wait for prefill when scheduling across
 /// tenants: interactive before batch, then the tenant served least lately,
 /// then first come (`order`, smaller first).

@@ -193,6 +193,45 @@ TEST_CASE("scheduler: batch decodes yield to an interactive prompt of the same t
   CHECK(r.step() == plan_t{{1, 1}, {2, 1}, {3, 1}, {5, 1}});
 }
 
+TEST_CASE("scheduler: a tenant over its share is admitted within fair_context_tokens only", "[fair][scheduler]") {
+  // Every sequence reserves 8 + 1000 tokens of context here; the bound
+  // holds four of them.
+  const auto run = [](std::uint64_t bound, const std::string& second) {
+    scheduler_config cfg = small_config();
+    cfg.max_running = 8;
+    cfg.fair_context_tokens = bound;
+    cfg.usage.lately_tokens = 1;
+    sched_rig r(256, cfg);
+    r.add(1, 8, "heavy");
+    r.add(2, 8, "heavy");
+    for (int i = 0; i < 4; ++i) r.step();  // the heavy tenant has been served
+    r.add(3, 8, second);
+    for (seq_id id = 4; id <= 6; ++id) r.add(id, 8, "heavy");
+    for (int i = 0; i < 8; ++i) r.step();
+    const std::size_t running = r.sched.running();
+    r.add(7, 8, second);  // the light tenant is still admitted past the bound
+    for (int i = 0; i < 4; ++i) r.step();
+    return std::pair{running, r.sched.running()};
+  };
+  CHECK(run(4 * 1008, "light") == std::pair<std::size_t, std::size_t>{4, 5});  // the fourth heavy waits
+  CHECK(run(0, "light") == std::pair<std::size_t, std::size_t>{6, 7});         // no bound
+  CHECK(run(4 * 1008, "heavy") == std::pair<std::size_t, std::size_t>{6, 7});  // one tenant: unbounded
+  // A tenant with nothing running is admitted whatever the bound.
+  scheduler_config cfg = small_config();
+  cfg.fair_context_tokens = 10;
+  cfg.usage.lately_tokens = 1;
+  sched_rig r(256, cfg);
+  r.add(1, 8, "heavy");
+  for (int i = 0; i < 4; ++i) r.step();
+  r.sched.finish(1);
+  r.add(2, 8, "light");
+  r.add(3, 8, "heavy");
+  r.add(4, 8, "heavy");
+  for (int i = 0; i < 4; ++i) r.step();
+  CHECK(r.sched.running() == 2);  // the light one and one heavy
+  CHECK(r.sched.waiting() == 1);
+}
+
 // ---- CPU engine -----------------------------------------------------------------
 
 TEST_CASE("cpu engine: across tenants every request still gets the tokens it gets alone", "[fair][engine]") {
@@ -216,23 +255,32 @@ TEST_CASE("cpu engine: across tenants every request still gets the tokens it get
     REQUIRE(e.submit(r));
     alone.push_back(test::run_to_completion(e, 1)[0]);
   }
-  cpu_engine_config cfg;
-  cfg.scheduler.max_batch_tokens = 12;
-  cfg.scheduler.prefill_chunk = 4;
-  cfg.scheduler.usage.lately_tokens = 1;
-  thread_pool threads(2);
-  auto pool = test::make_pool(*m, 1024);
-  cpu_engine e(m, *pool, threads, cfg);
-  std::vector<std::vector<std::int32_t>> got(9);
-  std::size_t submitted = 0;
-  while (submitted < 9 || !e.idle()) {
-    if (submitted < 9) REQUIRE(e.submit(make(submitted++)));
-    for (const auto& t : e.step().tokens) got[t.id].push_back(t.token);
+  // Without and with a context bound that holds the heavy tenant to a few
+  // sequences (each reserves at most 32 tokens here).
+  for (const std::uint64_t context_bound : {std::uint64_t{0}, std::uint64_t{70}}) {
+    CAPTURE(context_bound);
+    cpu_engine_config cfg;
+    cfg.scheduler.max_batch_tokens = 12;
+    cfg.scheduler.prefill_chunk = 4;
+    cfg.scheduler.usage.lately_tokens = 1;
+    cfg.scheduler.fair_context_tokens = context_bound;
+    thread_pool threads(2);
+    auto pool = test::make_pool(*m, 1024);
+    cpu_engine e(m, *pool, threads, cfg);
+    std::vector<std::vector<std::int32_t>> got(9);
+    std::size_t submitted = 0;
+    while (submitted < 9 || !e.idle()) {
+      if (submitted < 9) REQUIRE(e.submit(make(submitted++)));
+      for (const auto& t : e.step().tokens) got[t.id].push_back(t.token);
+    }
+    for (std::size_t i = 0; i < 9; ++i) {
+      CAPTURE(i);
+      CHECK(got[i] == alone[i]);
+    }
   }
-  for (std::size_t i = 0; i < 9; ++i) {
-    CAPTURE(i);
-    CHECK(got[i] == alone[i]);
-  }
+  thread_pool threads(1);
+  auto pool = test::make_pool(*m, 512);
+  cpu_engine e(m, *pool, threads, {});
   generation_request bad = make(20);
   bad.tenant_weight = 0;
   const auto refused = e.submit(bad);
@@ -359,6 +407,116 @@ TEST_CASE("sim engine: interactive prompts are prefilled before batch ones", "[f
   CHECK(first.tokens[0].id == 4);
 }
 
+TEST_CASE("over_share_admits: a tenant over its share grows its running set within the budget only", "[fair]") {
+  CHECK(over_share_admits(0, 9.0, 4.0));    // nothing running here: it always progresses
+  CHECK(over_share_admits(3, 4.0, 4.0));    // within the budget
+  CHECK_FALSE(over_share_admits(3, 4.5, 4.0));
+  CHECK(over_share_admits(3, 4.5, 0.0));    // no bound
+}
+
+namespace {
+
+// Runs `e` from time 0 to the step in flight at `arrival_s`, submits `r`
+// there (the step is cut at its next boundary, as the replica and device
+// actors do) and returns r's time to first token.
+double ttft_at(sim_engine& e, generation_request r, double arrival_s) {
+  double now_s = 0;
+  step_result s = e.step();
+  for (int i = 0; i < 100000 && now_s + s.duration_s < arrival_s; ++i) {
+    now_s += s.duration_s;
+    s = e.step();
+  }
+  REQUIRE(now_s + s.duration_s >= arrival_s);
+  const seq_id id = r.id;
+  REQUIRE(e.submit(std::move(r)));
+  const auto cut = e.truncate_last_step(arrival_s - now_s);
+  now_s += cut ? cut->duration_s : s.duration_s;
+  for (int i = 0; i < 100000 && !e.idle(); ++i) {
+    s = e.step();
+    now_s += s.duration_s;
+    for (const token_event& t : s.tokens)
+      if (t.id == id) return now_s - arrival_s;
+  }
+  FAIL("the request produced no token");
+  return 0;
+}
+
+// An engine where "light" and "heavy" were both served lately, the heavy
+// one more, and then the heavy tenant sends sixteen prompts of 500 tokens
+// (600 reserved each) and the light one a single one.
+void heavy_backlog(sim_engine& e, const std::string& light_tenant) {
+  REQUIRE(e.submit(sim_request(1, 500, 10, light_tenant)));
+  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  REQUIRE(e.submit(sim_request(3, 500, 10, "heavy")));
+  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  REQUIRE(e.idle());
+  for (seq_id id = 10; id < 26; ++id) REQUIRE(e.submit(sim_request(id, 500, 100, "heavy")));
+  REQUIRE(e.submit(sim_request(30, 500, 100, light_tenant)));
+}
+
+}  // namespace
+
+TEST_CASE("sim engine: across tenants, a tenant over its share keeps only what a decode step within the budget reads",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  const double weights_s = cost.decode_step_s(0, 0);
+  // The most sequences of 600 reserved tokens whose decode step fits 1.5
+  // reads of the weights: 7 (2.73 ms of weights, 0.18 ms of KV each).
+  std::uint32_t fit = 0;
+  while (cost.decode_step_s(fit + 1, 600ull * (fit + 1)) <= 1.5 * weights_s) ++fit;
+  REQUIRE(fit == 7);
+  const auto most_running = [&](double budget, const std::string& light_tenant) {
+    sim_engine_config cfg = sim_config();
+    cfg.fair_step_budget = budget;
+    sim_engine e(cost, cfg);
+    heavy_backlog(e, light_tenant);
+    std::uint32_t most = 0, finished = 0;
+    for (int i = 0; i < 100000 && !e.idle(); ++i) {
+      finished += static_cast<std::uint32_t>(e.step().finished.size());
+      const engine_stats st = e.stats();
+      most = std::max(most, st.running);
+      // The running set's decode step, every sequence at its reserved
+      // length, never exceeds the budget (the light tenant's one included).
+      if (budget > 0 && light_tenant != "heavy")
+        CHECK(cost.decode_step_s(st.running, st.kv_capacity_tokens - st.kv_free_tokens) <= budget * weights_s + 1e-12);
+    }
+    CHECK(finished == 17);  // every request served to its end
+    return most;
+  };
+  CHECK(most_running(1.5, "light") == fit);  // the light one and six of the heavy tenant's
+  CHECK(most_running(0, "light") == 17);     // no bound: all at once
+  CHECK(most_running(1.5, "heavy") == 17);   // one tenant: first come, unbounded
+}
+
+TEST_CASE("sim engine: a light tenant's request waits out at most a step within the budget", "[fair][sim]") {
+  // Arrivals every 0.3 ms over 6 ms, while the heavy tenant decodes (its
+  // prefills are done by 0.3 s either way): with the budget the step in
+  // flight is at most 1.5 reads of the weights; without it, sixteen
+  // sequences of ~550 tokens take about twice that.
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  const double weights_s = cost.decode_step_s(0, 0);
+  const double own_s = cost.prefill_s(500);
+  const auto longest_wait = [&](double budget) {
+    double longest = 0;
+    for (int k = 0; k < 20; ++k) {
+      sim_engine_config cfg = sim_config();
+      cfg.fair_step_budget = budget;
+      sim_engine e(cost, cfg);
+      heavy_backlog(e, "light");
+      const double ttft = ttft_at(e, sim_request(40, 500, 10, "light"), 0.3 + 0.0003 * k);
+      CHECK(ttft >= own_s * (1 - 1e-9));  // its own prefill, whole
+      longest = std::max(longest, ttft - own_s);
+    }
+    return longest;
+  };
+  const double bounded = longest_wait(1.5);
+  const double unbounded = longest_wait(0);
+  INFO("longest wait before its prefill: " << bounded * 1e3 << " ms with the budget, " << unbounded * 1e3
+                                           << " ms without");
+  CHECK(bounded <= 1.5 * weights_s + 1e-9);
+  CHECK(unbounded > 1.8 * weights_s);
+}
+
 TEST_CASE("sim engine: across tenants, random truncations never change what a request receives", "[fair][sim]") {
   // sim_engine_test's random truncation check with three tenants and two
   // priority classes: the replays of chunked, fair-ordered steps must be
@@ -382,6 +540,9 @@ TEST_CASE("sim engine: across tenants, random truncations never change what a re
     sim_engine_config cfg{.max_running = 6, .max_batch_tokens = 256, .kv_capacity_tokens = 1500, .horizon_s = 0.05};
     cfg.fair_prefill_chunk = 32 + static_cast<std::uint32_t>(next(64));
     cfg.prefill_ends_step = next(2) == 0;
+    // Small enough to bind for these short sequences (a few hundred tokens
+    // of KV beside the weights), or none.
+    cfg.fair_step_budget = next(2) == 0 ? 1.02 + 0.01 * static_cast<double>(next(5)) : 0;
     cfg.usage.lately_tokens = 1;
     sim_engine plain(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
     sim_engine cut(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);

@@ -250,9 +250,14 @@ void report_fair_shares(self_ptr self, std::int64_t now, std::chrono::millisecon
       .then(
           [=](const fair_share_answer_msg& m) {
             self->state.fair_share_pending = false;
+            const bool first = !board->synced();
+            const auto gateways = board->gateways();
             if (board->apply(m.answer, static_cast<std::int64_t>(now_ns(self))))
               spdlog::info("event=fair_share_restored gateways={} deployments={}", m.answer.gateways,
                            m.answer.deployments.size());
+            // Who shares the counters: logged when it changes.
+            if (first || board->gateways() != gateways)
+              spdlog::info("event=fair_share_gateways gateways={}", board->gateways());
           },
           [=](const caf::error& e) {
             self->state.fair_share_pending = false;

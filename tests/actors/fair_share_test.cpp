@@ -12,6 +12,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
+#include <caf/make_message.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
@@ -217,6 +218,10 @@ TEST_CASE("fair-share reports and answers keep every field across processes", "[
   };
   const actors::fair_share_report_msg r{{7, {{"m", "acme", 3, 1234.5, 6}, {"n", "", 1, 0.25, 0}}}};
   CHECK(round_trip(r).report == r.report);
+  // As a message (what crosses processes): needs the types registered by name.
+  const auto m = round_trip(caf::make_message(r));
+  REQUIRE(m.match_elements<actors::fair_share_report_msg>());
+  CHECK(m.get_as<actors::fair_share_report_msg>(0).report == r.report);
   const actors::fair_share_answer_msg a{{{{"m", 99.5, {{"acme", 1300}, {"beta", 101}}}}, 3}};
   CHECK(round_trip(a).answer == a.answer);
 }

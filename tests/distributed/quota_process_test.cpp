@@ -97,4 +97,7 @@ TEST_CASE("two gateway processes admit a flooding tenant at its limit between th
   CHECK(n.ok >= 4 * seconds * 0.7);
   CHECK(n.named_share);
   CHECK_THAT(c.gateway(0).err(), Contains("event=tenant_limited tenant=acme limit=requests_per_s"));
+  // The fair queues' counters are shared across the processes too (fair_share_board.hpp).
+  CHECK_THAT(c.gateway(1).err(), Contains("event=fair_share_gateways gateways=2"));
+  CHECK_THAT(c.gateway(0).err() + c.gateway(1).err(), !Contains("event=fair_share_fallback"));
 }

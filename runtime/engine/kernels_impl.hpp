@@ -1290,19 +1290,30 @@ inline void silu_mul(float* g, const float* u, std::size_t n) noexcept {
 // double one after the other, then · (float)(1 / sum).
 inline void softmax(float* x, std::size_t n) noexcept {
   float mx = -__builtin_inff();
-  for (std::size_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  double sum = 0.0;
   std::size_t i = 0;
 #if defined(EXA_K_HAS_AVX2)
-  for (; i + vexpf_lanes <= n; i += vexpf_lanes) {
-    vexpf_minus(x + i, mx);
-    for (std::size_t l = 0; l < vexpf_lanes; ++l) sum += x[i + l];
+  // The max in 8 lanes: max_ps(x, m) keeps m for a NaN x, as std::max(m, x)
+  // does. Only the sign of a zero maximum can differ from the scalar loop,
+  // and x − (±0) and e^(±0) do not see it. (GCC kept the scalar loop's max
+  // in memory: a store-to-load round trip per element.)
+  if (n >= 8) {
+    __m256 m = _mm256_set1_ps(-__builtin_inff());
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    mx = _mm_cvtss_f32(h);
   }
 #endif
-  for (; i < n; ++i) {
-    x[i] = det::expf(x[i] - mx);
-    sum += x[i];
-  }
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  i = 0;
+#if defined(EXA_K_HAS_AVX2)
+  for (; i + vexpf_lanes <= n; i += vexpf_lanes) vexpf_minus(x + i, mx);
+#endif
+  for (; i < n; ++i) x[i] = det::expf(x[i] - mx);
+  // The sum in its own loop, in order, so that it stays in a register.
+  double sum = 0.0;
+  for (std::size_t j = 0; j < n; ++j) sum += x[j];
   const float inv = static_cast<float>(1.0 / sum);
   for (std::size_t j = 0; j < n; ++j) x[j] *= inv;
 }

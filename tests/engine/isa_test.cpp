@@ -229,6 +229,17 @@ TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across vari
       CAPTURE(n);
       CHECK(same_bits(a, b));
     }
+    // Signed zeros (the vector max may pick the other zero), a NaN, infinities.
+    for (const std::vector<float>& row :
+         {std::vector<float>{-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, -0.0f, 0.0f, -0.0f, 0.0f},
+          std::vector<float>{0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, 0.0f, -0.0f, -0.0f, -3.0f},
+          std::vector<float>{1.0f, 2.0f, __builtin_nanf(""), 3.0f, -1.0f, 0.5f, 0.25f, 7.0f, -2.0f},
+          std::vector<float>{1.0f, -__builtin_inff(), 3.0f, -1.0f, 0.5f, 0.25f, 7.0f, -2.0f, 4.0f}}) {
+      auto a = row, b = row;
+      ref.softmax(a.data(), a.size());
+      t.softmax(b.data(), b.size());
+      CHECK(same_bits(a, b));
+    }
   }
   // Ties: with amax = 127 the scale is 1 and x.5 values round away from zero.
   std::vector<float> x(256);

@@ -27,22 +27,14 @@
 #include "model/utf8.hpp"
 #include "run_process.hpp"
 #include "serve_config.hpp"
+#include "serving_fixture.hpp"
 
 using namespace exa;
 using json = nlohmann::json;
 
 namespace {
 
-const std::string& model_path() {
-  static const std::string path = [] {
-    const std::string dir = std::string(EXA_TEST_TMPDIR) + "/serving";
-    std::filesystem::create_directories(dir);
-    const std::string p = dir + "/tiny.gguf";
-    REQUIRE(model::generate_model(*model::preset_spec("tiny"), p));
-    return p;
-  }();
-  return path;
-}
+const std::string& model_path() { return test::tiny_model_path(); }
 
 // The engine's own greedy text for a prompt, as the server would stream it.
 std::string engine_text(const std::string& prompt, std::uint32_t max_tokens) {
@@ -83,12 +75,7 @@ struct server {
     auto c = actors::embedded_cluster::start(o);
     REQUIRE(c.has_value());
     cluster = std::move(*c);
-    frontdoor_config fc;
-    fc.http_port = 0;
-    fc.rpc_port = 0;
-    auto f = frontdoor::start(fc, cluster->backend());
-    REQUIRE(f.has_value());
-    door = std::move(*f);
+    door = test::start_door(*cluster);
   }
   ~server() {
     door->stop();

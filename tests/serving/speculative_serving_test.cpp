@@ -25,6 +25,7 @@
 #include "model/draft_model.hpp"
 #include "model/model_gen.hpp"
 #include "serve_config.hpp"
+#include "serving_fixture.hpp"
 
 using namespace exa;
 using json = nlohmann::json;
@@ -140,12 +141,8 @@ TEST_CASE("a deployment with a draft serves the same greedy text as without one,
   auto c = actors::embedded_cluster::start(o);
   REQUIRE(c.has_value());
   auto cluster = std::move(*c);
-  frontdoor_config fc;
-  fc.http_port = 0;
-  fc.rpc_port = 0;
-  auto door = frontdoor::start(fc, cluster->backend());
-  REQUIRE(door.has_value());
-  const auto port = (*door)->http_port();
+  auto door = test::start_door(*cluster);
+  const auto port = door->http_port();
 
   auto complete = [&](const std::string& model, const std::string& prompt) {
     const auto r = test::http_request(port, "POST", "/v1/completions",
@@ -189,7 +186,7 @@ TEST_CASE("a deployment with a draft serves the same greedy text as without one,
   CHECK(listed["spec"]["object"] == "model");  // still an OpenAI model object
   CHECK(listed["plain"]["draft_model"].is_null());
   CHECK(listed["plain"]["draft_tokens"].is_null());
-  const std::string connect = "127.0.0.1:" + std::to_string((*door)->rpc_port());
+  const std::string connect = "127.0.0.1:" + std::to_string(door->rpc_port());
   const auto st = test::run_process({std::string(EXA_BIN_DIR) + "/exaserve-cli", "--connect", connect, "status"},
                                     std::chrono::seconds(60));
   INFO(st.out << st.err);
@@ -265,6 +262,6 @@ TEST_CASE("a deployment with a draft serves the same greedy text as without one,
   // warm-up step is out on the device is another test's subject.
   CHECK(complete("bad", "abc") == complete("plain", "abc"));
 
-  (*door)->stop();
+  door->stop();
   cluster->stop();
 }

@@ -14,22 +14,12 @@
 #include "frontdoor.hpp"
 #include "http_client.hpp"
 #include "model/model_gen.hpp"
+#include "serving_fixture.hpp"
 
 using namespace exa;
 using json = nlohmann::json;
 
 namespace {
-
-const std::string& tp_model_path() {
-  static const std::string path = [] {
-    const std::string dir = std::string(EXA_TEST_TMPDIR) + "/serving";
-    std::filesystem::create_directories(dir);
-    const std::string p = dir + "/tiny-tp.gguf";
-    REQUIRE(model::generate_model(*model::preset_spec("tiny"), p));
-    return p;
-  }();
-  return path;
-}
 
 struct tp_server {
   std::unique_ptr<actors::embedded_cluster> cluster;
@@ -40,7 +30,7 @@ struct tp_server {
     o.nodes = 1;
     o.devices_per_node = 2;
     o.device_memory_bytes = 64ull << 20;
-    o.default_model_file = tp_model_path();
+    o.default_model_file = test::tiny_model_path();
     o.scheduler_threads = 2;
     api::deploy_request d;
     d.name = "tiny";
@@ -50,12 +40,7 @@ struct tp_server {
     auto c = actors::embedded_cluster::start(o);
     REQUIRE(c.has_value());
     cluster = std::move(*c);
-    frontdoor_config fc;
-    fc.http_port = 0;
-    fc.rpc_port = 0;
-    auto f = frontdoor::start(fc, cluster->backend());
-    REQUIRE(f.has_value());
-    door = std::move(*f);
+    door = test::start_door(*cluster);
   }
   ~tp_server() {
     door->stop();

@@ -8,6 +8,7 @@
 #                        [--isa native|avx2] [--prefill-tokens 512]
 #                        [--decode-prompt 8] [--decode-steps 128]
 #                        [--flash-attention auto|on|off] [--cache-dir DIR]
+#                        [--llama-cpu VARIANT]
 #                        [--exaserve BIN] [--raw FILE]
 #
 # The model is llama.cpp's benchmark shape (16 layers, dim 1024, 16 heads of
@@ -29,6 +30,9 @@
 # prebuilt bundle (in the cache dir) whose only CPU backend is
 # libggml-cpu-haswell.so (ggml picks the best variant the CPU supports among
 # those in the bundle's directory, so offering only haswell forces it).
+# --llama-cpu VARIANT offers llama.cpp only libggml-cpu-VARIANT.so the same
+# way (e.g. icelake on a Sapphire Rapids host: AVX-512 with VNNI, no AMX),
+# keeping ours on its best path unless --isa avx2 says otherwise.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +44,7 @@ prefill_tokens=512
 decode_prompt=8
 decode_steps=128
 flash_attention="auto"
+llama_cpu=""
 cache_dir="${XDG_CACHE_HOME:-$HOME/.cache}/exaserve-bench"
 exaserve="$root/build/bin/exaserve"
 raw=""
@@ -56,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     --decode-steps) decode_steps="$2"; shift 2 ;;
     --flash-attention) flash_attention="$2"; shift 2 ;;
     --cache-dir) cache_dir="$2"; shift 2 ;;
+    --llama-cpu) llama_cpu="$2"; shift 2 ;;
     --exaserve) exaserve="$2"; shift 2 ;;
     --raw) raw="$2"; shift 2 ;;
     -h|--help) usage 0 ;;
@@ -63,6 +69,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 case "$isa" in native|avx2) ;; *) echo "vs_llamacpp.sh: --isa must be native or avx2" >&2; exit 2 ;; esac
+[[ "$isa" == avx2 && -z "$llama_cpu" ]] && llama_cpu=haswell
+[[ -z "$llama_cpu" || "$llama_cpu" =~ ^[a-z0-9_]+$ ]] || { echo "vs_llamacpp.sh: --llama-cpu takes a variant name such as haswell or icelake" >&2; exit 2; }
 for n in "$rounds" "$prefill_tokens" "$decode_prompt" "$decode_steps"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vs_llamacpp.sh: counts must be positive integers" >&2; exit 2; }
 done
@@ -83,15 +91,21 @@ mkdir -p "$cache_dir"
 [[ -n "$raw" ]] || raw="$cache_dir/vs_llamacpp-$(date +%Y%m%d-%H%M%S).jsonl"
 : > "$raw"
 
-# The AVX2-only copy of the llama.cpp bundle: node-llama-cpp and its x64
-# binaries copied (every CPU variant but haswell left out), every other
-# package linked to the real install. bench.mjs is copied too, since Node
-# resolves imports from a script's real path.
+# A copy of the llama.cpp bundle with one CPU variant (--isa avx2: haswell;
+# --llama-cpu NAME): node-llama-cpp and its x64 binaries copied (every CPU
+# variant but that one left out), every other package linked to the real
+# install. bench.mjs is copied too, since Node resolves imports from a
+# script's real path.
 llama_run_dir="$llama_dir"
-if [[ "$isa" == avx2 ]]; then
-  shadow="$cache_dir/llamacpp-avx2"
+if [[ -n "$llama_cpu" ]]; then
   bins="node_modules/@node-llama-cpp/linux-x64"
-  if [[ ! -f "$shadow/$bins/bins/linux-x64/libggml-cpu-haswell.so" || "$llama_dir/bench.mjs" -nt "$shadow/bench.mjs" ]]; then
+  lib="libggml-cpu-$llama_cpu.so"
+  [[ -f "$llama_dir/$bins/bins/linux-x64/$lib" ]] || {
+    echo "vs_llamacpp.sh: llama.cpp's bundle has no $lib; it has: $(cd "$llama_dir/$bins/bins/linux-x64" && ls libggml-cpu-*.so | sed 's/libggml-cpu-//; s/\.so$//' | tr '\n' ' ')" >&2
+    exit 2
+  }
+  shadow="$cache_dir/llamacpp-$llama_cpu"
+  if [[ ! -f "$shadow/$bins/bins/linux-x64/$lib" || "$llama_dir/bench.mjs" -nt "$shadow/bench.mjs" ]]; then
     rm -rf "$shadow"
     mkdir -p "$shadow/node_modules/@node-llama-cpp" "$shadow/$bins/bins/linux-x64"
     for p in "$llama_dir"/node_modules/* "$llama_dir"/node_modules/.bin; do
@@ -102,10 +116,12 @@ if [[ "$isa" == avx2 ]]; then
     for f in "$llama_dir/$bins/bins/linux-x64"/*; do
       case "$(basename "$f")" in libggml-cpu-*) ;; *) cp -a "$f" "$shadow/$bins/bins/linux-x64/" ;; esac
     done
-    cp -a "$llama_dir/$bins/bins/linux-x64/libggml-cpu-haswell.so" "$shadow/$bins/bins/linux-x64/"
+    cp -a "$llama_dir/$bins/bins/linux-x64/$lib" "$shadow/$bins/bins/linux-x64/"
     cp "$llama_dir/bench.mjs" "$shadow/"
   fi
   llama_run_dir="$shadow"
+fi
+if [[ "$isa" == avx2 ]]; then
   export EXA_ENGINE_ISA=avx2
 else
   unset EXA_ENGINE_ISA

@@ -156,10 +156,15 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
     }
   });
 
-  pool_.parallel_for(n_tok * n_heads_, 1, [&](std::size_t begin, std::size_t end) {
-    std::vector<float> scores;
-    for (std::size_t i = begin; i < end; ++i) attend(batch, layer, i / n_heads_, i % n_heads_, scores);
-  });
+  // A token's attention costs in proportion to its position, so the last
+  // chunks of a prompt are the heaviest: small chunks keep the threads even.
+  pool_.parallel_for(
+      n_tok * n_heads_, 1,
+      [&](std::size_t begin, std::size_t end) {
+        std::vector<float> scores;
+        for (std::size_t i = begin; i < end; ++i) attend(batch, layer, i / n_heads_, i % n_heads_, scores);
+      },
+      16);
   matmul(w.wo, att_.data(), q_dim, n_tok, proj_.data(), dim, pool_, other_acts_);
   // Row-parallel: each member holds a partial sum over its heads. The bias
   // is added once, to the sum.

@@ -164,11 +164,21 @@ void matmul(const model::weight_view& w, const activations& a, float* y, std::si
   EXA_ASSERT_MSG(a.serves(w.type, w.cols), "activations converted for another weight");
   const kernel_acts p = activations_access::view(a);
   const kernel_table& k = activations_access::table(a);
-  // Threads take groups of whole tiles, enough rows to be worth a wake-up.
-  constexpr std::size_t group = 2 * row_multiple;
-  pool.parallel_for((w.rows + group - 1) / group, 1, [&](std::size_t begin, std::size_t end) {
-    k.rows(w, p, a.tokens(), y, y_stride, begin * group, std::min<std::size_t>(end * group, w.rows));
-  });
+  // Threads take chunks of whole tiles: units of 24 rows, which every tile
+  // height divides, so only a matrix's last rows fall to 1-row tiles. Units
+  // of 96 rows split 256 rows 160 : 96 between two threads, 25 % over an even
+  // share. With several tokens a unit is a lot of work and the chunks are
+  // small (16 per thread: an uneven core costs at most a small one); with one
+  // or two tokens a chunk streams its rows once, each switch costs the next
+  // tile's prefetch, and 4 per thread keep the streams long.
+  constexpr std::size_t unit = row_multiple / 2;
+  const std::size_t chunks_per_thread = a.tokens() >= 4 ? 16 : 4;
+  pool.parallel_for(
+      (w.rows + unit - 1) / unit, 1,
+      [&](std::size_t begin, std::size_t end) {
+        k.rows(w, p, a.tokens(), y, y_stride, begin * unit, std::min<std::size_t>(end * unit, w.rows));
+      },
+      chunks_per_thread);
 }
 
 void matmul(const model::weight_view& w, const float* x, std::size_t x_stride, std::size_t n_tokens,

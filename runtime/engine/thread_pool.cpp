@@ -73,11 +73,12 @@ void thread_pool::worker_loop() {
 }
 
 void thread_pool::parallel_for(std::size_t n, std::size_t grain,
-                               const std::function<void(std::size_t, std::size_t)>& fn) {
+                               const std::function<void(std::size_t, std::size_t)>& fn,
+                               std::size_t chunks_per_thread) {
   if (n == 0) return;
   grain = std::max<std::size_t>(grain, 1);
   // A few chunks per thread balance uneven work without much contention.
-  const std::size_t target_chunks = size() * 4;
+  const std::size_t target_chunks = size() * std::max<std::size_t>(chunks_per_thread, 1);
   const std::size_t chunk = std::max(grain, (n + target_chunks - 1) / target_chunks);
   if (workers_.empty() || n <= chunk) {
     fn(0, n);

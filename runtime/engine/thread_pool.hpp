@@ -30,9 +30,12 @@ class thread_pool {
   std::size_t size() const noexcept { return workers_.size() + 1; }
 
   /// Calls fn(begin, end) on disjoint ranges covering [0, n), in chunks of at
-  /// least `grain` indices, and returns when all are done. Not reentrant.
+  /// least `grain` indices, about `chunks_per_thread` of them per thread
+  /// (threads take the next chunk as they finish one, so more chunks even out
+  /// uneven work and uneven cores at the cost of more hand-offs), and returns
+  /// when all are done. Not reentrant.
   void parallel_for(std::size_t n, std::size_t grain,
-                    const std::function<void(std::size_t, std::size_t)>& fn);
+                    const std::function<void(std::size_t, std::size_t)>& fn, std::size_t chunks_per_thread = 4);
 
  private:
   void worker_loop();

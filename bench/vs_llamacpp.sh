@@ -156,6 +156,7 @@ cpu_model="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 cpu_flags="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16|avx_vnni' | tr '\n' ' ')"
 echo "CPU: $cpu_model ($(nproc) cores online)"
 echo "ISA flags: $cpu_flags"
+echo "llama.cpp CPU variants offered: ${llama_cpu:-all in the bundle (ggml loads the best this CPU supports)}"
 echo "isa: $isa; rounds: $rounds (+1 warm-up); prefill $prefill_tokens tokens; decode $decode_steps steps after a $decode_prompt-token prompt; greedy; load not timed"
 echo "ExaServe commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet HEAD -- runtime apps 2>/dev/null || echo ' (+ uncommitted changes)')"
 

@@ -227,12 +227,13 @@ struct row_span {
 };
 
 // One token (decode) reads every weight byte once, R rows side by side: R
-// short streams inside the same pages, which Intel's L2 streamer (one stream
-// per 4 KiB page) follows poorly. Each step of a tile asks for its share of
-// the next tile's bytes (the R rows after it, contiguous), spread evenly so
-// the miss buffers never fill in one burst (a burst per row block measured
-// 27 % slower). Sapphire Rapids, q8_0 decode, 1 thread: 26-28 -> 35-39 tok/s.
-// A hint only: it changes no result, and never reads past `w.end`.
+// short streams inside the same pages, which the hardware prefetcher of the
+// Sapphire Rapids host we measured followed poorly. Each step of a tile asks
+// for its share of the next tile's bytes (the R rows after it, contiguous),
+// spread evenly so the miss buffers never fill in one burst (a burst per row
+// block measured 27 % slower). There, q8_0 decode, 1 thread: 26-29 -> 34-38
+// tok/s (docs/PERFORMANCE.md). A hint only: it changes no result, and never
+// reaches past `w.end`.
 struct next_tile_prefetch {
   const char* next = nullptr;
   const char* end = nullptr;

@@ -33,3 +33,27 @@ TEST_CASE("many short sections in a row", "[thread_pool]") {
     pool.parallel_for(64, 1, [&](std::size_t b, std::size_t e) { sum += static_cast<long>(e - b); });
   CHECK(sum == 2000 * 64);
 }
+
+TEST_CASE("chunks_per_thread sets how finely the range is cut", "[thread_pool]") {
+  engine::thread_pool pool(2);
+  for (std::size_t per_thread : {1u, 4u, 16u}) {
+    std::vector<std::atomic<int>> hits(1000);
+    std::atomic<int> calls{0};
+    std::atomic<std::size_t> largest{0};
+    pool.parallel_for(
+        1000, 1,
+        [&](std::size_t b, std::size_t e) {
+          ++calls;
+          std::size_t seen = largest.load();
+          while (e - b > seen && !largest.compare_exchange_weak(seen, e - b)) {
+          }
+          for (std::size_t i = b; i < e; ++i) hits[i]++;
+        },
+        per_thread);
+    for (auto& h : hits) CHECK(h == 1);
+    // 2 threads × per_thread chunks of ceil(1000 / (2 · per_thread)) indices.
+    const std::size_t chunk = (1000 + 2 * per_thread - 1) / (2 * per_thread);
+    CHECK(largest == chunk);
+    CHECK(calls == static_cast<int>((1000 + chunk - 1) / chunk));
+  }
+}

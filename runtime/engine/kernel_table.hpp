@@ -22,7 +22,7 @@ struct kernel_acts {
   std::size_t xf_stride = 0;  // floats per token
   const model::block_q8_0* xq = nullptr;  // q8_0 blocks
   std::size_t xq_stride = 0;              // blocks per token
-  // q8_0 for the AVX-512 kernel: the signed bytes q per token, padded to an
+  // q8_0 for the AVX-512 q4_0 kernel: the signed bytes q per token, padded to an
   // even block count; per 64-element step 16 scales [d0 ×8, d1 ×8] and 16
   // seeds −128 · Σ q over each lane's 4 bytes (xc, same stride as xd).
   const std::uint8_t* xu = nullptr;
@@ -31,6 +31,9 @@ struct kernel_acts {
   std::size_t xd_stride = 0;  // floats (and xc int32s) per token
   const std::int32_t* xc = nullptr;
   const float* xs = nullptr;  // q8_0: each block's scale as a float, xq_stride per token
+  // q8_0: each block's −128 · Σ q, xq_stride per token (vpdpbusd's seed against
+  // weights stored as q + 128, q8_pack.hpp).
+  const std::int32_t* xseed = nullptr;
   const model::block_q8_K* xk = nullptr;  // q8_K activations
   std::size_t xk_stride = 0;              // blocks per token
   const void* x32 = nullptr;              // q8_0 or q8_1 blocks for Q4_1/Q5_0/Q5_1
@@ -39,7 +42,7 @@ struct kernel_acts {
 
 struct kernel_table {
   isa id;
-  /// The q8_0 kernel reads xu/xd (the activations must fill them).
+  /// The q4_0 kernel reads xu/xd/xc (the activations must fill them).
   bool q8_0_unsigned_layout;
   /// y[t · y_stride + r] for weight rows [row_begin, row_end) and every token.
   void (*rows)(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,

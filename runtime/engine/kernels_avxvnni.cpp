@@ -15,6 +15,7 @@
 #include "engine/kernel_table.hpp"
 #include "engine/kquant_dot.hpp"
 #include "engine/legacy_dot.hpp"
+#include "engine/q8_pack.hpp"
 #include "model/half.hpp"
 #include "model/quantize.hpp"
 

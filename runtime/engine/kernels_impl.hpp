@@ -12,7 +12,9 @@
 //    fixed tree sums the lanes (l + l+8, then + 4, + 2, + 1); then the tail
 //    elements follow with fused multiply-adds in order. AVX-512 holds the 16
 //    lanes in one register, AVX2 in two, scalar code in an array with fmaf.
-//  - q8_0/q4_0 weights × q8_0 activations: per step of two 32-element blocks,
+//  - q8_0 weights × q8_0 activations: an exact integer sum per 32-element
+//    block, then one float step per block in order (q8p below).
+//  - q4_0 weights × q8_0 activations: per step of two 32-element blocks,
 //    lane l (of 16) takes the exact integer sum of 4 products (elements
 //    4l..4l+3 of block 2s for l < 8, of block 2s+1 for l ≥ 8), then
 //    acc_l = fma(float(isum) · d_w, d_x, acc_l); a missing odd block counts
@@ -232,7 +234,8 @@ struct row_span {
 // for its share of the next tile's bytes (the R rows after it, contiguous),
 // spread evenly so the miss buffers never fill in one burst (a burst per row
 // block measured 27 % slower). There, q8_0 decode, 1 thread: 26-29 -> 34-38
-// tok/s (docs/PERFORMANCE.md). A hint only: it changes no result, and never
+// tok/s (docs/PERFORMANCE.md; q8_0 has since moved to q8p's packed rows, one
+// stream per 16 rows; f16/bf16/f32 and q4_0 decode still run these tiles). A hint only: it changes no result, and never
 // reaches past `w.end`.
 struct next_tile_prefetch {
   const char* next = nullptr;
@@ -354,7 +357,7 @@ void float_tile_halves(row_span w, std::size_t r0, const float* x, std::size_t x
 }
 #endif
 
-// ============================================================ q8_0 / q4_0 weights
+// ================================================================ q4_0 weights
 
 #if defined(EXA_K_AVX512)
 
@@ -373,21 +376,6 @@ inline __m512 expand_scales(std::uint16_t d0, std::uint16_t d1) noexcept {
 }
 
 // Σ over a lane's 4 bytes of u·x = Σ q·x + offset · Σ x: the seed removes it.
-struct q8_0_row {
-  using block = block_q8_0;
-  static constexpr int seed_shift = 0;  // u = q + 128: seed −128 · Σ x
-  // Blocks b and b + 1 (b + 1 may be past the row: u = 128 against x = 0 and
-  // a zero scale, contributing 0).
-  static wstep load(const block* row, std::size_t b, bool has_second) noexcept {
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs));
-    const __m256i hi = has_second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b + 1].qs))
-                                  : _mm256_setzero_si256();
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    return {_mm512_xor_si512(q, _mm512_set1_epi8(char(0x80))),
-            expand_scales(row[b].d, has_second ? row[b + 1].d : std::uint16_t{0})};
-  }
-};
-
 struct q4_0_row {
   using block = block_q4_0;
   static constexpr int seed_shift = 4;  // u = q + 8: seed −8 · Σ x = (−128 · Σ x) / 16
@@ -448,11 +436,6 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
 
 #else  // scalar
 
-struct q8_0_row {
-  using block = block_q8_0;
-  static int value(const block& b, int i) noexcept { return b.qs[i]; }
-};
-
 struct q4_0_row {
   using block = block_q4_0;
   static int value(const block& b, int i) noexcept {
@@ -492,7 +475,7 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
 #endif
 
 #if defined(EXA_K_HAS_AVX2)
-// The 256-bit q8_0/q4_0 kernel: the AVX2 variant's for every tile, and the
+// The 256-bit q4_0 kernel: the AVX2 variant's for every tile, and the
 // AVX-512 variant's for one token (decode), where per-row latency rather than
 // width bounds the GEMV and 256-bit steps with more rows in flight win. Same
 // lanes, same operations: bitwise the AVX-512 tile's results.
@@ -515,14 +498,6 @@ inline __m256i dot_i8x32(__m256i abs_w, __m256i w, __m256i x) noexcept {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 #endif
 }
-
-struct q8_0_row {
-  using block = block_q8_0;
-  static constexpr bool reload = true;  // a plain load: read again where used
-  static __m256i load(const block& b) noexcept {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
-  }
-};
 
 struct q4_0_row {
   using block = block_q4_0;
@@ -556,8 +531,8 @@ void quant_half(const typename Row::block* const* rows, const block_q8_0* const*
                 const float* const* wsc, std::size_t nb, int h, __m256 (&out)[R][C]) noexcept {
   // Local accumulators (not `out`, which would stay in memory). Registers:
   // R·C accumulators, each row's |w| and scale, one token's bytes and scale
-  // at a time, and a temporary; w itself is read from L1 by vpsignb (q8_0),
-  // or kept unpacked per row (q4_0, whose unpacking is not free).
+  // at a time, and a temporary; w itself is kept unpacked per row (q4_0,
+  // whose unpacking is not free).
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -647,9 +622,246 @@ void quant_tile(row_span w, std::size_t r0, const kernel_acts& a, std::size_t t0
 
 #if defined(EXA_K_AVX2)
 using q256::q4_0_row;
-using q256::q8_0_row;
 using q256::quant_tile;
 #endif
+
+// ============================================================ q8_0 weights
+// The q8_0 contract, on every variant: y[t][r] is s after blocks b = 0, 1, ...,
+// nb − 1 in order, from s = +0:
+//   s = fma(float(isum), d_w · d_x, s),  isum = Σ_{i<32} w_i · x_i exactly,
+// with d_w · d_x one float product (the K-quants' and Q5_0's step). The
+// scalar variant reads the file's rows; the others read the rows packed in
+// groups of 16 (q8_pack.hpp), one register lane per row, and broadcast each
+// token's 4 bytes at a time: an exact integer sum per block, and one float
+// step per block for 16 rows at once.
+namespace q8p {
+
+#if !defined(EXA_K_HAS_AVX2)
+
+inline void rows(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,
+                 std::size_t ys, std::size_t rb, std::size_t re) noexcept {
+  const std::size_t nb = w.cols / 32;
+  for (std::size_t r = rb; r < re; ++r) {
+    const auto* row = reinterpret_cast<const block_q8_0*>(w.row(r));
+    for (std::size_t t = 0; t < n_tokens; ++t) {
+      const block_q8_0* x = a.xq + t * a.xq_stride;
+      const float* xs = a.xs + t * a.xq_stride;
+      float s = 0.0f;
+      for (std::size_t b = 0; b < nb; ++b) {
+        std::int32_t isum = 0;
+        for (int i = 0; i < 32; ++i) isum += row[b].qs[i] * x[b].qs[i];
+        s = fma1(static_cast<float>(isum), h2f(row[b].d) * xs[b], s);
+      }
+      y[t * ys + r] = s;
+    }
+  }
+}
+
+#else
+
+inline std::int32_t load4(const std::int8_t* p) noexcept {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+#if defined(EXA_K_AVX512)
+
+// G groups of 16 rows × C tokens. `grp[g]` is group g's first block; `valid`
+// its rows that exist (16 but in a matrix's last group).
+template <int G, int C>
+void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, const kernel_acts& a,
+          std::size_t t0, float* y, std::size_t ys, std::size_t r0) noexcept {
+  const block_q8_0* x[C];
+  const float* xs[C];
+  const std::int32_t* seed[C];
+  for (int c = 0; c < C; ++c) {
+    x[c] = a.xq + (t0 + c) * a.xq_stride;
+    xs[c] = a.xs + (t0 + c) * a.xq_stride;
+    seed[c] = a.xseed + (t0 + c) * a.xq_stride;
+  }
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < nb; ++b) {
+    __m512i is[G][C];
+    for (int c = 0; c < C; ++c) {
+      const __m512i sd = _mm512_set1_epi32(seed[c][b]);
+      for (int g = 0; g < G; ++g) is[g][c] = sd;
+    }
+    for (int j = 0; j < 8; ++j) {
+      __m512i wv[G];
+      for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(grp[g] + b * q8p_block_bytes + 64 * j);
+      for (int c = 0; c < C; ++c) {
+        const __m512i xb = _mm512_set1_epi32(load4(x[c][b].qs + 4 * j));
+        for (int g = 0; g < G; ++g) is[g][c] = _mm512_dpbusd_epi32(is[g][c], wv[g], xb);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512 dw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp[g] + b * q8p_block_bytes + q8p_quant_bytes)));
+      for (int c = 0; c < C; ++c)
+        acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[g][c]), _mm512_mul_ps(dw, _mm512_set1_ps(xs[c][b])),
+                                    acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const __mmask16 m = static_cast<__mmask16>((1u << valid[g]) - 1u);
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + (t0 + c) * ys + r0 + 16 * g, m, acc[g][c]);
+  }
+}
+
+constexpr int max_groups = 2;
+constexpr int max_tokens = 6;
+constexpr int decode_groups = 1;
+
+#else  // AVX2, AVX-VNNI: 8 rows per register, half h of a group at bytes 32h
+
+// H halves (1 or 2, of one group) × C tokens.
+template <int H, int C>
+void tile(const std::byte* grp, int h0, const unsigned* valid, std::size_t nb, const kernel_acts& a,
+          std::size_t t0, float* y, std::size_t ys, std::size_t r0) noexcept {
+  const block_q8_0* x[C];
+  const float* xs[C];
+  [[maybe_unused]] const std::int32_t* seed[C];
+  for (int c = 0; c < C; ++c) {
+    x[c] = a.xq + (t0 + c) * a.xq_stride;
+    xs[c] = a.xs + (t0 + c) * a.xq_stride;
+    seed[c] = a.xseed + (t0 + c) * a.xq_stride;
+  }
+  __m256 acc[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::byte* blk = grp + b * q8p_block_bytes;
+    __m256i is[H][C];
+    for (int c = 0; c < C; ++c) {
+#if defined(EXA_K_AVXVNNI)
+      const __m256i sd = _mm256_set1_epi32(seed[c][b]);
+#else
+      const __m256i sd = _mm256_setzero_si256();
+#endif
+      for (int h = 0; h < H; ++h) is[h][c] = sd;
+    }
+    for (int j = 0; j < 8; ++j) {
+      __m256i u[H];
+      [[maybe_unused]] __m256i sw[H], aw[H];
+      for (int h = 0; h < H; ++h) {
+        u[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * j + 32 * (h0 + h)));
+#if !defined(EXA_K_AVXVNNI)
+        // maddubs multiplies unsigned by signed bytes: |w| against x carrying
+        // w's sign (|w| ≤ 128, |x| ≤ 127: the int16 pair sums cannot saturate).
+        sw[h] = _mm256_xor_si256(u[h], _mm256_set1_epi8(static_cast<char>(0x80)));
+        aw[h] = _mm256_sign_epi8(sw[h], sw[h]);
+#endif
+      }
+      for (int c = 0; c < C; ++c) {
+        const __m256i xb = _mm256_set1_epi32(load4(x[c][b].qs + 4 * j));
+        for (int h = 0; h < H; ++h) {
+#if defined(EXA_K_AVXVNNI)
+          is[h][c] = _mm256_dpbusd_avx_epi32(is[h][c], u[h], xb);
+#else
+          const __m256i pairs = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, sw[h]));
+          is[h][c] = _mm256_add_epi32(is[h][c], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+        }
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      const __m256 dw = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + q8p_quant_bytes + 16 * (h0 + h))));
+      for (int c = 0; c < C; ++c)
+        acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[h][c]), _mm256_mul_ps(dw, _mm256_set1_ps(xs[c][b])),
+                                    acc[h][c]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const int live = static_cast<int>(valid[0]) - 8 * (h0 + h);
+    if (live <= 0) continue;
+    for (int c = 0; c < C; ++c) {
+      float* out = y + (t0 + c) * ys + r0 + 8 * (h0 + h);
+      if (live >= 8) {
+        _mm256_storeu_ps(out, acc[h][c]);
+      } else {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(out, m, acc[h][c]);
+      }
+    }
+  }
+}
+
+constexpr int max_tokens = 4;
+
+#endif
+
+// Runs token tiles of C, then the remainder, over groups [g0, g0 + G).
+template <int G>
+void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size_t n_rows, std::size_t nb,
+            const kernel_acts& a, std::size_t n_tokens, float* y, std::size_t ys, std::size_t rb) noexcept {
+  const std::byte* grp[G];
+  unsigned valid[G];
+  for (int g = 0; g < G; ++g) {
+    grp[g] = base + (g0 + g) * gbytes;
+    const std::size_t first = (g0 + g) * q8p_group_rows;
+    valid[g] = static_cast<unsigned>(std::min<std::size_t>(q8p_group_rows, n_rows - first));
+  }
+  const std::size_t r0 = rb + g0 * q8p_group_rows;
+#if defined(EXA_K_AVX512)
+  const auto run = [&]<int C>(std::size_t t) { tile<G, C>(grp, valid, nb, a, t, y, ys, r0); };
+#else
+  static_assert(G == 1);
+  const auto run = [&]<int C>(std::size_t t) {
+    if constexpr (C == 1) {
+      tile<2, 1>(grp[0], 0, valid, nb, a, t, y, ys, r0);  // one token: each weight byte read once
+    } else {
+      tile<1, C>(grp[0], 0, valid, nb, a, t, y, ys, r0);
+      if (valid[0] > 8) tile<1, C>(grp[0], 1, valid, nb, a, t, y, ys, r0);
+    }
+  };
+#endif
+  std::size_t t = 0;
+  for (; t + max_tokens <= n_tokens; t += max_tokens) run.template operator()<max_tokens>(t);
+  switch (n_tokens - t) {
+    case 1: run.template operator()<1>(t); break;
+    case 2: run.template operator()<2>(t); break;
+    case 3: run.template operator()<3>(t); break;
+#if defined(EXA_K_AVX512)
+    case 4: run.template operator()<4>(t); break;
+    case 5: run.template operator()<5>(t); break;
+#endif
+    default: break;
+  }
+}
+
+// Packed rows [rb, re): the weight's own copy when it has one and rb starts a
+// group, else packed here for this call.
+inline void rows(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,
+                 std::size_t ys, std::size_t rb, std::size_t re) {
+  const std::size_t nb = w.cols / 32;
+  const std::size_t gbytes = q8p_group_bytes(w.cols);
+  const std::size_t n_rows = re - rb;
+  const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
+  const std::byte* base;
+  if (w.packed != nullptr && rb % q8p_group_rows == 0) {
+    base = w.packed + rb / q8p_group_rows * gbytes;
+  } else {
+    static thread_local std::vector<std::byte> scratch;
+    scratch.resize(n_groups * gbytes);
+    q8p_pack_rows(w, rb, re, scratch.data());
+    base = scratch.data();
+  }
+  std::size_t g = 0;
+#if defined(EXA_K_AVX512)
+  if (n_tokens > 1)
+    for (; g + max_groups <= n_groups; g += max_groups)
+      groups<max_groups>(base, gbytes, g, n_rows, nb, a, n_tokens, y, ys, rb);
+#endif
+  for (; g < n_groups; ++g) groups<1>(base, gbytes, g, n_rows, nb, a, n_tokens, y, ys, rb);
+}
+
+#endif
+
+}  // namespace q8p
 
 // ================================================================ K-quants
 
@@ -1088,12 +1300,9 @@ void run_quant(tensor_type type, row_span w, const kernel_acts& p, std::size_t r
   constexpr int R = quant_rows(C);
   const auto tile = [&]<int RR>(std::size_t r) {
 #if defined(EXA_K_AVX512)
-    if constexpr (C == 1) {
-      if (type == tensor_type::q8_0) return q256::quant_tile<q256::q8_0_row, RR, C>(w, r, p, t0, y, ys);
-      return q256::quant_tile<q256::q4_0_row, RR, C>(w, r, p, t0, y, ys);
-    }
+    if constexpr (C == 1) return q256::quant_tile<q256::q4_0_row, RR, C>(w, r, p, t0, y, ys);
 #endif
-    if (type == tensor_type::q8_0) return quant_tile<q8_0_row, RR, C>(w, r, p, t0, y, ys);
+    (void)type;  // q4_0: q8_0 runs q8p
     return quant_tile<q4_0_row, RR, C>(w, r, p, t0, y, ys);
   };
   std::size_t r = rb;
@@ -1104,7 +1313,7 @@ void run_quant(tensor_type type, row_span w, const kernel_acts& p, std::size_t r
 template <int C>
 void run_token_tile(tensor_type type, row_span w, const kernel_acts& p, std::size_t rb, std::size_t re,
                     std::size_t t0, float* y, std::size_t ys) noexcept {
-  if (type == tensor_type::q8_0 || type == tensor_type::q4_0) run_quant<C>(type, w, p, rb, re, t0, y, ys);
+  if (type == tensor_type::q4_0) run_quant<C>(type, w, p, rb, re, t0, y, ys);
   else run_float<C>(type, w, p, rb, re, t0, y, ys);
 }
 
@@ -1117,6 +1326,7 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       kq::row_tokens(w.type, w.data + r * pitch, p.xk, p.xk_stride, n_tokens, nb, y + r, y_stride);
     return;
   }
+  if (w.type == tensor_type::q8_0) return q8p::rows(w, p, n_tokens, y, y_stride, row_begin, row_end);
   if (legacy::handles(w.type)) {
     for (std::size_t r = row_begin; r < row_end; ++r)
       lg::row_tokens(w.type, w.data + r * pitch, p.x32, p.x32_stride, n_tokens, w.cols / 32, y + r, y_stride);
@@ -1138,19 +1348,19 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off, 0, 2);
     }
 #if defined(EXA_K_AVX2)
-    if (n_tokens >= 2 && (w.type == tensor_type::q8_0 || w.type == tensor_type::q4_0)) {
+    if (n_tokens >= 2 && w.type == tensor_type::q4_0) {
       // Each weight block's scale as a float, once for all the token tiles.
       q256::row_scales& sc = q256::tl_row_scales;
       const std::size_t nb = w.cols / 32;
       sc.first = rb;
       sc.nb = nb;
       sc.d.resize((re - rb) * nb);
-      const std::size_t bb = w.type == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+      const std::size_t bb = sizeof(block_q4_0);
       for (std::size_t r = rb; r < re; ++r) {
         const std::byte* row = span.row(r);
         float* out = sc.d.data() + (r - rb) * nb;
         for (std::size_t b = 0; b < nb; ++b) {
-          std::uint16_t d;  // both block types begin with their fp16 scale
+          std::uint16_t d;  // the block begins with its fp16 scale
           std::memcpy(&d, row + b * bb, sizeof d);
           out[b] = h2f(d);
         }

@@ -70,6 +70,12 @@ llama_forward::llama_forward(const model::llama_config& config,
     bv_.push_back(dequantize_optional(l.bv));
     bo_.push_back(dequantize_optional(l.bo));
   }
+  for (const auto& l : weights_.layers) {
+    model::llama_layer_weights p = l;
+    for (model::weight_view* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down}) *v = packed_.pack(*v);
+    layers_.push_back(std::move(p));
+  }
+  output_ = packed_.pack(weights_.output);
   output_norm_ = dequantize_vector(weights_.output_norm);
   rope_factors_ = dequantize_optional(weights_.rope_freqs);
   EXA_ASSERT(rope_factors_.empty() || rope_factors_.size() == config_.rope_dim / 2);
@@ -132,7 +138,7 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
 expected<void> llama_forward::attention_layer(const forward_batch& batch, std::uint32_t layer) {
   const std::size_t n_tok = batch.tokens.size();
   const std::size_t dim = config_.dim, q_dim = q_dim_, kv_dim = kv_dim_, hd = config_.head_dim();
-  const auto& w = weights_.layers[layer];
+  const auto& w = layers_[layer];
   xn_acts_.convert(w.wq.type, xn_.data(), dim, n_tok, dim, &pool_);
   project(w.wq, n_tok, q_.data(), q_dim);
   project(w.wk, n_tok, k_.data(), kv_dim);
@@ -178,7 +184,7 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
 
 expected<void> llama_forward::mlp_layer(std::uint32_t layer, std::size_t n_tok) {
   const std::size_t dim = config_.dim, ff = ff_;
-  const auto& w = weights_.layers[layer];
+  const auto& w = layers_[layer];
   for_tokens(n_tok, [&](std::size_t t) {
     rms_norm(x_.data() + t * dim, ffn_norm_[layer].data(), dim, config_.rms_eps, xn_.data() + t * dim);
   });
@@ -240,9 +246,9 @@ expected<void> llama_forward::execute(const forward_batch& batch, std::vector<fl
     rms_norm(x_.data() + t * dim, output_norm_.data(), dim, config_.rms_eps, xn_.data() + n_out * dim);
     ++n_out;
   }
-  const std::size_t vocab = weights_.output.rows;
+  const std::size_t vocab = output_.rows;
   logits.resize(n_out * vocab);
-  matmul(weights_.output, xn_.data(), dim, n_out, logits.data(), vocab, pool_, other_acts_);
+  matmul(output_, xn_.data(), dim, n_out, logits.data(), vocab, pool_, other_acts_);
   return {};
 }
 

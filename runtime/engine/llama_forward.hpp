@@ -31,6 +31,7 @@
 #include "engine/ops.hpp"
 #include "model/llama_config.hpp"
 #include "model/llama_weights.hpp"
+#include "engine/q8_pack.hpp"
 #include "model/tokenizer.hpp"
 
 namespace exa::engine {
@@ -94,6 +95,11 @@ class llama_forward final : public forward_executor {
 
   model::llama_config config_;
   const model::llama_weights& weights_;
+  // The matmul weights: weights_'s, with the q8_0 ones packed once for the
+  // kernels (q8_pack.hpp; a copy as large as those tensors).
+  q8p_store packed_;
+  std::vector<model::llama_layer_weights> layers_;
+  model::weight_view output_;
   kv_pages cache_;
   thread_pool& pool_;
   communicator* comm_ = nullptr;  // null on one device

@@ -5,6 +5,7 @@
 
 #include "common/assert.hpp"
 #include "engine/kernel_table.hpp"
+#include "engine/q8_pack.hpp"
 #include "engine/thread_pool.hpp"
 #include "model/half.hpp"
 #include "model/quantize.hpp"
@@ -28,6 +29,7 @@ struct activations_access {
     p.xq = a.xq_.data();
     p.xq_stride = a.k_ / 32;
     p.xs = a.xs_.data();
+    p.xseed = a.xseed_.data();
     p.xu = a.xu_.data();
     p.xu_stride = (a.k_ / 32 + 1) / 2 * 64;
     p.xd = a.xd_.data();
@@ -70,7 +72,13 @@ void activations_access::quantize_token(activations& a, const float* x, std::siz
   model::block_q8_0* blocks = a.xq_.data() + t * nb;
   a.kernels_->quantize_q8_0(x, blocks, a.k_);
   float* scales = a.xs_.data() + t * nb;
-  for (std::size_t b = 0; b < nb; ++b) scales[b] = model::f16_to_float(blocks[b].d);
+  std::int32_t* seeds = a.xseed_.data() + t * nb;
+  for (std::size_t b = 0; b < nb; ++b) {
+    scales[b] = model::f16_to_float(blocks[b].d);
+    std::int32_t sum = 0;
+    for (const std::int8_t q : blocks[b].qs) sum += q;
+    seeds[b] = -128 * sum;
+  }
   if (!a.kernels_->q8_0_unsigned_layout) return;
   const std::size_t steps = (nb + 1) / 2;
   auto* u = reinterpret_cast<std::int8_t*>(a.xu_.data()) + t * steps * 64;
@@ -124,6 +132,7 @@ void activations::convert(model::tensor_type type, const float* x, std::size_t x
       EXA_ASSERT_MSG(k % 32 == 0, "quantized matmul needs a width divisible by 32");
       xq_.resize(n_tokens * (k / 32));
       xs_.resize(n_tokens * (k / 32));
+      xseed_.resize(n_tokens * (k / 32));
       if (kernels_->q8_0_unsigned_layout) {
         const std::size_t steps = (k / 32 + 1) / 2;
         xu_.assign(n_tokens * steps * 64, 0);  // an odd block count pads with q = 0
@@ -171,7 +180,9 @@ void matmul(const model::weight_view& w, const activations& a, float* y, std::si
   // small (16 per thread: an uneven core costs at most a small one); with one
   // or two tokens a chunk streams its rows once, each switch costs the next
   // tile's prefetch, and 4 per thread keep the streams long.
-  constexpr std::size_t unit = row_multiple / 2;
+  // Q8_0 runs 16-row groups (q8_pack.hpp): units of 16 keep each chunk on
+  // whole groups of the packed copy.
+  const std::size_t unit = w.type == tensor_type::q8_0 ? q8p_group_rows : row_multiple / 2;
   const std::size_t chunks_per_thread = a.tokens() >= 4 ? 16 : 4;
   pool.parallel_for(
       (w.rows + unit - 1) / unit, 1,

@@ -58,6 +58,7 @@ class activations {
   std::vector<float> xd_;              // q8_0, AVX-512 kernel scales
   std::vector<std::int32_t> xc_;       // q8_0, AVX-512 kernel: −128 · Σ per 4 activations
   std::vector<float> xs_;              // q8_0: each block's scale as a float (xq_stride per token)
+  std::vector<std::int32_t> xseed_;    // q8_0: each block's −128 · Σ q (xq_stride per token)
   std::vector<model::block_q8_K> xk_;  // q8_K: k / 256 blocks per token
   std::vector<model::block_q8_1> x1_;  // q8_1: k / 32 blocks per token
 };

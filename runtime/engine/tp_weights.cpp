@@ -39,6 +39,7 @@ model::weight_view slice_rows(const model::weight_view& w, std::uint64_t begin, 
   model::weight_view s = w;
   s.rows = count;
   s.data = w.row(begin);
+  s.packed = nullptr;  // packed groups start at row 0: llama_forward packs the shard
   return s;
 }
 
@@ -87,6 +88,7 @@ model::weight_view tp_weights::repack_cols(const model::weight_view& w, std::uin
   model::weight_view s = w;
   s.cols = count;
   s.data = b.get();
+  s.packed = nullptr;
   EXA_ASSERT(s.row_bytes() == share);
   owned_bytes_ += bytes;
   owned_.push_back(std::move(b));

@@ -26,6 +26,9 @@ struct weight_view {
   std::uint64_t cols = 0;
   const std::byte* data = nullptr;
   std::string name;
+  /// q8_0 only: the same rows repacked for the engine's kernels
+  /// (engine/q8_pack.hpp), or null (the kernels then pack as they go).
+  const std::byte* packed = nullptr;
 
   std::uint64_t row_bytes() const noexcept;
   const std::byte* row(std::uint64_t r) const noexcept { return data + r * row_bytes(); }

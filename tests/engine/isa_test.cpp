@@ -14,6 +14,7 @@
 #include "engine/kernel_table.hpp"
 #include "engine/llama_forward.hpp"
 #include "engine/matmul.hpp"
+#include "engine/q8_pack.hpp"
 #include "fixtures.hpp"
 #include "model/half.hpp"
 #include "model/quantize.hpp"
@@ -159,6 +160,66 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
     auto y = x;
     y[s.cols / 2] += 0.5f;
     CHECK_FALSE(same_bits(multiply(isa::scalar, w.view, x, 1), multiply(variants.back(), w.view, y, 1)));
+  }
+}
+
+TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-sum contract", "[engine][isa]") {
+  // The contract (kernels_impl.hpp, q8p): per 32-element block the exact
+  // integer sum, then s = fma(float(isum), d_w · d_x, s) in block order.
+  // Written out here from the quantized blocks, independently of the kernels.
+  const auto contract = [](const model::weight_view& w, const std::vector<float>& x, std::size_t n) {
+    const std::size_t nb = w.cols / 32;
+    std::vector<model::block_q8_0> xq(nb);
+    std::vector<float> y(n * w.rows);
+    for (std::size_t t = 0; t < n; ++t) {
+      model::quantize_row_q8_0(x.data() + t * w.cols, xq.data(), w.cols);
+      for (std::size_t r = 0; r < w.rows; ++r) {
+        const auto* row = reinterpret_cast<const model::block_q8_0*>(w.row(r));
+        float s = 0.0f;
+        for (std::size_t b = 0; b < nb; ++b) {
+          std::int32_t isum = 0;
+          for (int i = 0; i < 32; ++i) isum += row[b].qs[i] * xq[b].qs[i];
+          s = std::fma(static_cast<float>(isum), model::f16_to_float(row[b].d) * model::f16_to_float(xq[b].d), s);
+        }
+        y[t * w.rows + r] = s;
+      }
+    }
+    return y;
+  };
+  struct shape {
+    std::size_t rows, cols;
+  };
+  const auto sh = GENERATE(shape{53, 160}, shape{40, 64}, shape{16, 96});
+  CAPTURE(sh.rows, sh.cols);
+  const weight_buffer w(model::tensor_type::q8_0, sh.rows, sh.cols, 5 + sh.rows);
+  engine::q8p_store store;
+  const model::weight_view packed = store.pack(w.view);
+  REQUIRE(packed.packed != nullptr);
+  CHECK(store.bytes() == (sh.rows + 15) / 16 * engine::q8p_group_bytes(sh.cols));
+  // Splits on group boundaries (the packed copy is read) and off them (the
+  // kernels pack the range themselves).
+  const std::vector<std::vector<std::size_t>> cuts = {{}, {16}, {5, 37}, {20}, {1, 2, 32}};
+  for (const std::size_t n : {1, 2, 6, 7, 13}) {
+    const auto x = random_floats(n * sh.cols, 300 + n, 2.0f);
+    const auto expect = contract(w.view, x, n);
+    for (const isa v : test::runnable_isas()) {
+      test::isa_scope scope(v);
+      engine::activations acts;
+      acts.convert(model::tensor_type::q8_0, x.data(), sh.cols, n, sh.cols, nullptr);
+      for (const model::weight_view* view : {&w.view, &packed}) {
+        for (const auto& cut : cuts) {
+          std::vector<std::size_t> split = {0};  // the cuts inside this matrix's rows
+          for (const std::size_t c : cut)
+            if (c < sh.rows) split.push_back(c);
+          split.push_back(sh.rows);
+          std::vector<float> y(n * sh.rows, -1.0f);
+          for (std::size_t i = 0; i + 1 < split.size(); ++i)
+            engine::matmul_rows(*view, acts, y.data(), sh.rows, split[i], split[i + 1]);
+          CAPTURE(n, engine::to_string(v), view == &packed, split.size());
+          CHECK(same_bits(y, expect));
+        }
+      }
+    }
   }
 }
 

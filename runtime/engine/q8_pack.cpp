@@ -1,0 +1,56 @@
+#include "engine/q8_pack.hpp"
+
+#include <cstring>
+#include <new>
+
+#include "common/assert.hpp"
+#include "model/legacy_quants.hpp"
+#include "model/quantize.hpp"
+
+namespace exa::engine {
+
+namespace {
+constexpr std::align_val_t pack_alignment{64};
+}
+
+void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size_t row_end,
+                   std::byte* out) noexcept {
+  EXA_ASSERT(w.type == model::tensor_type::q8_0 && row_begin <= row_end && row_end <= w.rows);
+  const std::size_t nb = w.cols / 32;
+  const std::size_t groups = (row_end - row_begin + q8p_group_rows - 1) / q8p_group_rows;
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::byte* group = out + g * q8p_group_bytes(w.cols);
+    for (std::size_t b = 0; b < nb; ++b) {
+      auto* q = reinterpret_cast<std::uint8_t*>(group + b * q8p_block_bytes);
+      std::uint16_t scales[q8p_group_rows] = {};
+      std::memset(q, 0x80, q8p_quant_bytes);  // padding rows: q = 0
+      for (std::size_t i = 0; i < q8p_group_rows; ++i) {
+        const std::size_t r = row_begin + g * q8p_group_rows + i;
+        if (r >= row_end) break;
+        const auto& blk = reinterpret_cast<const model::block_q8_0*>(w.row(r))[b];
+        scales[i] = blk.d;
+        for (std::size_t j = 0; j < 8; ++j)
+          for (std::size_t e = 0; e < 4; ++e)
+            q[64 * j + 4 * i + e] = static_cast<std::uint8_t>(blk.qs[4 * j + e]) ^ 0x80u;
+      }
+      std::memcpy(q + q8p_quant_bytes, scales, sizeof scales);
+    }
+  }
+}
+
+void q8p_store::aligned_free::operator()(std::byte* p) const noexcept { ::operator delete[](p, pack_alignment); }
+
+model::weight_view q8p_store::pack(const model::weight_view& w) {
+  if (w.type != model::tensor_type::q8_0 || w.rows == 0) return w;
+  const std::size_t groups = (w.rows + q8p_group_rows - 1) / q8p_group_rows;
+  const std::size_t bytes = groups * q8p_group_bytes(w.cols);
+  std::unique_ptr<std::byte[], aligned_free> buf(static_cast<std::byte*>(::operator new[](bytes, pack_alignment)));
+  q8p_pack_rows(w, 0, w.rows, buf.get());
+  model::weight_view out = w;
+  out.packed = buf.get();
+  owned_.push_back(std::move(buf));
+  bytes_ += bytes;
+  return out;
+}
+
+}  // namespace exa::engine

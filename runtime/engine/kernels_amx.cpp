@@ -1,0 +1,43 @@
+// The engine's kernels for AVX-512 with VNNI plus AMX-INT8 tiles (Sapphire Rapids and later).
+// Only functions defined below the pragma get the ISA; everything included
+// above it keeps the baseline (see kernels_impl.hpp).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "engine/det_math.hpp"
+#include "engine/kernel_table.hpp"
+#include "engine/kquant_dot.hpp"
+#include "engine/legacy_dot.hpp"
+#include "engine/q8_pack.hpp"
+#include "model/half.hpp"
+#include "model/quantize.hpp"
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge
+// operand, and -W(maybe-)uninitialized then fires inside them wherever they
+// are inlined (a known GCC false positive): silenced in this file only.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+#define EXA_K_NS kernels_amx
+#define EXA_K_AVX512 1
+#define EXA_K_AMX 1
+#include "engine/kernels_impl.hpp"
+
+namespace exa::engine::kernels_amx {
+extern const kernel_table table;
+const kernel_table table{isa::amx, true, rows_fn, quantize_fn, dot_f16_fn, axpy_f16_fn, kquant_fn, legacy_fn,
+                         dot_f16_rows_fn, axpy_f16_rows_fn, silu_mul_fn, softmax_fn};
+}  // namespace exa::engine::kernels_amx
+
+#pragma GCC pop_options

@@ -7,22 +7,8 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace exa::engine {
-
-bool request_amx_permission() noexcept {
-#if defined(__linux__) && defined(__x86_64__)
-  constexpr long arch_req_xcomp_perm = 0x1023;
-  constexpr long xfeature_xtiledata = 18;
-  return ::syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
-#else
-  return false;
-#endif
-}
 
 std::string_view to_string(isa i) noexcept {
   switch (i) {
@@ -30,7 +16,6 @@ std::string_view to_string(isa i) noexcept {
     case isa::avx2: return "avx2";
     case isa::avxvnni: return "avxvnni";
     case isa::avx512: return "avx512";
-    case isa::amx: return "amx";
   }
   return "unknown";
 }
@@ -50,7 +35,6 @@ cpu_caps detect_cpu() noexcept {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     c.os_avx = (lo & 0x6) == 0x6;           // SSE and YMM state
     c.os_avx512 = c.os_avx && (lo & 0xe0) == 0xe0;  // opmask, ZMM_Hi256, Hi16_ZMM
-    c.os_amx = c.os_avx512 && ((lo >> 17) & 3) == 3;  // XTILECFG, XTILEDATA
   }
   __cpuid_count(7, 0, a, b, cx, d);
   c.avx2 = (b >> 5) & 1;
@@ -58,13 +42,9 @@ cpu_caps detect_cpu() noexcept {
   c.avx512bw = (b >> 30) & 1;
   c.avx512vl = (b >> 31) & 1;
   c.avx512vnni = (cx >> 11) & 1;
-  c.amx_tile = (d >> 24) & 1;
-  c.amx_int8 = (d >> 25) & 1;
   __cpuid_count(7, 1, a, b, cx, d);
   c.avxvnni = (a >> 4) & 1;
   c.avx512bf16 = (a >> 5) & 1;
-  // Linux hands out the 8 KiB tile state only to processes that ask first.
-  c.os_amx = c.os_amx && c.amx_tile && request_amx_permission();
 #endif
   return c;
 }
@@ -85,10 +65,6 @@ const char* missing(const cpu_caps& c, isa i) noexcept {
   if (!c.avx512bw) return "avx512bw";
   if (!c.avx512vl) return "avx512vl";
   if (!c.avx512vnni) return "avx512_vnni";
-  if (i == isa::avx512) return nullptr;
-  if (!c.amx_tile) return "amx_tile";
-  if (!c.amx_int8) return "amx_int8";
-  if (!c.os_amx) return "OS support for AMX tile state (XCR0 and Linux's arch_prctl permission)";
   return nullptr;
 }
 
@@ -99,7 +75,6 @@ std::atomic<int> g_active{-1};
 bool supports(const cpu_caps& caps, isa i) noexcept { return missing(caps, i) == nullptr; }
 
 isa best_isa(const cpu_caps& caps) noexcept {
-  if (supports(caps, isa::amx)) return isa::amx;
   if (supports(caps, isa::avx512)) return isa::avx512;
   if (supports(caps, isa::avxvnni)) return isa::avxvnni;
   if (supports(caps, isa::avx2)) return isa::avx2;
@@ -108,7 +83,7 @@ isa best_isa(const cpu_caps& caps) noexcept {
 
 expected<isa> choose_isa(const cpu_caps& caps, std::string_view requested) {
   if (requested.empty() || requested == "auto") return best_isa(caps);
-  for (const isa i : {isa::scalar, isa::avx2, isa::avxvnni, isa::avx512, isa::amx}) {
+  for (const isa i : {isa::scalar, isa::avx2, isa::avxvnni, isa::avx512}) {
     if (requested != to_string(i)) continue;
     if (const char* m = missing(caps, i))
       return make_error(errc::unavailable, "engine ISA '" + std::string(requested) +
@@ -116,7 +91,7 @@ expected<isa> choose_isa(const cpu_caps& caps, std::string_view requested) {
     return i;
   }
   return make_error(errc::invalid_argument, "unknown engine ISA '" + std::string(requested) +
-                                                "': use auto, scalar, avx2, avxvnni, avx512 or amx");
+                                                "': use auto, scalar, avx2, avxvnni or avx512");
 }
 
 std::string describe(const cpu_caps& c) {
@@ -135,8 +110,6 @@ std::string describe(const cpu_caps& c) {
   add(c.avx512vl, "avx512vl");
   add(c.avx512vnni, "avx512_vnni");
   add(c.avx512bf16, "avx512_bf16");
-  add(c.amx_tile, "amx_tile");
-  add(c.amx_int8, "amx_int8");
   return out.empty() ? "baseline x86-64" : out;
 }
 

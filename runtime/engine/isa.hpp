@@ -20,7 +20,6 @@ enum class isa : std::uint8_t {
   avx2,    // AVX2 + FMA + F16C: each 16-lane vector is two 256-bit registers
   avxvnni, // AVX2 + AVX-VNNI (vpdpbusd on 256 bits, without AVX-512: Alder Lake and later)
   avx512,  // AVX-512 F/BW/VL + VNNI: one 512-bit register, vpdpbusd for int8
-  amx,     // avx512 plus AMX-INT8 tiles for q8_0 with 16 tokens or more (Sapphire Rapids and later)
 };
 
 std::string_view to_string(isa i) noexcept;
@@ -30,19 +29,12 @@ struct cpu_caps {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
   bool avxvnni = false;
-  bool amx_tile = false, amx_int8 = false;
   bool os_avx = false;     // XCR0 has SSE and AVX state
   bool os_avx512 = false;  // XCR0 has opmask and ZMM state
-  bool os_amx = false;     // XCR0 has tile state and Linux let this process use it
 };
 
-/// Reads CPUID and XGETBV (all false off x86-64). Where the CPU has AMX it
-/// also asks Linux for this process's permission to use the tile state
-/// (arch_prctl ARCH_REQ_XCOMP_PERM; idempotent): os_amx says whether it got it.
+/// Reads CPUID and XGETBV (all false off x86-64).
 cpu_caps detect_cpu() noexcept;
-
-/// Asks Linux for the AMX tile state (arch_prctl); true when granted.
-bool request_amx_permission() noexcept;
 
 /// True when `caps` can run variant `i`.
 bool supports(const cpu_caps& caps, isa i) noexcept;

@@ -84,6 +84,5 @@ namespace kernels_scalar { extern const kernel_table table; }
 namespace kernels_avx2 { extern const kernel_table table; }
 namespace kernels_avxvnni { extern const kernel_table table; }
 namespace kernels_avx512 { extern const kernel_table table; }
-namespace kernels_amx { extern const kernel_table table; }
 
 }  // namespace exa::engine

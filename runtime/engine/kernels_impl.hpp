@@ -713,82 +713,7 @@ void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, co
 
 constexpr int max_groups = 2;
 constexpr int max_tokens = 6;
-
-#if defined(EXA_K_AMX)
-// AMX-INT8 for 16 tokens at a time: per block, C (16 tokens × 16 rows, int32)
-// starts at the tokens' seeds and tdpbsud adds Σ x · (q + 128) over the
-// block's 32 bytes: A is the 16 tokens' signed bytes straight from their
-// q8_0 blocks, B the packed block as it lies (8 rows of 16 rows × 4 bytes).
-// The sums go through memory to the float step, lanes = rows, one token per
-// register: the same integers and the same float operations as tile() above.
-// Tiles: tmm0/1 C, tmm2/3 A, tmm4/5 B, alternating by block so that one
-// block's tile work overlaps the previous block's float step.
-struct alignas(64) amx_config {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
-inline void amx_configure() noexcept {
-  static const bool granted = request_amx_permission();  // detect_cpu asked already; harmless again
-  (void)granted;
-  amx_config c;
-  for (int t = 0; t < 2; ++t) {
-    c.rows[t] = 16;  // C
-    c.colsb[t] = 64;
-    c.rows[2 + t] = 16;  // A
-    c.colsb[2 + t] = 32;
-    c.rows[4 + t] = 8;  // B
-    c.colsb[4 + t] = 64;
-  }
-  _tile_loadconfig(&c);
-}
-
-// Tokens [t0, t0 + 16) × one group; seeds[b · 256 + 16m + i] = token m's seed.
-inline void amx_tile(const std::byte* grp, unsigned valid, std::size_t nb, const kernel_acts& a, std::size_t t0,
-                     const std::int32_t* seeds, float* y, std::size_t ys, std::size_t r0) noexcept {
-  const std::size_t xpitch = a.xq_stride * sizeof(block_q8_0);
-  const auto* xq = reinterpret_cast<const std::byte*>(a.xq + t0 * a.xq_stride) + offsetof(block_q8_0, qs);
-  const float* xs = a.xs + t0 * a.xq_stride;
-  alignas(64) std::int32_t sums[2][16 * 16];
-  __m512 acc[16];
-  for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
-  const auto float_step = [&](std::size_t b, const std::int32_t* s) {
-    const __m512 dw = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + b * q8p_block_bytes + q8p_quant_bytes)));
-    for (int m = 0; m < 16; ++m)
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s + 16 * m)),
-                               _mm512_mul_ps(dw, _mm512_set1_ps(xs[m * a.xq_stride + b])), acc[m]);
-  };
-  std::size_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    _tile_loadd(0, seeds + b * 256, 64);
-    _tile_loadd(2, xq + b * sizeof(block_q8_0), xpitch);
-    _tile_loadd(4, grp + b * q8p_block_bytes, 64);
-    _tile_dpbsud(0, 2, 4);
-    _tile_stored(0, sums[0], 64);
-    _tile_loadd(1, seeds + (b + 1) * 256, 64);
-    _tile_loadd(3, xq + (b + 1) * sizeof(block_q8_0), xpitch);
-    _tile_loadd(5, grp + (b + 1) * q8p_block_bytes, 64);
-    _tile_dpbsud(1, 3, 5);
-    _tile_stored(1, sums[1], 64);
-    float_step(b, sums[0]);
-    float_step(b + 1, sums[1]);
-  }
-  if (b < nb) {
-    _tile_loadd(0, seeds + b * 256, 64);
-    _tile_loadd(2, xq + b * sizeof(block_q8_0), xpitch);
-    _tile_loadd(4, grp + b * q8p_block_bytes, 64);
-    _tile_dpbsud(0, 2, 4);
-    _tile_stored(0, sums[0], 64);
-    float_step(b, sums[0]);
-  }
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
-  for (int m = 0; m < 16; ++m) _mm512_mask_storeu_ps(y + (t0 + m) * ys + r0, mask, acc[m]);
-}
-#endif
+constexpr int decode_groups = 1;
 
 #else  // AVX2, AVX-VNNI: 8 rows per register, half h of a group at bytes 32h
 
@@ -872,8 +797,7 @@ constexpr int max_tokens = 4;
 // Runs token tiles of C, then the remainder, over groups [g0, g0 + G).
 template <int G>
 void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size_t n_rows, std::size_t nb,
-            const kernel_acts& a, std::size_t t_begin, std::size_t n_tokens, float* y, std::size_t ys,
-            std::size_t rb) noexcept {
+            const kernel_acts& a, std::size_t n_tokens, float* y, std::size_t ys, std::size_t rb) noexcept {
   const std::byte* grp[G];
   unsigned valid[G];
   for (int g = 0; g < G; ++g) {
@@ -895,7 +819,7 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
     }
   };
 #endif
-  std::size_t t = t_begin;
+  std::size_t t = 0;
   for (; t + max_tokens <= n_tokens; t += max_tokens) run.template operator()<max_tokens>(t);
   switch (n_tokens - t) {
     case 1: run.template operator()<1>(t); break;
@@ -926,37 +850,13 @@ inline void rows(const model::weight_view& w, const kernel_acts& a, std::size_t 
     q8p_pack_rows(w, rb, re, scratch.data());
     base = scratch.data();
   }
-  std::size_t t_begin = 0;
-#if defined(EXA_K_AMX)
-  if (n_tokens >= 16) {
-    // Each 16 tokens' seeds laid out as C tiles, then every group for them.
-    static thread_local std::vector<std::int32_t> seeds;
-    seeds.resize(nb * 256 + 16);
-    auto* aligned = reinterpret_cast<std::int32_t*>((reinterpret_cast<std::uintptr_t>(seeds.data()) + 63) & ~std::uintptr_t{63});
-    amx_configure();
-    for (; t_begin + 16 <= n_tokens; t_begin += 16) {
-      for (std::size_t b = 0; b < nb; ++b)
-        for (int m = 0; m < 16; ++m)
-          _mm512_store_si512(aligned + b * 256 + 16 * m,
-                             _mm512_set1_epi32(a.xseed[(t_begin + m) * a.xq_stride + b]));
-      asm volatile("" ::: "memory");  // GCC's tileloadd asm does not say it reads memory
-      for (std::size_t g = 0; g < n_groups; ++g) {
-        const std::size_t first = g * q8p_group_rows;
-        amx_tile(base + g * gbytes, static_cast<unsigned>(std::min<std::size_t>(q8p_group_rows, n_rows - first)), nb,
-                 a, t_begin, aligned, y, ys, rb + first);
-      }
-    }
-    _tile_release();
-  }
-#endif
-  if (t_begin == n_tokens) return;
   std::size_t g = 0;
 #if defined(EXA_K_AVX512)
-  if (n_tokens - t_begin > 1)
+  if (n_tokens > 1)
     for (; g + max_groups <= n_groups; g += max_groups)
-      groups<max_groups>(base, gbytes, g, n_rows, nb, a, t_begin, n_tokens, y, ys, rb);
+      groups<max_groups>(base, gbytes, g, n_rows, nb, a, n_tokens, y, ys, rb);
 #endif
-  for (; g < n_groups; ++g) groups<1>(base, gbytes, g, n_rows, nb, a, t_begin, n_tokens, y, ys, rb);
+  for (; g < n_groups; ++g) groups<1>(base, gbytes, g, n_rows, nb, a, n_tokens, y, ys, rb);
 }
 
 #endif

@@ -70,7 +70,6 @@ engine::cpu_caps all_features() {
   c.avx2 = c.fma = c.f16c = true;
   c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = c.avxvnni = true;
   c.os_avx = c.os_avx512 = true;
-  c.amx_tile = c.amx_int8 = c.os_amx = true;
   return c;
 }
 
@@ -78,23 +77,9 @@ engine::cpu_caps all_features() {
 
 TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][isa]") {
   engine::cpu_caps c = all_features();
-  CHECK(engine::best_isa(c) == isa::amx);
-  CHECK(engine::choose_isa(c, "") == isa::amx);
-  CHECK(engine::choose_isa(c, "auto") == isa::amx);
-  CHECK(engine::choose_isa(c, "avx512") == isa::avx512);
-  c.amx_tile = c.amx_int8 = c.os_amx = false;
   CHECK(engine::best_isa(c) == isa::avx512);
-
-  SECTION("AMX needs the tiles and Linux's permission for their state") {
-    c.amx_tile = c.amx_int8 = true;
-    CHECK(engine::best_isa(c) == isa::avx512);
-    const auto refused = engine::choose_isa(c, "amx");
-    REQUIRE_FALSE(refused);
-    CHECK(refused.error().code == errc::unavailable);
-    CHECK_THAT(refused.error().message, Catch::Contains("AMX tile state"));
-    c.os_amx = true;
-    CHECK(engine::best_isa(c) == isa::amx);
-  }
+  CHECK(engine::choose_isa(c, "") == isa::avx512);
+  CHECK(engine::choose_isa(c, "auto") == isa::avx512);
   CHECK(engine::choose_isa(c, "avx2") == isa::avx2);
   CHECK(engine::choose_isa(c, "scalar") == isa::scalar);
 
@@ -133,7 +118,7 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
     const auto bad = engine::choose_isa(c, "neon");
     REQUIRE_FALSE(bad);
     CHECK(bad.error().code == errc::invalid_argument);
-    CHECK_THAT(bad.error().message, Catch::Contains("scalar, avx2, avxvnni, avx512 or amx"));
+    CHECK_THAT(bad.error().message, Catch::Contains("scalar, avx2, avxvnni or avx512"));
   }
   SECTION("this machine: detection agrees with what the kernels need") {
     const auto here = engine::detect_cpu();
@@ -214,7 +199,7 @@ TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-
   // Splits on group boundaries (the packed copy is read) and off them (the
   // kernels pack the range themselves).
   const std::vector<std::vector<std::size_t>> cuts = {{}, {16}, {5, 37}, {20}, {1, 2, 32}};
-  for (const std::size_t n : {1, 2, 6, 7, 13, 16, 35}) {  // AMX takes whole 16s, AVX-512 the rest
+  for (const std::size_t n : {1, 2, 6, 7, 13}) {
     const auto x = random_floats(n * sh.cols, 300 + n, 2.0f);
     const auto expect = contract(w.view, x, n);
     for (const isa v : test::runnable_isas()) {

@@ -61,12 +61,15 @@ struct kernel_table {
   void (*legacy_row_tokens)(model::tensor_type type, const std::byte* row, const void* x,
                             std::size_t x_stride, std::size_t n_tokens, std::size_t nb, float* y,
                             std::size_t y_stride);
-  /// out[i] = dot_f16(q, k + i · stride, n) for i < rows (one KV block).
-  void (*dot_f16_rows)(const float* q, const std::uint16_t* k, std::size_t stride, std::size_t rows,
-                       std::size_t n, float* out);
-  /// For i < rows in order: out[e] = fma(w[i], v[i · stride + e], out[e]).
-  void (*axpy_f16_rows)(const float* w, const std::uint16_t* v, std::size_t stride, std::size_t rows,
-                        std::size_t n, float* out);
+  /// out[h · out_stride + i] = dot_f16(q + h · q_stride, k + i · stride, n)
+  /// for h < heads and i < rows: one KV block against the query heads that
+  /// share it (grouped-query attention), each k converted once for all.
+  void (*dot_f16_rows)(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
+                       std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride);
+  /// For h < heads, for i < rows in order:
+  /// out[h · out_stride + e] = fma(w[h · w_stride + i], v[i · stride + e], out[h · out_stride + e]).
+  void (*axpy_f16_rows)(const float* w, std::size_t w_stride, std::size_t heads, const std::uint16_t* v,
+                        std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride);
   /// g[i] = g[i] / (1 + det::expf(-g[i])) · u[i] (ops.hpp's silu_mul).
   void (*silu_mul)(float* g, const float* u, std::size_t n);
   /// ops.hpp's softmax: det::expf(x[i] − max), the sum in double in order.

@@ -1589,25 +1589,142 @@ inline void axpy_f16(float w, const std::uint16_t* v, float* out, std::size_t n)
   for (; i < n; ++i) out[i] = fma1(w, h2f(v[i]), out[i]);
 }
 
-// Attention over one KV block: `rows` fp16 vectors `stride` elements apart.
-inline void dot_f16_rows(const float* q, const std::uint16_t* k, std::size_t stride, std::size_t rows,
-                         std::size_t n, float* out) {
-  for (std::size_t i = 0; i < rows; ++i) out[i] = dot_f16(q, k + i * stride, n);
+// Attention over one KV block: `rows` fp16 vectors `stride` elements apart,
+// against `heads` query heads (those sharing the KV head), H at a time: each
+// 16 elements of k converted once for H heads; per (head, row) the same
+// operations as dot_f16.
+#if defined(EXA_K_AVX512)
+constexpr std::size_t attn_heads = 8;  // accumulators: one register each
+#else
+constexpr std::size_t attn_heads = 4;  // AVX2: two registers each, of 16
+#endif
+
+#if defined(EXA_K_AVX512)
+// vhsum of 16 registers at once, the same additions lane for lane (l + l+8,
+// + 4, + 2, + 1), by shuffles that pair the registers instead of a tree per
+// register: register v's sum lands in lane 4 · (v % 4) + v / 4.
+[[gnu::always_inline]] inline __m512 vhsum16(const __m512 (&a)[16]) noexcept {
+  __m512 b[8], c[4], d[2];
+  for (int p = 0; p < 8; ++p)  // lanes 0-7: register 2p's l + l+8; 8-15: 2p + 1's
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
+  for (int p = 0; p < 4; ++p)  // quarter j: register 4p + j's l + l+4
+    c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xdd));
+  for (int p = 0; p < 2; ++p)  // quarter j: 8p + j's l + l+2, then 8p + 4 + j's
+    d[p] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0x44),
+                         _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0xee));
+  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
 }
 
-// out[e] = fma(w[i], v_i[e], out[e]) for i in order: each 16-lane chunk of
-// `out` stays in a register across the rows (the same operations per element
-// as one axpy per row).
-inline void axpy_f16_rows(const float* w, const std::uint16_t* v, std::size_t stride, std::size_t rows,
-                          std::size_t n, float* out) {
+// 16 / H rows × H heads: the 16 accumulators summed by vhsum16.
+template <std::size_t H>
+void dot_f16_heads16(const float* q, std::size_t q_stride, const std::uint16_t* k, std::size_t stride,
+                     std::size_t n, float* out, std::size_t out_stride) noexcept {
+  constexpr std::size_t R = 16 / H;
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
   std::size_t e = 0;
   for (; e + 16 <= n; e += 16) {
-    v16 acc = vload(out + e);
-    for (std::size_t i = 0; i < rows; ++i) acc = vfma(vsplat(w[i]), vload_f16(v + i * stride + e), acc);
-    vstore(out + e, acc);
+    __m512 qv[H];
+    for (std::size_t h = 0; h < H; ++h) qv[h] = _mm512_loadu_ps(q + h * q_stride + e);
+    for (std::size_t r = 0; r < R; ++r) {
+      const __m512 kv = vload_f16(k + r * stride + e).v;
+      for (std::size_t h = 0; h < H; ++h) acc[r * H + h] = _mm512_fmadd_ps(qv[h], kv, acc[r * H + h]);
+    }
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, vhsum16(acc));
+  for (std::size_t v = 0; v < 16; ++v) {
+    const std::size_t r = v / H, h = v % H;
+    float s = sums[4 * (v % 4) + v / 4];
+    for (std::size_t t = e; t < n; ++t) s = fma1(q[h * q_stride + t], h2f(k[r * stride + t]), s);
+    out[h * out_stride + r] = s;
+  }
+}
+#endif
+
+template <std::size_t H>
+void dot_f16_heads(const float* q, std::size_t q_stride, const std::uint16_t* k, std::size_t stride,
+                   std::size_t rows, std::size_t n, float* out, std::size_t out_stride) noexcept {
+  std::size_t i = 0;
+#if defined(EXA_K_AVX512)
+  if constexpr (16 % H == 0)
+    for (; i + 16 / H <= rows; i += 16 / H)
+      dot_f16_heads16<H>(q, q_stride, k + i * stride, stride, n, out + i, out_stride);
+#endif
+  for (; i < rows; ++i) {
+    const std::uint16_t* kr = k + i * stride;
+    v16 acc[H];
+    for (std::size_t h = 0; h < H; ++h) acc[h] = vzero();
+    std::size_t e = 0;
+    for (; e + 16 <= n; e += 16) {
+      const v16 kv = vload_f16(kr + e);
+      for (std::size_t h = 0; h < H; ++h) acc[h] = vfma(vload(q + h * q_stride + e), kv, acc[h]);
+    }
+    for (std::size_t h = 0; h < H; ++h) {
+      float s = vhsum(acc[h]);
+      for (std::size_t t = e; t < n; ++t) s = fma1(q[h * q_stride + t], h2f(kr[t]), s);
+      out[h * out_stride + i] = s;
+    }
+  }
+}
+
+// out[e] = fma(w[i], v_i[e], out[e]) for i in order, per head: each 16-lane
+// chunk of every head's `out` stays in a register across the rows, and each
+// v chunk is converted once for H heads (the same operations per element as
+// one axpy per row and head).
+template <std::size_t H>
+void axpy_f16_heads(const float* w, std::size_t w_stride, const std::uint16_t* v, std::size_t stride,
+                    std::size_t rows, std::size_t n, float* out, std::size_t out_stride) noexcept {
+  std::size_t e = 0;
+  for (; e + 16 <= n; e += 16) {
+    v16 acc[H];
+    for (std::size_t h = 0; h < H; ++h) acc[h] = vload(out + h * out_stride + e);
+    for (std::size_t i = 0; i < rows; ++i) {
+      const v16 vv = vload_f16(v + i * stride + e);
+      for (std::size_t h = 0; h < H; ++h) acc[h] = vfma(vsplat(w[h * w_stride + i]), vv, acc[h]);
+    }
+    for (std::size_t h = 0; h < H; ++h) vstore(out + h * out_stride + e, acc[h]);
   }
   for (; e < n; ++e)
-    for (std::size_t i = 0; i < rows; ++i) out[e] = fma1(w[i], h2f(v[i * stride + e]), out[e]);
+    for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t i = 0; i < rows; ++i)
+        out[h * out_stride + e] = fma1(w[h * w_stride + i], h2f(v[i * stride + e]), out[h * out_stride + e]);
+}
+
+// Runs fn.template operator()<H>(first head) over `heads` in groups of at
+// most attn_heads, H a compile-time count.
+template <class Fn>
+void by_heads(std::size_t heads, Fn&& fn) {
+  std::size_t h = 0;
+  for (; h + attn_heads <= heads; h += attn_heads) fn.template operator()<attn_heads>(h);
+  switch (heads - h) {
+    case 1: fn.template operator()<1>(h); break;
+    case 2: fn.template operator()<2>(h); break;
+    case 3: fn.template operator()<3>(h); break;
+#if defined(EXA_K_AVX512)
+    case 4: fn.template operator()<4>(h); break;
+    case 5: fn.template operator()<5>(h); break;
+    case 6: fn.template operator()<6>(h); break;
+    case 7: fn.template operator()<7>(h); break;
+#endif
+    default: break;
+  }
+}
+
+inline void dot_f16_rows(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
+                         std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
+  by_heads(heads, [&]<std::size_t H>(std::size_t h) {
+    dot_f16_heads<H>(q + h * q_stride, q_stride, k, stride, rows, n, out + h * out_stride, out_stride);
+  });
+}
+
+inline void axpy_f16_rows(const float* w, std::size_t w_stride, std::size_t heads, const std::uint16_t* v,
+                          std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
+  by_heads(heads, [&]<std::size_t H>(std::size_t h) {
+    axpy_f16_heads<H>(w + h * w_stride, w_stride, v, stride, rows, n, out + h * out_stride, out_stride);
+  });
 }
 
 void rows_fn(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,
@@ -1621,13 +1738,13 @@ void kquant_fn(tensor_type type, const std::byte* row, const block_q8_K* x, std:
                std::size_t n_tokens, std::size_t nb, float* y, std::size_t y_stride) {
   kq::row_tokens(type, row, x, x_stride, n_tokens, nb, y, y_stride);
 }
-void dot_f16_rows_fn(const float* q, const std::uint16_t* k, std::size_t stride, std::size_t rows, std::size_t n,
-                     float* out) {
-  dot_f16_rows(q, k, stride, rows, n, out);
+void dot_f16_rows_fn(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
+                     std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
+  dot_f16_rows(q, q_stride, heads, k, stride, rows, n, out, out_stride);
 }
-void axpy_f16_rows_fn(const float* w, const std::uint16_t* v, std::size_t stride, std::size_t rows, std::size_t n,
-                      float* out) {
-  axpy_f16_rows(w, v, stride, rows, n, out);
+void axpy_f16_rows_fn(const float* w, std::size_t w_stride, std::size_t heads, const std::uint16_t* v,
+                      std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
+  axpy_f16_rows(w, w_stride, heads, v, stride, rows, n, out, out_stride);
 }
 void silu_mul_fn(float* g, const float* u, std::size_t n) { silu_mul(g, u, n); }
 void softmax_fn(float* x, std::size_t n) { softmax(x, n); }

@@ -104,34 +104,44 @@ void llama_forward::project(const model::weight_view& w, std::size_t n_tok, floa
   return matmul(w, xn_.data(), config_.dim, n_tok, y, y_stride, pool_, other_acts_);
 }
 
-void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std::size_t t,
-                           std::size_t head, std::vector<float>& scores) {
+void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std::size_t t, std::size_t kv_head,
+                           attend_scratch& s) {
   const forward_token& tok = batch.tokens[t];
   const std::vector<block_id>& table = *batch.tables[tok.seq_index];
   const std::size_t hd = config_.head_dim();
-  const std::size_t kv_head = head / (n_heads_ / n_kv_heads_);
+  // The query heads that share this KV head, each against every position:
+  // per head the same operations as one head at a time.
+  const std::size_t group = n_heads_ / n_kv_heads_;
+  const std::size_t head0 = kv_head * group;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float q[1024];
-  EXA_ASSERT(hd <= 1024);
-  for (std::size_t i = 0; i < hd; ++i) q[i] = q_[t * q_dim_ + head * hd + i];
-  round_to_f16(q, hd);
+  s.q.resize(group * hd);
+  for (std::size_t h = 0; h < group; ++h) {
+    float* q = s.q.data() + h * hd;
+    for (std::size_t i = 0; i < hd; ++i) q[i] = q_[t * q_dim_ + (head0 + h) * hd + i];
+    round_to_f16(q, hd);
+  }
 
   const std::size_t n = std::size_t{tok.pos} + 1;
-  scores.resize(n);
+  s.scores.resize(group * n);
+  float* scores = s.scores.data();
   // One KV block at a time: its positions' K (and V) vectors are kv_dim apart.
   const std::uint32_t bt = cache_.layout().block_tokens;
   const std::size_t stride = kv_dim_;
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
-    kernels_->dot_f16_rows(q, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd, scores.data() + j0);
+    kernels_->dot_f16_rows(s.q.data(), hd, group, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd,
+                           scores + j0, n);
   }
-  for (std::size_t j = 0; j < n; ++j) scores[j] *= scale;
-  kernels_->softmax(scores.data(), n);
-  float* out = att_.data() + t * q_dim_ + head * hd;
-  for (std::size_t i = 0; i < hd; ++i) out[i] = 0.0f;
+  for (std::size_t h = 0; h < group; ++h) {
+    for (std::size_t j = 0; j < n; ++j) scores[h * n + j] *= scale;
+    kernels_->softmax(scores + h * n, n);
+  }
+  float* out = att_.data() + t * q_dim_ + head0 * hd;  // the group's heads are adjacent
+  for (std::size_t i = 0; i < group * hd; ++i) out[i] = 0.0f;
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
-    kernels_->axpy_f16_rows(scores.data() + j0, cache_.v(table, layer, j0) + kv_head * hd, stride, m, hd, out);
+    kernels_->axpy_f16_rows(scores + j0, n, group, cache_.v(table, layer, j0) + kv_head * hd, stride, m, hd, out,
+                            hd);
   }
 }
 
@@ -165,10 +175,10 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
   // A token's attention costs in proportion to its position, so the last
   // chunks of a prompt are the heaviest: small chunks keep the threads even.
   pool_.parallel_for(
-      n_tok * n_heads_, 1,
+      n_tok * n_kv_heads_, 1,
       [&](std::size_t begin, std::size_t end) {
-        std::vector<float> scores;
-        for (std::size_t i = begin; i < end; ++i) attend(batch, layer, i / n_heads_, i % n_heads_, scores);
+        attend_scratch s;
+        for (std::size_t i = begin; i < end; ++i) attend(batch, layer, i / n_kv_heads_, i % n_kv_heads_, s);
       },
       16);
   matmul(w.wo, att_.data(), q_dim, n_tok, proj_.data(), dim, pool_, other_acts_);

@@ -90,8 +90,12 @@ class llama_forward final : public forward_executor {
   expected<void> mlp_layer(std::uint32_t layer, std::size_t n_tok);
   // Sums `n` floats over the group in place; nothing on one device.
   expected<void> all_reduce(float* data, std::size_t n);
-  void attend(const forward_batch& batch, std::uint32_t layer, std::size_t t, std::size_t head,
-              std::vector<float>& scores);
+  struct attend_scratch {
+    std::vector<float> q, scores;  // the group's queries, rounded; their scores
+  };
+  // Token t's query heads that share KV head `kv_head`.
+  void attend(const forward_batch& batch, std::uint32_t layer, std::size_t t, std::size_t kv_head,
+              attend_scratch& s);
 
   model::llama_config config_;
   const model::llama_weights& weights_;

@@ -223,6 +223,40 @@ TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-
   }
 }
 
+TEST_CASE("attention over a KV block for the heads sharing it equals one head at a time", "[engine][isa]") {
+  // dot_f16_rows / axpy_f16_rows take every query head of a KV group at once
+  // (each k and v converted once, and on AVX-512 16 dot products summed by
+  // one shuffled tree); per head and row they must give dot_f16 / axpy_f16's
+  // bits, on every variant. Head counts cover every grouping (1-9), rows a
+  // partial last group, widths a 16-lane tail (100) and no full lane (7).
+  const auto& ref = engine::kernels_for(isa::scalar);
+  for (const std::size_t n : {64, 100, 7}) {
+    for (const std::size_t heads : {1, 2, 3, 4, 5, 8, 9}) {
+      const std::size_t rows = 37, stride = n + 3;
+      const auto q = random_floats(heads * n, heads * 10 + n, 2.0f);
+      const auto kf = random_floats(rows * stride, n + 1, 2.0f);
+      std::vector<std::uint16_t> k(kf.size());
+      for (std::size_t i = 0; i < k.size(); ++i) k[i] = model::float_to_f16(kf[i]);
+      const auto w = random_floats(heads * rows, heads + 7, 1.0f);
+      std::vector<float> dot_expect(heads * rows), axpy_expect(heads * n, 0.25f);
+      for (std::size_t h = 0; h < heads; ++h)
+        for (std::size_t i = 0; i < rows; ++i) {
+          dot_expect[h * rows + i] = ref.dot_f16(q.data() + h * n, k.data() + i * stride, n);
+          ref.axpy_f16(w[h * rows + i], k.data() + i * stride, axpy_expect.data() + h * n, n);
+        }
+      for (const isa v : test::runnable_isas()) {
+        const auto& t = engine::kernels_for(v);
+        CAPTURE(n, heads, engine::to_string(v));
+        std::vector<float> dots(heads * rows, -1.0f), acc(heads * n, 0.25f);
+        t.dot_f16_rows(q.data(), n, heads, k.data(), stride, rows, n, dots.data(), rows);
+        t.axpy_f16_rows(w.data(), rows, heads, k.data(), stride, rows, n, acc.data(), n);
+        CHECK(same_bits(dots, dot_expect));
+        CHECK(same_bits(acc, axpy_expect));
+      }
+    }
+  }
+}
+
 TEST_CASE("attention's fp16 dot and axpy and the Q8_0 quantizer agree across variants", "[engine][isa]") {
   const auto variants = test::runnable_isas();
   const auto& ref = engine::kernels_for(isa::scalar);

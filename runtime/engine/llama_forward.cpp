@@ -72,10 +72,10 @@ llama_forward::llama_forward(const model::llama_config& config,
   }
   for (const auto& l : weights_.layers) {
     model::llama_layer_weights p = l;
-    for (model::weight_view* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down}) *v = packed_.pack(*v);
+    for (model::weight_view* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down}) *v = packed_.pack(*v, &pool_);
     layers_.push_back(std::move(p));
   }
-  output_ = packed_.pack(weights_.output);
+  output_ = packed_.pack(weights_.output, &pool_);
   output_norm_ = dequantize_vector(weights_.output_norm);
   rope_factors_ = dequantize_optional(weights_.rope_freqs);
   EXA_ASSERT(rope_factors_.empty() || rope_factors_.size() == config_.rope_dim / 2);

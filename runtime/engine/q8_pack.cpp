@@ -1,9 +1,11 @@
 #include "engine/q8_pack.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
 #include "common/assert.hpp"
+#include "engine/thread_pool.hpp"
 #include "model/legacy_quants.hpp"
 #include "model/quantize.hpp"
 
@@ -29,9 +31,12 @@ void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size
         if (r >= row_end) break;
         const auto& blk = reinterpret_cast<const model::block_q8_0*>(w.row(r))[b];
         scales[i] = blk.d;
-        for (std::size_t j = 0; j < 8; ++j)
-          for (std::size_t e = 0; e < 4; ++e)
-            q[64 * j + 4 * i + e] = static_cast<std::uint8_t>(blk.qs[4 * j + e]) ^ 0x80u;
+        for (std::size_t j = 0; j < 8; ++j) {  // 4 bytes at a time, each q + 128
+          std::uint32_t word;
+          std::memcpy(&word, blk.qs + 4 * j, 4);
+          word ^= 0x80808080u;
+          std::memcpy(q + 64 * j + 4 * i, &word, 4);
+        }
       }
       std::memcpy(q + q8p_quant_bytes, scales, sizeof scales);
     }
@@ -40,12 +45,17 @@ void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size
 
 void q8p_store::aligned_free::operator()(std::byte* p) const noexcept { ::operator delete[](p, pack_alignment); }
 
-model::weight_view q8p_store::pack(const model::weight_view& w) {
+model::weight_view q8p_store::pack(const model::weight_view& w, thread_pool* pool) {
   if (w.type != model::tensor_type::q8_0 || w.rows == 0) return w;
   const std::size_t groups = (w.rows + q8p_group_rows - 1) / q8p_group_rows;
-  const std::size_t bytes = groups * q8p_group_bytes(w.cols);
+  const std::size_t gbytes = q8p_group_bytes(w.cols);
+  const std::size_t bytes = groups * gbytes;
   std::unique_ptr<std::byte[], aligned_free> buf(static_cast<std::byte*>(::operator new[](bytes, pack_alignment)));
-  q8p_pack_rows(w, 0, w.rows, buf.get());
+  const auto pack_groups = [&](std::size_t g0, std::size_t g1) {
+    q8p_pack_rows(w, g0 * q8p_group_rows, std::min<std::size_t>(g1 * q8p_group_rows, w.rows), buf.get() + g0 * gbytes);
+  };
+  if (pool != nullptr) pool->parallel_for(groups, 1, pack_groups);
+  else pack_groups(0, groups);
   model::weight_view out = w;
   out.packed = buf.get();
   owned_.push_back(std::move(buf));

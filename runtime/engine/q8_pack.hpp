@@ -33,12 +33,15 @@ constexpr std::size_t q8p_group_bytes(std::size_t cols) noexcept { return cols /
 void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size_t row_end,
                    std::byte* out) noexcept;
 
+class thread_pool;
+
 /// Owns packed copies. pack() returns `w` with `packed` pointing at its
 /// copy for q8_0 (whole rows, 16-row groups from row 0), `w` unchanged for
-/// any other type. Copies stay valid while this lives, also when it moves.
+/// any other type; across `pool` when given. Copies stay valid while this
+/// lives, also when it moves.
 class q8p_store {
  public:
-  model::weight_view pack(const model::weight_view& w);
+  model::weight_view pack(const model::weight_view& w, thread_pool* pool = nullptr);
   /// Bytes held by the copies.
   std::size_t bytes() const noexcept { return bytes_; }
 

@@ -686,7 +686,7 @@ inline std::int32_t load4(const std::int8_t* p) noexcept {
 // its rows that exist (16 but in a matrix's last group).
 template <int G, int C>
 void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, const kernel_acts& a,
-          std::size_t t0, float* y, std::size_t ys, std::size_t r0) noexcept {
+          std::size_t t0, float* y, std::size_t ys, std::size_t r0, const std::byte* next = nullptr) noexcept {
   const block_q8_0* x[C];
   const float* xs[C];
   const std::int32_t* seed[C];
@@ -705,6 +705,10 @@ void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, co
       for (int g = 0; g < G; ++g) is[g][c] = sd;
     }
     if constexpr (C == 1) prefetch_block(grp[0] + b * q8p_block_bytes, decode_prefetch_blocks);
+    // The first token tile of a few tokens asks for the next G groups (after
+    // these in memory), G blocks per block, while the weights of these come in.
+    if (next != nullptr)
+      for (int g = 0; g < G; ++g) prefetch_block(next + (b * G + static_cast<std::size_t>(g)) * q8p_block_bytes, 0);
     for (int j = 0; j < 8; ++j) {
       __m512i wv[G];
       for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(grp[g] + b * q8p_block_bytes + 64 * j);
@@ -824,7 +828,11 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
   }
   const std::size_t r0 = rb + g0 * q8p_group_rows;
 #if defined(EXA_K_AVX512)
-  const auto run = [&]<int C>(std::size_t t) { tile<G, C>(grp, valid, nb, a, t, y, ys, r0); };
+  // With few token tiles per group (batched decode) the weights stream from
+  // memory once per step: prefetch the next groups while the first tile runs.
+  const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
+  const std::byte* next = n_tokens > 1 && g0 + 2 * G <= n_groups ? grp[G - 1] + gbytes : nullptr;
+  const auto run = [&]<int C>(std::size_t t) { tile<G, C>(grp, valid, nb, a, t, y, ys, r0, t == 0 ? next : nullptr); };
 #else
   static_assert(G == 1);
   const auto run = [&]<int C>(std::size_t t) {

@@ -74,6 +74,9 @@ struct kernel_table {
   void (*silu_mul)(float* g, const float* u, std::size_t n);
   /// ops.hpp's softmax: det::expf(x[i] − max), the sum in double in order.
   void (*softmax)(float* x, std::size_t n);
+  /// out[i] = f16_to_float(float_to_f16(x[i])) (model/half.hpp): the
+  /// activations of f16 weights; a NaN becomes its sign and 0x7fc00000.
+  void (*round_f16)(const float* x, float* out, std::size_t n);
 };
 
 /// The table of variant `i` (whether this CPU can run it is the caller's

@@ -1755,6 +1755,23 @@ void axpy_f16_rows_fn(const float* w, std::size_t w_stride, std::size_t heads, c
   axpy_f16_rows(w, w_stride, heads, v, stride, rows, n, out, out_stride);
 }
 void silu_mul_fn(float* g, const float* u, std::size_t n) { silu_mul(g, u, n); }
+void round_f16_fn(const float* x, float* out, std::size_t n) {
+  std::size_t i = 0;
+#if defined(EXA_K_HAS_AVX2)
+  // F16C rounds to nearest even as float_to_f16 does, subnormals and
+  // overflow to infinity included; only a NaN's payload could differ, so
+  // NaN lanes take float_to_f16's quiet NaN.
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    _mm256_storeu_ps(out + i, _mm256_blendv_ps(r, _mm256_or_ps(_mm256_and_ps(v, sign), qnan), nan));
+  }
+#endif
+  for (; i < n; ++i) out[i] = model::f16_to_float(model::float_to_f16(x[i]));
+}
 void softmax_fn(float* x, std::size_t n) { softmax(x, n); }
 void legacy_fn(tensor_type type, const std::byte* row, const void* x, std::size_t x_stride, std::size_t n_tokens,
                std::size_t nb, float* y, std::size_t y_stride) {

@@ -118,11 +118,9 @@ void activations::convert(model::tensor_type type, const float* x, std::size_t x
       xf_store_.resize(n_tokens * k);
       const bool half = format_ == act_format::f16_rounded;
       each_token([&](std::size_t t) {
-        for (std::size_t i = 0; i < k; ++i) {
-          const float v = x[t * x_stride + i];
-          xf_store_[t * k + i] = half ? model::f16_to_float(model::float_to_f16(v))
-                                      : model::bf16_to_float(model::float_to_bf16(v));
-        }
+        if (half) return kernels_->round_f16(x + t * x_stride, xf_store_.data() + t * k, k);
+        for (std::size_t i = 0; i < k; ++i)
+          xf_store_[t * k + i] = model::bf16_to_float(model::float_to_bf16(x[t * x_stride + i]));
       });
       xf_ = xf_store_.data();
       xf_stride_ = k;

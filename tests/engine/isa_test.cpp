@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -220,6 +221,25 @@ TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-
         }
       }
     }
+  }
+}
+
+TEST_CASE("f16 activation rounding agrees with float_to_f16 on every variant, edge values included",
+          "[engine][isa]") {
+  std::vector<float> x = random_floats(203, 17, 70000.0f);  // beyond f16's range, and a tail of 3
+  const auto tiny = random_floats(40, 18, 1e-4f);           // f16 subnormals and underflow
+  x.insert(x.end(), tiny.begin(), tiny.end());
+  for (const std::uint32_t bits : {0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u, 0x80000000u, 0x7f800000u,
+                                   0xff800000u, 0x7fc00000u, 0xffd00001u, 0x7f800001u, 0x387fe000u, 0x3f801000u,
+                                   0x3f803000u})
+    x.push_back(std::bit_cast<float>(bits));  // halfway cases, zeros, infinities, NaNs with payloads
+  std::vector<float> expect(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) expect[i] = model::f16_to_float(model::float_to_f16(x[i]));
+  for (const isa v : test::runnable_isas()) {
+    CAPTURE(engine::to_string(v));
+    std::vector<float> got(x.size(), 1.0f);
+    engine::kernels_for(v).round_f16(x.data(), got.data(), x.size());
+    CHECK(same_bits(got, expect));
   }
 }
 

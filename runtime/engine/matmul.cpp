@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "common/assert.hpp"
 #include "engine/kernel_table.hpp"
 #include "engine/q8_pack.hpp"
@@ -45,6 +49,8 @@ struct activations_access {
   static const kernel_table& table(const activations& a) { return *a.kernels_; }
 };
 
+bool activations::q4_layout_needed() const noexcept { return kernels_ != nullptr && kernels_->q8_0_unsigned_layout; }
+
 act_format act_format_for(model::tensor_type t) noexcept {
   switch (t) {
     case tensor_type::f32: return act_format::f32;
@@ -67,6 +73,25 @@ void quantize_row_q8_0_fast(const float* x, model::block_q8_0* out, std::size_t 
   active_kernels().quantize_q8_0(x, out, n);
 }
 
+namespace {
+// Σ of a block's 32 signed bytes, exact: psadbw sums unsigned bytes, so each
+// is read as q + 128 (SSE2: every x86-64).
+std::int32_t block_sum(const std::int8_t* q) noexcept {
+#if defined(__SSE2__)
+  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
+  const __m128i lo = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), flip);
+  const __m128i hi = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), flip);
+  const __m128i sad = _mm_add_epi64(_mm_sad_epu8(lo, _mm_setzero_si128()), _mm_sad_epu8(hi, _mm_setzero_si128()));
+  const std::int64_t sum = _mm_cvtsi128_si64(sad) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(sad, sad));
+  return static_cast<std::int32_t>(sum) - 128 * 32;
+#else
+  std::int32_t sum = 0;
+  for (int i = 0; i < 32; ++i) sum += q[i];
+  return sum;
+#endif
+}
+}  // namespace
+
 void activations_access::quantize_token(activations& a, const float* x, std::size_t t) {
   const std::size_t nb = a.k_ / 32;
   model::block_q8_0* blocks = a.xq_.data() + t * nb;
@@ -75,11 +100,9 @@ void activations_access::quantize_token(activations& a, const float* x, std::siz
   std::int32_t* seeds = a.xseed_.data() + t * nb;
   for (std::size_t b = 0; b < nb; ++b) {
     scales[b] = model::f16_to_float(blocks[b].d);
-    std::int32_t sum = 0;
-    for (const std::int8_t q : blocks[b].qs) sum += q;
-    seeds[b] = -128 * sum;
+    seeds[b] = -128 * block_sum(blocks[b].qs);
   }
-  if (!a.kernels_->q8_0_unsigned_layout) return;
+  if (!a.q4_layout_) return;
   const std::size_t steps = (nb + 1) / 2;
   auto* u = reinterpret_cast<std::int8_t*>(a.xu_.data()) + t * steps * 64;
   float* d = a.xd_.data() + t * steps * 16;
@@ -131,7 +154,9 @@ void activations::convert(model::tensor_type type, const float* x, std::size_t x
       xq_.resize(n_tokens * (k / 32));
       xs_.resize(n_tokens * (k / 32));
       xseed_.resize(n_tokens * (k / 32));
-      if (kernels_->q8_0_unsigned_layout) {
+      // The AVX-512 q4_0 kernel's own layout, only for q4_0 weights.
+      q4_layout_ = kernels_->q8_0_unsigned_layout && type == tensor_type::q4_0;
+      if (q4_layout_) {
         const std::size_t steps = (k / 32 + 1) / 2;
         xu_.assign(n_tokens * steps * 64, 0);  // an odd block count pads with q = 0
         xd_.assign(n_tokens * steps * 16, 0.0f);

@@ -40,13 +40,16 @@ class activations {
 
   /// True when these activations serve a weight of `type` with `k` columns.
   bool serves(model::tensor_type type, std::size_t k) const noexcept {
-    return act_format_for(type) == format_ && k == k_ && n_tokens_ > 0;
+    return act_format_for(type) == format_ && k == k_ && n_tokens_ > 0 &&
+           (type != model::tensor_type::q4_0 || q4_layout_ || !q4_layout_needed());
   }
   std::size_t tokens() const noexcept { return n_tokens_; }
 
  private:
   friend struct activations_access;
+  bool q4_layout_needed() const noexcept;  // the converting variant's q4_0 kernel reads xu/xd/xc
   act_format format_ = act_format::f32;
+  bool q4_layout_ = false;                 // xu/xd/xc filled (q8_0 activations for q4_0 weights)
   const kernel_table* kernels_ = nullptr;  // the variant converted for, which must multiply
   std::size_t n_tokens_ = 0;
   std::size_t k_ = 0;

@@ -224,6 +224,24 @@ TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-
   }
 }
 
+TEST_CASE("q8_0 activations fill the AVX-512 q4_0 layout only for q4_0 weights, and say so", "[engine][isa]") {
+  const std::size_t k = 96;
+  const auto x = random_floats(2 * k, 9, 1.0f);
+  for (const isa v : test::runnable_isas()) {
+    test::isa_scope scope(v);
+    CAPTURE(engine::to_string(v));
+    const bool needs_layout = engine::kernels_for(v).q8_0_unsigned_layout;
+    engine::activations acts;
+    acts.convert(model::tensor_type::q8_0, x.data(), k, 2, k, nullptr);
+    CHECK(acts.serves(model::tensor_type::q8_0, k));
+    CHECK(acts.serves(model::tensor_type::q5_0, k));
+    CHECK(acts.serves(model::tensor_type::q4_0, k) == !needs_layout);
+    acts.convert(model::tensor_type::q4_0, x.data(), k, 2, k, nullptr);
+    CHECK(acts.serves(model::tensor_type::q4_0, k));
+    CHECK(acts.serves(model::tensor_type::q8_0, k));
+  }
+}
+
 TEST_CASE("f16 activation rounding agrees with float_to_f16 on every variant, edge values included",
           "[engine][isa]") {
   std::vector<float> x = random_floats(203, 17, 70000.0f);  // beyond f16's range, and a tail of 3

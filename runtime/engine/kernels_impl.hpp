@@ -235,8 +235,8 @@ struct row_span {
 // spread evenly so the miss buffers never fill in one burst (a burst per row
 // block measured 27 % slower). There, q8_0 decode, 1 thread: 26-29 -> 34-38
 // tok/s (docs/PERFORMANCE.md; q8_0 has since moved to q8p's packed rows, one
-// stream per 16 rows; f16/bf16/f32 and q4_0 decode still run these tiles). A hint only: it changes no result, and never
-// reaches past `w.end`.
+// stream per 16 rows; f32/f16/bf16 and q4_0 decode still run these tiles).
+// A hint only: it changes no result, and never reaches past `w.end`.
 struct next_tile_prefetch {
   const char* next = nullptr;
   const char* end = nullptr;
@@ -501,7 +501,6 @@ inline __m256i dot_i8x32(__m256i abs_w, __m256i w, __m256i x) noexcept {
 
 struct q4_0_row {
   using block = block_q4_0;
-  static constexpr bool reload = false;
   static __m256i load(const block& b) noexcept {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
     const __m128i mask = _mm_set1_epi8(0x0f);
@@ -539,10 +538,10 @@ void quant_half(const typename Row::block* const* rows, const block_q8_0* const*
   for (std::size_t b = static_cast<std::size_t>(h); b < nb; b += 2) {
     __m256i aw[R];
     __m256 wd[R];
-    [[maybe_unused]] __m256i wv[R];
+    __m256i wv[R];
     for (int r = 0; r < R; ++r) {
       const __m256i w = Row::load(rows[r][b]);
-      if constexpr (!Row::reload) wv[r] = w;
+      wv[r] = w;
       aw[r] = _mm256_sign_epi8(w, w);
       wd[r] = _mm256_broadcast_ss(wsc[r] + b);
     }
@@ -550,10 +549,7 @@ void quant_half(const typename Row::block* const* rows, const block_q8_0* const*
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c][b].qs));
       const __m256 xd = _mm256_broadcast_ss(xsc[c] + b);
       for (int r = 0; r < R; ++r) {
-        __m256i w;
-        if constexpr (Row::reload) w = Row::load(rows[r][b]);
-        else w = wv[r];
-        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(aw[r], w, xv)), wd[r]);
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_i8x32(aw[r], wv[r], xv)), wd[r]);
         acc[r][c] = _mm256_fmadd_ps(scaled, xd, acc[r][c]);
       }
     }

@@ -72,7 +72,8 @@ llama_forward::llama_forward(const model::llama_config& config,
   }
   for (const auto& l : weights_.layers) {
     model::llama_layer_weights p = l;
-    for (model::weight_view* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down}) *v = packed_.pack(*v, &pool_);
+    for (model::weight_view* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down})
+      *v = packed_.pack(*v, &pool_);
     layers_.push_back(std::move(p));
   }
   output_ = packed_.pack(weights_.output, &pool_);

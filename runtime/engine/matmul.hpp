@@ -57,9 +57,9 @@ class activations {
   std::size_t xf_stride_ = 0;
   std::vector<float> xf_store_;
   std::vector<model::block_q8_0> xq_;  // q8_0, generic kernel layout
-  std::vector<std::uint8_t> xu_;       // q8_0, AVX-512 kernel layout (q, padded), when it runs
-  std::vector<float> xd_;              // q8_0, AVX-512 kernel scales
-  std::vector<std::int32_t> xc_;       // q8_0, AVX-512 kernel: −128 · Σ per 4 activations
+  std::vector<std::uint8_t> xu_;       // q8_0 for q4_0 weights, AVX-512 kernel layout (q, padded)
+  std::vector<float> xd_;              // q8_0 for q4_0 weights, AVX-512 kernel scales
+  std::vector<std::int32_t> xc_;       // q8_0 for q4_0 weights, AVX-512 kernel: −128 · Σ per 4
   std::vector<float> xs_;              // q8_0: each block's scale as a float (xq_stride per token)
   std::vector<std::int32_t> xseed_;    // q8_0: each block's −128 · Σ q (xq_stride per token)
   std::vector<model::block_q8_K> xk_;  // q8_K: k / 256 blocks per token

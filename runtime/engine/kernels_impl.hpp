@@ -676,6 +676,21 @@ inline std::int32_t load4(const std::int8_t* p) noexcept {
   return v;
 }
 
+// A tile's tokens: token t0 + c's q8_0 blocks, their scales and seeds.
+template <int C>
+struct token_rows {
+  const block_q8_0* x[C];
+  const float* xs[C];
+  const std::int32_t* seed[C];
+  token_rows(const kernel_acts& a, std::size_t t0) noexcept {
+    for (int c = 0; c < C; ++c) {
+      x[c] = a.xq + (t0 + c) * a.xq_stride;
+      xs[c] = a.xs + (t0 + c) * a.xq_stride;
+      seed[c] = a.xseed + (t0 + c) * a.xq_stride;
+    }
+  }
+};
+
 #if defined(EXA_K_AVX512)
 
 // G groups of 16 rows × C tokens. `grp[g]` is group g's first block; `valid`
@@ -683,21 +698,14 @@ inline std::int32_t load4(const std::int8_t* p) noexcept {
 template <int G, int C>
 void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, const kernel_acts& a,
           std::size_t t0, float* y, std::size_t ys, std::size_t r0, const std::byte* next = nullptr) noexcept {
-  const block_q8_0* x[C];
-  const float* xs[C];
-  const std::int32_t* seed[C];
-  for (int c = 0; c < C; ++c) {
-    x[c] = a.xq + (t0 + c) * a.xq_stride;
-    xs[c] = a.xs + (t0 + c) * a.xq_stride;
-    seed[c] = a.xseed + (t0 + c) * a.xq_stride;
-  }
+  const token_rows<C> tok(a, t0);
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
   for (std::size_t b = 0; b < nb; ++b) {
     __m512i is[G][C];
     for (int c = 0; c < C; ++c) {
-      const __m512i sd = _mm512_set1_epi32(seed[c][b]);
+      const __m512i sd = _mm512_set1_epi32(tok.seed[c][b]);
       for (int g = 0; g < G; ++g) is[g][c] = sd;
     }
     if constexpr (C == 1) prefetch_block(grp[0] + b * q8p_block_bytes, decode_prefetch_blocks);
@@ -709,7 +717,7 @@ void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, co
       __m512i wv[G];
       for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(grp[g] + b * q8p_block_bytes + 64 * j);
       for (int c = 0; c < C; ++c) {
-        const __m512i xb = _mm512_set1_epi32(load4(x[c][b].qs + 4 * j));
+        const __m512i xb = _mm512_set1_epi32(load4(tok.x[c][b].qs + 4 * j));
         for (int g = 0; g < G; ++g) is[g][c] = _mm512_dpbusd_epi32(is[g][c], wv[g], xb);
       }
     }
@@ -717,7 +725,7 @@ void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, co
       const __m512 dw = _mm512_cvtph_ps(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp[g] + b * q8p_block_bytes + q8p_quant_bytes)));
       for (int c = 0; c < C; ++c)
-        acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[g][c]), _mm512_mul_ps(dw, _mm512_set1_ps(xs[c][b])),
+        acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[g][c]), _mm512_mul_ps(dw, _mm512_set1_ps(tok.xs[c][b])),
                                     acc[g][c]);
     }
   }
@@ -737,14 +745,7 @@ constexpr int decode_groups = 1;
 template <int H, int C>
 void tile(const std::byte* grp, int h0, const unsigned* valid, std::size_t nb, const kernel_acts& a,
           std::size_t t0, float* y, std::size_t ys, std::size_t r0) noexcept {
-  const block_q8_0* x[C];
-  const float* xs[C];
-  [[maybe_unused]] const std::int32_t* seed[C];
-  for (int c = 0; c < C; ++c) {
-    x[c] = a.xq + (t0 + c) * a.xq_stride;
-    xs[c] = a.xs + (t0 + c) * a.xq_stride;
-    seed[c] = a.xseed + (t0 + c) * a.xq_stride;
-  }
+  const token_rows<C> tok(a, t0);
   __m256 acc[H][C];
   for (int h = 0; h < H; ++h)
     for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
@@ -754,7 +755,7 @@ void tile(const std::byte* grp, int h0, const unsigned* valid, std::size_t nb, c
     __m256i is[H][C];
     for (int c = 0; c < C; ++c) {
 #if defined(EXA_K_AVXVNNI)
-      const __m256i sd = _mm256_set1_epi32(seed[c][b]);
+      const __m256i sd = _mm256_set1_epi32(tok.seed[c][b]);
 #else
       const __m256i sd = _mm256_setzero_si256();
 #endif
@@ -773,7 +774,7 @@ void tile(const std::byte* grp, int h0, const unsigned* valid, std::size_t nb, c
 #endif
       }
       for (int c = 0; c < C; ++c) {
-        const __m256i xb = _mm256_set1_epi32(load4(x[c][b].qs + 4 * j));
+        const __m256i xb = _mm256_set1_epi32(load4(tok.x[c][b].qs + 4 * j));
         for (int h = 0; h < H; ++h) {
 #if defined(EXA_K_AVXVNNI)
           is[h][c] = _mm256_dpbusd_avx_epi32(is[h][c], u[h], xb);
@@ -788,7 +789,7 @@ void tile(const std::byte* grp, int h0, const unsigned* valid, std::size_t nb, c
       const __m256 dw = _mm256_cvtph_ps(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + q8p_quant_bytes + 16 * (h0 + h))));
       for (int c = 0; c < C; ++c)
-        acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[h][c]), _mm256_mul_ps(dw, _mm256_set1_ps(xs[c][b])),
+        acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[h][c]), _mm256_mul_ps(dw, _mm256_set1_ps(tok.xs[c][b])),
                                     acc[h][c]);
     }
   }

@@ -186,6 +186,23 @@ inline float vhsum(v16 a) noexcept {
 #endif
 }
 
+// fn.template operator()<K>(i) for i = 0, Max, 2·Max, ... over whole chunks
+// of n (K = Max), then once for the rest (K = n % Max): a tile's token or
+// head count as a compile-time constant.
+template <int K, class Fn>
+void chunk_rest(std::size_t rest, std::size_t i, Fn& fn) {
+  if constexpr (K > 0) {
+    if (rest == K) fn.template operator()<K>(i);
+    else chunk_rest<K - 1>(rest, i, fn);
+  }
+}
+template <int Max, class Fn>
+void in_chunks(std::size_t n, Fn&& fn) {
+  std::size_t i = 0;
+  for (; i + Max <= n; i += Max) fn.template operator()<Max>(i);
+  chunk_rest<Max - 1>(n - i, i, fn);
+}
+
 // ================================================================ float weights
 
 struct f32_row {
@@ -841,18 +858,7 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
     }
   };
 #endif
-  std::size_t t = 0;
-  for (; t + max_tokens <= n_tokens; t += max_tokens) run.template operator()<max_tokens>(t);
-  switch (n_tokens - t) {
-    case 1: run.template operator()<1>(t); break;
-    case 2: run.template operator()<2>(t); break;
-    case 3: run.template operator()<3>(t); break;
-#if defined(EXA_K_AVX512)
-    case 4: run.template operator()<4>(t); break;
-    case 5: run.template operator()<5>(t); break;
-#endif
-    default: break;
-  }
+  in_chunks<max_tokens>(n_tokens, run);
 }
 
 // Packed rows [rb, re): the weight's own copy when it has one and rb starts a
@@ -1389,15 +1395,9 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       }
     }
 #endif
-    std::size_t t = 0;
-    for (; t + max_tile_tokens <= n_tokens; t += max_tile_tokens)
-      run_token_tile<max_tile_tokens>(w.type, span, p, rb, re, t, y, y_stride);
-    switch (n_tokens - t) {
-      case 1: run_token_tile<1>(w.type, span, p, rb, re, t, y, y_stride); break;
-      case 2: run_token_tile<2>(w.type, span, p, rb, re, t, y, y_stride); break;
-      case 3: run_token_tile<3>(w.type, span, p, rb, re, t, y, y_stride); break;
-      default: break;
-    }
+    in_chunks<max_tile_tokens>(n_tokens, [&]<int C>(std::size_t t) {
+      run_token_tile<C>(w.type, span, p, rb, re, t, y, y_stride);
+    });
   }
 }
 
@@ -1599,9 +1599,9 @@ inline void axpy_f16(float w, const std::uint16_t* v, float* out, std::size_t n)
 // 16 elements of k converted once for H heads; per (head, row) the same
 // operations as dot_f16.
 #if defined(EXA_K_AVX512)
-constexpr std::size_t attn_heads = 8;  // accumulators: one register each
+constexpr int attn_heads = 8;  // accumulators: one register each
 #else
-constexpr std::size_t attn_heads = 4;  // AVX2: two registers each, of 16
+constexpr int attn_heads = 4;  // AVX2: two registers each, of 16
 #endif
 
 #if defined(EXA_K_AVX512)
@@ -1698,36 +1698,16 @@ void axpy_f16_heads(const float* w, std::size_t w_stride, const std::uint16_t* v
         out[h * out_stride + e] = fma1(w[h * w_stride + i], h2f(v[i * stride + e]), out[h * out_stride + e]);
 }
 
-// Runs fn.template operator()<H>(first head) over `heads` in groups of at
-// most attn_heads, H a compile-time count.
-template <class Fn>
-void by_heads(std::size_t heads, Fn&& fn) {
-  std::size_t h = 0;
-  for (; h + attn_heads <= heads; h += attn_heads) fn.template operator()<attn_heads>(h);
-  switch (heads - h) {
-    case 1: fn.template operator()<1>(h); break;
-    case 2: fn.template operator()<2>(h); break;
-    case 3: fn.template operator()<3>(h); break;
-#if defined(EXA_K_AVX512)
-    case 4: fn.template operator()<4>(h); break;
-    case 5: fn.template operator()<5>(h); break;
-    case 6: fn.template operator()<6>(h); break;
-    case 7: fn.template operator()<7>(h); break;
-#endif
-    default: break;
-  }
-}
-
 inline void dot_f16_rows(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
                          std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
-  by_heads(heads, [&]<std::size_t H>(std::size_t h) {
+  in_chunks<attn_heads>(heads, [&]<int H>(std::size_t h) {
     dot_f16_heads<H>(q + h * q_stride, q_stride, k, stride, rows, n, out + h * out_stride, out_stride);
   });
 }
 
 inline void axpy_f16_rows(const float* w, std::size_t w_stride, std::size_t heads, const std::uint16_t* v,
                           std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
-  by_heads(heads, [&]<std::size_t H>(std::size_t h) {
+  in_chunks<attn_heads>(heads, [&]<int H>(std::size_t h) {
     axpy_f16_heads<H>(w + h * w_stride, w_stride, v, stride, rows, n, out + h * out_stride, out_stride);
   });
 }

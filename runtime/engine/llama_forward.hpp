@@ -119,7 +119,7 @@ class llama_forward final : public forward_executor {
   rope_params rope_;                 // points into rope_factors_
 
   // Activations, [tokens][width], reused across runs.
-  std::vector<float> x_, xn_, q_, k_, v_, att_, proj_, gate_, up_;
+  aligned_vector<float> x_, xn_, q_, k_, v_, att_, proj_, gate_, up_;
   activations xn_acts_;     // xn_ converted once for several weights
   activations other_acts_;  // for a weight whose type needs another conversion
   // y = xn · Wᵀ, reusing xn_acts_ when it already serves w.

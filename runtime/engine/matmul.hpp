@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/aligned_vector.hpp"
 #include "model/kquants.hpp"
 #include "model/legacy_quants.hpp"
 #include "model/llama_weights.hpp"
@@ -55,7 +56,7 @@ class activations {
   std::size_t k_ = 0;
   const float* xf_ = nullptr;  // f32 and rounded formats
   std::size_t xf_stride_ = 0;
-  std::vector<float> xf_store_;
+  aligned_vector<float> xf_store_;
   std::vector<model::block_q8_0> xq_;  // q8_0, generic kernel layout
   std::vector<std::uint8_t> xu_;       // q8_0 for q4_0 weights, AVX-512 kernel layout (q, padded)
   std::vector<float> xd_;              // q8_0 for q4_0 weights, AVX-512 kernel scales

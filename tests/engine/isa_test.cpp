@@ -148,7 +148,9 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
                           shape{model::tensor_type::q6_K, 256});
   CAPTURE(model::to_string(s.type), s.cols);
   const weight_buffer w(s.type, 53, s.cols, 7 + s.cols);
-  for (const std::size_t n : {1, 2, 3, 4, 5, 9}) {
+  // Token counts reach every tile width and remainder (AVX-512 float tiles
+  // take up to 6 tokens, the others 4).
+  for (const std::size_t n : {1, 2, 3, 4, 5, 6, 7, 9, 11, 13}) {
     const auto x = random_floats(n * s.cols, 100 + n, 3.0f);
     const auto reference = multiply(isa::scalar, w.view, x, n);
     for (const isa v : variants) {

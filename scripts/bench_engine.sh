@@ -8,7 +8,9 @@ bin=build/bin/exaserve
 cache="${EXASERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve}/models"
 mkdir -p "$cache"
 for type in f32 q8_0; do
-  model="$cache/small-$type-seed1.gguf"
+  # -a64: written since gen-model aligns tensors to 64 bytes; an older cached
+  # file (32) would run the f32 tiles on straddling loads.
+  model="$cache/small-$type-seed1-a64.gguf"
   [ -f "$model" ] || "$bin" gen-model --preset small --type "$type" --out "$model"
   for threads in 1 2; do
     echo "== small $type, $threads thread(s)"

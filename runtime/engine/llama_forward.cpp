@@ -19,10 +19,6 @@ std::vector<float> dequantize_vector(const model::weight_view& w) {
   return out;
 }
 
-void round_to_f16(float* x, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) x[i] = model::f16_to_float(model::float_to_f16(x[i]));
-}
-
 std::vector<float> dequantize_optional(const std::optional<model::weight_view>& w) {
   return w ? dequantize_vector(*w) : std::vector<float>{};
 }
@@ -116,11 +112,8 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
   const std::size_t head0 = kv_head * group;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   s.q.resize(group * hd);
-  for (std::size_t h = 0; h < group; ++h) {
-    float* q = s.q.data() + h * hd;
-    for (std::size_t i = 0; i < hd; ++i) q[i] = q_[t * q_dim_ + (head0 + h) * hd + i];
-    round_to_f16(q, hd);
-  }
+  // The group's heads are adjacent: round them to f16 in one call.
+  kernels_->round_f16(q_.data() + t * q_dim_ + head0 * hd, s.q.data(), group * hd);
 
   const std::size_t n = std::size_t{tok.pos} + 1;
   s.scores.resize(group * n);
@@ -162,8 +155,10 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
     add_bias(q_.data() + t * q_dim, bq_[layer]);
     add_bias(k_.data() + t * kv_dim, bk_[layer]);
     add_bias(v_.data() + t * kv_dim, bv_[layer]);
-    rope(q_.data() + t * q_dim, n_heads_, hd, tok.pos, rope_);
-    rope(k_.data() + t * kv_dim, n_kv_heads_, hd, tok.pos, rope_);
+    const float* cos_t = rope_cs_.data() + t * rope_.rope_dim;
+    const float* sin_t = cos_t + rope_.rope_dim / 2;
+    rope_rotate(q_.data() + t * q_dim, n_heads_, hd, cos_t, sin_t, rope_);
+    rope_rotate(k_.data() + t * kv_dim, n_kv_heads_, hd, cos_t, sin_t, rope_);
     const std::vector<block_id>& table = *batch.tables[tok.seq_index];
     std::uint16_t* kd = cache_.k(table, layer, tok.pos);
     std::uint16_t* vd = cache_.v(table, layer, tok.pos);
@@ -239,6 +234,13 @@ expected<void> llama_forward::execute(const forward_batch& batch, std::vector<fl
     EXA_ASSERT(batch.tokens[t].seq_index < batch.tables.size());
     dequantize_row(weights_.token_embd, static_cast<std::size_t>(token), x_.data() + t * dim);
   }
+
+  // Each token's RoPE angles, once for all the layers.
+  rope_cs_.resize(n_tok * rope_.rope_dim);
+  for_tokens(n_tok, [&](std::size_t t) {
+    float* cos_t = rope_cs_.data() + t * rope_.rope_dim;
+    rope_table(batch.tokens[t].pos, rope_, cos_t, cos_t + rope_.rope_dim / 2);
+  });
 
   for (std::uint32_t l = 0; l < config_.n_layers; ++l) {
     for_tokens(n_tok, [&](std::size_t t) {

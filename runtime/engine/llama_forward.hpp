@@ -120,6 +120,7 @@ class llama_forward final : public forward_executor {
 
   // Activations, [tokens][width], reused across runs.
   aligned_vector<float> x_, xn_, q_, k_, v_, att_, proj_, gate_, up_;
+  aligned_vector<float> rope_cs_;  // per token: rope_dim / 2 cosines, then as many sines
   activations xn_acts_;     // xn_ converted once for several weights
   activations other_acts_;  // for a weight whose type needs another conversion
   // y = xn · Wᵀ, reusing xn_acts_ when it already serves w.

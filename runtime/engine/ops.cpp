@@ -16,15 +16,10 @@ void rms_norm(const float* x, const float* w, std::size_t n, float eps, float* o
   for (std::size_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
 }
 
-void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos,
-          const rope_params& p) noexcept {
+void rope_table(std::uint32_t pos, const rope_params& p, float* cos_t, float* sin_t) noexcept {
   // Our own pow, sin, cos and exp (det_math.hpp): libm's differ by CPU.
   const auto theta_scale = static_cast<float>(
       det::pow(static_cast<double>(p.freq_base), static_cast<double>(-2.0f / static_cast<float>(p.rope_dim))));
-  // The angles are the same for every head: compute them once.
-  float cos_t[512], sin_t[512];
-  EXA_ASSERT_MSG(p.rope_dim / 2 <= 512, "rope_dim above 1024 (config validation bounds it)");
-  EXA_ASSERT(p.rope_dim <= head_dim);
   const std::size_t pairs = p.rope_dim / 2;
   float theta = static_cast<float>(pos);
   for (std::size_t i = 0; i < pairs; ++i) {
@@ -38,6 +33,12 @@ void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos
     sin_t[i] = static_cast<float>(s);
     theta *= theta_scale;
   }
+}
+
+void rope_rotate(float* x, std::size_t n_heads, std::size_t head_dim, const float* cos_t, const float* sin_t,
+                 const rope_params& p) noexcept {
+  EXA_ASSERT(p.rope_dim <= head_dim);
+  const std::size_t pairs = p.rope_dim / 2;
   // Element strides of a pair's two members, and between successive pairs.
   const std::size_t partner = p.halves ? pairs : 1;
   const std::size_t step = p.halves ? 1 : 2;
@@ -50,6 +51,15 @@ void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos
       a[partner] = x0 * sin_t[i] + x1 * cos_t[i];
     }
   }
+}
+
+void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos,
+          const rope_params& p) noexcept {
+  // The angles are the same for every head: compute them once.
+  float cos_t[512], sin_t[512];
+  EXA_ASSERT_MSG(p.rope_dim / 2 <= 512, "rope_dim above 1024 (config validation bounds it)");
+  rope_table(pos, p, cos_t, sin_t);
+  rope_rotate(x, n_heads, head_dim, cos_t, sin_t, p);
 }
 
 void silu_mul(float* g, const float* u, std::size_t n) noexcept {

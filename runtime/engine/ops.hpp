@@ -32,6 +32,11 @@ struct rope_params {
 /// multiplication, in float).
 void rope(float* x, std::size_t n_heads, std::size_t head_dim, std::uint32_t pos,
           const rope_params& p) noexcept;
+/// rope() in two parts, so that one position's angles serve every layer:
+/// the rope_dim / 2 cosines and sines for `pos`, then the rotation by them.
+void rope_table(std::uint32_t pos, const rope_params& p, float* cos_t, float* sin_t) noexcept;
+void rope_rotate(float* x, std::size_t n_heads, std::size_t head_dim, const float* cos_t, const float* sin_t,
+                 const rope_params& p) noexcept;
 
 /// g[i] = silu(g[i]) * u[i], silu(v) = v / (1 + exp(-v)).
 void silu_mul(float* g, const float* u, std::size_t n) noexcept;

@@ -19,6 +19,13 @@
 #include "model/half.hpp"
 #include "model/quantize.hpp"
 
+// GCC 12's AVX2 gather intrinsics pass _mm256_undefined_pd() as the unused
+// merge operand, and -Wmaybe-uninitialized then fires inside them wherever
+// they are inlined (a known GCC false positive): silenced in this file only.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define EXA_K_NS kernels_avx2

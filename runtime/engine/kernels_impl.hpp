@@ -86,13 +86,13 @@ inline v16 vload_f16(const std::uint16_t* p) noexcept {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
 }
-inline v16 vload_bf16(const std::uint16_t* p) noexcept {
-  const auto half = [](const std::uint16_t* q) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-  };
-  return {half(p), half(p + 8)};
+// A function, not a lambda: GCC 12 does not give a lambda's body the file's
+// `#pragma GCC target`, and warned of the AVX return ABI there.
+inline __m256 load_bf16_8(const std::uint16_t* q) noexcept {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+inline v16 vload_bf16(const std::uint16_t* p) noexcept { return {load_bf16_8(p), load_bf16_8(p + 8)}; }
 inline void pin(v16& a) noexcept { asm("" : "+x"(a.lo), "+x"(a.hi)); }
 
 #else  // scalar

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/aligned_vector.hpp"
 #include "engine/block_pool.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/kv_pages.hpp"

@@ -134,13 +134,16 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
   REQUIRE(variants.front() == isa::scalar);
   if (variants.size() < 2) WARN("only the scalar variant runs on this CPU: nothing to compare");
   // Widths with tails: 100 floats (16-lane tail of 4), 160 (an odd count of
-  // 32-element blocks: the two-block step has a missing half), 512 (K-quants).
+  // 32-element blocks: the two-block step has a missing half), 512 (K-quants);
+  // f16 at 1030, rows wide enough for two row blocks (the next block's
+  // prefetch shared among the token tiles).
   struct shape {
     model::tensor_type type;
     std::size_t cols;
   };
   const auto s = GENERATE(shape{model::tensor_type::f32, 100}, shape{model::tensor_type::f16, 100},
                           shape{model::tensor_type::bf16, 100}, shape{model::tensor_type::f16, 64},
+                          shape{model::tensor_type::f16, 1030},
                           shape{model::tensor_type::q8_0, 160}, shape{model::tensor_type::q8_0, 128},
                           shape{model::tensor_type::q4_0, 160}, shape{model::tensor_type::q4_1, 160},
                           shape{model::tensor_type::q5_0, 96}, shape{model::tensor_type::q5_1, 96},

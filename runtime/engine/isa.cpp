@@ -7,6 +7,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace exa::engine {
 
@@ -16,9 +20,31 @@ std::string_view to_string(isa i) noexcept {
     case isa::avx2: return "avx2";
     case isa::avxvnni: return "avxvnni";
     case isa::avx512: return "avx512";
+    case isa::amx: return "amx";
   }
   return "unknown";
 }
+
+namespace {
+
+// Linux hands out the AMX tile data state only on request (5.16 and later:
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); without it the
+// first tile instruction faults. Asked once per process; a kernel without the
+// call refuses it, and AMX stays off.
+bool request_amx_permission() noexcept {
+#if defined(__linux__) && defined(__x86_64__)
+  static const bool granted = [] {
+    constexpr long arch_req_xcomp_perm = 0x1023;
+    constexpr long xfeature_xtiledata = 18;
+    return ::syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
 
 cpu_caps detect_cpu() noexcept {
   cpu_caps c;
@@ -35,6 +61,7 @@ cpu_caps detect_cpu() noexcept {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     c.os_avx = (lo & 0x6) == 0x6;           // SSE and YMM state
     c.os_avx512 = c.os_avx && (lo & 0xe0) == 0xe0;  // opmask, ZMM_Hi256, Hi16_ZMM
+    c.os_amx = (lo & 0x60000) == 0x60000;   // XTILECFG and XTILEDATA
   }
   __cpuid_count(7, 0, a, b, cx, d);
   c.avx2 = (b >> 5) & 1;
@@ -42,6 +69,9 @@ cpu_caps detect_cpu() noexcept {
   c.avx512bw = (b >> 30) & 1;
   c.avx512vl = (b >> 31) & 1;
   c.avx512vnni = (cx >> 11) & 1;
+  c.amx_tile = (d >> 24) & 1;
+  c.amx_int8 = (d >> 25) & 1;
+  if (c.os_amx && c.amx_tile && c.amx_int8) c.os_amx = request_amx_permission();
   __cpuid_count(7, 1, a, b, cx, d);
   c.avxvnni = (a >> 4) & 1;
   c.avx512bf16 = (a >> 5) & 1;
@@ -65,6 +95,10 @@ const char* missing(const cpu_caps& c, isa i) noexcept {
   if (!c.avx512bw) return "avx512bw";
   if (!c.avx512vl) return "avx512vl";
   if (!c.avx512vnni) return "avx512_vnni";
+  if (i == isa::avx512) return nullptr;
+  if (!c.amx_tile) return "amx_tile";
+  if (!c.amx_int8) return "amx_int8";
+  if (!c.os_amx) return "OS support for AMX tile state (XCR0, and Linux's permission)";
   return nullptr;
 }
 
@@ -75,6 +109,7 @@ std::atomic<int> g_active{-1};
 bool supports(const cpu_caps& caps, isa i) noexcept { return missing(caps, i) == nullptr; }
 
 isa best_isa(const cpu_caps& caps) noexcept {
+  if (supports(caps, isa::amx)) return isa::amx;
   if (supports(caps, isa::avx512)) return isa::avx512;
   if (supports(caps, isa::avxvnni)) return isa::avxvnni;
   if (supports(caps, isa::avx2)) return isa::avx2;
@@ -83,7 +118,7 @@ isa best_isa(const cpu_caps& caps) noexcept {
 
 expected<isa> choose_isa(const cpu_caps& caps, std::string_view requested) {
   if (requested.empty() || requested == "auto") return best_isa(caps);
-  for (const isa i : {isa::scalar, isa::avx2, isa::avxvnni, isa::avx512}) {
+  for (const isa i : {isa::scalar, isa::avx2, isa::avxvnni, isa::avx512, isa::amx}) {
     if (requested != to_string(i)) continue;
     if (const char* m = missing(caps, i))
       return make_error(errc::unavailable, "engine ISA '" + std::string(requested) +
@@ -91,7 +126,7 @@ expected<isa> choose_isa(const cpu_caps& caps, std::string_view requested) {
     return i;
   }
   return make_error(errc::invalid_argument, "unknown engine ISA '" + std::string(requested) +
-                                                "': use auto, scalar, avx2, avxvnni or avx512");
+                                                "': use auto, scalar, avx2, avxvnni, avx512 or amx");
 }
 
 std::string describe(const cpu_caps& c) {
@@ -110,6 +145,8 @@ std::string describe(const cpu_caps& c) {
   add(c.avx512vl, "avx512vl");
   add(c.avx512vnni, "avx512_vnni");
   add(c.avx512bf16, "avx512_bf16");
+  add(c.amx_tile, "amx_tile");
+  add(c.amx_int8, "amx_int8");
   return out.empty() ? "baseline x86-64" : out;
 }
 

@@ -20,6 +20,7 @@ enum class isa : std::uint8_t {
   avx2,    // AVX2 + FMA + F16C: each 16-lane vector is two 256-bit registers
   avxvnni, // AVX2 + AVX-VNNI (vpdpbusd on 256 bits, without AVX-512: Alder Lake and later)
   avx512,  // AVX-512 F/BW/VL + VNNI: one 512-bit register, vpdpbusd for int8
+  amx,     // avx512 + AMX-INT8 tiles for q8_0 matrices against 16 tokens and more
 };
 
 std::string_view to_string(isa i) noexcept;
@@ -31,6 +32,8 @@ struct cpu_caps {
   bool avxvnni = false;
   bool os_avx = false;     // XCR0 has SSE and AVX state
   bool os_avx512 = false;  // XCR0 has opmask and ZMM state
+  bool amx_tile = false, amx_int8 = false;
+  bool os_amx = false;  // XCR0 has tile state and (Linux) the process may use it
 };
 
 /// Reads CPUID and XGETBV (all false off x86-64).

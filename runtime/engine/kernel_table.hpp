@@ -88,6 +88,7 @@ inline const kernel_table& active_kernels() noexcept { return kernels_for(active
 
 namespace kernels_scalar { extern const kernel_table table; }
 namespace kernels_avx2 { extern const kernel_table table; }
+namespace kernels_amx { const kernel_table& table() noexcept; }
 namespace kernels_avxvnni { extern const kernel_table table; }
 namespace kernels_avx512 { extern const kernel_table table; }
 

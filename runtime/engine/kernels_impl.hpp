@@ -897,15 +897,7 @@ inline void rows(const model::weight_view& w, const kernel_acts& a, std::size_t 
   const std::size_t gbytes = q8p_group_bytes(w.cols);
   const std::size_t n_rows = re - rb;
   const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
-  const std::byte* base;
-  if (w.packed != nullptr && rb % q8p_group_rows == 0) {
-    base = w.packed + rb / q8p_group_rows * gbytes;
-  } else {
-    static thread_local std::vector<std::byte> scratch;
-    scratch.resize(n_groups * gbytes);
-    q8p_pack_rows(w, rb, re, scratch.data());
-    base = scratch.data();
-  }
+  const std::byte* const base = q8p_rows(w, rb, re);
   std::size_t g = 0;
 #if defined(EXA_K_AVX512)
   if (n_tokens > 1)
@@ -1347,7 +1339,7 @@ void run_float(tensor_type type, row_span w, const kernel_acts& p, std::size_t r
   constexpr int R = float_rows(C);
   const auto tile = [&]<int RR>(std::size_t r) {
     // Without a slice, one token streams every weight once: a tile asks for
-    // the rows after it (next_tile_prefetch).
+    // the rows after it (line_prefetch).
     const std::size_t a = slice.bytes * (r - rb) / (re - rb), b = slice.bytes * (r + RR - rb) / (re - rb);
     const std::byte* pf = slice.begin ? slice.begin + a : C == 1 ? w.row(r + RR) : nullptr;
     const std::size_t pf_bytes = slice.begin ? b - a : RR * w.pitch;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "common/assert.hpp"
 #include "engine/thread_pool.hpp"
@@ -41,6 +42,15 @@ void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size
       std::memcpy(q + q8p_quant_bytes, scales, sizeof scales);
     }
   }
+}
+
+const std::byte* q8p_rows(const model::weight_view& w, std::size_t row_begin, std::size_t row_end) {
+  if (w.packed != nullptr && row_begin % q8p_group_rows == 0)
+    return w.packed + row_begin / q8p_group_rows * q8p_group_bytes(w.cols);
+  static thread_local std::vector<std::byte> scratch;
+  scratch.resize((row_end - row_begin + q8p_group_rows - 1) / q8p_group_rows * q8p_group_bytes(w.cols));
+  q8p_pack_rows(w, row_begin, row_end, scratch.data());
+  return scratch.data();
 }
 
 void q8p_store::aligned_free::operator()(std::byte* p) const noexcept { ::operator delete[](p, pack_alignment); }

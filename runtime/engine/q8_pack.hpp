@@ -33,6 +33,11 @@ constexpr std::size_t q8p_group_bytes(std::size_t cols) noexcept { return cols /
 void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size_t row_end,
                    std::byte* out) noexcept;
 
+/// Rows [row_begin, row_end) of q8_0 weight `w` as packed groups: its own
+/// copy when it has one and row_begin starts a group, else packed into this
+/// thread's scratch (valid until the thread's next call).
+const std::byte* q8p_rows(const model::weight_view& w, std::size_t row_begin, std::size_t row_end);
+
 class thread_pool;
 
 /// Owns packed copies. pack() returns `w` with `packed` pointing at its

@@ -89,7 +89,8 @@ engine::generation_request request(std::uint64_t id, std::vector<std::int32_t> p
 std::vector<engine::isa> runnable_isas() {
   const auto caps = engine::detect_cpu();
   std::vector<engine::isa> out;
-  for (const auto v : {engine::isa::scalar, engine::isa::avx2, engine::isa::avxvnni, engine::isa::avx512})
+  for (const auto v : {engine::isa::scalar, engine::isa::avx2, engine::isa::avxvnni, engine::isa::avx512,
+                       engine::isa::amx})
     if (engine::supports(caps, v)) out.push_back(v);
   return out;
 }

@@ -70,7 +70,8 @@ engine::cpu_caps all_features() {
   engine::cpu_caps c;
   c.avx2 = c.fma = c.f16c = true;
   c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = c.avxvnni = true;
-  c.os_avx = c.os_avx512 = true;
+  c.amx_tile = c.amx_int8 = true;
+  c.os_avx = c.os_avx512 = c.os_amx = true;
   return c;
 }
 
@@ -78,12 +79,25 @@ engine::cpu_caps all_features() {
 
 TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][isa]") {
   engine::cpu_caps c = all_features();
-  CHECK(engine::best_isa(c) == isa::avx512);
-  CHECK(engine::choose_isa(c, "") == isa::avx512);
-  CHECK(engine::choose_isa(c, "auto") == isa::avx512);
+  CHECK(engine::best_isa(c) == isa::amx);
+  CHECK(engine::choose_isa(c, "") == isa::amx);
+  CHECK(engine::choose_isa(c, "auto") == isa::amx);
+  CHECK(engine::choose_isa(c, "avx512") == isa::avx512);
   CHECK(engine::choose_isa(c, "avx2") == isa::avx2);
   CHECK(engine::choose_isa(c, "scalar") == isa::scalar);
 
+  SECTION("AMX needs its tile state saved by the OS (and Linux's permission): else AVX-512") {
+    c.os_amx = false;
+    CHECK(engine::best_isa(c) == isa::avx512);
+    const auto refused = engine::choose_isa(c, "amx");
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == errc::unavailable);
+    CHECK_THAT(refused.error().message, Catch::Contains("AMX tile state"));
+  }
+  SECTION("AVX-512 with AMX-TILE but no AMX-INT8 (AMX-BF16 only) is run as AVX-512") {
+    c.amx_int8 = false;
+    CHECK(engine::best_isa(c) == isa::avx512);
+  }
   SECTION("an AVX2-only CPU (no AVX-512, no AVX-VNNI) runs the AVX2 variant") {
     c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = false;
     c.avxvnni = false;
@@ -95,6 +109,7 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
   }
   SECTION("AVX-512 without VNNI (Skylake-SP) is run as AVX2") {
     c.avx512vnni = false;
+    c.amx_tile = c.amx_int8 = false;
     c.avxvnni = false;
     CHECK(engine::best_isa(c) == isa::avx2);
   }
@@ -104,7 +119,7 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
     c.avxvnni = false;
     CHECK_FALSE(engine::choose_isa(c, "avxvnni"));
   }
-  SECTION("an OS that does not save ZMM state rules AVX-512 out") {
+  SECTION("an OS that does not save ZMM state rules AVX-512 (and AMX) out") {
     c.os_avx512 = false;
     CHECK(engine::best_isa(c) == isa::avxvnni);
   }
@@ -119,7 +134,7 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
     const auto bad = engine::choose_isa(c, "neon");
     REQUIRE_FALSE(bad);
     CHECK(bad.error().code == errc::invalid_argument);
-    CHECK_THAT(bad.error().message, Catch::Contains("scalar, avx2, avxvnni or avx512"));
+    CHECK_THAT(bad.error().message, Catch::Contains("scalar, avx2, avxvnni, avx512 or amx"));
   }
   SECTION("this machine: detection agrees with what the kernels need") {
     const auto here = engine::detect_cpu();
@@ -152,8 +167,8 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
   CAPTURE(model::to_string(s.type), s.cols);
   const weight_buffer w(s.type, 53, s.cols, 7 + s.cols);
   // Token counts reach every tile width and remainder (AVX-512 float tiles
-  // take up to 6 tokens, the others 4).
-  for (const std::size_t n : {1, 2, 3, 4, 5, 6, 7, 9, 11, 13}) {
+  // take up to 6 tokens, the others 4; AMX tiles 16, the rest as AVX-512).
+  for (const std::size_t n : {1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 16, 35}) {
     const auto x = random_floats(n * s.cols, 100 + n, 3.0f);
     const auto reference = multiply(isa::scalar, w.view, x, n);
     for (const isa v : variants) {

@@ -20,7 +20,7 @@ enum class isa : std::uint8_t {
   avx2,    // AVX2 + FMA + F16C: each 16-lane vector is two 256-bit registers
   avxvnni, // AVX2 + AVX-VNNI (vpdpbusd on 256 bits, without AVX-512: Alder Lake and later)
   avx512,  // AVX-512 F/BW/VL + VNNI: one 512-bit register, vpdpbusd for int8
-  amx,     // avx512 + AMX-INT8 tiles for q8_0 matrices against 16 tokens and more
+  amx,     // avx512 + AMX-INT8 tiles for q8_0 matrices against 16 tokens and more (only when asked: best_isa)
 };
 
 std::string_view to_string(isa i) noexcept;

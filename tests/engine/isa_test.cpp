@@ -79,14 +79,14 @@ engine::cpu_caps all_features() {
 
 TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][isa]") {
   engine::cpu_caps c = all_features();
-  CHECK(engine::best_isa(c) == isa::amx);
-  CHECK(engine::choose_isa(c, "") == isa::amx);
-  CHECK(engine::choose_isa(c, "auto") == isa::amx);
-  CHECK(engine::choose_isa(c, "avx512") == isa::avx512);
+  CHECK(engine::best_isa(c) == isa::avx512);  // AMX only when asked for
+  CHECK(engine::choose_isa(c, "") == isa::avx512);
+  CHECK(engine::choose_isa(c, "auto") == isa::avx512);
+  CHECK(engine::choose_isa(c, "amx") == isa::amx);
   CHECK(engine::choose_isa(c, "avx2") == isa::avx2);
   CHECK(engine::choose_isa(c, "scalar") == isa::scalar);
 
-  SECTION("AMX needs its tile state saved by the OS (and Linux's permission): else AVX-512") {
+  SECTION("AMX needs its tile state saved by the OS (and Linux's permission)") {
     c.os_amx = false;
     CHECK(engine::best_isa(c) == isa::avx512);
     const auto refused = engine::choose_isa(c, "amx");
@@ -94,9 +94,11 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
     CHECK(refused.error().code == errc::unavailable);
     CHECK_THAT(refused.error().message, Catch::Contains("AMX tile state"));
   }
-  SECTION("AVX-512 with AMX-TILE but no AMX-INT8 (AMX-BF16 only) is run as AVX-512") {
+  SECTION("AMX-TILE without AMX-INT8 (AMX-BF16 only) cannot run the amx variant") {
     c.amx_int8 = false;
-    CHECK(engine::best_isa(c) == isa::avx512);
+    const auto refused = engine::choose_isa(c, "amx");
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error().message, Catch::Contains("amx_int8"));
   }
   SECTION("an AVX2-only CPU (no AVX-512, no AVX-VNNI) runs the AVX2 variant") {
     c.avx512f = c.avx512bw = c.avx512vl = c.avx512vnni = c.avx512bf16 = false;

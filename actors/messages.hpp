@@ -735,7 +735,8 @@ namespace exa::cluster {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fair_share_entry& x) {
-  return f(caf::meta::type_name("exa.fair_share_entry"), x.deployment, x.tenant, x.generation, x.charged, x.waiting);
+  return f(caf::meta::type_name("exa.fair_share_entry"), x.deployment, x.tenant, x.generation, x.charged, x.waiting,
+           x.held, x.slots);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fair_share_report& x) {
@@ -743,11 +744,12 @@ typename Inspector::result_type inspect(Inspector& f, fair_share_report& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fair_counter& x) {
-  return f(caf::meta::type_name("exa.fair_counter"), x.tenant, x.counter);
+  return f(caf::meta::type_name("exa.fair_counter"), x.tenant, x.counter, x.held);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fair_deployment_counters& x) {
-  return f(caf::meta::type_name("exa.fair_deployment_counters"), x.deployment, x.floor, x.counters);
+  return f(caf::meta::type_name("exa.fair_deployment_counters"), x.deployment, x.floor, x.counters, x.slots,
+           x.active);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fair_share_answer& x) {

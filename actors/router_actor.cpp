@@ -113,7 +113,12 @@ double draw(self_ptr self) {
 // The deployment a request's model name means: a plain name follows its
 // traffic split (sticky per conversation); "NAME@1" is the plain NAME;
 // other pinned names are deployments of their own and route only there.
-struct places_count;
+// A deployment's places: in-flight requests its ready replicas take in all,
+// and how many of those are free now.
+struct places_count {
+  std::uint32_t slots = 0;
+  std::uint32_t free = 0;
+};
 places_count deployment_places(self_ptr self, const std::string& deployment);
 bool has_places(self_ptr self, const std::string& deployment);
 
@@ -245,8 +250,16 @@ void report_fair_shares(self_ptr self, std::int64_t now, std::chrono::millisecon
   if (!c || st.fair_share_pending) return;  // the last report's timeout ends it
   std::map<std::string, std::vector<std::pair<std::string, std::size_t>>> backlog;
   for (const auto& [d, q] : st.pick_queues) backlog[d] = q.backlog();
+  // Places here and who holds them (the caps across gateways).
+  std::map<std::string, cluster::gateway_places> places;
+  for (const auto& [d, held] : st.tenant_places) {
+    auto& p = places[d];
+    p.slots = deployment_places(self, d).slots;
+    for (const auto& [t, n] : held)
+      if (n > 0) p.held.emplace(t, n);
+  }
   st.fair_share_pending = true;
-  self->request(c, period, fair_share_report_msg{board->take_report(st.config.gateway_id, backlog)})
+  self->request(c, period, fair_share_report_msg{board->take_report(st.config.gateway_id, backlog, places)})
       .then(
           [=](const fair_share_answer_msg& m) {
             self->state.fair_share_pending = false;
@@ -417,12 +430,6 @@ void on_route(self_ptr self, const route_request& m) {
   update_gauges(self, m.request.model);
 }
 
-// A deployment's places: in-flight requests its ready replicas take in all,
-// and how many of those are free now.
-struct places_count {
-  std::uint32_t slots = 0;
-  std::uint32_t free = 0;
-};
 
 places_count deployment_places(self_ptr self, const std::string& deployment) {
   auto& st = self->state;
@@ -464,6 +471,12 @@ bool tenant_at_share(self_ptr self, const std::string& deployment, const std::st
   if (others == 0) return false;
   const auto held = places.find(tenant);
   const std::uint32_t mine = held == places.end() ? 0 : held->second;
+  // Below its share of all the gateways' places (a tenant flooding another
+  // gateway holds that one's): not held to this gateway's cap.
+  if (st.config.fair_shares)
+    if (const auto e = st.config.fair_shares->places(deployment, tenant);
+        e && cluster::below_share_of_all_places(mine, slots, others + 1, *e))
+      return false;
   return mine >= cluster::tenant_slot_limit(slots, others, st.config.tenant_headroom_slots);
 }
 

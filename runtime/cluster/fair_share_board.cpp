@@ -85,7 +85,7 @@ std::map<fair_share_authority::key, double> fair_share_authority::merge(const fa
       if (auto p = prev->second.entries.find(k); p != prev->second.entries.end() &&
                                                  p->second.generation == e.generation && e.charged >= p->second.charged)
         delta = e.charged - p->second.charged;
-    next.entries[k] = {e.generation, e.charged, e.waiting};
+    next.entries[k] = {e.generation, e.charged, e.waiting, e.held, e.slots};
     if (delta > 0) grown[k] += delta;
   }
   gateways_[r.gateway] = std::move(next);
@@ -122,8 +122,34 @@ fair_deployment_counters fair_share_authority::counters_of(const std::string& de
   fair_deployment_counters out;
   out.deployment = deployment;
   out.floor = floor(deployment, d);
-  for (const auto& [tenant, v] : d.counters)
-    out.counters.push_back({tenant, backlogged(deployment, tenant) ? v : std::max(v, out.floor)});
+  // Places: each gateway's on the deployment (the largest of its entries'
+  // figures, which are all the same), who holds them and who waits.
+  std::map<std::string, std::uint64_t> held;
+  std::set<std::string> active;
+  std::uint64_t slots = 0;
+  for (const auto& [id, l] : gateways_) {
+    std::uint32_t here = 0;
+    for (auto it = l.entries.lower_bound(key{deployment, std::string{}});
+         it != l.entries.end() && it->first.first == deployment; ++it) {
+      here = std::max(here, it->second.slots);
+      if (it->second.held > 0) held[it->first.second] += it->second.held;
+      if (it->second.held > 0 || it->second.waiting > 0) active.insert(it->first.second);
+    }
+    slots += here;
+  }
+  const auto clamp = [](std::uint64_t v) { return static_cast<std::uint32_t>(std::min<std::uint64_t>(v, UINT32_MAX)); };
+  out.slots = clamp(slots);
+  out.active = clamp(active.size());
+  for (const auto& [tenant, v] : d.counters) {
+    const auto h = held.find(tenant);
+    out.counters.push_back({tenant, backlogged(deployment, tenant) ? v : std::max(v, out.floor),
+                            h == held.end() ? 0u : clamp(h->second)});
+  }
+  // Holding places without a kept counter: at the floor, with its places.
+  for (const auto& [tenant, h] : held) {
+    if (out.counters.size() >= config_.entries_max) break;
+    if (!d.counters.count(tenant)) out.counters.push_back({tenant, out.floor, clamp(h)});
+  }
   return out;
 }
 
@@ -180,6 +206,14 @@ double fair_share_authority::counter(const std::string& deployment, const std::s
 
 std::size_t fair_share_authority::counters() const { return counters_; }
 
+bool below_share_of_all_places(std::uint32_t held, std::uint32_t slots, std::uint32_t active,
+                               const places_elsewhere& e) noexcept {
+  const std::uint64_t all = std::uint64_t{slots} + e.slots;
+  const std::uint64_t tenants = std::max<std::uint64_t>({active, e.active, 1});
+  const std::uint64_t fair = (all + tenants - 1) / tenants;
+  return std::uint64_t{held} + e.held < fair;
+}
+
 // ------------------------------------------------------------ a gateway's board
 
 fair_share_board::fair_share_board(fair_share_board_config config) : config_(config) {}
@@ -220,10 +254,33 @@ void fair_share_board::apply_to(const std::string& deployment, fair_queue& queue
   for (const auto& [tenant, n] : queue.backlog()) queue.raise_counter(tenant, counter(deployment, tenant));
 }
 
+std::optional<places_elsewhere> fair_share_board::places(const std::string& deployment,
+                                                         const std::string& tenant) const {
+  if (!have_answer_ || fell_back_) return std::nullopt;
+  const auto d = global_.find(deployment);
+  if (d == global_.end() || d->second.slots == 0) return std::nullopt;
+  std::uint32_t my_slots = 0, my_held = 0;
+  if (const auto m = answered_places_.find(deployment); m != answered_places_.end()) {
+    my_slots = m->second.slots;
+    if (const auto h = m->second.held.find(tenant); h != m->second.held.end()) my_held = h->second;
+  }
+  const auto h = d->second.held.find(tenant);
+  const std::uint32_t held = h == d->second.held.end() ? 0 : h->second;
+  places_elsewhere out;
+  out.slots = d->second.slots > my_slots ? d->second.slots - my_slots : 0;
+  out.held = held > my_held ? held - my_held : 0;
+  out.active = d->second.active;
+  return out;
+}
+
 fair_share_report fair_share_board::take_report(
-    std::uint64_t gateway, const std::map<std::string, std::vector<std::pair<std::string, std::size_t>>>& backlog) {
+    std::uint64_t gateway, const std::map<std::string, std::vector<std::pair<std::string, std::size_t>>>& backlog,
+    const std::map<std::string, gateway_places>& places) {
   fair_share_report r;
   r.gateway = gateway;
+  for (const auto& [d, p] : places)  // a tenant holding places is reported (bounded by entries_max)
+    for (const auto& [t, n] : p.held)
+      if (n > 0) track({d, t});
   std::map<key, std::size_t> waiting;
   for (const auto& [d, tenants] : backlog)
     for (const auto& [t, n] : tenants) {
@@ -234,7 +291,12 @@ fair_share_report fair_share_board::take_report(
     auto& t = it->second;
     const auto w = waiting.find(it->first);
     const std::size_t n = w == waiting.end() ? 0 : w->second;
-    if (t.charged_since_report || n > 0 || t.answered != t.charged)
+    std::uint32_t held = 0, slots = 0;
+    if (const auto p = places.find(it->first.first); p != places.end()) {
+      slots = p->second.slots;
+      if (const auto h = p->second.held.find(it->first.second); h != p->second.held.end()) held = h->second;
+    }
+    if (t.charged_since_report || n > 0 || held > 0 || t.answered != t.charged)
       t.idle_reports = 0;
     else if (++t.idle_reports > config_.idle_reports_max) {
       it = entries_.erase(it);
@@ -243,14 +305,16 @@ fair_share_report fair_share_board::take_report(
     t.charged_since_report = false;
     t.reported = t.charged;
     r.entries.push_back({it->first.first, it->first.second, t.generation, t.charged,
-                         static_cast<std::uint32_t>(std::min<std::size_t>(n, UINT32_MAX))});
+                         static_cast<std::uint32_t>(std::min<std::size_t>(n, UINT32_MAX)), held, slots});
     ++it;
   }
+  reported_places_ = places;
   return r;
 }
 
 bool fair_share_board::apply(const fair_share_answer& answer, std::int64_t now_ns) {
   for (auto& [k, t] : entries_) t.answered = t.reported;
+  answered_places_ = reported_places_;
   global_.clear();
   std::size_t kept = 0;
   for (const auto& d : answer.deployments) {
@@ -258,10 +322,13 @@ bool fair_share_board::apply(const fair_share_answer& answer, std::int64_t now_n
     g.floor = std::isfinite(d.floor) ? d.floor : 0;
     for (const auto& c : d.counters) {
       if (kept >= config_.entries_max) break;  // bounded: the rest stand at the floor
+      if (c.held > 0) g.held[c.tenant] = c.held;
       if (!std::isfinite(c.counter)) continue;
       g.counters[c.tenant] = c.counter;
       ++kept;
     }
+    g.slots = d.slots;
+    g.active = d.active;
   }
   gateways_ = std::max<std::uint32_t>(1, answer.gateways);
   answered_ns_ = now_ns;
@@ -272,6 +339,7 @@ bool fair_share_board::apply(const fair_share_answer& answer, std::int64_t now_n
 bool fair_share_board::expire(std::int64_t now_ns) {
   if (!have_answer_ || fell_back_ || now_ns - answered_ns_ <= config_.keep_ns) return false;
   global_.clear();
+  answered_places_.clear();
   for (auto& [k, t] : entries_) {
     t.charged -= t.answered;
     t.reported = t.answered = 0;

@@ -20,6 +20,18 @@
 //     answer plus what it charged itself since the report answered
 //     (fair_share_board::counter, applied with fair_queue::raise_counter).
 //
+// Places across gateways: each gateway holds its own places on a
+// deployment's replicas and caps a tenant at all but a headroom of them
+// while others are active there (tenant_slot_limit). Alone that cap
+// decides the split when places are few: a tenant flooding two gateways
+// fills one whole and half the other, and the tenant sending through the
+// second is held at half of its places. So the reports also carry each
+// tenant's places held and the deployment's places at the gateway; the
+// answer carries their sums over the gateways and how many tenants hold or
+// wait for places anywhere, and a gateway does not hold a tenant to its
+// cap while the tenant has less than its fair share of all the gateways'
+// places (fair_share_board::places).
+//
 // Totals, not increments, go in the reports, so a lost answer or a report
 // sent twice counts nothing twice. Bounded: the entries a board tracks,
 // the entries in a report and in all the controller's counters, and the
@@ -31,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -50,6 +63,8 @@ struct fair_share_entry {
   std::uint64_t generation = 0;
   double charged = 0;        // tokens / weight charged at this gateway, in total
   std::uint32_t waiting = 0;  // requests waiting at this gateway now
+  std::uint32_t held = 0;     // places the tenant holds on the deployment's replicas at this gateway now
+  std::uint32_t slots = 0;    // the deployment's places at this gateway (the same in each of its entries)
   bool operator==(const fair_share_entry&) const = default;
 };
 
@@ -62,14 +77,19 @@ struct fair_share_report {
 struct fair_counter {
   std::string tenant;
   double counter = 0;
+  std::uint32_t held = 0;  // places held at all the gateways with a lease
   bool operator==(const fair_counter&) const = default;
 };
 
 /// A deployment's global counters: `floor` for every tenant not listed.
+/// A tenant holding places but past the kept counters is listed at the
+/// floor with its places.
 struct fair_deployment_counters {
   std::string deployment;
   double floor = 0;
   std::vector<fair_counter> counters;
+  std::uint32_t slots = 0;   // places at all the gateways with a lease
+  std::uint32_t active = 0;  // tenants holding or waiting for places at any of them
   bool operator==(const fair_deployment_counters&) const = default;
 };
 
@@ -114,6 +134,8 @@ class fair_share_authority {
     std::uint64_t generation = 0;
     double charged = 0;
     std::uint32_t waiting = 0;
+    std::uint32_t held = 0;
+    std::uint32_t slots = 0;
   };
   using key = std::pair<std::string, std::string>;  // deployment, tenant
   struct lease {
@@ -136,6 +158,26 @@ class fair_share_authority {
   std::map<std::string, deployment_state> deployments_;
   std::size_t counters_ = 0;
 };
+
+/// One deployment's places at a gateway, for its report.
+struct gateway_places {
+  std::uint32_t slots = 0;
+  std::map<std::string, std::uint32_t, std::less<>> held;  // by tenant
+};
+
+/// What the other gateways hold, as of the last answer (fair_share_board::places).
+struct places_elsewhere {
+  std::uint32_t slots = 0;   // the deployment's places at the other gateways
+  std::uint32_t held = 0;    // the tenant's places there
+  std::uint32_t active = 0;  // tenants holding or waiting for places anywhere (this gateway included)
+};
+
+/// Whether a tenant holding `held` of this gateway's `slots` places, with
+/// `active` tenants (it included) active here, has less than its fair share
+/// of all the gateways' places, `e` being the others' (the larger of the
+/// two active counts divides them).
+bool below_share_of_all_places(std::uint32_t held, std::uint32_t slots, std::uint32_t active,
+                               const places_elsewhere& e) noexcept;
 
 struct fair_share_board_config {
   std::size_t entries_max = 4096;  // tracked; one past it stays local
@@ -162,12 +204,19 @@ class fair_share_board {
   double counter(const std::string& deployment, const std::string& tenant) const;
   /// Raises the counter of each tenant waiting in `queue` (deployment's) to counter().
   void apply_to(const std::string& deployment, fair_queue& queue) const;
+  /// The places the other gateways hold on `deployment`, and `tenant`'s
+  /// among them: the last answer's sums less what this gateway reported in
+  /// the report it answered. None before an answer, while fallen back, or
+  /// for a deployment the answer did not carry.
+  std::optional<places_elsewhere> places(const std::string& deployment, const std::string& tenant) const;
 
   /// The report to send: every tracked entry with `backlog` (deployment ->
-  /// its fair queue's backlog(), tenants with requests waiting). Forgets
+  /// its fair queue's backlog(), tenants with requests waiting) and
+  /// `places` (deployment -> its places here and who holds them). Forgets
   /// entries idle for idle_reports_max reports.
   fair_share_report take_report(std::uint64_t gateway,
-                                const std::map<std::string, std::vector<std::pair<std::string, std::size_t>>>& backlog);
+                                const std::map<std::string, std::vector<std::pair<std::string, std::size_t>>>& backlog,
+                                const std::map<std::string, gateway_places>& places = {});
   /// The answer to the last report taken, at `now_ns`. true when it ends a
   /// fallback (to be logged).
   bool apply(const fair_share_answer& answer, std::int64_t now_ns);
@@ -200,8 +249,11 @@ class fair_share_board {
   struct global_counters {
     double floor = 0;
     std::map<std::string, double> counters;  // by tenant
+    std::map<std::string, std::uint32_t> held;  // by tenant, places at all gateways
+    std::uint32_t slots = 0, active = 0;
   };
   std::map<std::string, global_counters> global_;  // by deployment, from the last answer
+  std::map<std::string, gateway_places> reported_places_, answered_places_;  // this gateway's, by deployment
   std::uint64_t next_generation_ = 1;
   std::uint64_t untracked_ = 0;
   std::uint32_t gateways_ = 1;

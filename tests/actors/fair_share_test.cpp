@@ -55,7 +55,7 @@ actors::cluster_options one_simulated_replica() {
 
 class two_gateways {
  public:
-  explicit two_gateways(bool shared, std::map<std::string, double> weights = {})
+  explicit two_gateways(bool shared, std::map<std::string, double> weights = {}, std::uint32_t headroom = 0)
       : f_(one_simulated_replica()), weights_(std::move(weights)) {
     auto& reg = f_.system().registry();
     auto hub = caf::actor_cast<caf::actor>(reg.get(actors::router_atom::value));
@@ -71,7 +71,7 @@ class two_gateways {
       rc.admission.in_flight_per_replica_max = 4;  // each gateway's places on the replica
       rc.admission.queued_per_model_max = 1024;
       rc.fair_across_tenants = true;
-      rc.tenant_headroom_slots = 0;  // the order alone decides, not a per-gateway reserve
+      rc.tenant_headroom_slots = headroom;  // 0: the order alone decides, not a per-gateway reserve
       rc.pick_hold_ms = 60000;
       rc.submit_timeout_ms = 90000;
       rc.gateway_id = id;
@@ -216,12 +216,33 @@ TEST_CASE("fair-share reports and answers keep every field across processes", "[
     REQUIRE_FALSE(source(out));
     return out;
   };
-  const actors::fair_share_report_msg r{{7, {{"m", "acme", 3, 1234.5, 6}, {"n", "", 1, 0.25, 0}}}};
+  const actors::fair_share_report_msg r{{7, {{"m", "acme", 3, 1234.5, 6, 5, 64}, {"n", "", 1, 0.25, 0, 0, 8}}}};
   CHECK(round_trip(r).report == r.report);
   // As a message (what crosses processes): needs the types registered by name.
   const auto m = round_trip(caf::make_message(r));
   REQUIRE(m.match_elements<actors::fair_share_report_msg>());
   CHECK(m.get_as<actors::fair_share_report_msg>(0).report == r.report);
-  const actors::fair_share_answer_msg a{{{{"m", 99.5, {{"acme", 1300}, {"beta", 101}}}}, 3}};
+  const actors::fair_share_answer_msg a{{{{"m", 99.5, {{"acme", 1300, 12}, {"beta", 101, 0}}, 192, 2}}, 3}};
   CHECK(round_trip(a).answer == a.answer);
+}
+
+TEST_CASE("with few places, each gateway's per-tenant cap does not decide the split", "[actors][fair_share]") {
+  // 4 places per gateway, 2 kept per other active tenant: A fills gateway 1
+  // (B is not there) and gateway 2 would hold B to 2 of its 4 places (A
+  // 0.74). B has less than its share of the 8 places in all, so it is not
+  // held to the cap; A, over its share, is.
+  two_gateways g(true, {}, 2);
+  (void)g.flood(10);
+  const double a = share_of_a(g.flood(30));
+  INFO("A's share with the places counted across gateways: " << a);
+  CHECK(a == Approx(0.5).epsilon(0.1));
+  CHECK(g.failed() == 0);
+}
+
+TEST_CASE("without shared counters the per-gateway cap splits a few places unevenly", "[actors][fair_share]") {
+  two_gateways g(false, {}, 2);
+  (void)g.flood(10);
+  const double a = share_of_a(g.flood(30));
+  INFO("A's share, each gateway on its own: " << a);
+  CHECK(a > 0.65);
 }

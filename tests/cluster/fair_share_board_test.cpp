@@ -244,3 +244,95 @@ TEST_CASE("shared counters split two gateways' service by tenant, not by gateway
   INFO("acme's share with sharing: " << share);
   CHECK(share == Approx(0.5).epsilon(0.05));
 }
+
+TEST_CASE("places across gateways: the answer sums them, a board subtracts its own", "[cluster][fair_share]") {
+  fair_share_authority a;
+  const auto placed = [](std::string t, double charged, std::uint32_t waiting, std::uint32_t held, std::uint32_t slots) {
+    fair_share_entry e = entry("m", std::move(t), charged, waiting);
+    e.held = held;
+    e.slots = slots;
+    return e;
+  };
+  // Gateway 1: A holds all 4 of its places. Gateway 2: A 2, B 2 of 4, B waiting.
+  REQUIRE(a.report({1, {placed("A", 100, 8, 4, 4)}}, 0));
+  auto ans = a.report({2, {placed("A", 50, 8, 2, 4), placed("B", 50, 8, 2, 4)}}, 0);
+  REQUIRE(ans);
+  REQUIRE(ans->deployments.size() == 1);
+  const auto& d = ans->deployments[0];
+  CHECK(d.slots == 8);
+  CHECK(d.active == 2);
+  std::map<std::string, std::uint32_t> held;
+  for (const auto& c : d.counters) held[c.tenant] = c.held;
+  CHECK(held["A"] == 6);
+  CHECK(held["B"] == 2);
+
+  // Gateway 2's board: before an answer it knows nothing of the others.
+  fair_share_board b;
+  b.note_charged("m", "A", 50);
+  b.note_charged("m", "B", 50);
+  gateway_places here;
+  here.slots = 4;
+  here.held = {{"A", 2}, {"B", 2}};
+  CHECK_FALSE(b.places("m", "B"));
+  const auto r = b.take_report(2, {{"m", {{"A", 8}, {"B", 8}}}}, {{"m", here}});
+  REQUIRE(r.entries.size() == 2);
+  CHECK(r.entries[0].held == 2);
+  CHECK(r.entries[0].slots == 4);
+  REQUIRE_FALSE(b.apply(*ans, 0));
+  const auto pb = b.places("m", "B");
+  const auto pa = b.places("m", "A");
+  REQUIRE(pb);
+  REQUIRE(pa);
+  CHECK(pb->slots == 4);  // gateway 1's
+  CHECK(pb->held == 0);
+  CHECK(pa->held == 4);
+  CHECK(pa->active == 2);
+  // B, 2 of 8 places with 2 tenants active: below its share, not held to
+  // this gateway's cap; A, 6 of 8, is.
+  CHECK(below_share_of_all_places(2, 4, 2, *pb));
+  CHECK_FALSE(below_share_of_all_places(2, 4, 2, *pa));
+  // A deployment the answer did not carry, and a board that fell back: none.
+  CHECK_FALSE(b.places("other", "A"));
+  REQUIRE(b.expire(10 * s_ns));
+  CHECK_FALSE(b.places("m", "B"));
+}
+
+TEST_CASE("a tenant holding places without a kept counter is listed at the floor", "[cluster][fair_share]") {
+  // B holds places but was never charged (so has no counter): it is listed
+  // at the floor with its places, while the answer stays within entries_max.
+  for (const std::size_t bound : {2, 1}) {
+    CAPTURE(bound);
+    fair_share_authority_config cfg;
+    cfg.entries_max = bound;
+    fair_share_authority a(cfg);
+    fair_share_entry y = entry("m", "B", 0, 0);
+    y.held = 3;
+    y.slots = 8;
+    REQUIRE(a.report({1, {entry("m", "A", 10, 1)}}, 0));
+    auto ans = a.report({2, {y}}, 0);
+    REQUIRE(ans);
+    REQUIRE(ans->deployments.size() == 1);
+    const auto& d = ans->deployments[0];
+    CHECK(d.counters.size() == bound);
+    CHECK(d.slots == 8);
+    bool listed = false;
+    for (const auto& c : d.counters)
+      if (c.tenant == "B") {
+        listed = true;
+        CHECK(c.held == 3);
+        CHECK(c.counter == Approx(d.floor));
+      }
+    CHECK(listed == (bound == 2));
+  }
+}
+
+TEST_CASE("below its share of all the gateways' places", "[cluster][fair_share]") {
+  places_elsewhere none;
+  CHECK(below_share_of_all_places(0, 4, 2, none));        // 0 < 2
+  CHECK_FALSE(below_share_of_all_places(2, 4, 2, none));  // 2 = ceil(4 / 2)
+  places_elsewhere e{12, 5, 4};                           // 16 places, 4 tenants somewhere
+  CHECK(below_share_of_all_places(0, 4, 2, e) == false);  // 0 + 5 >= 4
+  e.held = 3;
+  CHECK(below_share_of_all_places(0, 4, 2, e));           // 3 < 4
+  CHECK(below_share_of_all_places(0, 0, 0, places_elsewhere{}) == false);  // no places: nothing to share
+}

@@ -120,8 +120,16 @@ void start_slot(self_ptr self, const cluster::placed_slot& p, cluster::epoch_t e
     persist(self, cluster::journal_record::slot_epoch(p.slot.deployment, p.slot.index, epoch));
   persist(self, cluster::journal_record::replica_taken(p.replica));
   auto& rec = st.replicas[p.replica];
-  rec = {p.replica, p.slot.deployment, p.slot.index, epoch, p.node, spec.device, replica_state::creating, "", false, false,
-         spec};
+  rec = controller_state::replica_record{};
+  rec.id = p.replica;
+  rec.deployment = p.slot.deployment;
+  rec.slot = p.slot.index;
+  rec.epoch = epoch;
+  rec.node = p.node;
+  rec.device = spec.device;
+  rec.spawned = false;
+  rec.admitted = false;
+  rec.spec = spec;
   rec.standby = rec.told_standby = spec.standby;
   if (spec.standby) count_pool_event(self, p.slot.deployment, "refill");
   spdlog::info("event=replica_placed replica={} deployment={} slot={} epoch={} node={} device={} bytes={}{}", p.replica,

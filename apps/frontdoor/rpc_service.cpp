@@ -287,9 +287,9 @@ class gateway_impl final : public rpc::Gateway::Server {
   }
 
  private:
+  std::shared_ptr<door_context> ctx_;
   std::string tenant_;
   std::string label_;
-  std::shared_ptr<door_context> ctx_;
   std::shared_ptr<tag_map> tags_ = std::make_shared<tag_map>();
 };
 
@@ -324,7 +324,12 @@ class admin_impl final : public rpc::Admin::Server {
 
   kj::Promise<void> deploy(DeployContext context) override {
     auto r = context.getParams().getRequest();
-    api::deploy_request req{r.getName(), r.getModelFile(), r.getReplicas(), r.getKvTokens(), r.getRouting()};
+    api::deploy_request req;
+    req.name = r.getName();
+    req.model_file = r.getModelFile();
+    req.replicas = r.getReplicas();
+    req.kv_tokens = r.getKvTokens();
+    req.routing = r.getRouting();
     req.model_sha256 = r.getModelSha256();
     req.tenant = r.getTenant();
     req.warm_pool_percent = r.getWarmPoolPercent();

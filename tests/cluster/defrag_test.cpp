@@ -12,15 +12,6 @@ namespace {
 
 constexpr std::uint64_t gib = 1ull << 30;
 
-// Nodes of `devices` devices of 10 GiB each, no reserve.
-cluster_state make_cluster(std::uint32_t nodes, std::uint32_t devices) {
-  std::vector<node_info> v;
-  for (std::uint32_t n = 0; n < nodes; ++n) v.push_back({n, 0, devices, 10 * gib});
-  auto s = cluster_state::create(v, 0);
-  REQUIRE(s.has_value());
-  return *s;
-}
-
 void put(cluster_state& s, replica_id id, node_id node, std::uint32_t device, std::uint64_t gibs,
          std::string deployment = "small") {
   placed_slot p;

@@ -464,7 +464,7 @@ TEST_CASE("malformed HTTP is answered with a 4xx naming the problem, never a 5xx
   struct bad {
     const char* what;
     std::string bytes;
-    unsigned status = 400;
+    int status = 400;
   };
   const std::string body = json{{"model", "fake"}, {"prompt", "ab"}}.dump();
   const std::vector<bad> requests = {

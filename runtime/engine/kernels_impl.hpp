@@ -1673,7 +1673,8 @@ constexpr int attn_heads = 4;  // AVX2: two registers each, of 16
   return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
 }
 
-// 16 / H rows × H heads: the 16 accumulators summed by vhsum16.
+// 16 / H rows × H heads (rounded down: H = 3 takes 5 rows, 15 of the 16
+// accumulators; the rest stay zero and are not read): summed by vhsum16.
 template <std::size_t H>
 void dot_f16_heads16(const float* q, std::size_t q_stride, const std::uint16_t* k, std::size_t stride,
                      std::size_t n, float* out, std::size_t out_stride) noexcept {
@@ -1691,7 +1692,7 @@ void dot_f16_heads16(const float* q, std::size_t q_stride, const std::uint16_t* 
   }
   alignas(64) float sums[16];
   _mm512_store_ps(sums, vhsum16(acc));
-  for (std::size_t v = 0; v < 16; ++v) {
+  for (std::size_t v = 0; v < R * H; ++v) {
     const std::size_t r = v / H, h = v % H;
     float s = sums[4 * (v % 4) + v / 4];
     for (std::size_t t = e; t < n; ++t) s = fma1(q[h * q_stride + t], h2f(k[r * stride + t]), s);
@@ -1705,7 +1706,7 @@ void dot_f16_heads(const float* q, std::size_t q_stride, const std::uint16_t* k,
                    std::size_t rows, std::size_t n, float* out, std::size_t out_stride) noexcept {
   std::size_t i = 0;
 #if defined(EXA_K_AVX512)
-  if constexpr (16 % H == 0)
+  if constexpr (H <= 16)
     for (; i + 16 / H <= rows; i += 16 / H)
       dot_f16_heads16<H>(q, q_stride, k + i * stride, stride, n, out + i, out_stride);
 #endif

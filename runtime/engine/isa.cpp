@@ -29,8 +29,9 @@ namespace {
 
 // Linux hands out the AMX tile data state only on request (5.16 and later:
 // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); without it the
-// first tile instruction faults. Asked once per process; a kernel without the
-// call refuses it, and AMX stays off.
+// first tile instruction faults. Asked once per process, and only when the
+// amx variant is chosen (the permission enlarges every thread's signal
+// frames); a kernel without the call refuses it.
 bool request_amx_permission() noexcept {
 #if defined(__linux__) && defined(__x86_64__)
   static const bool granted = [] {
@@ -71,7 +72,6 @@ cpu_caps detect_cpu() noexcept {
   c.avx512vnni = (cx >> 11) & 1;
   c.amx_tile = (d >> 24) & 1;
   c.amx_int8 = (d >> 25) & 1;
-  if (c.os_amx && c.amx_tile && c.amx_int8) c.os_amx = request_amx_permission();
   __cpuid_count(7, 1, a, b, cx, d);
   c.avxvnni = (a >> 4) & 1;
   c.avx512bf16 = (a >> 5) & 1;
@@ -98,11 +98,20 @@ const char* missing(const cpu_caps& c, isa i) noexcept {
   if (i == isa::avx512) return nullptr;
   if (!c.amx_tile) return "amx_tile";
   if (!c.amx_int8) return "amx_int8";
-  if (!c.os_amx) return "OS support for AMX tile state (XCR0, and Linux's permission)";
+  if (!c.os_amx) return "OS support for AMX tile state (XCR0)";
   return nullptr;
 }
 
 std::atomic<int> g_active{-1};
+
+// What choosing `i` needs from the OS beyond what the CPU reports.
+expected<isa> enable(expected<isa> i) {
+  if (i && *i == isa::amx && !request_amx_permission())
+    return make_error(errc::unavailable,
+                      "engine ISA 'amx' cannot run here: the OS refused the AMX tile state "
+                      "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later grants it)");
+  return i;
+}
 
 }  // namespace
 
@@ -159,7 +168,7 @@ isa active_isa() noexcept {
   const cpu_caps caps = detect_cpu();
   isa chosen = best_isa(caps);
   if (const char* env = std::getenv("EXA_ENGINE_ISA"); env != nullptr) {
-    if (auto c = choose_isa(caps, env)) chosen = *c;
+    if (auto c = enable(choose_isa(caps, env))) chosen = *c;
     else std::fprintf(stderr, "EXA_ENGINE_ISA ignored: %s\n", c.error().message.c_str());
   }
   int expect = -1;
@@ -168,7 +177,7 @@ isa active_isa() noexcept {
 }
 
 expected<isa> set_active_isa(std::string_view requested) {
-  auto c = choose_isa(detect_cpu(), requested);
+  auto c = enable(choose_isa(detect_cpu(), requested));
   if (c) g_active.store(static_cast<int>(*c), std::memory_order_release);
   return c;
 }

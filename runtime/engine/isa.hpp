@@ -33,7 +33,7 @@ struct cpu_caps {
   bool os_avx = false;     // XCR0 has SSE and AVX state
   bool os_avx512 = false;  // XCR0 has opmask and ZMM state
   bool amx_tile = false, amx_int8 = false;
-  bool os_amx = false;  // XCR0 has tile state and (Linux) the process may use it
+  bool os_amx = false;  // XCR0 has tile state (Linux's per-process permission is asked when amx is chosen)
 };
 
 /// Reads CPUID and XGETBV (all false off x86-64).

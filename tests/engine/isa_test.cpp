@@ -86,7 +86,7 @@ TEST_CASE("the ISA variant follows what the CPU and the OS support", "[engine][i
   CHECK(engine::choose_isa(c, "avx2") == isa::avx2);
   CHECK(engine::choose_isa(c, "scalar") == isa::scalar);
 
-  SECTION("AMX needs its tile state saved by the OS (and Linux's permission)") {
+  SECTION("AMX needs its tile state saved by the OS") {
     c.os_amx = false;
     CHECK(engine::best_isa(c) == isa::avx512);
     const auto refused = engine::choose_isa(c, "amx");

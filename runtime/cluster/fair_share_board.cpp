@@ -118,7 +118,7 @@ void fair_share_authority::lift(const std::string& deployment, std::uint64_t gat
 }
 
 fair_deployment_counters fair_share_authority::counters_of(const std::string& deployment,
-                                                           const deployment_state& d) const {
+                                                           const deployment_state& d, std::size_t& extra) const {
   fair_deployment_counters out;
   out.deployment = deployment;
   out.floor = floor(deployment, d);
@@ -147,8 +147,10 @@ fair_deployment_counters fair_share_authority::counters_of(const std::string& de
   }
   // Holding places without a kept counter: at the floor, with its places.
   for (const auto& [tenant, h] : held) {
-    if (out.counters.size() >= config_.entries_max) break;
-    if (!d.counters.count(tenant)) out.counters.push_back({tenant, out.floor, clamp(h)});
+    if (extra == 0) break;
+    if (d.counters.count(tenant)) continue;
+    out.counters.push_back({tenant, out.floor, clamp(h)});
+    --extra;
   }
   return out;
 }
@@ -188,10 +190,16 @@ expected<fair_share_answer> fair_share_authority::report(const fair_share_report
   }
   fair_share_answer out;
   out.gateways = static_cast<std::uint32_t>(gateways_.size());
-  for (const auto& d : reported) {
-    forget_idle(d);
-    if (auto it = deployments_.find(d); it != deployments_.end()) out.deployments.push_back(counters_of(d, it->second));
-  }
+  for (const auto& d : reported) forget_idle(d);
+  // The kept counters of these deployments (at most entries_max in all),
+  // then holders without one while the answer has room.
+  std::size_t kept = 0;
+  for (const auto& d : reported)
+    if (auto it = deployments_.find(d); it != deployments_.end()) kept += it->second.counters.size();
+  std::size_t extra = config_.entries_max > kept ? config_.entries_max - kept : 0;
+  for (const auto& d : reported)
+    if (auto it = deployments_.find(d); it != deployments_.end())
+      out.deployments.push_back(counters_of(d, it->second, extra));
   return out;
 }
 
@@ -278,6 +286,7 @@ fair_share_report fair_share_board::take_report(
     const std::map<std::string, gateway_places>& places) {
   fair_share_report r;
   r.gateway = gateway;
+  reported_places_.clear();
   for (const auto& [d, p] : places)  // a tenant holding places is reported (bounded by entries_max)
     for (const auto& [t, n] : p.held)
       if (n > 0) track({d, t});
@@ -306,9 +315,13 @@ fair_share_report fair_share_board::take_report(
     t.reported = t.charged;
     r.entries.push_back({it->first.first, it->first.second, t.generation, t.charged,
                          static_cast<std::uint32_t>(std::min<std::size_t>(n, UINT32_MAX)), held, slots});
+    // What the controller will count of this gateway's places: only what
+    // the entries carry (a holder past entries_max is not in them).
+    auto& mine = reported_places_[it->first.first];
+    mine.slots = slots;
+    if (held > 0) mine.held[it->first.second] = held;
     ++it;
   }
-  reported_places_ = places;
   return r;
 }
 
@@ -321,9 +334,8 @@ bool fair_share_board::apply(const fair_share_answer& answer, std::int64_t now_n
     auto& g = global_[d.deployment];
     g.floor = std::isfinite(d.floor) ? d.floor : 0;
     for (const auto& c : d.counters) {
-      if (kept >= config_.entries_max) break;  // bounded: the rest stand at the floor
-      if (c.held > 0) g.held[c.tenant] = c.held;
-      if (!std::isfinite(c.counter)) continue;
+      if (c.held > 0 && g.held.size() < config_.entries_max) g.held[c.tenant] = c.held;
+      if (kept >= config_.entries_max || !std::isfinite(c.counter)) continue;  // bounded: the rest stand at the floor
       g.counters[c.tenant] = c.counter;
       ++kept;
     }

@@ -148,7 +148,10 @@ class fair_share_authority {
   };
   std::map<key, double> merge(const fair_share_report& report, std::int64_t now_ns);
   void lift(const std::string& deployment, std::uint64_t gateway, const std::set<key>& before);
-  fair_deployment_counters counters_of(const std::string& deployment, const deployment_state& d) const;
+  /// `extra`: how many holders without a kept counter the answer may still
+  /// list (shared by its deployments, so the answer stays within entries_max).
+  fair_deployment_counters counters_of(const std::string& deployment, const deployment_state& d,
+                                       std::size_t& extra) const;
   bool backlogged(const std::string& deployment, const std::string& tenant) const;
   double floor(const std::string& deployment, const deployment_state& d) const;
   void forget_idle(const std::string& deployment);

@@ -106,7 +106,7 @@ std::atomic<int> g_active{-1};
 
 // What choosing `i` needs from the OS beyond what the CPU reports.
 expected<isa> enable(expected<isa> i) {
-  if (i && *i == isa::amx && !request_amx_permission())
+  if (i && !request_os_state(*i))
     return make_error(errc::unavailable,
                       "engine ISA 'amx' cannot run here: the OS refused the AMX tile state "
                       "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later grants it)");
@@ -116,6 +116,8 @@ expected<isa> enable(expected<isa> i) {
 }  // namespace
 
 bool supports(const cpu_caps& caps, isa i) noexcept { return missing(caps, i) == nullptr; }
+
+bool request_os_state(isa i) noexcept { return i != isa::amx || request_amx_permission(); }
 
 // AMX is not picked on its own: on the one AMX host we measured (a
 // Sapphire Rapids VM) its q8_0 tiles matched the AVX-512 ones for prefill

@@ -58,6 +58,11 @@ std::string describe(const cpu_caps& caps);
 /// reported on stderr and ignored) or the best the CPU supports.
 isa active_isa() noexcept;
 
+/// Asks the OS for what variant `i` needs beyond the CPU's features (amx:
+/// Linux's permission for the tile state, once per process); true when
+/// granted or nothing is needed.
+bool request_os_state(isa i) noexcept;
+
 /// Switches the process's variant (tests, `--isa` flags). Errors as choose_isa.
 /// Engines read it when they run, so switch only while no engine is running.
 expected<isa> set_active_isa(std::string_view requested);

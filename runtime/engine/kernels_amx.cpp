@@ -64,6 +64,7 @@ void configure_tiles() noexcept {
   for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = 64;  // C: 16 tokens × 16 int32
   for (int t : {2, 5}) c.rows[t] = 16, c.colsb[t] = 32;  // A: 16 tokens × 32 int8 (gather_tokens)
   for (int t : {3, 6}) c.rows[t] = 8, c.colsb[t] = 64;   // B: 8 × (16 rows × 4 bytes)
+  compiler_fence();  // the intrinsic's asm names only the first 8 bytes as read
   _tile_loadconfig(&c);
 }
 

@@ -336,3 +336,60 @@ TEST_CASE("below its share of all the gateways' places", "[cluster][fair_share]"
   CHECK(below_share_of_all_places(0, 4, 2, e));           // 3 < 4
   CHECK(below_share_of_all_places(0, 0, 0, places_elsewhere{}) == false);  // no places: nothing to share
 }
+
+TEST_CASE("a board subtracts only the places its report carried", "[cluster][fair_share]") {
+  // entries_max 1: B's places here are not in the report, so the controller
+  // never counted them and they are not taken off what it answers.
+  fair_share_board_config cfg;
+  cfg.entries_max = 1;
+  fair_share_board b(cfg);
+  b.note_charged("m", "A", 10);
+  gateway_places here;
+  here.slots = 4;
+  here.held = {{"A", 1}, {"B", 2}};
+  const auto r = b.take_report(1, {}, {{"m", here}});
+  REQUIRE(r.entries.size() == 1);
+  CHECK(r.entries[0].tenant == "A");
+  fair_share_answer ans;
+  fair_deployment_counters d;
+  d.deployment = "m";
+  d.slots = 8;  // 4 here + 4 at another gateway
+  d.active = 2;
+  d.counters = {{"B", 0, 3}, {"A", 10, 1}};  // B: 3 places, all at the other gateway (first: the board keeps 1)
+  ans.deployments.push_back(d);
+  (void)b.apply(ans, 0);
+  const auto pb = b.places("m", "B");
+  REQUIRE(pb);
+  CHECK(pb->held == 3);
+  CHECK(pb->slots == 4);
+  const auto pa = b.places("m", "A");
+  REQUIRE(pa);
+  CHECK(pa->held == 0);
+}
+
+TEST_CASE("an answer over several deployments stays within entries_max", "[cluster][fair_share]") {
+  // Gateway 1 holds places for H1 and H2 on two deployments (never charged:
+  // no counters); gateway 2 reports A on both. Its answer lists A's two
+  // counters and the holders only while the whole answer has room.
+  fair_share_authority_config cfg;
+  cfg.entries_max = 4;
+  fair_share_authority a(cfg);
+  std::vector<fair_share_entry> holders;
+  for (const char* d : {"m", "n"})
+    for (const char* t : {"H1", "H2"}) {
+      fair_share_entry e = entry(d, t, 0, 0);
+      e.held = 1;
+      e.slots = 4;
+      holders.push_back(e);
+    }
+  REQUIRE(a.report({1, holders}, 0));
+  const auto ans = a.report({2, {entry("m", "A", 10, 1), entry("n", "A", 10, 1)}}, 0);
+  REQUIRE(ans);
+  REQUIRE(ans->deployments.size() == 2);
+  std::size_t listed = 0;
+  for (const auto& d : ans->deployments) {
+    listed += d.counters.size();
+    CHECK(d.slots == 4);
+  }
+  CHECK(listed == 4);  // A twice, then two of the four holders
+}

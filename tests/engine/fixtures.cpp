@@ -91,7 +91,7 @@ std::vector<engine::isa> runnable_isas() {
   std::vector<engine::isa> out;
   for (const auto v : {engine::isa::scalar, engine::isa::avx2, engine::isa::avxvnni, engine::isa::avx512,
                        engine::isa::amx})
-    if (engine::supports(caps, v)) out.push_back(v);
+    if (engine::supports(caps, v) && engine::request_os_state(v)) out.push_back(v);
   return out;
 }
 

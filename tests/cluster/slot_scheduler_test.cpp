@@ -10,6 +10,12 @@
 #include "cluster/hardware.hpp"
 #include "cluster/slot_scheduler.hpp"
 
+// GCC 12 warns -Wrestrict inside std::string's inlined assignment of a
+// literal (GCC bug 105651, a false positive): silenced in this file only.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
+
 using namespace exa;
 using namespace exa::cluster;
 using namespace std::chrono_literals;

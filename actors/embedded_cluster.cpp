@@ -97,6 +97,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
   plan.health.metrics = metrics;
   plan.health.wall_clock_from_actor_clock = o.deterministic;
   plan.router.max_attempts = o.max_attempts;
+  for (const auto& d : o.deployments) plan.router.starting.push_back(d.name);
   plan.router.hooks = hooks;
   plan.router.request_deadline_ms = o.request_deadline_ms;
   plan.router.chat_template = o.chat_template;

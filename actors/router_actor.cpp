@@ -735,6 +735,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
   auto& st = self->state;
   st.config = std::move(config);
   st.metrics = std::move(metrics);
+  st.starting.insert(st.config.starting.begin(), st.config.starting.end());
   auto table = cluster::replica_table::create(st.config.table);
   auto admission = cluster::admission_controller::create(st.config.admission);
   if (!table || !admission) {
@@ -786,6 +787,18 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         for (const auto& name : gone) {
           spdlog::info("event=router_deployment_forgotten deployment={} reason=\"the controller no longer has it\"", name);
           self->send(self, deployment_removed{name});
+        }
+        // Expected to start but not the controller's (any more): its waiting
+        // requests are answered now (not found) instead of at their deadline.
+        for (auto it = s.starting.begin(); it != s.starting.end();) {
+          if (known.count(*it)) {
+            ++it;
+            continue;
+          }
+          auto waiting = std::move(s.waiting_for_start[*it]);
+          s.waiting_for_start.erase(*it);
+          it = s.starting.erase(it);
+          for (const auto& w : waiting) on_route(self, w);
         }
       },
       [=](const deployment_removed& d) {

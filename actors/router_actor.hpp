@@ -31,6 +31,10 @@ namespace exa::actors {
 struct cluster_metrics;
 
 struct router_config {
+  /// Deployments the cluster was started with: requests to them wait (as
+  /// for deployment_starting) instead of being refused as unknown before the
+  /// controller's first announcement reaches this router.
+  std::vector<std::string> starting;
   cluster::replica_table_config table;
   cluster::admission_config admission;
   std::uint32_t request_deadline_ms = 120000;

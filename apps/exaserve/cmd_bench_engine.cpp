@@ -1,7 +1,10 @@
 // exaserve bench-engine: prefill and decode throughput of the CPU engine, and
 // the machine's memory copy bandwidth measured in the same run, so the
 // effective weight bandwidth can be read as a fraction of what the memory
-// system delivers right now. With --device cuda, the CUDA engine's, against
+// system delivers right now; also the roofline (engine/roofline.hpp): the
+// compute and read peaks of the active kernels on these threads, each decode
+// batch's matrix multiply-adds per second against them, and the tokens/s
+// the two peaks allow. With --device cuda, the CUDA engine's, against
 // the device's peak memory bandwidth (gpu/cuda_peak.hpp); --check-cpu N also
 // compares N greedy tokens of the two engines.
 
@@ -19,6 +22,8 @@
 #include "commands.hpp"
 #include "engine/cpu_engine.hpp"
 #include "engine/isa.hpp"
+#include "engine/kernel_table.hpp"
+#include "engine/roofline.hpp"
 #include "engine/thread_pool.hpp"
 #include "gpu/cpu_memory_pool.hpp"
 #include "gpu/cuda_engine.hpp"
@@ -38,7 +43,8 @@ const std::vector<flag_spec> flags = {
     {"decode-steps", true, "timed decode steps per batch size (default 16)"},
     {"decode-prompt", true, "prompt length of each sequence before the timed decode steps (default 8)"},
     {"repeat", true, "repetitions; the best is reported (default 3)"},
-    {"no-copy-bandwidth", false, "skip the memory copy bandwidth measurement (reported as 0)"},
+    {"no-copy-bandwidth", false,
+     "skip the machine measurements: memory copy bandwidth and the roofline peaks (reported as 0)"},
     {"draft-model", true, "decode with speculative decoding from this draft GGUF (the model's vocabulary)"},
     {"draft-tokens", true, "with --draft-model: tokens the draft proposes per step (default 4, at most 8)"},
     {"device", true, "cpu (default) or cuda: the CUDA engine on --cuda-device"},
@@ -279,6 +285,7 @@ int cmd_bench_engine(int argc, char** argv) {
   // What the achieved weight bandwidth is read against: the host's memory
   // copy bandwidth on the CPU, the device's peak on CUDA.
   double reference_gbps = 0;
+  engine::machine_peaks peaks;  // CPU only, measured with the copy bandwidth
   std::string reference = "of copy bw";
   std::string device_name = "cpu";
   if (env.cuda) {
@@ -293,7 +300,20 @@ int cmd_bench_engine(int argc, char** argv) {
       if (auto ok = compare_with_cpu(env, static_cast<std::uint32_t>(*check_cpu)); !ok) return fail("bench-engine", ok.error());
   } else if (!a->has("no-copy-bandwidth")) {
     reference_gbps = copy_gbps(rep);
+    peaks = engine::measure_peaks(threads, engine::active_kernels(), rep);
+    spdlog::info("event=bench_peaks isa={} threads={} read_gbps={:.2f} int8_gmacs={:.1f} f32_gmacs={:.1f}", isa,
+                 threads.size(), peaks.read_bytes_per_s / 1e9, peaks.int8_macs_per_s / 1e9,
+                 peaks.f32_macs_per_s / 1e9);
   }
+  // The roofline of this model on those peaks (0 where not measured).
+  const auto& weights = (*model)->weights();
+  const std::uint64_t macs_per_token = engine::matmul_macs_per_token(weights);
+  const std::uint64_t matmul_bytes = engine::matmul_weight_bytes(weights);
+  const bool int8 = engine::matmul_is_int8(weights);
+  const double mac_peak = int8 ? peaks.int8_macs_per_s : peaks.f32_macs_per_s;
+  const auto roof = [&](std::uint32_t batch) {
+    return engine::roofline_tok_s(macs_per_token, matmul_bytes, mac_peak, peaks.read_bytes_per_s, batch);
+  };
   auto prefill = prefill_tok_s(env, static_cast<std::uint32_t>(*prefill_n), rep);
   if (!prefill) return fail("bench-engine", prefill.error());
   std::vector<decode_result> dec;
@@ -312,9 +332,15 @@ int cmd_bench_engine(int argc, char** argv) {
                 threads.size(), static_cast<unsigned long long>((*model)->weights().total_bytes()),
                 env.cuda ? "peak_gbps" : "copy_gbps", reference_gbps, *prefill);
     for (std::size_t i = 0; i < dec.size(); ++i)
-      std::printf("%s{\"batch\":%u,\"tok_s\":%.2f,\"weight_gbps\":%.3f}", i ? "," : "", dec[i].batch,
-                  dec[i].tok_s, dec[i].weight_gbps);
-    std::printf("]}\n");
+      std::printf("%s{\"batch\":%u,\"tok_s\":%.2f,\"weight_gbps\":%.3f,\"matmul_gmacs\":%.2f,"
+                  "\"roofline_tok_s\":%.1f}",
+                  i ? "," : "", dec[i].batch, dec[i].tok_s, dec[i].weight_gbps,
+                  dec[i].tok_s * static_cast<double>(macs_per_token) / 1e9, roof(dec[i].batch));
+    std::printf("],\"roofline\":{\"matmul_macs_per_token\":%llu,\"matmul_bytes\":%llu,\"peak\":\"%s\","
+                "\"peak_gmacs\":%.2f,\"int8_gmacs\":%.2f,\"f32_gmacs\":%.2f,\"read_gbps\":%.3f}}\n",
+                static_cast<unsigned long long>(macs_per_token), static_cast<unsigned long long>(matmul_bytes),
+                int8 ? "int8" : "f32", mac_peak / 1e9, peaks.int8_macs_per_s / 1e9, peaks.f32_macs_per_s / 1e9,
+                peaks.read_bytes_per_s / 1e9);
     return 0;
   }
   if (env.cuda)
@@ -324,11 +350,20 @@ int cmd_bench_engine(int argc, char** argv) {
     std::printf("model %s, %zu threads, %.1f MB of weights, %.*s kernels\nmemory copy bandwidth: %.2f GB/s\n",
                 path->c_str(), threads.size(), (*model)->weights().total_bytes() / 1e6, static_cast<int>(isa.size()),
                 isa.data(), reference_gbps);
+  if (mac_peak > 0)
+    std::printf("roofline (%.*s kernels, %zu threads): read %.2f GB/s, %s multiply-adds %.1f G/s; "
+                "%.1f M multiply-adds and %.1f MB of matrices per token\n",
+                static_cast<int>(isa.size()), isa.data(), threads.size(), peaks.read_bytes_per_s / 1e9, int8 ? "int8" : "f32", mac_peak / 1e9,
+                static_cast<double>(macs_per_token) / 1e6, static_cast<double>(matmul_bytes) / 1e6);
   std::printf("prefill: %.1f tok/s\n", *prefill);
-  std::printf("%8s %12s %14s %12s\n", "batch", "decode tok/s", "weights GB/s", reference.c_str());
-  for (const auto& d : dec)
-    std::printf("%8u %12.1f %14.2f %11.0f%%\n", d.batch, d.tok_s, d.weight_gbps,
-                reference_gbps > 0 ? 100 * d.weight_gbps / reference_gbps : 0.0);
+  std::printf("%8s %12s %14s %12s %10s %8s %12s\n", "batch", "decode tok/s", "weights GB/s", reference.c_str(),
+              "GMAC/s", "of peak", "roof tok/s");
+  for (const auto& d : dec) {
+    const double gmacs = d.tok_s * static_cast<double>(macs_per_token) / 1e9;
+    std::printf("%8u %12.1f %14.2f %11.0f%% %10.1f %7.0f%% %12.1f\n", d.batch, d.tok_s, d.weight_gbps,
+                reference_gbps > 0 ? 100 * d.weight_gbps / reference_gbps : 0.0, gmacs,
+                mac_peak > 0 ? 100 * gmacs * 1e9 / mac_peak : 0.0, roof(d.batch));
+  }
   return 0;
 }
 

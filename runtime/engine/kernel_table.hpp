@@ -40,6 +40,12 @@ struct kernel_acts {
   std::size_t x32_stride = 0;             // blocks per token
 };
 
+/// What kernel_table::peak keeps the core busy with (bench-engine's roofline).
+enum class peak_op {
+  int8_dot,  // the integer dot instruction of the q8_0 tiles (vpdpbusd, or AVX2's maddubs + madd + add)
+  f32_fma,   // the float tiles' fused multiply-add, at the variant's width
+};
+
 struct kernel_table {
   isa id;
   /// The q4_0 kernel reads xu/xd/xc (the activations must fill them).
@@ -77,6 +83,13 @@ struct kernel_table {
   /// out[i] = f16_to_float(float_to_f16(x[i])) (model/half.hpp): the
   /// activations of f16 weights; a NaN becomes its sign and 0x7fc00000.
   void (*round_f16)(const float* x, float* out, std::size_t n);
+  /// `rounds` rounds of 12 independent chains of `op` on the calling
+  /// thread: as many as one core can issue, for the compute roofline.
+  /// Returns the multiply-adds done (int8 products or float lanes).
+  std::uint64_t (*peak)(peak_op op, std::uint64_t rounds);
+  /// Reads bytes [0, n) of p (n a multiple of 256) with the variant's widest
+  /// loads, for the read-bandwidth roofline; returns a sum of what it read.
+  std::uint64_t (*read_sum)(const std::byte* p, std::size_t n);
 };
 
 /// The table of variant `i` (whether this CPU can run it is the caller's

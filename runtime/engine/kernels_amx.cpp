@@ -190,6 +190,40 @@ void rows_fn(const model::weight_view& w, const kernel_acts& a, std::size_t n_to
   if (n_amx < n_tokens) avx512.rows(w, from_token(a, n_amx), n_tokens - n_amx, y + n_amx * ys, ys, rb, re);
 }
 
+// The roofline probe: the kernel's multiply, 16 tokens × 16 rows × one
+// 32-byte block (K = 32: q8_0's block, half a tile), on four accumulators;
+// floats are the AVX-512 variant's.
+std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
+  if (op != peak_op::int8_dot) return kernels_for(isa::avx512).peak(op, rounds);
+  tile_config c;
+  for (int t : {0, 1, 4, 7}) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t : {2, 5}) c.rows[t] = 16, c.colsb[t] = 32;
+  for (int t : {3, 6}) c.rows[t] = 8, c.colsb[t] = 64;
+  alignas(64) static const std::byte operands[1024]{};
+  compiler_fence();
+  _tile_loadconfig(&c);
+  _tile_loadd(2, operands, 32);
+  _tile_loadd(5, operands, 32);
+  _tile_loadd(3, operands, 64);
+  _tile_loadd(6, operands, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(4);
+  _tile_zero(7);
+  for (std::uint64_t r = 0; r < rounds; ++r) {
+    _tile_dpbsud(0, 2, 3);
+    _tile_dpbsud(1, 5, 6);
+    _tile_dpbsud(4, 2, 6);
+    _tile_dpbsud(7, 5, 3);
+  }
+  alignas(64) std::int32_t out[16][16];
+  _tile_stored(0, out, 64);
+  compiler_fence();
+  __asm__ volatile("" : : "r"(out[0][0]) : "memory");
+  _tile_release();
+  return rounds * 4 * 16 * 16 * 32;
+}
+
 }  // namespace
 
 // The AVX-512 variant's table with q8_0's rows on tiles; built on first use
@@ -199,6 +233,7 @@ const kernel_table& table() noexcept {
     kernel_table k = kernels_for(isa::avx512);
     k.id = isa::amx;
     k.rows = rows_fn;
+    k.peak = peak_fn;
     return k;
   }();
   return t;

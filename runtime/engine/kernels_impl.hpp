@@ -1802,6 +1802,122 @@ void round_f16_fn(const float* x, float* out, std::size_t n) {
   for (; i < n; ++i) out[i] = model::f16_to_float(model::float_to_f16(x[i]));
 }
 void softmax_fn(float* x, std::size_t n) { softmax(x, n); }
+// ------------------------------------------------ roofline probes (bench-engine)
+// 12 independent chains, enough to cover each instruction's latency; the
+// asm statements keep the operands opaque, so nothing is folded or hoisted.
+constexpr int peak_chains = 12;
+std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
+#if defined(EXA_K_AVX512)
+  if (op == peak_op::int8_dot) {
+    __m512i acc[peak_chains];
+    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_set1_epi32(i);
+    __m512i w = _mm512_set1_epi32(0x01020304), x = _mm512_set1_epi32(0x05060708);
+    for (std::uint64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 12
+      for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, x);
+      __asm__ volatile("" : "+v"(w), "+v"(x));
+    }
+    for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
+    return rounds * peak_chains * 64;
+  }
+  __m512 acc[peak_chains];
+  for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512 w = _mm512_set1_ps(0.999f), x = _mm512_set1_ps(0.001f);
+  for (std::uint64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], w, x);
+    __asm__ volatile("" : "+v"(w), "+v"(x));
+  }
+  for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
+  return rounds * peak_chains * 16;
+#elif defined(EXA_K_AVX2)
+  if (op == peak_op::int8_dot) {
+    __m256i acc[peak_chains];
+    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_set1_epi32(i);
+    __m256i w = _mm256_set1_epi32(0x01020304), x = _mm256_set1_epi32(0x05060708);
+    [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
+    for (std::uint64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 12
+      for (int i = 0; i < peak_chains; ++i) {
+#if defined(EXA_K_AVXVNNI)
+        acc[i] = _mm256_dpbusd_avx_epi32(acc[i], w, x);
+#else
+        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+#endif
+      }
+      __asm__ volatile("" : "+v"(w), "+v"(x));
+    }
+    for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
+    return rounds * peak_chains * 32;
+  }
+  __m256 acc[peak_chains];
+  for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  __m256 w = _mm256_set1_ps(0.999f), x = _mm256_set1_ps(0.001f);
+  for (std::uint64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], w, x);
+    __asm__ volatile("" : "+v"(w), "+v"(x));
+  }
+  for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
+  return rounds * peak_chains * 8;
+#else
+  if (op == peak_op::int8_dot) {
+    std::int32_t acc[peak_chains];
+    for (int i = 0; i < peak_chains; ++i) acc[i] = i;
+    std::int32_t w = 3, x = 5;
+    for (std::uint64_t r = 0; r < rounds; ++r) {
+      for (int i = 0; i < peak_chains; ++i) acc[i] += w * x;
+      __asm__ volatile("" : "+r"(w), "+r"(x));
+    }
+    for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "r"(acc[i]));
+    return rounds * peak_chains;
+  }
+  float acc[peak_chains];
+  for (int i = 0; i < peak_chains; ++i) acc[i] = static_cast<float>(i);
+  float w = 0.999f, x = 0.001f;
+  for (std::uint64_t r = 0; r < rounds; ++r) {
+    for (int i = 0; i < peak_chains; ++i) acc[i] = fma1(acc[i], w, x);
+    __asm__ volatile("" : "+x"(w), "+x"(x));
+  }
+  for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "x"(acc[i]));
+  return rounds * peak_chains;
+#endif
+}
+
+std::uint64_t read_sum_fn(const std::byte* p, std::size_t n) {
+#if defined(EXA_K_AVX512)
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i < n; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
+  }
+  return static_cast<std::uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+#elif defined(EXA_K_AVX2)
+  __m256i a[8];
+  for (auto& v : a) v = _mm256_setzero_si256();
+  for (std::size_t i = 0; i < n; i += 256)
+    for (int j = 0; j < 8; ++j)
+      a[j] = _mm256_add_epi64(a[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32 * j)));
+  std::uint64_t lanes[4], s = 0;
+  for (int j = 0; j < 8; ++j) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), a[j]);
+    for (const auto l : lanes) s += l;
+  }
+  return s;
+#else
+  std::uint64_t s[4] = {0, 0, 0, 0};
+  for (std::size_t i = 0; i < n; i += 32)
+    for (int j = 0; j < 4; ++j) {
+      std::uint64_t v;
+      std::memcpy(&v, p + i + 8 * j, sizeof v);
+      s[j] += v;
+    }
+  return s[0] + s[1] + s[2] + s[3];
+#endif
+}
+
 void legacy_fn(tensor_type type, const std::byte* row, const void* x, std::size_t x_stride, std::size_t n_tokens,
                std::size_t nb, float* y, std::size_t y_stride) {
   lg::row_tokens(type, row, x, x_stride, n_tokens, nb, y, y_stride);

@@ -247,7 +247,17 @@ TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
                       "--decode-steps", "4", "--repeat", "1", "--threads", "1"});
   REQUIRE(r.exit_code == 0);
   for (const char* field : {"\"copy_gbps\":", "\"prefill_tok_s\":", "\"decode\":[", "\"batch\":1", "\"batch\":4",
-                            "\"tok_s\":", "\"weight_gbps\":"})
+                            "\"tok_s\":", "\"weight_gbps\":", "\"matmul_gmacs\":", "\"roofline_tok_s\":",
+                            "\"roofline\":{", "\"matmul_macs_per_token\":", "\"peak\":\"f32\"", "\"read_gbps\":"})
     CHECK_THAT(r.out, Catch::Contains(field));
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one JSON object on one line
+  CHECK_THAT(r.out, !Catch::Contains("\"peak_gmacs\":0.00"));  // measured
+  CHECK_THAT(r.out, !Catch::Contains("\"roofline_tok_s\":0.0"));
+
+  // --no-copy-bandwidth skips the machine measurements: no peaks, no bound.
+  const auto quick = run({"bench-engine", "--model", tiny_model(), "--json", "--batches", "1", "--prefill-tokens",
+                          "8", "--decode-steps", "2", "--repeat", "1", "--threads", "1", "--no-copy-bandwidth"});
+  REQUIRE(quick.exit_code == 0);
+  CHECK_THAT(quick.out, Catch::Contains("\"peak_gmacs\":0.00"));
+  CHECK_THAT(quick.out, Catch::Contains("\"roofline_tok_s\":0.0"));
 }

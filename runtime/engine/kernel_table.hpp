@@ -83,7 +83,7 @@ struct kernel_table {
   /// out[i] = f16_to_float(float_to_f16(x[i])) (model/half.hpp): the
   /// activations of f16 weights; a NaN becomes its sign and 0x7fc00000.
   void (*round_f16)(const float* x, float* out, std::size_t n);
-  /// `rounds` rounds of 12 independent chains of `op` on the calling
+  /// `rounds` rounds of 16 independent chains of `op` on the calling
   /// thread: as many as one core can issue, for the compute roofline.
   /// Returns the multiply-adds done (int8 products or float lanes).
   std::uint64_t (*peak)(peak_op op, std::uint64_t rounds);

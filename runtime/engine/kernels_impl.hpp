@@ -1803,9 +1803,9 @@ void round_f16_fn(const float* x, float* out, std::size_t n) {
 }
 void softmax_fn(float* x, std::size_t n) { softmax(x, n); }
 // ------------------------------------------------ roofline probes (bench-engine)
-// 12 independent chains, enough to cover each instruction's latency; the
+// 16 independent chains, more than each instruction's latency times its ports; the
 // asm statements keep the operands opaque, so nothing is folded or hoisted.
-constexpr int peak_chains = 12;
+constexpr int peak_chains = 16;
 std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
 #if defined(EXA_K_AVX512)
   if (op == peak_op::int8_dot) {
@@ -1813,7 +1813,7 @@ std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
     for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_set1_epi32(i);
     __m512i w = _mm512_set1_epi32(0x01020304), x = _mm512_set1_epi32(0x05060708);
     for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 12
+#pragma GCC unroll 16
       for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, x);
       __asm__ volatile("" : "+v"(w), "+v"(x));
     }
@@ -1824,7 +1824,7 @@ std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
   for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
   __m512 w = _mm512_set1_ps(0.999f), x = _mm512_set1_ps(0.001f);
   for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 12
+#pragma GCC unroll 16
     for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], w, x);
     __asm__ volatile("" : "+v"(w), "+v"(x));
   }
@@ -1837,7 +1837,7 @@ std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
     __m256i w = _mm256_set1_epi32(0x01020304), x = _mm256_set1_epi32(0x05060708);
     [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
     for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 12
+#pragma GCC unroll 16
       for (int i = 0; i < peak_chains; ++i) {
 #if defined(EXA_K_AVXVNNI)
         acc[i] = _mm256_dpbusd_avx_epi32(acc[i], w, x);
@@ -1854,7 +1854,7 @@ std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
   for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
   __m256 w = _mm256_set1_ps(0.999f), x = _mm256_set1_ps(0.001f);
   for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 12
+#pragma GCC unroll 16
     for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], w, x);
     __asm__ volatile("" : "+v"(w), "+v"(x));
   }

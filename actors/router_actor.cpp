@@ -430,7 +430,6 @@ void on_route(self_ptr self, const route_request& m) {
   update_gauges(self, m.request.model);
 }
 
-
 places_count deployment_places(self_ptr self, const std::string& deployment) {
   auto& st = self->state;
   places_count out;

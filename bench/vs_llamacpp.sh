@@ -23,7 +23,11 @@
 #            --decode-steps greedy steps of one token each;
 # timing only the evaluation, never the load. One warm-up round per pair is
 # not counted (it pages the file in). The table gives the median and min-max
-# of each side's tokens/s and the ratio of the medians, ours / llama.cpp.
+# of each side's tokens/s and the ratio of the medians, ours / llama.cpp; for
+# decode also the read bandwidth our process measured just before (its
+# roofline probe, engine/roofline.hpp) and each side's matrices read per
+# second as a share of it, which tells a slow phase of the host (both near
+# 100 %) from one where memory was not the limit.
 #
 # --isa avx2 runs both sides on their AVX2 kernels on an AVX-512 host:
 # ExaServe through EXA_ENGINE_ISA=avx2, llama.cpp by loading a copy of the
@@ -138,8 +142,8 @@ model_for() {  # type -> path, generated once
   echo "$f"
 }
 
-run_ours() {  # model threads -> one JSON line
-  "$exaserve" bench-engine --model "$1" --threads "$2" --batches 1 --repeat 1 --no-copy-bandwidth \
+run_ours() {  # model threads -> one JSON line (with the read and compute peaks of that moment)
+  "$exaserve" bench-engine --model "$1" --threads "$2" --batches 1 --repeat 1 \
     --prefill-tokens "$prefill_tokens" --decode-prompt "$decode_prompt" --decode-steps "$decode_steps" \
     --json 2>/dev/null | tail -n 1
 }
@@ -199,13 +203,25 @@ console.log(`llama.cpp CPU backend: ${variants.join(", ")}; flash attention opti
 const fmt = (x) => x.toFixed(1);
 const cell = (xs) => `${fmt(median(xs))} (${fmt(Math.min(...xs))}-${fmt(Math.max(...xs))})`;
 console.log("");
-console.log("| type | threads | metric | ExaServe tok/s median (min-max) | llama.cpp tok/s median (min-max) | ours / llama.cpp |");
-console.log("|---|---|---|---|---|---|");
+// Decode rows also say how fast memory was: the read bandwidth our runs
+// measured just before decoding (bench-engine's roofline probe, on as many
+// threads), and each side's matrices read per second as a share of it (both
+// sides read the same matrices once per token). A slow phase of the host puts
+// both near 100 %; where one side falls short of it, memory was not its limit.
+console.log("| type | threads | metric | ExaServe tok/s median (min-max) | llama.cpp tok/s median (min-max) | ours / llama.cpp | read GB/s median (min-max) | of read roof: ours / llama.cpp |");
+console.log("|---|---|---|---|---|---|---|---|");
 for (const g of groups.values()) {
   for (const [metric, key] of [["decode b=1", null], ["prefill", "prefill_tok_s"]]) {
     const o = g.ours.map((r) => (key ? r[key] : r.decode[0].tok_s));
     const l = g.llamacpp.map((r) => (key ? r[key] : r.decode_tok_s));
-    console.log(`| ${g.type} | ${g.threads} | ${metric} | ${cell(o)} | ${cell(l)} | ${(median(o) / median(l)).toFixed(2)} |`);
+    let roof = "| |";
+    const read = g.ours.map((r) => r.roofline?.read_gbps ?? 0).filter((x) => x > 0);
+    const bytes = g.ours.map((r) => r.roofline?.matmul_bytes ?? 0).find((x) => x > 0);
+    if (!key && read.length && bytes) {
+      const share = (tok) => `${((100 * median(tok) * bytes) / 1e9 / median(read)).toFixed(0)} %`;
+      roof = `| ${cell(read)} | ${share(o)} / ${share(l)} |`;
+    }
+    console.log(`| ${g.type} | ${g.threads} | ${metric} | ${cell(o)} | ${cell(l)} | ${(median(o) / median(l)).toFixed(2)} ${roof}`);
   }
 }
 console.log(`\nraw results: ${raw}`);

@@ -78,7 +78,7 @@ struct kernel_table {
                         std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride);
   /// g[i] = g[i] / (1 + det::expf(-g[i])) · u[i] (ops.hpp's silu_mul).
   void (*silu_mul)(float* g, const float* u, std::size_t n);
-  /// ops.hpp's softmax: det::expf(x[i] − max), the sum in double in order.
+  /// ops.hpp's softmax: det::expf(x[i] − max), the sum in double in ops.hpp's order.
   void (*softmax)(float* x, std::size_t n);
   /// out[i] = f16_to_float(float_to_f16(x[i])) (model/half.hpp): the
   /// activations of f16 weights; a NaN becomes its sign and 0x7fc00000.

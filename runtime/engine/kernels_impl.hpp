@@ -1598,7 +1598,8 @@ inline void silu_mul(float* g, const float* u, std::size_t n) noexcept {
 }
 
 // The scalar order (ops.cpp): the max, e^(x − max) per element, their sum in
-// double one after the other, then · (float)(1 / sum).
+// double (8 lanes, a fixed tree, the rest in order: ops.hpp), then
+// · (float)(1 / sum).
 inline void softmax(float* x, std::size_t n) noexcept {
   float mx = -__builtin_inff();
   std::size_t i = 0;
@@ -1622,9 +1623,30 @@ inline void softmax(float* x, std::size_t n) noexcept {
   for (; i + vexpf_lanes <= n; i += vexpf_lanes) vexpf_minus(x + i, mx);
 #endif
   for (; i < n; ++i) x[i] = det::expf(x[i] - mx);
-  // The sum in its own loop, in order, so that it stays in a register.
-  double sum = 0.0;
-  for (std::size_t j = 0; j < n; ++j) sum += x[j];
+  // The sum's order (ops.hpp): exp i in double lane i mod 8 over the whole
+  // groups of 8, the lanes by the fixed tree, then the rest in order.
+  alignas(64) double lane[8] = {};
+  std::size_t j = 0;
+#if defined(EXA_K_AVX512)
+  __m512d acc = _mm512_setzero_pd();
+  for (; j + 8 <= n; j += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(x + j)));
+  _mm512_store_pd(lane, acc);
+#elif defined(EXA_K_AVX2)
+  __m256d lo = _mm256_setzero_pd(), hi = lo;
+  for (; j + 8 <= n; j += 8) {
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm_loadu_ps(x + j)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm_loadu_ps(x + j + 4)));
+  }
+  _mm256_store_pd(lane, lo);
+  _mm256_store_pd(lane + 4, hi);
+#else
+  for (; j + 8 <= n; j += 8)
+    for (std::size_t l = 0; l < 8; ++l) lane[l] += x[j + l];
+#endif
+  for (std::size_t l = 0; l < 4; ++l) lane[l] += lane[l + 4];
+  for (std::size_t l = 0; l < 2; ++l) lane[l] += lane[l + 2];
+  double sum = lane[0] + lane[1];
+  for (; j < n; ++j) sum += x[j];
   const float inv = static_cast<float>(1.0 / sum);
   for (std::size_t j = 0; j < n; ++j) x[j] *= inv;
 }

@@ -69,11 +69,16 @@ void silu_mul(float* g, const float* u, std::size_t n) noexcept {
 void softmax(float* x, std::size_t n) noexcept {
   float mx = -INFINITY;
   for (std::size_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  double sum = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    x[i] = det::expf(x[i] - mx);
-    sum += x[i];
-  }
+  for (std::size_t i = 0; i < n; ++i) x[i] = det::expf(x[i] - mx);
+  // The sum's order (ops.hpp): 8 lanes, the tree, the rest.
+  double lane[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t l = 0; l < 8; ++l) lane[l] += x[i + l];
+  for (std::size_t l = 0; l < 4; ++l) lane[l] += lane[l + 4];
+  for (std::size_t l = 0; l < 2; ++l) lane[l] += lane[l + 2];
+  double sum = lane[0] + lane[1];
+  for (; i < n; ++i) sum += x[i];
   const float inv = static_cast<float>(1.0 / sum);
   for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
 }

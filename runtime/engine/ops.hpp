@@ -41,8 +41,12 @@ void rope_rotate(float* x, std::size_t n_heads, std::size_t head_dim, const floa
 /// g[i] = silu(g[i]) * u[i], silu(v) = v / (1 + exp(-v)).
 void silu_mul(float* g, const float* u, std::size_t n) noexcept;
 
-/// In-place softmax of x[0, n): max-subtracted exps, summed in double in
-/// index order, then scaled by 1/sum.
+/// In-place softmax of x[0, n): max-subtracted exps, summed in double, then
+/// scaled by 1/sum. The sum's order: 8 lanes (exp i in lane i mod 8) over
+/// the whole groups of 8, in index order; the lanes by a fixed tree
+/// (l + (l + 4), then + 2, then + 1); then the remaining exps one after
+/// another. (One running sum was a chain of dependent double adds, 4 cycles
+/// per score: most of softmax's time in a long prefill.)
 void softmax(float* x, std::size_t n) noexcept;
 
 }  // namespace exa::engine

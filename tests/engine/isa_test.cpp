@@ -15,6 +15,7 @@
 #include "engine/kernel_table.hpp"
 #include "engine/llama_forward.hpp"
 #include "engine/matmul.hpp"
+#include "engine/ops.hpp"
 #include "engine/q8_pack.hpp"
 #include "fixtures.hpp"
 #include "model/half.hpp"
@@ -365,6 +366,15 @@ TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across vari
       const float want = g[i] / (1.0f + engine::det::expf(-g[i])) * u[i];
       if (std::memcmp(&want, &out[i], sizeof want) != 0) FAIL("scalar silu_mul differs at " << i << " x=" << g[i]);
     }
+  }
+  // And its softmax ops.hpp's, whose summation order (8 lanes, a tree, the
+  // rest) the vector variants follow.
+  for (const std::size_t n : {1, 7, 8, 9, 16, 23, 64, 511}) {
+    auto a = random_floats(n, 200 + n, 12.0f), b = a;
+    engine::softmax(a.data(), n);
+    ref.softmax(b.data(), n);
+    CAPTURE(n);
+    CHECK(same_bits(a, b));
   }
   for (const isa v : variants) {
     const auto& t = engine::kernels_for(v);

@@ -1825,83 +1825,77 @@ void round_f16_fn(const float* x, float* out, std::size_t n) {
 }
 void softmax_fn(float* x, std::size_t n) { softmax(x, n); }
 // ------------------------------------------------ roofline probes (bench-engine)
-// 16 independent chains, more than each instruction's latency times its ports; the
-// asm statements keep the operands opaque, so nothing is folded or hoisted.
+// 16 independent chains acc = step(acc, w, x), more than each instruction's
+// latency times its ports; the asm statements keep the operands opaque, so
+// nothing is folded or hoisted.
 constexpr int peak_chains = 16;
-std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
+template <class T, class Step>
+void run_chains(std::uint64_t rounds, T w, T x, Step step) noexcept {
+  T acc[peak_chains];
+  for (int i = 0; i < peak_chains; ++i) acc[i] = Step::init(i);  // distinct: no two chains alike
+  for (std::uint64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 16
+    for (auto& a : acc) a = step(a, w, x);
+    if constexpr (std::is_integral_v<T>) __asm__ volatile("" : "+r"(w), "+r"(x));
+    else if constexpr (std::is_floating_point_v<T>) __asm__ volatile("" : "+x"(w), "+x"(x));
+    else __asm__ volatile("" : "+v"(w), "+v"(x));
+  }
+  for (auto& a : acc) {
+    if constexpr (std::is_arithmetic_v<T>) __asm__ volatile("" : : "m"(a));
+    else __asm__ volatile("" : : "v"(a));
+  }
+}
+
+// The steps (function objects, not lambdas: a lambda's static invoker
+// would not carry this variant's target).
 #if defined(EXA_K_AVX512)
-  if (op == peak_op::int8_dot) {
-    __m512i acc[peak_chains];
-    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_set1_epi32(i);
-    __m512i w = _mm512_set1_epi32(0x01020304), x = _mm512_set1_epi32(0x05060708);
-    for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 16
-      for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, x);
-      __asm__ volatile("" : "+v"(w), "+v"(x));
-    }
-    for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
-    return rounds * peak_chains * 64;
-  }
-  __m512 acc[peak_chains];
-  for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  __m512 w = _mm512_set1_ps(0.999f), x = _mm512_set1_ps(0.001f);
-  for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 16
-    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], w, x);
-    __asm__ volatile("" : "+v"(w), "+v"(x));
-  }
-  for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
-  return rounds * peak_chains * 16;
+struct int8_step {
+  static __m512i init(int i) noexcept { return _mm512_set1_epi32(i); }
+  __m512i operator()(__m512i a, __m512i w, __m512i x) const noexcept { return _mm512_dpbusd_epi32(a, w, x); }
+};
+struct fma_step {
+  static __m512 init(int i) noexcept { return _mm512_set1_ps(static_cast<float>(i)); }
+  __m512 operator()(__m512 a, __m512 w, __m512 x) const noexcept { return _mm512_fmadd_ps(a, w, x); }
+};
 #elif defined(EXA_K_AVX2)
-  if (op == peak_op::int8_dot) {
-    __m256i acc[peak_chains];
-    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_set1_epi32(i);
-    __m256i w = _mm256_set1_epi32(0x01020304), x = _mm256_set1_epi32(0x05060708);
-    [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
-    for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 16
-      for (int i = 0; i < peak_chains; ++i) {
+struct int8_step {
+  static __m256i init(int i) noexcept { return _mm256_set1_epi32(i); }
+  __m256i operator()(__m256i a, __m256i w, __m256i x) const noexcept {
 #if defined(EXA_K_AVXVNNI)
-        acc[i] = _mm256_dpbusd_avx_epi32(acc[i], w, x);
+    return _mm256_dpbusd_avx_epi32(a, w, x);
 #else
-        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 #endif
-      }
-      __asm__ volatile("" : "+v"(w), "+v"(x));
-    }
-    for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
-    return rounds * peak_chains * 32;
   }
-  __m256 acc[peak_chains];
-  for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
-  __m256 w = _mm256_set1_ps(0.999f), x = _mm256_set1_ps(0.001f);
-  for (std::uint64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 16
-    for (int i = 0; i < peak_chains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], w, x);
-    __asm__ volatile("" : "+v"(w), "+v"(x));
-  }
-  for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "v"(acc[i]));
-  return rounds * peak_chains * 8;
+};
+struct fma_step {
+  static __m256 init(int i) noexcept { return _mm256_set1_ps(static_cast<float>(i)); }
+  __m256 operator()(__m256 a, __m256 w, __m256 x) const noexcept { return _mm256_fmadd_ps(a, w, x); }
+};
 #else
-  if (op == peak_op::int8_dot) {
-    std::int32_t acc[peak_chains];
-    for (int i = 0; i < peak_chains; ++i) acc[i] = i;
-    std::int32_t w = 3, x = 5;
-    for (std::uint64_t r = 0; r < rounds; ++r) {
-      for (int i = 0; i < peak_chains; ++i) acc[i] += w * x;
-      __asm__ volatile("" : "+r"(w), "+r"(x));
-    }
-    for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "r"(acc[i]));
-    return rounds * peak_chains;
-  }
-  float acc[peak_chains];
-  for (int i = 0; i < peak_chains; ++i) acc[i] = static_cast<float>(i);
-  float w = 0.999f, x = 0.001f;
-  for (std::uint64_t r = 0; r < rounds; ++r) {
-    for (int i = 0; i < peak_chains; ++i) acc[i] = fma1(acc[i], w, x);
-    __asm__ volatile("" : "+x"(w), "+x"(x));
-  }
-  for (int i = 0; i < peak_chains; ++i) __asm__ volatile("" : : "x"(acc[i]));
+struct int8_step {
+  static std::int32_t init(int i) noexcept { return i; }
+  std::int32_t operator()(std::int32_t a, std::int32_t w, std::int32_t x) const noexcept { return a + w * x; }
+};
+struct fma_step {
+  static float init(int i) noexcept { return static_cast<float>(i); }
+  float operator()(float a, float w, float x) const noexcept { return fma1(a, w, x); }
+};
+#endif
+
+std::uint64_t peak_fn(peak_op op, std::uint64_t rounds) {
+  const bool dot = op == peak_op::int8_dot;
+#if defined(EXA_K_AVX512)
+  if (dot) run_chains(rounds, _mm512_set1_epi32(0x01020304), _mm512_set1_epi32(0x05060708), int8_step{});
+  else run_chains(rounds, _mm512_set1_ps(0.999f), _mm512_set1_ps(0.001f), fma_step{});
+  return rounds * peak_chains * (dot ? 64 : 16);
+#elif defined(EXA_K_AVX2)
+  if (dot) run_chains(rounds, _mm256_set1_epi32(0x01020304), _mm256_set1_epi32(0x05060708), int8_step{});
+  else run_chains(rounds, _mm256_set1_ps(0.999f), _mm256_set1_ps(0.001f), fma_step{});
+  return rounds * peak_chains * (dot ? 32 : 8);
+#else
+  if (dot) run_chains(rounds, std::int32_t{3}, std::int32_t{5}, int8_step{});
+  else run_chains(rounds, 0.999f, 0.001f, fma_step{});
   return rounds * peak_chains;
 #endif
 }

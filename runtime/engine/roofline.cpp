@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 
 #include "engine/aligned_vector.hpp"
 #include "engine/kernel_table.hpp"
@@ -64,7 +65,15 @@ double read_peak(thread_pool& pool, const kernel_table& k, int repeat) {
   return best;
 }
 
-std::uint64_t macs(const model::weight_view& w) { return std::uint64_t{w.rows} * w.cols; }
+// fn(w) for every matrix a token's decode multiplies: each layer's seven,
+// then the output head.
+template <class Fn>
+std::uint64_t sum_matrices(const model::llama_weights& w, Fn fn) {
+  std::uint64_t n = fn(w.output);
+  for (const auto& l : w.layers)
+    for (const model::weight_view* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) n += fn(*m);
+  return n;
+}
 
 }  // namespace
 
@@ -78,18 +87,11 @@ machine_peaks measure_peaks(thread_pool& pool, const kernel_table& kernels, int 
 }
 
 std::uint64_t matmul_macs_per_token(const model::llama_weights& w) {
-  std::uint64_t n = macs(w.output);
-  for (const auto& l : w.layers)
-    n += macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) + macs(l.w_down);
-  return n;
+  return sum_matrices(w, [](const model::weight_view& m) { return m.rows * m.cols; });
 }
 
 std::uint64_t matmul_weight_bytes(const model::llama_weights& w) {
-  std::uint64_t n = w.output.bytes();
-  for (const auto& l : w.layers)
-    n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() + l.w_up.bytes() +
-         l.w_down.bytes();
-  return n;
+  return sum_matrices(w, [](const model::weight_view& m) { return m.bytes(); });
 }
 
 bool matmul_is_int8(const model::llama_weights& w) {

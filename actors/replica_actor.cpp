@@ -557,6 +557,11 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   // A simulated step covers many decode steps: cut it at the next boundary
   // so this request joins when it would on a real engine.
   if (st.step_in_flight && st.ctx.spec.engine == "sim") self->send(st.ctx.device, interrupt_step{st.engine.get()});
+  // A real step may stop at a layer boundary for this request's prompt
+  // when it goes before everything in the step (a light tenant beside
+  // heavy ones): the engine decides, on its own thread (engine.hpp).
+  else if (st.step_in_flight && st.engine)
+    st.engine->offer_arrival({req.tenant, req.tenant_weight, req.priority});
   with_engine(self, [=]() mutable {
     auto& s = self->state;
     EXA_ASSERT_MSG(!s.step_out, "engine submit while a step is out on the device");

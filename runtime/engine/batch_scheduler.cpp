@@ -101,12 +101,17 @@ void batch_scheduler::attach_cached(sequence& seq) {
   seq.computed = std::min<std::uint32_t>(attached, static_cast<std::uint32_t>(seq.tokens.size()) - 1);
 }
 
-void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget, bool fair) {
+void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget, bool fair,
+                            const std::vector<scheduled_chunk>* only_before, const sequence* favoured) {
   // Across tenants, sequences of a tenant over its share that would take
-  // the running set past fair_context_tokens wait; lighter ones may go.
+  // the running set past fair_context_tokens wait; lighter ones may go. An
+  // interlude admits only prompts that go before the suspended step's; a
+  // step with a favoured prompt, none that yields to it.
   std::vector<const sequence*> over_budget;
   const auto eligible = [&](const sequence& s) {
-    return std::find(over_budget.begin(), over_budget.end(), &s) == over_budget.end();
+    return std::find(over_budget.begin(), over_budget.end(), &s) == over_budget.end() &&
+           (only_before == nullptr || goes_before(*only_before, s.tenant, s.request.priority)) &&
+           (favoured == nullptr || !yields_to(s, *favoured));
   };
   while (!waiting_.empty() && running_.size() < config_.max_running && budget > 0) {
     // First come, or across tenants the best in fair order (preempted work
@@ -173,8 +178,10 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
     }
     grow(plan, *s, 1, budget, preempted);
   }
-  held_steps_ = held_decodes_ > 0 ? held_steps_ + 1 : 0;
-  // Then prefill chunks, oldest first (across tenants: in fair order).
+  // Then prefill chunks, oldest first (across tenants: in fair order). The
+  // prompts of tenants that yield to the favoured one sit out with their
+  // decodes, so its step stays short.
+  std::uint32_t held_prefills = 0;
   if (fair)
     std::stable_sort(order.begin(), order.end(),
                      [&](const sequence* a, const sequence* b) { return key(*a, a->admit_order) < key(*b, b->admit_order); });
@@ -183,9 +190,48 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
     if (!s->is_running || s->pending() <= 1) continue;
     const bool planned = std::any_of(plan.begin(), plan.end(), [&](auto& c) { return c.seq == s; });
     if (planned) continue;
+    if (favoured != nullptr && yields_to(*s, *favoured)) {
+      ++held_prefills;
+      continue;
+    }
     grow(plan, *s, std::min({s->pending(), config_.prefill_chunk, budget}), budget, preempted);
   }
-  admit(plan, budget, fair);
+  admit(plan, budget, fair, nullptr, favoured);
+  held_steps_ = held_decodes_ + held_prefills > 0 ? held_steps_ + 1 : 0;
+  for (const scheduled_chunk& c : plan) {
+    cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
+    usage_.charge(c.seq->tenant, c.n_tokens);
+  }
+  return plan;
+}
+
+bool batch_scheduler::arrival_preempts(const std::vector<scheduled_chunk>& planned, std::string_view tenant,
+                                       double weight, request_priority priority) {
+  if (running_.size() >= config_.max_running) return false;
+  return goes_before(planned, usage_.intern(tenant, weight), priority);
+}
+
+bool batch_scheduler::goes_before(const std::vector<scheduled_chunk>& planned, tenant_usage::slot tenant,
+                                  request_priority priority) const {
+  // Some of the step yields to it, and the rest is its own (its tenant's,
+  // in its class): stopping delays nobody it does not go before.
+  bool any = false;
+  for (const scheduled_chunk& c : planned) {
+    if (yields_to(*c.seq, tenant, priority)) {
+      any = true;
+      continue;
+    }
+    if (c.seq->tenant != tenant || c.seq->request.priority != priority) return false;
+  }
+  return any;
+}
+
+std::vector<scheduled_chunk> batch_scheduler::plan_interlude(const std::vector<scheduled_chunk>& suspended) {
+  std::vector<scheduled_chunk> plan;
+  std::uint32_t budget = config_.max_batch_tokens;
+  usage_.adopt_weights();
+  held_decodes_ = 0;
+  admit(plan, budget, true, &suspended);
   for (const scheduled_chunk& c : plan) {
     cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
     usage_.charge(c.seq->tenant, c.n_tokens);
@@ -247,12 +293,15 @@ bool batch_scheduler::within_context_budget(const sequence& candidate) const {
 }
 
 bool batch_scheduler::yields_to(const sequence& decoding, const sequence& favoured) const {
+  return yields_to(decoding, favoured.tenant, favoured.request.priority);
+}
+
+bool batch_scheduler::yields_to(const sequence& decoding, tenant_usage::slot tenant, request_priority priority) const {
   // Batch work yields to an interactive prompt; within a class, a tenant
   // over its share yields to a tenant it has been served more than.
-  if (decoding.request.priority != favoured.request.priority)
-    return decoding.request.priority > favoured.request.priority;
-  return decoding.tenant != favoured.tenant && usage_.over_share(decoding.tenant, favoured.tenant) &&
-         usage_.usage(decoding.tenant) > usage_.usage(favoured.tenant);
+  if (decoding.request.priority != priority) return decoding.request.priority > priority;
+  return decoding.tenant != tenant && usage_.over_share(decoding.tenant, tenant) &&
+         usage_.usage(decoding.tenant) > usage_.usage(tenant);
 }
 
 }  // namespace exa::engine

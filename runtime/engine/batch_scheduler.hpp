@@ -15,8 +15,10 @@
 // (interactive first, then the tenant served least lately) instead of first
 // come, and while such a prompt waits, the decodes of tenants over their
 // share that have been served more than its tenant sit out the step (at most
-// max_held_steps steps in a row), so the light tenant's prefill runs in a
-// short step of its own. Batch invariance makes this safe: which tokens share
+// max_held_steps steps in a row), and so do their prompts' prefill chunks and
+// admissions, so the light tenant's prefill runs in a short step of its own.
+// A step already running when such a prompt arrives may stop for it at a
+// layer boundary (arrival_preempts, plan_interlude; cpu_engine.hpp). Batch invariance makes this safe: which tokens share
 // a step never changes what they compute. With fair_context_tokens, a
 // tenant over its share keeps only that much context in the running set, so
 // the decode steps a light tenant's prompt waits out stay short.
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.hpp"
@@ -95,6 +98,19 @@ class batch_scheduler {
   /// counts sequences pushed back to waiting while planning.
   std::vector<scheduled_chunk> plan(std::uint32_t& preempted);
 
+  /// Whether a request of `tenant` (weight, priority) about to arrive goes
+  /// before `planned` in fair order -- some of it yields to the request and
+  /// the rest is the request's own tenant's, in its class -- and would find
+  /// room in the running set: then a step running `planned` should stop for
+  /// its prefill (cpu_engine's yield). Interns the tenant.
+  bool arrival_preempts(const std::vector<scheduled_chunk>& planned, std::string_view tenant, double weight,
+                        request_priority priority);
+  /// The step that runs while a step of `suspended` waits part way: waiting
+  /// prompts that go before it (as arrival_preempts), admitted in fair order
+  /// into free blocks only (nothing is preempted) and prefilled, one chunk
+  /// each. Empty when there are none.
+  std::vector<scheduled_chunk> plan_interlude(const std::vector<scheduled_chunk>& suspended);
+
   std::size_t running() const noexcept { return running_.size(); }
   std::size_t waiting() const noexcept { return waiting_.size(); }
   bool empty() const noexcept { return running_.empty() && waiting_.empty(); }
@@ -113,12 +129,16 @@ class batch_scheduler {
             std::uint32_t& budget, std::uint32_t& preempted);
   void preempt(sequence& victim, std::vector<scheduled_chunk>& plan, std::uint32_t& budget);
   sequence* newest_after(const sequence& seq);
-  void admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget, bool fair);
+  void admit(std::vector<scheduled_chunk>& plan, std::uint32_t& budget, bool fair,
+             const std::vector<scheduled_chunk>* only_before = nullptr, const sequence* favoured = nullptr);
   void attach_cached(sequence& seq);
   bool contended() const;
   fair_key key(const sequence& seq, std::uint64_t order) const;
   const sequence* favoured_prefill() const;
   bool yields_to(const sequence& decoding, const sequence& favoured) const;
+  bool yields_to(const sequence& decoding, tenant_usage::slot tenant, request_priority priority) const;
+  bool goes_before(const std::vector<scheduled_chunk>& planned, tenant_usage::slot tenant,
+                   request_priority priority) const;
   bool within_context_budget(const sequence& candidate) const;
 
   scheduler_config config_;

@@ -1,6 +1,7 @@
 #include "engine/cpu_engine.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "common/assert.hpp"
@@ -103,6 +104,15 @@ expected<void> cpu_engine::submit(generation_request request) {
 
 void cpu_engine::cancel(seq_id id) {
   if (const sequence* s = scheduler_.find(id)) {
+    // A suspended step with this sequence in it is dropped whole: none of its
+    // sequences has advanced (`computed` moves when a step completes), so the
+    // next plan runs their tokens again from the start, overwriting the K/V
+    // its first layers wrote.
+    if (suspended_ && std::any_of(suspended_->plan.begin(), suspended_->plan.end(),
+                                  [&](const scheduled_chunk& c) { return c.seq == s; })) {
+      suspended_.reset();
+      suspension_.next_layer = 0;
+    }
     const finish_event event{id, finish_reason::cancelled, s->generated(), s->cached_tokens};
     scheduler_.remove(id);  // frees its KV blocks now, not at the next step
     if (spec_) spec_->forget(id);
@@ -136,18 +146,9 @@ bool cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_res
   return true;
 }
 
-step_result cpu_engine::step() {
-  step_result out;
-  out.finished = std::move(pending_finished_);
-  pending_finished_.clear();
-  if (fault_) return out;
-  const std::vector<scheduled_chunk> plan = scheduler_.plan(out.preempted);
-  stats_.preemptions += out.preempted;
-  if (plan.empty()) return out;
-  if (spec_) spec_->propose(plan, scheduler_, cache_);  // the draft's proposals (speculative.hpp)
-
+forward_batch cpu_engine::build_batch(const std::vector<scheduled_chunk>& plan, std::vector<sequence*>& wants_logits,
+                                      step_result& out) {
   forward_batch batch;
-  std::vector<sequence*> wants_logits;
   for (const scheduled_chunk& c : plan) {
     const auto index = static_cast<std::uint32_t>(batch.tables.size());
     batch.tables.push_back(&cache_.table(c.seq->request.id));
@@ -160,14 +161,13 @@ step_result cpu_engine::step() {
     if (spec_) append_proposals(batch, *c.seq, index);
     if (c.seq->pending() > 1) out.prefill_tokens += c.n_tokens;  // not a one-token decode
   }
-  if (auto ok = forward_->execute(batch, logits_); !ok) {
-    // Nothing of this step happened: no sequence advances, and none will.
-    fault_ = ok.error().message;
-    return out;
-  }
+  return batch;
+}
+
+void cpu_engine::finish_step(const std::vector<scheduled_chunk>& plan, const std::vector<sequence*>& wants_logits,
+                             step_result& out) {
   ++stats_.steps;
   stats_.prefill_tokens += out.prefill_tokens;
-
   for (const scheduled_chunk& c : plan) {
     c.seq->computed += c.n_tokens;
     cache_.publish(c.seq->request.id, c.seq->tokens, c.seq->computed);  // full blocks join the prefix cache
@@ -179,7 +179,104 @@ step_result cpu_engine::step() {
     for (std::size_t i = 0; i < wants_logits.size(); ++i)
       sample_and_advance(*wants_logits[i], logits_.data() + i * vocab, out);
   out.decode_tokens = static_cast<std::uint32_t>(wants_logits.size());
+}
+
+void cpu_engine::offer_arrival(arrival_hint hint) {
+  const std::lock_guard lock(offers_mu_);
+  if (offers_.size() >= max_offers) return;
+  offers_.push_back(std::move(hint));
+  offered_.store(true, std::memory_order_release);
+}
+
+bool cpu_engine::arrival_preempts(const std::vector<scheduled_chunk>& plan) {
+  if (!offered_.load(std::memory_order_acquire)) return false;
+  std::vector<arrival_hint> offers;
+  {
+    const std::lock_guard lock(offers_mu_);
+    offers.swap(offers_);
+    offered_.store(false, std::memory_order_relaxed);
+  }
+  return std::any_of(offers.begin(), offers.end(), [&](const arrival_hint& h) {
+    return scheduler_.arrival_preempts(plan, h.tenant, h.tenant_weight, h.priority);
+  });
+}
+
+step_result cpu_engine::step() {
+  step_result out;
+  out.finished = std::move(pending_finished_);
+  pending_finished_.clear();
+  if (fault_) return out;
+  if (suspended_) {
+    continue_suspended(out);
+    return out;
+  }
+  const std::vector<scheduled_chunk> plan = scheduler_.plan(out.preempted);
+  stats_.preemptions += out.preempted;
+  if (plan.empty()) return out;
+  if (spec_) spec_->propose(plan, scheduler_, cache_);  // the draft's proposals (speculative.hpp)
+
+  std::vector<sequence*> wants_logits;
+  forward_batch batch = build_batch(plan, wants_logits, out);
+  if (!spec_ && forward_->can_yield()) {
+    const std::function<bool()> should_yield = [&] { return arrival_preempts(plan); };
+    auto ran = forward_->execute_yielding(batch, logits_, suspension_, should_yield);
+    if (!ran) {
+      fault_ = ran.error().message;
+      return out;
+    }
+    if (*ran) {  // stopped at a layer boundary: the arrival's prefill goes next
+      suspended_ = suspended_step{plan, std::move(batch), std::move(wants_logits), out.prefill_tokens, false};
+      out.prefill_tokens = 0;
+      out.yielded = true;
+      ++stats_.yielded_steps;
+      return out;
+    }
+  } else if (auto ok = forward_->execute(batch, logits_); !ok) {
+    // Nothing of this step happened: no sequence advances, and none will.
+    fault_ = ok.error().message;
+    return out;
+  }
+  finish_step(plan, wants_logits, out);
   return out;
+}
+
+void cpu_engine::continue_suspended(step_result& out) {
+  suspended_step& s = *suspended_;
+  if (!s.interlude_ran) {
+    // The prompts the step stopped for, alone: a short step, their first
+    // tokens at its end.
+    s.interlude_ran = true;
+    const std::vector<scheduled_chunk> plan = scheduler_.plan_interlude(s.plan);
+    if (!plan.empty()) {
+      std::vector<sequence*> wants_logits;
+      const forward_batch batch = build_batch(plan, wants_logits, out);
+      if (auto ok = forward_->execute(batch, logits_); !ok) {
+        fault_ = ok.error().message;
+        return;
+      }
+      finish_step(plan, wants_logits, out);
+      return;
+    }
+  }
+  // The stopped step's remaining layers, from the hidden state it kept. It
+  // may stop again for a later arrival (at least one layer on: it always
+  // progresses), and have another interlude.
+  const std::function<bool()> should_yield = [&] { return arrival_preempts(s.plan); };
+  auto ran = forward_->execute_yielding(s.batch, logits_, suspension_, should_yield);
+  if (!ran) {
+    fault_ = ran.error().message;
+    return;
+  }
+  if (*ran) {
+    s.interlude_ran = false;
+    out.yielded = true;
+    ++stats_.yielded_steps;
+    return;
+  }
+  const suspended_step done = std::move(s);
+  suspended_.reset();
+  out.prefill_tokens = done.prefill_tokens;
+  finish_step(done.plan, done.wants_logits, out);
 }
 
 engine_stats cpu_engine::stats() const {

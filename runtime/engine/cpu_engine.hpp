@@ -4,7 +4,9 @@
 // sampler. One instance per replica; the model and the thread pool may be
 // shared with other replicas (calls into one engine must not overlap).
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +62,11 @@ class cpu_engine final : public inference_engine {
   void cancel(seq_id id) override;
   bool idle() const override;
   step_result step() override;
+  /// Stops the running step at its next layer boundary when the arrival
+  /// goes before all of it (engine.hpp). Only on one device without a draft
+  /// model: a tensor-parallel group's layers are collectives, and a
+  /// speculative step's draft has run already.
+  void offer_arrival(arrival_hint hint) override;
   engine_stats stats() const override;
   prefix_summary cached_prefixes(std::size_t max_hashes) const override;
   /// Why the engine failed: its forward did (a tensor-parallel group's
@@ -79,6 +86,17 @@ class cpu_engine final : public inference_engine {
   /// finished the sequence (it is gone then).
   bool sample_and_advance(sequence& seq, const float* logits, step_result& out,
                           std::optional<model::token_id> decided = std::nullopt);
+  // A planned step's batch and the sequences whose logits it returns.
+  forward_batch build_batch(const std::vector<scheduled_chunk>& plan, std::vector<sequence*>& wants_logits,
+                            step_result& out);
+  // After a step's forward: advances, publishes, samples and emits.
+  void finish_step(const std::vector<scheduled_chunk>& plan, const std::vector<sequence*>& wants_logits,
+                   step_result& out);
+  // step() while a step is suspended: its interlude, then the rest of it.
+  void continue_suspended(step_result& out);
+  // At a layer boundary of `plan`'s forward: whether an arrival offered
+  // meanwhile goes before all of it (consumes the offers).
+  bool arrival_preempts(const std::vector<scheduled_chunk>& plan);
   // Speculative decoding hooks (speculative.hpp).
   void append_proposals(forward_batch& batch, const sequence& seq, std::uint32_t index);
   void emit_speculated(const std::vector<sequence*>& wants_logits, step_result& out);
@@ -94,6 +112,24 @@ class cpu_engine final : public inference_engine {
   engine_stats stats_;
   std::unique_ptr<speculator> spec_;  // null without a draft model
   std::optional<std::string> fault_;  // set when a forward failed
+
+  // A step stopped at a layer boundary for an arrival (offer_arrival): its
+  // plan and batch as they were, until the step after its interlude ends it.
+  struct suspended_step {
+    std::vector<scheduled_chunk> plan;
+    forward_batch batch;
+    std::vector<sequence*> wants_logits;
+    std::uint32_t prefill_tokens = 0;
+    bool interlude_ran = false;
+  };
+  std::optional<suspended_step> suspended_;
+  forward_suspension suspension_;
+  // Offered arrivals (any thread), bounded: past the bound, offers are
+  // dropped (the request then waits for the step, as without offers).
+  static constexpr std::size_t max_offers = 64;
+  std::mutex offers_mu_;
+  std::vector<arrival_hint> offers_;
+  std::atomic<bool> offered_{false};
 };
 
 }  // namespace exa::engine

@@ -71,6 +71,9 @@ struct step_result {
   std::uint32_t prefill_tokens = 0;  // prompt tokens computed this step
   std::uint32_t decode_tokens = 0;   // sequences that produced a token
   std::uint32_t preempted = 0;       // sequences pushed back to waiting
+  /// The step stopped at a layer boundary for an arrival's prefill
+  /// (offer_arrival) and produced nothing yet: the step after next completes it.
+  bool yielded = false;
   /// Modeled duration of this step (simulated engines); 0 for engines that
   /// run for real (their time is measured, not modeled).
   double duration_s = 0;
@@ -85,6 +88,8 @@ struct engine_stats {
   std::uint64_t generated_tokens = 0;
   std::uint64_t prefill_tokens = 0;
   std::uint64_t preemptions = 0;
+  /// Steps stopped at a layer boundary for a lighter arrival's prefill.
+  std::uint64_t yielded_steps = 0;
   /// Prefix cache: prompt tokens looked up at admission, and how many of
   /// them were found cached (hit rate = hit / lookup); blocks held in the
   /// cache now (referenced or evictable).
@@ -102,6 +107,13 @@ struct engine_stats {
 struct prefix_summary {
   std::uint32_t block_tokens = 0;  // 0: no prefix cache
   std::vector<std::uint64_t> hashes;
+};
+
+/// Who a request about to be submitted is from (offer_arrival).
+struct arrival_hint {
+  std::string tenant;
+  double tenant_weight = 1;
+  request_priority priority = request_priority::interactive;
 };
 
 class inference_engine {
@@ -123,6 +135,19 @@ class inference_engine {
   /// Runs one batched step: every running sequence advances by one token or
   /// one prefill chunk.
   virtual step_result step() = 0;
+  /// A request from `hint`'s tenant will be submitted once the step now
+  /// running returns. The one call that may overlap step() (any thread). An
+  /// engine that can stop a step at a layer boundary (the CPU engine on one
+  /// device) does so when that request's prompt goes before every sequence
+  /// in the step in fair order (a light tenant beside tenants over their
+  /// share, an interactive request beside batch work): that step returns
+  /// `yielded` with nothing produced, the next one prefills such prompts
+  /// alone (the arrival's first token leaves then), and the one after goes
+  /// on with the stopped step (which may stop again, a layer or more later,
+  /// for a later arrival) and completes it bitwise as it would have run. So
+  /// the light prompt waits out about one layer of a heavy step, not all of
+  /// it. Other engines ignore the hint.
+  virtual void offer_arrival(arrival_hint hint) { (void)hint; }
   virtual engine_stats stats() const = 0;
   /// The prefix cache's block hashes, at most `max_hashes`, most recently
   /// used first; an empty summary for engines without a prefix cache.

@@ -213,10 +213,26 @@ void llama_forward::run(const forward_batch& batch, std::vector<float>& logits) 
 }
 
 expected<void> llama_forward::execute(const forward_batch& batch, std::vector<float>& logits) {
+  auto ran = run_layers(batch, logits, nullptr, nullptr);
+  if (!ran) return std::unexpected(ran.error());
+  return {};
+}
+
+expected<bool> llama_forward::execute_yielding(const forward_batch& batch, std::vector<float>& logits,
+                                               forward_suspension& state, const std::function<bool()>& should_yield) {
+  if (comm_ != nullptr) {
+    if (state.next_layer != 0) return make_error(errc::internal, "a tensor-parallel member cannot resume a suspended batch");
+    return run_layers(batch, logits, nullptr, nullptr);
+  }
+  return run_layers(batch, logits, &state, &should_yield);
+}
+
+expected<bool> llama_forward::run_layers(const forward_batch& batch, std::vector<float>& logits,
+                                         forward_suspension* state, const std::function<bool()>* should_yield) {
   const std::size_t n_tok = batch.tokens.size();
   const std::size_t dim = config_.dim;
   logits.clear();
-  if (n_tok == 0) return {};
+  if (n_tok == 0) return false;
   kernels_ = &active_kernels();
   x_.resize(n_tok * dim);
   xn_.resize(n_tok * dim);
@@ -228,11 +244,21 @@ expected<void> llama_forward::execute(const forward_batch& batch, std::vector<fl
   gate_.resize(n_tok * ff_);
   up_.resize(n_tok * ff_);
 
-  for (std::size_t t = 0; t < n_tok; ++t) {
-    const auto token = batch.tokens[t].token;
-    EXA_ASSERT(token >= 0 && static_cast<std::uint64_t>(token) < weights_.token_embd.rows);
-    EXA_ASSERT(batch.tokens[t].seq_index < batch.tables.size());
-    dequantize_row(weights_.token_embd, static_cast<std::size_t>(token), x_.data() + t * dim);
+  // A suspended batch goes on from its hidden state; a new one starts from
+  // its tokens' embeddings.
+  const std::uint32_t first_layer = state != nullptr ? state->next_layer : 0;
+  if (first_layer != 0) {
+    EXA_ASSERT_MSG(first_layer < config_.n_layers && state->hidden.size() == n_tok * dim,
+                   "a suspended forward resumed with another batch");
+    std::copy(state->hidden.begin(), state->hidden.end(), x_.begin());
+    state->next_layer = 0;
+  } else {
+    for (std::size_t t = 0; t < n_tok; ++t) {
+      const auto token = batch.tokens[t].token;
+      EXA_ASSERT(token >= 0 && static_cast<std::uint64_t>(token) < weights_.token_embd.rows);
+      EXA_ASSERT(batch.tokens[t].seq_index < batch.tables.size());
+      dequantize_row(weights_.token_embd, static_cast<std::size_t>(token), x_.data() + t * dim);
+    }
   }
 
   // Each token's RoPE angles, once for all the layers.
@@ -242,15 +268,22 @@ expected<void> llama_forward::execute(const forward_batch& batch, std::vector<fl
     rope_table(batch.tokens[t].pos, rope_, cos_t, cos_t + rope_.rope_dim / 2);
   });
 
-  for (std::uint32_t l = 0; l < config_.n_layers; ++l) {
+  for (std::uint32_t l = first_layer; l < config_.n_layers; ++l) {
+    // A layer boundary: x_ is the whole state between layers (the K/V of
+    // the layers done is in the cache), so keeping it is stopping here.
+    if (l > first_layer && should_yield != nullptr && (*should_yield)()) {
+      state->hidden.assign(x_.begin(), x_.begin() + static_cast<std::ptrdiff_t>(n_tok * dim));
+      state->next_layer = l;
+      return true;
+    }
     for_tokens(n_tok, [&](std::size_t t) {
       rms_norm(x_.data() + t * dim, attn_norm_[l].data(), dim, config_.rms_eps, xn_.data() + t * dim);
     });
-    if (auto ok = attention_layer(batch, l); !ok) return ok;
-    if (auto ok = mlp_layer(l, n_tok); !ok) return ok;
+    if (auto ok = attention_layer(batch, l); !ok) return std::unexpected(ok.error());
+    if (auto ok = mlp_layer(l, n_tok); !ok) return std::unexpected(ok.error());
   }
   // Every member holds the same hidden state now: rank 0 alone computes logits.
-  if (comm_ != nullptr && comm_->rank() != 0) return {};
+  if (comm_ != nullptr && comm_->rank() != 0) return false;
 
   // Only the tokens that need logits go through the final norm and head.
   std::size_t n_out = 0;
@@ -262,7 +295,7 @@ expected<void> llama_forward::execute(const forward_batch& batch, std::vector<fl
   const std::size_t vocab = output_.rows;
   logits.resize(n_out * vocab);
   matmul(output_, xn_.data(), dim, n_out, logits.data(), vocab, pool_, other_acts_);
-  return {};
+  return false;
 }
 
 }  // namespace exa::engine

@@ -21,6 +21,7 @@
 // all-reduce, so rank 0 alone computes logits.
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/error.hpp"
@@ -55,6 +56,14 @@ struct forward_batch {
   std::vector<const std::vector<block_id>*> tables;
 };
 
+/// A forward pass stopped at a layer boundary (execute_yielding): the batch's
+/// hidden state after its first `next_layer` layers. The K/V of those layers
+/// is in the cache already; the rest is written when the pass goes on.
+struct forward_suspension {
+  std::uint32_t next_layer = 0;  // 0: nothing suspended
+  aligned_vector<float> hidden;  // [tokens][dim]
+};
+
 /// Runs a batch through the model: one llama_forward, or a tensor-parallel
 /// group of them (tp_group.hpp).
 class forward_executor {
@@ -64,6 +73,22 @@ class forward_executor {
   /// set, in batch order. Errors: unavailable when a tensor-parallel group's
   /// collective failed (the group is aborted; nothing more will run).
   virtual expected<void> execute(const forward_batch& batch, std::vector<float>& logits) = 0;
+  /// Whether execute_yielding can stop part way (otherwise it runs whole).
+  virtual bool can_yield() const noexcept { return false; }
+  /// execute(), stopping at a layer boundary when asked: before each layer
+  /// after the first one it runs, `should_yield()` is asked, and when it says
+  /// yes the pass keeps the batch's hidden state in `state` and returns true
+  /// (no logits). Called again with that state and the same batch, it goes on
+  /// from there (another batch may run in between, on other sequences' KV);
+  /// what it computes is bitwise what one uninterrupted pass computes.
+  /// Executors that cannot stop run the whole batch and return false.
+  virtual expected<bool> execute_yielding(const forward_batch& batch, std::vector<float>& logits,
+                                          forward_suspension& state, const std::function<bool()>& should_yield) {
+    (void)should_yield;
+    if (state.next_layer != 0) return make_error(errc::internal, "this forward pass cannot resume a suspended batch");
+    if (auto ok = execute(batch, logits); !ok) return std::unexpected(ok.error());
+    return false;
+  }
 };
 
 class llama_forward final : public forward_executor {
@@ -81,12 +106,21 @@ class llama_forward final : public forward_executor {
   /// execute() on one device, where nothing can fail.
   void run(const forward_batch& batch, std::vector<float>& logits);
   expected<void> execute(const forward_batch& batch, std::vector<float>& logits) override;
+  /// On one device only: a tensor-parallel member's layers are collectives
+  /// its group runs together.
+  bool can_yield() const noexcept override { return comm_ == nullptr; }
+  expected<bool> execute_yielding(const forward_batch& batch, std::vector<float>& logits,
+                                  forward_suspension& state, const std::function<bool()>& should_yield) override;
 
   const model::llama_config& config() const noexcept { return config_; }
 
  private:
   llama_forward(const model::llama_config& config, const model::llama_weights& weights, kv_pages pages,
                 thread_pool& pool, communicator* comm);
+  // The pass behind execute() and execute_yielding(); `state` and
+  // `should_yield` null when it may not stop.
+  expected<bool> run_layers(const forward_batch& batch, std::vector<float>& logits, forward_suspension* state,
+                            const std::function<bool()>* should_yield);
   expected<void> attention_layer(const forward_batch& batch, std::uint32_t layer);
   expected<void> mlp_layer(std::uint32_t layer, std::size_t n_tok);
   // Sums `n` floats over the group in place; nothing on one device.

@@ -8,11 +8,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
 
 #include "engine/batch_scheduler.hpp"
+#include "engine/llama_forward.hpp"
 #include "engine/sim_engine.hpp"
 #include "engine/tenant_usage.hpp"
 #include "fixtures.hpp"
@@ -170,6 +172,27 @@ TEST_CASE("scheduler: a light tenant's prompt goes first, and heavy decodes sit 
   CHECK(r.sched.held_decodes() == 0);
 }
 
+TEST_CASE("scheduler: a heavy tenant's prefill chunks and admissions sit out with its decodes", "[fair][scheduler]") {
+  scheduler_config cfg = small_config();
+  cfg.max_running = 6;
+  sched_rig r(256, cfg);
+  for (seq_id id = 1; id <= 3; ++id) r.add(id, 8, "heavy");
+  for (int i = 0; i < 12; ++i) r.step();
+  r.add(4, 40, "heavy");
+  CHECK(r.step() == plan_t{{1, 1}, {2, 1}, {3, 1}, {4, 4}});  // one tenant: first come
+  r.add(5, 8, "heavy");
+  r.add(6, 8, "light");
+  // The light prompt alone: no heavy decode, no chunk of the heavy prompt
+  // being prefilled, no heavy admission -- two steps in a row at most.
+  CHECK(r.step() == plan_t{{6, 4}});
+  CHECK(r.sched.held_decodes() == 3);
+  CHECK(r.sched.waiting() == 1);
+  CHECK(r.step() == plan_t{{6, 4}});
+  const plan_t all = r.step();
+  CHECK(all.size() == 6);  // everything again: 1-3, 4's chunk, 6's decode, 5 admitted
+  CHECK(r.sched.waiting() == 0);
+}
+
 TEST_CASE("scheduler: one tenant keeps first-come order and never holds decodes back", "[fair][scheduler]") {
   sched_rig r(256, small_config());
   for (seq_id id = 1; id <= 3; ++id) r.add(id, 8, "only");
@@ -286,6 +309,277 @@ TEST_CASE("cpu engine: across tenants every request still gets the tokens it get
   const auto refused = e.submit(bad);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code == errc::invalid_argument);
+}
+
+// ---- a step stopped at a layer boundary (CPU engine) ------------------------------
+
+TEST_CASE("forward: a batch stopped at any layer boundary and resumed after another batch gives bitwise its logits",
+          "[fair][engine]") {
+  auto spec = test::tiny_spec(model::tensor_type::q8_0);
+  spec.n_layers = 4;
+  auto m = test::make_model(spec);
+  const std::uint32_t vocab = m->config().vocab_size;
+  auto pool = test::make_pool(*m, 1024);
+  kv_cache cache(*pool, {m->config().n_layers, m->config().kv_dim(), 16});
+  thread_pool threads(2);
+  llama_forward fwd(m->config(), m->weights(), cache, threads);
+  const std::vector<std::vector<std::int32_t>> heavy{test::test_prompt(9, vocab, 1), test::test_prompt(5, vocab, 2)};
+  const std::vector<std::int32_t> light = test::test_prompt(20, vocab, 3);
+  // Every token of the given sequences (ids) in one batch, all with logits.
+  const auto batch_of = [&](const std::vector<std::pair<seq_id, const std::vector<std::int32_t>*>>& seqs) {
+    forward_batch b;
+    for (const auto& [id, tokens] : seqs) {
+      REQUIRE(cache.reserve(id, static_cast<std::uint32_t>(tokens->size())));
+      const auto index = static_cast<std::uint32_t>(b.tables.size());
+      b.tables.push_back(&cache.table(id));
+      for (std::uint32_t p = 0; p < tokens->size(); ++p) b.tokens.push_back({(*tokens)[p], p, index, true});
+    }
+    return b;
+  };
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  std::vector<float> want_heavy, want_light;
+  fwd.run(batch_of({{1, &heavy[0]}, {2, &heavy[1]}}), want_heavy);
+  fwd.run(batch_of({{3, &light}}), want_light);
+  REQUIRE(fwd.can_yield());
+
+  for (std::uint32_t stop = 1; stop < spec.n_layers; ++stop) {
+    CAPTURE(stop);
+    const seq_id base = 10 * (stop + 1);
+    const forward_batch stopped = batch_of({{base + 1, &heavy[0]}, {base + 2, &heavy[1]}});
+    forward_suspension state;
+    std::uint32_t asked = 0;
+    std::vector<float> logits;
+    // Asked before layers 1, 2, 3: yes the stop-th time.
+    auto ran = fwd.execute_yielding(stopped, logits, state, [&] { return ++asked == stop; });
+    REQUIRE(ran.has_value());
+    CHECK(*ran);
+    CHECK(asked == stop);
+    CHECK(state.next_layer == stop);
+    CHECK(logits.empty());
+    // Another batch, on other sequences, in between.
+    std::vector<float> between;
+    fwd.run(batch_of({{base + 3, &light}}), between);
+    CHECK(same(between, want_light));
+    ran = fwd.execute_yielding(stopped, logits, state, [] { return false; });
+    REQUIRE(ran.has_value());
+    CHECK_FALSE(*ran);
+    CHECK(state.next_layer == 0);
+    CHECK(same(logits, want_heavy));
+  }
+}
+
+namespace {
+
+// Three heavy requests decoding, then a light one offered while a step runs.
+struct yield_rig {
+  std::shared_ptr<const model::llama_model> m;
+  thread_pool threads{2};
+  std::unique_ptr<gpu::cpu_memory_pool> pool;
+  std::unique_ptr<cpu_engine> e;
+  std::map<seq_id, std::vector<std::int32_t>> got;
+  std::vector<finish_event> finished;
+
+  explicit yield_rig(std::shared_ptr<const model::llama_model> model) : m(std::move(model)) {
+    cpu_engine_config cfg;
+    cfg.scheduler.usage.lately_tokens = 1;
+    pool = test::make_pool(*m, 1024);
+    e = std::make_unique<cpu_engine>(m, *pool, threads, cfg);
+  }
+  step_result step() {
+    step_result r = e->step();
+    for (const auto& t : r.tokens) got[t.id].push_back(t.token);
+    finished.insert(finished.end(), r.finished.begin(), r.finished.end());
+    return r;
+  }
+  void drain() {
+    for (int i = 0; i < 1000 && !e->idle(); ++i) step();
+    REQUIRE(e->idle());
+  }
+};
+
+generation_request yield_request(seq_id id, std::uint32_t vocab, const std::string& tenant,
+                                 request_priority priority = request_priority::interactive) {
+  generation_request r = test::request(id, test::test_prompt(5 + id * 3, vocab, id), 12, {0.8f, 0.9f, 30, 7 + id});
+  r.tenant = tenant;
+  r.priority = priority;
+  return r;
+}
+
+std::vector<std::int32_t> tokens_alone(std::shared_ptr<const model::llama_model> m, generation_request r) {
+  thread_pool threads(1);
+  auto pool = test::make_pool(*m, 512);
+  cpu_engine e(m, *pool, threads, {});
+  r.id = 0;  // run_to_completion's numbering
+  REQUIRE(e.submit(r));
+  return test::run_to_completion(e, 1)[0];
+}
+
+}  // namespace
+
+TEST_CASE("cpu engine: a heavy tenant's step stops at a layer boundary for a light tenant's prompt", "[fair][engine]") {
+  auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
+  const std::uint32_t vocab = m->config().vocab_size;
+  yield_rig r(m);
+  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+  while (r.got.size() < 3) r.step();  // all three prefilled: decoding now
+  const auto before = r.got;
+
+  // The light request is offered while the next step runs (here: before it;
+  // the step asks at its first layer boundary).
+  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  const step_result stopped = r.step();
+  CHECK(stopped.yielded);
+  CHECK(stopped.tokens.empty());
+  CHECK(stopped.decode_tokens == 0);
+  CHECK(r.e->stats().yielded_steps == 1);
+  CHECK_FALSE(r.e->idle());
+  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  // The interlude: the light prompt alone, its first token at its end.
+  const step_result interlude = r.step();
+  CHECK_FALSE(interlude.yielded);
+  REQUIRE(interlude.tokens.size() == 1);
+  CHECK(interlude.tokens[0].id == 4);
+  CHECK(interlude.tokens[0].index == 0);
+  CHECK(interlude.prefill_tokens == yield_request(4, vocab, "light").prompt.size());
+  // Then the stopped step ends: one token for each heavy request.
+  const step_result resumed = r.step();
+  CHECK(resumed.tokens.size() == 3);
+  for (const auto& t : resumed.tokens) CHECK(t.id != 4);
+  CHECK(r.got == [&] {
+    auto want = before;
+    want[4] = {interlude.tokens[0].token};
+    for (const auto& t : resumed.tokens) want[t.id].push_back(t.token);
+    return want;
+  }());
+  r.drain();
+  // Every request's tokens as alone, bitwise (seeded sampling reads every logit).
+  for (seq_id id = 1; id <= 4; ++id) {
+    CAPTURE(id);
+    CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, id == 4 ? "light" : "heavy")));
+  }
+  CHECK(r.e->stats().yielded_steps == 1);
+}
+
+TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later arrival", "[fair][engine]") {
+  auto spec = test::tiny_spec(model::tensor_type::q8_0);
+  spec.n_layers = 4;
+  auto m = test::make_model(spec);
+  const std::uint32_t vocab = m->config().vocab_size;
+  yield_rig r(m);
+  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+  while (r.got.size() < 3) r.step();
+  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  REQUIRE(r.step().yielded);  // at layer 1
+  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  // The second light request is offered while the first one's interlude
+  // runs: the stopped step stops again at its next boundary, for it.
+  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  const step_result first = r.step();
+  REQUIRE(first.tokens.size() == 1);
+  CHECK(first.tokens[0].id == 4);
+  const step_result again = r.step();
+  CHECK(again.yielded);
+  CHECK(again.tokens.empty());
+  REQUIRE(r.e->submit(yield_request(5, vocab, "light")));
+  const step_result second = r.step();  // the second interlude: request 5 alone
+  REQUIRE(second.tokens.size() == 1);
+  CHECK(second.tokens[0].id == 5);
+  const step_result ended = r.step();  // the heavy step, at last
+  CHECK(ended.tokens.size() == 3);     // the three heavy ones, nothing else
+  for (const auto& t : ended.tokens) CHECK(t.id <= 3);
+  CHECK(r.e->stats().yielded_steps == 2);
+  r.drain();
+  for (seq_id id = 1; id <= 5; ++id) {
+    CAPTURE(id);
+    CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, id >= 4 ? "light" : "heavy")));
+  }
+}
+
+TEST_CASE("cpu engine: a step does not stop for an arrival that does not go before all of it", "[fair][engine]") {
+  auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
+  const std::uint32_t vocab = m->config().vocab_size;
+  SECTION("the same tenant") {
+    yield_rig r(m);
+    for (seq_id id = 1; id <= 2; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+    while (r.got.size() < 2) r.step();
+    r.e->offer_arrival({"heavy", 1, request_priority::interactive});
+    CHECK_FALSE(r.step().yielded);
+  }
+  SECTION("a batch arrival beside interactive work") {
+    yield_rig r(m);
+    for (seq_id id = 1; id <= 2; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+    while (r.got.size() < 2) r.step();
+    r.e->offer_arrival({"light", 1, request_priority::batch});
+    CHECK_FALSE(r.step().yielded);
+  }
+  SECTION("a step with work that does not yield to it, beside work that does") {
+    yield_rig r(m);
+    for (seq_id id = 1; id <= 2; ++id)
+      REQUIRE(r.e->submit(yield_request(id, vocab, "heavy", request_priority::batch)));
+    REQUIRE(r.e->submit(yield_request(3, vocab, "other")));
+    while (r.got.size() < 3) r.step();
+    // Heavy batch work yields to a batch arrival of a tenant served less,
+    // but the other tenant's interactive decode goes before it.
+    r.e->offer_arrival({"light", 1, request_priority::batch});
+    CHECK_FALSE(r.step().yielded);
+    CHECK(r.e->stats().yielded_steps == 0);
+  }
+  SECTION("but a step with the arrival's own tenant's work beside heavy work stops") {
+    yield_rig r(m);
+    for (seq_id id = 1; id <= 2; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+    while (r.got.size() < 2) r.step();
+    REQUIRE(r.e->submit(yield_request(3, vocab, "light")));
+    while (r.got.size() < 3) r.step();  // the light one decodes beside them now
+    r.e->offer_arrival({"light", 1, request_priority::interactive});
+    CHECK(r.step().yielded);
+    REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+    r.drain();
+    for (seq_id id = 1; id <= 4; ++id) {
+      CAPTURE(id);
+      CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, id >= 3 ? "light" : "heavy")));
+    }
+  }
+  SECTION("but batch work stops for an interactive arrival of its own tenant") {
+    yield_rig r(m);
+    for (seq_id id = 1; id <= 2; ++id)
+      REQUIRE(r.e->submit(yield_request(id, vocab, "t", request_priority::batch)));
+    while (r.got.size() < 2) r.step();
+    r.e->offer_arrival({"t", 1, request_priority::interactive});
+    CHECK(r.step().yielded);
+    REQUIRE(r.e->submit(yield_request(3, vocab, "t")));
+    r.drain();
+    for (seq_id id = 1; id <= 3; ++id) {
+      CAPTURE(id);
+      CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, "t")));
+    }
+  }
+}
+
+TEST_CASE("cpu engine: cancelling a request of a stopped step drops the step and loses nothing else",
+          "[fair][engine]") {
+  auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
+  const std::uint32_t vocab = m->config().vocab_size;
+  yield_rig r(m);
+  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+  while (r.got.size() < 3) r.step();
+  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  REQUIRE(r.step().yielded);
+  r.e->cancel(2);
+  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  r.drain();
+  REQUIRE(std::count_if(r.finished.begin(), r.finished.end(), [](const finish_event& f) {
+            return f.id == 2 && f.reason == finish_reason::cancelled;
+          }) == 1);
+  for (const seq_id id : {seq_id{1}, seq_id{3}, seq_id{4}}) {
+    CAPTURE(id);
+    CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, id == 4 ? "light" : "heavy")));
+  }
+  // The cancelled one got a prefix of its tokens alone, and nothing after.
+  const auto alone = tokens_alone(m, yield_request(2, vocab, "heavy"));
+  REQUIRE(r.got[2].size() < alone.size());
+  CHECK(std::equal(r.got[2].begin(), r.got[2].end(), alone.begin()));
 }
 
 // ---- simulated engine -------------------------------------------------------------

@@ -364,6 +364,7 @@ expected<std::shared_ptr<engine::inference_engine>> make_sim_engine(const replic
   c.kv_capacity_tokens = spec.kv_tokens;
   c.prefill_ends_step = true;  // first tokens at the moment they exist: exact TTFT
   c.prefix_block_tokens = res.sim_prefix_block_tokens;
+  c.layer_yield = res.sim_layer_yield;
   return std::make_shared<engine::sim_engine>(*cost, c);
 }
 
@@ -556,12 +557,12 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   auto promise = self->make_response_promise<ok_atom>();
   // A simulated step covers many decode steps: cut it at the next boundary
   // so this request joins when it would on a real engine.
+  // A step may stop at a layer boundary for this request's prompt when it
+  // goes before everything in the step (a light tenant beside heavy ones):
+  // the engine decides, on its own thread (engine.hpp); a simulated one when
+  // the cut below asks.
+  if (st.step_in_flight && st.engine) st.engine->offer_arrival({req.tenant, req.tenant_weight, req.priority});
   if (st.step_in_flight && st.ctx.spec.engine == "sim") self->send(st.ctx.device, interrupt_step{st.engine.get()});
-  // A real step may stop at a layer boundary for this request's prompt
-  // when it goes before everything in the step (a light tenant beside
-  // heavy ones): the engine decides, on its own thread (engine.hpp).
-  else if (st.step_in_flight && st.engine)
-    st.engine->offer_arrival({req.tenant, req.tenant_weight, req.priority});
   with_engine(self, [=]() mutable {
     auto& s = self->state;
     EXA_ASSERT_MSG(!s.step_out, "engine submit while a step is out on the device");

@@ -11,5 +11,7 @@ cache="${EXASERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve}/models"
 mkdir -p "$cache"
 model="$cache/small-q8_0-seed1-a64.gguf"
 [ -f "$model" ] || build/bin/exaserve gen-model --preset small --type q8_0 --out "$model"
-grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo | head -1 | sed 's/^/fair_yield: widest vector ISA on this CPU: /'
+isa=avx2-or-less
+grep -qw avx512f /proc/cpuinfo && isa=avx512f
+echo "fair_yield: widest vector ISA on this CPU: $isa (/proc/cpuinfo)"
 exec build/bin/fair_yield --model "$model" "$@"

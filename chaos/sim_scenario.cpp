@@ -75,11 +75,15 @@ bool is_one_of(const Names& names, std::string_view s) {
 }
 
 void parse_topology(const object_reader& r, sim_topology& t) {
-  r.known_keys({"nodes", "gpus_per_node", "racks", "gpu", "prefix_cache_block_tokens"});
+  r.known_keys({"nodes", "gpus_per_node", "racks", "gpu", "prefix_cache_block_tokens", "layer_yield"});
   r.u32("nodes", 1, max_nodes, t.nodes);
   r.u32("gpus_per_node", 1, max_gpus_per_node, t.gpus_per_node);
   r.u32("racks", 1, max_nodes, t.racks);
   r.u32("prefix_cache_block_tokens", 0, 1024, t.prefix_cache_block_tokens);
+  if (!r.errors().failed() && r.has("layer_yield")) {
+    if (!r.at("layer_yield").is_boolean()) r.errors().fail(r.field("layer_yield"), "must be true or false");
+    else t.layer_yield = r.at("layer_yield").get<bool>();
+  }
   if (!r.errors().failed() && t.racks > t.nodes)
     r.errors().fail(r.field("racks"), fmt::format("{} racks for {} nodes leaves racks empty", t.racks, t.nodes));
   r.string("gpu", 32, t.gpu);

@@ -111,7 +111,7 @@ void cpu_engine::cancel(seq_id id) {
     if (suspended_ && std::any_of(suspended_->plan.begin(), suspended_->plan.end(),
                                   [&](const scheduled_chunk& c) { return c.seq == s; })) {
       suspended_.reset();
-      suspension_.next_layer = 0;
+      suspension_.next_stage = 0;
     }
     const finish_event event{id, finish_reason::cancelled, s->generated(), s->cached_tokens};
     scheduler_.remove(id);  // frees its KV blocks now, not at the next step

@@ -137,16 +137,18 @@ class inference_engine {
   virtual step_result step() = 0;
   /// A request from `hint`'s tenant will be submitted once the step now
   /// running returns. The one call that may overlap step() (any thread). An
-  /// engine that can stop a step at a layer boundary (the CPU engine on one
-  /// device) does so when that request's prompt goes before every sequence
-  /// in the step in fair order (a light tenant beside tenants over their
+  /// engine that can stop a step part way (the CPU engine on one device:
+  /// between layers, or between a layer's attention and its MLP) does so at
+  /// the next such boundary when that request's prompt goes before the step
+  /// in fair order (a light tenant beside tenants over their
   /// share, an interactive request beside batch work): that step returns
   /// `yielded` with nothing produced, the next one prefills such prompts
   /// alone (the arrival's first token leaves then), and the one after goes
-  /// on with the stopped step (which may stop again, a layer or more later,
+  /// on with the stopped step (which may stop again, a stage or more later,
   /// for a later arrival) and completes it bitwise as it would have run. So
-  /// the light prompt waits out about one layer of a heavy step, not all of
-  /// it. Other engines ignore the hint.
+  /// the light prompt waits out about half a layer of a heavy step, not all
+  /// of it. Other engines ignore the hint (the simulated one models the CPU
+  /// engine's behaviour when its layer_yield is set).
   virtual void offer_arrival(arrival_hint hint) { (void)hint; }
   virtual engine_stats stats() const = 0;
   /// The prefix cache's block hashes, at most `max_hashes`, most recently

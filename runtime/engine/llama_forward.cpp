@@ -221,7 +221,7 @@ expected<void> llama_forward::execute(const forward_batch& batch, std::vector<fl
 expected<bool> llama_forward::execute_yielding(const forward_batch& batch, std::vector<float>& logits,
                                                forward_suspension& state, const std::function<bool()>& should_yield) {
   if (comm_ != nullptr) {
-    if (state.next_layer != 0) return make_error(errc::internal, "a tensor-parallel member cannot resume a suspended batch");
+    if (state.next_stage != 0) return make_error(errc::internal, "a tensor-parallel member cannot resume a suspended batch");
     return run_layers(batch, logits, nullptr, nullptr);
   }
   return run_layers(batch, logits, &state, &should_yield);
@@ -246,12 +246,12 @@ expected<bool> llama_forward::run_layers(const forward_batch& batch, std::vector
 
   // A suspended batch goes on from its hidden state; a new one starts from
   // its tokens' embeddings.
-  const std::uint32_t first_layer = state != nullptr ? state->next_layer : 0;
-  if (first_layer != 0) {
-    EXA_ASSERT_MSG(first_layer < config_.n_layers && state->hidden.size() == n_tok * dim,
+  const std::uint32_t first_stage = state != nullptr ? state->next_stage : 0;
+  if (first_stage != 0) {
+    EXA_ASSERT_MSG(first_stage < 2 * config_.n_layers && state->hidden.size() == n_tok * dim,
                    "a suspended forward resumed with another batch");
     std::copy(state->hidden.begin(), state->hidden.end(), x_.begin());
-    state->next_layer = 0;
+    state->next_stage = 0;
   } else {
     for (std::size_t t = 0; t < n_tok; ++t) {
       const auto token = batch.tokens[t].token;
@@ -268,19 +268,24 @@ expected<bool> llama_forward::run_layers(const forward_batch& batch, std::vector
     rope_table(batch.tokens[t].pos, rope_, cos_t, cos_t + rope_.rope_dim / 2);
   });
 
-  for (std::uint32_t l = first_layer; l < config_.n_layers; ++l) {
-    // A layer boundary: x_ is the whole state between layers (the K/V of
-    // the layers done is in the cache), so keeping it is stopping here.
-    if (l > first_layer && should_yield != nullptr && (*should_yield)()) {
+  // Stage 2l is layer l's attention, 2l + 1 its MLP.
+  for (std::uint32_t stage = first_stage; stage < 2 * config_.n_layers; ++stage) {
+    // Between stages x_ is the whole state (the K/V of the attention done
+    // is in the cache), so keeping it is stopping here.
+    if (stage > first_stage && should_yield != nullptr && (*should_yield)()) {
       state->hidden.assign(x_.begin(), x_.begin() + static_cast<std::ptrdiff_t>(n_tok * dim));
-      state->next_layer = l;
+      state->next_stage = stage;
       return true;
+    }
+    const std::uint32_t l = stage / 2;
+    if (stage % 2 == 1) {
+      if (auto ok = mlp_layer(l, n_tok); !ok) return std::unexpected(ok.error());
+      continue;
     }
     for_tokens(n_tok, [&](std::size_t t) {
       rms_norm(x_.data() + t * dim, attn_norm_[l].data(), dim, config_.rms_eps, xn_.data() + t * dim);
     });
     if (auto ok = attention_layer(batch, l); !ok) return std::unexpected(ok.error());
-    if (auto ok = mlp_layer(l, n_tok); !ok) return std::unexpected(ok.error());
   }
   // Every member holds the same hidden state now: rank 0 alone computes logits.
   if (comm_ != nullptr && comm_->rank() != 0) return false;

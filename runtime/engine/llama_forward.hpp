@@ -56,11 +56,13 @@ struct forward_batch {
   std::vector<const std::vector<block_id>*> tables;
 };
 
-/// A forward pass stopped at a layer boundary (execute_yielding): the batch's
-/// hidden state after its first `next_layer` layers. The K/V of those layers
-/// is in the cache already; the rest is written when the pass goes on.
+/// A forward pass stopped part way (execute_yielding): the batch's hidden
+/// state after its first `next_stage` half-layers (a layer is two stages,
+/// attention then MLP, and the hidden state is all that passes between
+/// them). The K/V of the layers whose attention ran is in the cache
+/// already; the rest is written when the pass goes on.
 struct forward_suspension {
-  std::uint32_t next_layer = 0;  // 0: nothing suspended
+  std::uint32_t next_stage = 0;  // 0: nothing suspended
   aligned_vector<float> hidden;  // [tokens][dim]
 };
 
@@ -75,17 +77,17 @@ class forward_executor {
   virtual expected<void> execute(const forward_batch& batch, std::vector<float>& logits) = 0;
   /// Whether execute_yielding can stop part way (otherwise it runs whole).
   virtual bool can_yield() const noexcept { return false; }
-  /// execute(), stopping at a layer boundary when asked: before each layer
-  /// after the first one it runs, `should_yield()` is asked, and when it says
-  /// yes the pass keeps the batch's hidden state in `state` and returns true
-  /// (no logits). Called again with that state and the same batch, it goes on
+  /// execute(), stopping part way when asked: before each stage (a layer's
+  /// attention or its MLP) after the first one it runs, `should_yield()` is
+  /// asked, and when it says yes the pass keeps the batch's hidden state in
+  /// `state` and returns true (no logits). Called again with that state and the same batch, it goes on
   /// from there (another batch may run in between, on other sequences' KV);
   /// what it computes is bitwise what one uninterrupted pass computes.
   /// Executors that cannot stop run the whole batch and return false.
   virtual expected<bool> execute_yielding(const forward_batch& batch, std::vector<float>& logits,
                                           forward_suspension& state, const std::function<bool()>& should_yield) {
     (void)should_yield;
-    if (state.next_layer != 0) return make_error(errc::internal, "this forward pass cannot resume a suspended batch");
+    if (state.next_stage != 0) return make_error(errc::internal, "this forward pass cannot resume a suspended batch");
     if (auto ok = execute(batch, logits); !ok) return std::unexpected(ok.error());
     return false;
   }

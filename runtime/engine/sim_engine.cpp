@@ -123,7 +123,7 @@ expected<void> sim_engine::submit(generation_request r) {
   // meet its twin again if that step were rolled back: forbid the rollback.
   if (last_.valid)
     for (const seq& f : last_.finished)
-      if (f.id == r.id) last_.valid = false;
+      if (f.id == r.id) last_.valid = last_.layer_cuttable = false;
 
   seq s;
   s.id = r.id;
@@ -160,7 +160,7 @@ void sim_engine::cancel(seq_id id) {
     pending_finished_.push_back({id, finish_reason::cancelled, running->generated, running->cached_tokens});
     running_.erase(running);
     // It ran in the last macro step; undoing that step would revive it.
-    last_.valid = false;
+    last_.valid = last_.layer_cuttable = false;
     return;
   }
   const auto waiting = std::find_if(waiting_.begin(), waiting_.end(), [id](const seq& s) { return s.id == id; });
@@ -244,8 +244,33 @@ step_result sim_engine::step() {
   out.finished = std::move(pending_finished_);
   pending_finished_.clear();
   last_.pending.assign(out.finished.begin(), out.finished.end());
+  {
+    const std::lock_guard lock(*offers_mu_);
+    offers_.clear();  // offers are for the step in flight
+  }
+  last_was_remainder_ = false;
+  // A stopped decode step none of whose sequences runs any more (cancelled)
+  // is owed to nobody.
+  if (owed_ && std::none_of(owed_->ids.begin(), owed_->ids.end(), [&](seq_id id) {
+        return std::any_of(running_.begin(), running_.end(), [id](const seq& r) { return r.id == id; });
+      }))
+    owed_.reset();
+  if (owed_) {
+    if (!owed_->interlude_ran) {
+      owed_->interlude_ran = true;
+      if (run_interlude(out)) return out;
+    }
+    run_remainder(out);
+    return out;
+  }
   run_macro(out, nullptr);
   return out;
+}
+
+void sim_engine::offer_arrival(arrival_hint hint) {
+  if (!config_.layer_yield) return;
+  const std::lock_guard lock(*offers_mu_);
+  if (offers_.size() < max_offers) offers_.push_back(std::move(hint));
 }
 
 void sim_engine::begin_step(std::uint32_t sharing) {
@@ -254,7 +279,7 @@ void sim_engine::begin_step(std::uint32_t sharing) {
   prefix_.touch(last_.cache_inserts);
   last_.cache_inserts.clear();
   last_.finished.clear();
-  last_.valid = false;
+  last_.valid = last_.layer_cuttable = false;
   last_.sharing = sharing;
   last_.kv_used = kv_used_;
   last_.next_admit = next_admit_;
@@ -299,7 +324,8 @@ void sim_engine::run_macro(step_result& out, const replay* limits) {
   // at the exact moment they exist (TTFT is the metric everyone reads), and
   // decoding resumes in the next macro step.
   const std::uint32_t decode_limit = limits != nullptr ? limits->decode_kept : std::numeric_limits<std::uint32_t>::max();
-  if (!finished && !(last_.has_prefill && config_.prefill_ends_step)) decode(out, prefill_s, decode_limit);
+  if (!finished && !(last_.has_prefill && config_.prefill_ends_step))
+    decode(out, prefill_s, decode_limit, limits != nullptr ? limits->partial_s : 0);
   EXA_ASSERT_MSG(!last_.boundaries_s.empty(), "a macro step with sequences running ends at a boundary");
   charge_decodes();
   retire();
@@ -311,6 +337,7 @@ void sim_engine::run_macro(step_result& out, const replay* limits) {
   // Only a step with a boundary before its end can be cut, or one that
   // prefilled first come, which a second tenant's arrival may re-plan.
   last_.valid = last_.boundaries_s.size() >= 2 || (!last_.fair && last_.has_prefill);
+  last_.layer_cuttable = config_.layer_yield;
 }
 
 double sim_engine::admit(step_result& out, std::uint32_t admit_limit) {
@@ -382,11 +409,16 @@ bool sim_engine::contended() const {
 
 std::vector<seq_id> sim_engine::fair_order(std::uint64_t arrived_before) const {
   // Sequences part way through their prefill and waiting ones, in fair order.
+  // An interlude lists only those that go before the stopped step.
+  std::vector<member> stopped;
+  if (interlude_) stopped = members(owed_->ids);
+  const auto listed = [&](const seq& s) { return !interlude_ || goes_before(stopped, s.tenant, s.priority); };
   std::vector<std::pair<fair_key, seq_id>> candidates;
   for (const seq& s : running_)
-    if (s.prefilling) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
+    if (s.prefilling && listed(s)) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
   for (const seq& s : waiting_)
-    if (s.arrival < arrived_before) candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
+    if (s.arrival < arrived_before && listed(s))
+      candidates.push_back({{s.priority, usage_.usage(s.tenant), s.arrival}, s.id});
   std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<seq_id> order;
   order.reserve(candidates.size());
@@ -513,7 +545,7 @@ std::size_t sim_engine::token_bound(double prefill_s) const {
   return static_cast<std::size_t>(std::uint64_t{batch} * (steps + 1));
 }
 
-void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode_limit) {
+void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode_limit, double partial_s) {
   // Every running sequence is prefilled now; the batch stays fixed until the
   // first one finishes, which ends the macro step.
   // Across tenants, sequences part way through their prefill sit out.
@@ -538,6 +570,17 @@ void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode
     context += batch;
     if (finished) return;
   }
+  if (partial_s <= 0) return;
+  // layer_yield: the next decode step stops after partial_s, at a layer
+  // boundary; its tokens are owed until the rest of it runs.
+  const double step_s = cost_.decode_step_s(batch, context, last_.sharing);
+  owed_step owed;
+  for (const seq& s : running_)
+    if (!s.prefilling) owed.ids.push_back(s.id);
+  owed.layer_s = step_s / stages_per_step();
+  owed.remaining_s = std::max(0.0, step_s - partial_s);
+  owed_ = std::move(owed);
+  last_.boundaries_s.push_back(elapsed_s + partial_s);
 }
 
 bool sim_engine::emit(seq& s, step_result& out) {
@@ -577,7 +620,11 @@ void sim_engine::retire() {
 // ---- engine: truncation ----------------------------------------------------
 
 std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
-  if (!last_.valid || std::isnan(elapsed_s)) return std::nullopt;
+  if (std::isnan(elapsed_s)) return std::nullopt;
+  if (last_was_remainder_) return cut_remainder(elapsed_s);
+  if (last_.layer_cuttable && !last_.boundaries_s.empty())
+    if (auto stopped = cut_at_layer(elapsed_s)) return stopped;
+  if (!last_.valid) return std::nullopt;
   const std::vector<double>& b = last_.boundaries_s;
   EXA_ASSERT(!b.empty());
   if (!last_.fair && last_.has_prefill && elapsed_s < b.front() && contended())
@@ -690,6 +737,162 @@ void sim_engine::rollback() {
   stats_ = last_.stats;
   usage_.restore(last_.usage);
   last_.valid = false;
+}
+
+// ---- engine: a decode step stopped at a layer boundary (layer_yield) --------
+
+std::vector<sim_engine::member> sim_engine::members(const std::vector<seq_id>& ids) const {
+  std::vector<member> out;
+  for (const seq_id id : ids) {
+    const auto match = [id](const seq& s) { return s.id == id; };
+    if (auto it = std::find_if(running_.begin(), running_.end(), match); it != running_.end())
+      out.emplace_back(it->tenant, it->priority);
+    else if (auto f = std::find_if(last_.finished.begin(), last_.finished.end(), match); f != last_.finished.end())
+      out.emplace_back(f->tenant, f->priority);
+  }
+  return out;
+}
+
+bool sim_engine::goes_before(const std::vector<member>& batch, tenant_usage::slot tenant,
+                             request_priority priority) const {
+  // As the CPU engine decides (batch_scheduler::arrival_preempts): some of
+  // the batch yields to it -- batch work to an interactive prompt; within a
+  // class, a tenant over its share to one served less -- and the rest is its
+  // own tenant's, in its class.
+  bool any = false;
+  for (const auto& [t, p] : batch) {
+    const bool yields = p != priority ? p > priority
+                                      : t != tenant && usage_.over_share(t, tenant) && usage_.usage(t) > usage_.usage(tenant);
+    if (yields) {
+      any = true;
+      continue;
+    }
+    if (t != tenant || p != priority) return false;
+  }
+  return any;
+}
+
+bool sim_engine::offered_goes_before(const std::vector<member>& batch) {
+  std::vector<arrival_hint> offers;
+  {
+    const std::lock_guard lock(*offers_mu_);
+    offers.swap(offers_);
+  }
+  if (running_.size() >= config_.max_running) return false;
+  return std::any_of(offers.begin(), offers.end(), [&](const arrival_hint& h) {
+    return goes_before(batch, usage_.intern(h.tenant, h.tenant_weight), h.priority);
+  });
+}
+
+std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
+  // The decode step in flight at elapsed_s stops at its next layer boundary
+  // (its 2 n_layers stages, each layer's attention and MLP, split its time
+  // evenly) when an offered arrival goes
+  // before its batch; the step's earlier decode steps stand.
+  const std::vector<double>& b = last_.boundaries_s;
+  const auto cut = static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), elapsed_s) - b.begin());
+  if (cut >= b.size() || cut < last_.prefill_boundaries) return std::nullopt;  // past its end, or in its prefill
+  const double start = cut == 0 ? 0.0 : b[cut - 1];
+  const double layer_s = (b[cut] - start) / stages_per_step();
+  const double layers = std::max(1.0, std::ceil((elapsed_s - start) / layer_s - 1e-9));
+  const double at = start + layers * layer_s;
+  if (at >= b[cut] - 1e-12 * b[cut]) return std::nullopt;  // its end is the next boundary anyway
+  std::vector<member> batch;
+  for (const seq& s : running_)
+    if (!s.prefilling) batch.emplace_back(s.tenant, s.priority);
+  for (const seq& s : last_.finished) batch.emplace_back(s.tenant, s.priority);
+  if (!offered_goes_before(batch)) return std::nullopt;
+
+  replay limits;
+  limits.fair = last_.fair;
+  limits.admitted = last_.admitted;
+  limits.order = last_.prefill_order;
+  limits.chunked = last_.prefill_chunked;
+  limits.prefill_kept = last_.prefill_boundaries;
+  limits.decode_kept = static_cast<std::uint32_t>(cut - last_.prefill_boundaries);
+  limits.partial_s = at - start;
+  const std::uint32_t sharing = last_.sharing;
+  std::vector<finish_event> pending = std::move(last_.pending);
+  rollback();
+  begin_step(sharing);
+  step_result out;
+  out.finished = pending;
+  last_.pending = std::move(pending);
+  run_macro(out, &limits);
+  EXA_ASSERT_MSG(owed_.has_value() && std::abs(out.duration_s - at) <= 1e-9 * at, "the replay stops at the layer");
+  last_.valid = last_.layer_cuttable = false;  // it ends at its stop; the rest is owed
+  return out;
+}
+
+bool sim_engine::run_interlude(step_result& out) {
+  // The prompts the owed step stopped for, prefilled alone in fair order;
+  // the step ends where the first one completes (prefill_ends_step) or when
+  // they are done. Nothing decodes.
+  last_.boundaries_s.clear();
+  last_.prefill_order.clear();
+  last_.prefill_chunked.clear();
+  last_.fair = true;
+  interlude_ = true;
+  bool finished = false;
+  prefill_fair(out, nullptr, finished);
+  interlude_ = false;
+  last_.prefill_boundaries = last_.boundaries_s.size();
+  last_.has_prefill = last_.prefill_boundaries > 0;
+  if (last_.boundaries_s.empty()) return false;
+  ++stats_.steps;
+  charge_decodes();
+  retire();
+  out.duration_s = last_.boundaries_s.back();
+  out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
+  stats_.generated_tokens += out.tokens.size();
+  stats_.prefill_tokens += out.prefill_tokens;
+  last_.valid = last_.layer_cuttable = false;  // short, and not replayed
+  return true;
+}
+
+void sim_engine::run_remainder(step_result& out) {
+  // The rest of the owed decode step: its batch's tokens at its end.
+  last_owed_ = *owed_;
+  owed_.reset();
+  last_.boundaries_s.assign(1, last_owed_.remaining_s);
+  last_.prefill_order.clear();
+  last_.prefill_chunked.clear();
+  last_.prefill_boundaries = 0;
+  last_.has_prefill = false;
+  last_.admitted = 0;
+  ++stats_.steps;
+  for (seq& s : running_)
+    if (!s.done && !s.prefilling &&
+        std::find(last_owed_.ids.begin(), last_owed_.ids.end(), s.id) != last_owed_.ids.end())
+      emit(s, out);
+  charge_decodes();
+  retire();
+  out.duration_s = last_owed_.remaining_s;
+  out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
+  stats_.generated_tokens += out.tokens.size();
+  last_.valid = false;
+  last_.layer_cuttable = config_.layer_yield;
+  last_was_remainder_ = true;
+}
+
+std::optional<step_result> sim_engine::cut_remainder(double elapsed_s) {
+  // The rest of an owed step stops again, a layer or more on, for a later
+  // arrival: nothing of it happened but the time, and the rest is owed.
+  if (!last_.layer_cuttable) return std::nullopt;
+  const double layer_s = last_owed_.layer_s;
+  const double at = std::max(1.0, std::ceil(elapsed_s / layer_s - 1e-9)) * layer_s;
+  if (at >= last_owed_.remaining_s - 1e-12 * last_owed_.remaining_s) return std::nullopt;
+  if (!offered_goes_before(members(last_owed_.ids))) return std::nullopt;
+  std::vector<finish_event> pending = std::move(last_.pending);
+  rollback();
+  last_was_remainder_ = false;
+  owed_ = last_owed_;
+  owed_->remaining_s -= at;
+  owed_->interlude_ran = false;
+  step_result out;
+  out.finished = std::move(pending);
+  out.duration_s = at;
+  return out;
 }
 
 }  // namespace exa::engine

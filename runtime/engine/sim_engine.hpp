@@ -27,10 +27,13 @@
 // running set only what a decode step within fair_step_budget reads, so the
 // step in flight when a light tenant's request arrives is short.
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <limits>
 #include <list>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -124,6 +127,15 @@ struct sim_engine_config {
   /// its throughput and did not lower the quiet tenant's p99; see
   /// docs/PERFORMANCE.md "Fairness across tenants").
   double fair_step_budget = 0;
+  /// Model an engine that stops a decode step at a layer boundary for an
+  /// arriving prompt that goes before the step's batch (offer_arrival; the
+  /// CPU engine does this, the CUDA engine does not): the step in flight is
+  /// cut at the next of its 2 n_layers even stage boundaries (between layers,
+  /// and between a layer's attention and its MLP) instead of its end, an
+  /// interlude step prefills such prompts alone, and a remainder step emits
+  /// the stopped step's tokens after the rest of its time (and may itself
+  /// stop again). Off: arrivals wait for the decode step in flight.
+  bool layer_yield = false;
   tenant_usage_config usage{};
 };
 
@@ -150,6 +162,9 @@ class sim_engine final : public inference_engine {
   /// or after elapsed_s, when that comes before the step's end. See
   /// docs/SIMULATION.md.
   std::optional<step_result> truncate_last_step(double elapsed_s) override;
+  /// With layer_yield: the request the next truncate_last_step is for. Kept
+  /// until the next step() begins (bounded; more are dropped).
+  void offer_arrival(arrival_hint hint) override;
   prefix_summary cached_prefixes(std::size_t max_hashes) const override;
 
   const sim_cost_model& cost() const noexcept { return cost_; }
@@ -191,6 +206,9 @@ class sim_engine final : public inference_engine {
   /// by it (waiting ones, later submissions) need nothing.
   struct last_step {
     bool valid = false;                 // a macro step ran and nothing since forbids undoing it
+    /// layer_yield: it may be stopped at a layer boundary (like valid, but a
+    /// step with one boundary, its end, qualifies too).
+    bool layer_cuttable = false;
     bool has_prefill = false;           // boundaries_s[0] is the end of the prefill part
     bool fair = false;                  // scheduled across tenants (chunked prefill, fair order)
     std::size_t prefill_boundaries = 0; // boundaries_s[0..this) end prefill chunks (1 unless fair)
@@ -239,6 +257,17 @@ class sim_engine final : public inference_engine {
     std::vector<char> chunked;   // fair: whether each was chunked (empty: decide afresh)
     std::size_t prefill_kept = 0;
     std::uint32_t decode_kept = 0;
+    /// layer_yield: after the kept decode steps, the next one runs this long
+    /// and stops there (its tokens owed); 0: none.
+    double partial_s = 0;
+  };
+
+  /// layer_yield: a decode step stopped at a layer boundary.
+  struct owed_step {
+    std::vector<seq_id> ids;     // its batch: each emits a token when it ends
+    double remaining_s = 0;      // its time still to run
+    double layer_s = 0;          // one stage of it, half a layer (its stops are multiples)
+    bool interlude_ran = false;  // the prompts it stopped for were prefilled
   };
 
   expected<void> check(const generation_request& r) const;
@@ -255,10 +284,22 @@ class sim_engine final : public inference_engine {
   void take_waiting(std::deque<seq>::iterator it, std::uint64_t cached);
   void charge_decodes();
   std::size_t token_bound(double prefill_s) const;
-  void decode(step_result& out, double prefill_s, std::uint32_t decode_limit);
+  void decode(step_result& out, double prefill_s, std::uint32_t decode_limit, double partial_s = 0);
   bool emit(seq& s, step_result& out);
   void retire();
   void rollback();
+  // layer_yield (see the config).
+  using member = std::pair<tenant_usage::slot, request_priority>;
+  std::vector<member> members(const std::vector<seq_id>& ids) const;
+  bool goes_before(const std::vector<member>& batch, tenant_usage::slot tenant, request_priority priority) const;
+  bool offered_goes_before(const std::vector<member>& batch);
+  bool run_interlude(step_result& out);
+  void run_remainder(step_result& out);
+  std::optional<step_result> cut_remainder(double elapsed_s);
+  std::optional<step_result> cut_at_layer(double elapsed_s);
+  // Where a decode step may stop: between layers and between each layer's
+  // attention and MLP, as the CPU engine's forward pass does.
+  double stages_per_step() const noexcept { return 2.0 * std::max<std::uint32_t>(cost_.model().n_layers, 1); }
 
   sim_cost_model cost_;
   sim_engine_config config_;
@@ -274,6 +315,15 @@ class sim_engine final : public inference_engine {
   engine_stats stats_;
   last_step last_;
   prefix_lru prefix_;
+  std::optional<owed_step> owed_;
+  bool interlude_ = false;        // fair_order() lists only prompts that go before owed_
+  bool last_was_remainder_ = false;  // the last step ran an owed step's rest
+  owed_step last_owed_;              // owed_ as that step found it
+  static constexpr std::size_t max_offers = 64;
+  // offer_arrival may come from the replica's thread (held by pointer: the
+  // engine stays movable).
+  std::unique_ptr<std::mutex> offers_mu_ = std::make_unique<std::mutex>();
+  std::vector<arrival_hint> offers_;
 };
 
 }  // namespace exa::engine

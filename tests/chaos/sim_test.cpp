@@ -337,6 +337,12 @@ TEST_CASE("rollouts parse with the deployment's model as defaults and are valida
   require_field_error(with("/rollouts", 3), "rollouts", "array");
 }
 
+TEST_CASE("topology.layer_yield parses as a boolean, off by default", "[sim][fairness]") {
+  CHECK_FALSE(parse_scenario(base_scenario().dump())->topology.layer_yield);
+  CHECK(parse_scenario(with("/topology/layer_yield", true).dump())->topology.layer_yield);
+  require_field_error(with("/topology/layer_yield", 1), "topology.layer_yield", "true or false");
+}
+
 TEST_CASE("timing.consolidate parses as a boolean, off by default", "[sim][consolidation]") {
   CHECK_FALSE(parse_scenario(base_scenario().dump())->timing.consolidate);
   CHECK(parse_scenario(with("/timing/consolidate", true).dump())->timing.consolidate);

@@ -313,7 +313,7 @@ TEST_CASE("cpu engine: across tenants every request still gets the tokens it get
 
 // ---- a step stopped at a layer boundary (CPU engine) ------------------------------
 
-TEST_CASE("forward: a batch stopped at any layer boundary and resumed after another batch gives bitwise its logits",
+TEST_CASE("forward: a batch stopped at any stage boundary and resumed after another batch gives bitwise its logits",
           "[fair][engine]") {
   auto spec = test::tiny_spec(model::tensor_type::q8_0);
   spec.n_layers = 4;
@@ -344,19 +344,21 @@ TEST_CASE("forward: a batch stopped at any layer boundary and resumed after anot
   fwd.run(batch_of({{3, &light}}), want_light);
   REQUIRE(fwd.can_yield());
 
-  for (std::uint32_t stop = 1; stop < spec.n_layers; ++stop) {
+  // Every stage boundary: between layers, and between a layer's attention
+  // and its MLP.
+  for (std::uint32_t stop = 1; stop < 2 * spec.n_layers; ++stop) {
     CAPTURE(stop);
     const seq_id base = 10 * (stop + 1);
     const forward_batch stopped = batch_of({{base + 1, &heavy[0]}, {base + 2, &heavy[1]}});
     forward_suspension state;
     std::uint32_t asked = 0;
     std::vector<float> logits;
-    // Asked before layers 1, 2, 3: yes the stop-th time.
+    // Asked before stages 1, 2, ...: yes the stop-th time.
     auto ran = fwd.execute_yielding(stopped, logits, state, [&] { return ++asked == stop; });
     REQUIRE(ran.has_value());
     CHECK(*ran);
     CHECK(asked == stop);
-    CHECK(state.next_layer == stop);
+    CHECK(state.next_stage == stop);
     CHECK(logits.empty());
     // Another batch, on other sequences, in between.
     std::vector<float> between;
@@ -365,7 +367,7 @@ TEST_CASE("forward: a batch stopped at any layer boundary and resumed after anot
     ran = fwd.execute_yielding(stopped, logits, state, [] { return false; });
     REQUIRE(ran.has_value());
     CHECK_FALSE(*ran);
-    CHECK(state.next_layer == 0);
+    CHECK(state.next_stage == 0);
     CHECK(same(logits, want_heavy));
   }
 }
@@ -471,7 +473,7 @@ TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later 
   for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
   while (r.got.size() < 3) r.step();
   r.e->offer_arrival({"light", 1, request_priority::interactive});
-  REQUIRE(r.step().yielded);  // at layer 1
+  REQUIRE(r.step().yielded);  // after layer 0's attention
   REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
   // The second light request is offered while the first one's interlude
   // runs: the stopped step stops again at its next boundary, for it.
@@ -699,6 +701,149 @@ TEST_CASE("sim engine: interactive prompts are prefilled before batch ones", "[f
   const step_result first = e.step();
   REQUIRE(first.tokens.size() == 1);
   CHECK(first.tokens[0].id == 4);
+}
+
+namespace {
+
+// Four heavy sequences decode; a light request arrives `into_decode_s`
+// into their first decode macro step and is offered (when `offer`) before
+// the step is cut, as the replica and device actors do. Returns the light
+// request's time to first token and every request's tokens.
+struct sim_yield_run {
+  double ttft_s = -1;
+  double cut_s = 0;  // how long the step in flight ran
+  std::map<seq_id, std::vector<model::token_id>> tokens;
+};
+
+sim_yield_run run_layer_yield(bool layer_yield, bool offer, double into_decode_s) {
+  sim_engine_config cfg = sim_config();
+  cfg.layer_yield = layer_yield;
+  sim_engine e(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
+  sim_yield_run out;
+  const auto take = [&](const step_result& r, double end_s, double arrival_s) {
+    for (const token_event& t : r.tokens) {
+      out.tokens[t.id].push_back(t.token);
+      if (t.id == 20 && out.ttft_s < 0) out.ttft_s = end_s - arrival_s;
+    }
+  };
+  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
+  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  REQUIRE(e.submit(sim_request(3, 500, 10, "heavy")));
+  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  REQUIRE(e.idle());
+  out.tokens.clear();
+  for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
+  double now_s = 0;
+  while (out.tokens.size() < 4) {  // their prefills, each ending a step
+    const step_result r = e.step();
+    now_s += r.duration_s;
+    take(r, now_s, 0);
+  }
+  const step_result decoding = e.step();
+  REQUIRE(decoding.duration_s > into_decode_s);
+  const double arrival_s = now_s + into_decode_s;
+  if (offer) e.offer_arrival({"light", 1, request_priority::interactive});
+  const auto cut = e.truncate_last_step(into_decode_s);
+  out.cut_s = cut ? cut->duration_s : decoding.duration_s;
+  now_s += out.cut_s;
+  take(cut ? *cut : decoding, now_s, arrival_s);
+  REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
+  for (int i = 0; i < 1000 && !e.idle(); ++i) {
+    const step_result r = e.step();
+    now_s += r.duration_s;
+    take(r, now_s, arrival_s);
+  }
+  REQUIRE(e.idle());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sim engine: with layer_yield, a decode step stops at its next layer boundary for a light prompt",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  const double own_s = cost.prefill_s(500);
+  // The heavy batch's longest decode step (four sequences at their end), an
+  // eightieth of it per stage (40 layers, attention and MLP).
+  const double step_s = cost.decode_step_s(4, 4 * 550);
+  const double layer_s = step_s / 80;
+  for (const double into_s : {0.0013, 0.0171, 0.0502}) {
+    CAPTURE(into_s);
+    const auto stopped = run_layer_yield(true, true, into_s);
+    const auto waited = run_layer_yield(false, true, into_s);
+    const auto not_offered = run_layer_yield(true, false, into_s);
+    // Its own prefill, after at most a stage of the heavy step in flight.
+    CHECK(stopped.ttft_s >= own_s * (1 - 1e-9));
+    CHECK(stopped.ttft_s <= own_s + layer_s + 1e-9);
+    CHECK(stopped.cut_s - into_s <= layer_s + 1e-12);
+    CHECK(stopped.cut_s >= into_s);
+    // Without it, the rest of that decode step first (up to a whole one).
+    CHECK(waited.ttft_s >= stopped.ttft_s);
+    CHECK(waited.ttft_s <= own_s + step_s + 1e-9);
+    CHECK(not_offered.ttft_s == Approx(waited.ttft_s).epsilon(1e-12));
+    // Nobody's tokens change, only when they leave.
+    CHECK(stopped.tokens == waited.tokens);
+    CHECK(stopped.tokens.at(20).size() == 10);
+    for (seq_id id = 10; id < 14; ++id) CHECK(stopped.tokens.at(id).size() == 50);
+  }
+  // An arrival of the heavy tenant itself does not stop its step.
+  sim_engine_config cfg = sim_config();
+  cfg.layer_yield = true;
+  sim_engine e(cost, cfg);
+  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
+  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
+  step_result r;
+  for (int i = 0; i < 4; ++i) r = e.step();  // the four prefills
+  r = e.step();
+  REQUIRE(r.tokens.size() > 4);  // several decode steps
+  e.offer_arrival({"heavy", 1, request_priority::interactive});
+  const auto cut = e.truncate_last_step(0.0013);
+  REQUIRE(cut.has_value());  // at the decode step's end, as without layer_yield
+  CHECK(cut->tokens.size() % 4 == 0);
+  CHECK(cut->duration_s >= 0.0013);
+}
+
+TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop again for a later arrival",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  sim_engine_config cfg = sim_config();
+  cfg.layer_yield = true;
+  sim_engine e(cost, cfg);
+  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
+  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
+  for (int i = 0; i < 4; ++i) e.step();
+  e.step();  // decoding
+  e.offer_arrival({"light", 1, request_priority::interactive});
+  const auto first = e.truncate_last_step(0.0005);
+  REQUIRE(first.has_value());
+  CHECK(first->tokens.empty());  // stopped inside the first decode step
+  REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
+  const step_result interlude = e.step();
+  REQUIRE(interlude.tokens.size() == 1);
+  CHECK(interlude.tokens[0].id == 20);
+  CHECK(interlude.duration_s == Approx(cost.prefill_s(500)));
+  const step_result rest = e.step();  // the stopped step's rest: the heavy batch's tokens at its end
+  REQUIRE(rest.tokens.size() == 4);
+  const double owed_s = rest.duration_s;
+  e.offer_arrival({"light", 1, request_priority::interactive});
+  const auto again = e.truncate_last_step(owed_s / 10);
+  REQUIRE(again.has_value());
+  CHECK(again->tokens.empty());
+  CHECK(again->duration_s >= owed_s / 10);
+  CHECK(again->duration_s < owed_s);
+  REQUIRE(e.submit(sim_request(21, 500, 10, "light")));
+  const step_result second = e.step();
+  REQUIRE(second.tokens.size() == 1);
+  CHECK(second.tokens[0].id == 21);
+  const step_result end = e.step();
+  CHECK(end.tokens.size() == 4);
+  CHECK(end.duration_s == Approx(owed_s - again->duration_s));
+  for (int i = 0; i < 1000 && !e.idle(); ++i) e.step();
+  CHECK(e.idle());
 }
 
 TEST_CASE("over_share_admits: a tenant over its share grows its running set within the budget only", "[fair]") {

@@ -257,11 +257,18 @@ int main(int argc, char** argv) {
               o.model.c_str(), (*model)->config().n_layers, std::string(engine::to_string(engine::active_isa())).c_str(),
               o.threads, o.flood, o.flood_prompt, o.light_prompt, o.flood_tokens, o.light_tokens, o.light_rate);
   std::map<way, outcome> total;
-  for (unsigned round = 0; round < o.rounds; ++round)
+  // Each round's p99 against that round's alone p99: the host's speed may
+  // change between rounds, less within one.
+  std::map<way, std::vector<double>> round_ratio;
+  for (unsigned round = 0; round < o.rounds; ++round) {
+    double alone_round = 0;
     for (const way w : {way::alone, way::no_yield, way::yield}) {
       const outcome got = run_way(w, o, *model, threads, o.seed + round);
-      std::printf("round %u %-8s light ttft p50 %7.1f ms p99 %7.1f ms  flood %7.1f tok/s  yielded steps %llu\n", round,
-                  name(w), percentile(got.ttft_ms, 0.5), percentile(got.ttft_ms, 0.99),
+      const double p99 = percentile(got.ttft_ms, 0.99);
+      if (w == way::alone) alone_round = p99;
+      round_ratio[w].push_back(p99 / alone_round);
+      std::printf("round %u %-8s light ttft p50 %7.1f ms p99 %7.1f ms (%.2fx alone)  flood %7.1f tok/s  yielded steps %llu\n",
+                  round, name(w), percentile(got.ttft_ms, 0.5), p99, p99 / alone_round,
                   got.flood_tokens / got.seconds, static_cast<unsigned long long>(got.yielded_steps));
       if (o.verbose) {
         for (const double v : got.ttft_ms) std::printf(" %.0f", v);
@@ -274,13 +281,14 @@ int main(int argc, char** argv) {
       t.seconds += got.seconds;
       t.yielded_steps += got.yielded_steps;
     }
+  }
   const double alone_p99 = percentile(total[way::alone].ttft_ms, 0.99);
-  std::printf("\n%-8s %14s %14s %18s %14s %14s\n", "way", "ttft p50 ms", "ttft p99 ms", "p99 / alone p99",
-              "flood tok/s", "yielded steps");
+  std::printf("\n%-8s %12s %12s %16s %22s %12s %14s\n", "way", "ttft p50 ms", "ttft p99 ms", "p99 / alone p99",
+              "median round p99 ratio", "flood tok/s", "yielded steps");
   for (const way w : {way::alone, way::no_yield, way::yield}) {
     const auto& t = total[w];
-    std::printf("%-8s %14.1f %14.1f %18.2f %14.1f %14llu\n", name(w), percentile(t.ttft_ms, 0.5),
-                percentile(t.ttft_ms, 0.99), percentile(t.ttft_ms, 0.99) / alone_p99,
+    std::printf("%-8s %12.1f %12.1f %16.2f %22.2f %12.1f %14llu\n", name(w), percentile(t.ttft_ms, 0.5),
+                percentile(t.ttft_ms, 0.99), percentile(t.ttft_ms, 0.99) / alone_p99, percentile(round_ratio[w], 0.5),
                 w == way::alone ? 0.0 : t.flood_tokens / t.seconds, static_cast<unsigned long long>(t.yielded_steps));
   }
   return 0;

@@ -124,12 +124,12 @@ void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& b
     if (!best) break;
     const std::size_t pick = *best;
     sequence& seq = *waiting_[pick];
-    if (fair && !within_context_budget(seq)) {
+    if (fair && (!within_context_budget(seq) || prefill_allowance(seq, 1) == 0)) {
       over_budget.push_back(&seq);
       continue;
     }
     attach_cached(seq);
-    const std::uint32_t n = std::min({seq.pending(), config_.prefill_chunk, budget});
+    const std::uint32_t n = prefill_allowance(seq, std::min({seq.pending(), config_.prefill_chunk, budget}));
     // Keep one free block per running sequence so admitting new work does
     // not immediately force preemptions when the others grow.
     const std::uint32_t need = cache_.blocks_needed(seq.request.id, seq.computed + n, seq.computed);
@@ -152,7 +152,23 @@ void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& b
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
     plan.push_back({&seq, n});
     budget -= n;
+    if (lightest_ && usage_.over_share(seq.tenant, *lightest_)) heavy_prefill_left_ -= n;
   }
+}
+
+std::optional<tenant_usage::slot> batch_scheduler::lightest_with_work() const {
+  std::optional<tenant_usage::slot> lightest;
+  const auto consider = [&](const sequence& s) {
+    if (!lightest || usage_.usage(s.tenant) < usage_.usage(*lightest)) lightest = s.tenant;
+  };
+  for (const auto& s : waiting_) consider(*s);
+  for (const auto& s : running_) consider(*s);
+  return lightest;
+}
+
+std::uint32_t batch_scheduler::prefill_allowance(const sequence& seq, std::uint32_t n) const {
+  if (!lightest_ || !usage_.over_share(seq.tenant, *lightest_)) return n;
+  return std::min(n, heavy_prefill_left_);
 }
 
 std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
@@ -167,6 +183,8 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
   // Across tenants, a light tenant's prompt may make heavy tenants' decodes
   // sit out this step (bounded: max_held_steps in a row).
   const bool fair = contended();
+  lightest_ = fair && config_.fair_prefill_tokens > 0 ? lightest_with_work() : std::nullopt;
+  heavy_prefill_left_ = config_.fair_prefill_tokens;
   const sequence* favoured = fair && held_steps_ < config_.max_held_steps ? favoured_prefill() : nullptr;
   held_decodes_ = 0;
   // Decoding sequences first (one token each): a long prompt never stalls them.
@@ -194,7 +212,10 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
       ++held_prefills;
       continue;
     }
-    grow(plan, *s, std::min({s->pending(), config_.prefill_chunk, budget}), budget, preempted);
+    const std::uint32_t n = prefill_allowance(*s, std::min({s->pending(), config_.prefill_chunk, budget}));
+    if (n == 0) continue;
+    const bool capped = lightest_ && usage_.over_share(s->tenant, *lightest_);
+    if (grow(plan, *s, n, budget, preempted) && capped) heavy_prefill_left_ -= n;
   }
   admit(plan, budget, fair, nullptr, favoured);
   held_steps_ = held_decodes_ + held_prefills > 0 ? held_steps_ + 1 : 0;
@@ -231,6 +252,7 @@ std::vector<scheduled_chunk> batch_scheduler::plan_interlude(const std::vector<s
   std::uint32_t budget = config_.max_batch_tokens;
   usage_.adopt_weights();
   held_decodes_ = 0;
+  lightest_ = std::nullopt;  // it admits only prompts lighter than the stopped step's
   admit(plan, budget, true, &suspended);
   for (const scheduled_chunk& c : plan) {
     cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
@@ -275,13 +297,8 @@ const sequence* batch_scheduler::favoured_prefill() const {
 bool batch_scheduler::within_context_budget(const sequence& candidate) const {
   if (config_.fair_context_tokens == 0) return true;
   // Over its share beside the lightest tenant with work here.
-  const sequence* lightest = nullptr;
-  const auto consider = [&](const sequence& s) {
-    if (lightest == nullptr || usage_.usage(s.tenant) < usage_.usage(lightest->tenant)) lightest = &s;
-  };
-  for (const auto& s : waiting_) consider(*s);
-  for (const auto& s : running_) consider(*s);
-  if (!usage_.over_share(candidate.tenant, lightest->tenant)) return true;
+  const auto lightest = lightest_with_work();
+  if (!usage_.over_share(candidate.tenant, *lightest)) return true;
   const auto reserved = [](const sequence& s) { return std::uint64_t{s.prompt_len} + s.request.max_tokens; };
   std::uint32_t mine = 0;
   std::uint64_t context = reserved(candidate);

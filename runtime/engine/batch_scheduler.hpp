@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -50,6 +51,12 @@ struct scheduler_config {
   /// running is always admitted. 0: no bound (the default: the CPU engine
   /// has no cost model to size it from; see sim_engine's fair_step_budget).
   std::uint64_t fair_context_tokens = 0;
+  /// Across tenants: prompt tokens prefilled per step, in all, for the
+  /// tenants over their share beside the lightest tenant with work (0: no
+  /// cap). Their prompts go in smaller pieces, so the steps a light prompt
+  /// waits out (or stops part way) stay short; prefill is compute bound, so
+  /// the pieces cost them about the same in all.
+  std::uint32_t fair_prefill_tokens = 128;
   tenant_usage_config usage{};
 };
 
@@ -140,6 +147,10 @@ class batch_scheduler {
   bool goes_before(const std::vector<scheduled_chunk>& planned, tenant_usage::slot tenant,
                    request_priority priority) const;
   bool within_context_budget(const sequence& candidate) const;
+  std::optional<tenant_usage::slot> lightest_with_work() const;
+  // The tokens a capped (over its share) sequence may prefill in the step
+  // being planned: fair_prefill_tokens in all.
+  std::uint32_t prefill_allowance(const sequence& seq, std::uint32_t n) const;
 
   scheduler_config config_;
   kv_cache& cache_;
@@ -148,6 +159,10 @@ class batch_scheduler {
   std::uint64_t next_admit_ = 1;
   std::uint64_t next_arrival_ = 0;
   tenant_usage usage_;
+  // While planning a step across tenants: the lightest tenant with work,
+  // and what the tenants over their share beside it may still prefill.
+  std::optional<tenant_usage::slot> lightest_;
+  std::uint32_t heavy_prefill_left_ = 0;
   std::uint32_t held_steps_ = 0;    // consecutive steps that held decodes back
   std::uint32_t held_decodes_ = 0;  // in the last step
   std::uint64_t prefix_lookup_tokens_ = 0;

@@ -193,6 +193,35 @@ TEST_CASE("scheduler: a heavy tenant's prefill chunks and admissions sit out wit
   CHECK(r.sched.waiting() == 0);
 }
 
+TEST_CASE("scheduler: tenants over their share prefill at most fair_prefill_tokens a step, in all",
+          "[fair][scheduler]") {
+  scheduler_config cfg = small_config();
+  cfg.max_running = 6;
+  cfg.fair_prefill_tokens = 6;
+  sched_rig r(256, cfg);
+  r.add(1, 40, "heavy");
+  r.add(2, 4, "light");
+  for (int i = 0; i < 14; ++i) r.step();  // heavy served 40 and more, light a few tokens
+  r.add(3, 40, "heavy");
+  r.add(4, 40, "heavy");
+  std::uint32_t heavy_prefilled = 0;
+  for (int i = 0; i < 40; ++i) {
+    CAPTURE(i);
+    std::uint32_t heavy_prompt = 0;
+    for (const auto& [id, n] : r.step())
+      if (id == 3 || id == 4) heavy_prompt += n;  // prompt chunks until both are prefilled (the loop ends then)
+    CHECK(heavy_prompt <= 6);
+    heavy_prefilled += heavy_prompt;
+    if (heavy_prefilled >= 80) break;
+  }
+  CHECK(heavy_prefilled >= 80);  // they progress, six tokens a step
+  // With one tenant there is no cap: first come, chunks of prefill_chunk.
+  sched_rig one(256, cfg);
+  one.add(1, 40, "heavy");
+  one.add(2, 40, "heavy");
+  CHECK(one.step() == plan_t{{1, 4}, {2, 4}});
+}
+
 TEST_CASE("scheduler: one tenant keeps first-come order and never holds decodes back", "[fair][scheduler]") {
   sched_rig r(256, small_config());
   for (seq_id id = 1; id <= 3; ++id) r.add(id, 8, "only");

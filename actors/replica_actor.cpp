@@ -561,7 +561,7 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   // goes before everything in the step (a light tenant beside heavy ones):
   // the engine decides, on its own thread (engine.hpp); a simulated one when
   // the cut below asks.
-  if (st.step_in_flight && st.engine) st.engine->offer_arrival({req.tenant, req.tenant_weight, req.priority});
+  if (st.step_in_flight && st.engine) st.engine->offer_arrival({req.id, req.tenant, req.tenant_weight, req.priority});
   if (st.step_in_flight && st.ctx.spec.engine == "sim") self->send(st.ctx.device, interrupt_step{st.engine.get()});
   with_engine(self, [=]() mutable {
     auto& s = self->state;

@@ -167,7 +167,8 @@ outcome run_way(way w, const options& o, const std::shared_ptr<const model::llam
         const std::lock_guard lock(mu);
         arrived.emplace_back(light_base + i, clock_type::now());
       }
-      if (w == way::yield && in_step.load()) eng.offer_arrival({"light", 1, engine::request_priority::interactive});
+      if (w == way::yield && in_step.load())
+        eng.offer_arrival({light_base + i, "light", 1, engine::request_priority::interactive});
       wake.notify_one();
     }
     arrivals_done = true;

@@ -218,7 +218,11 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
     if (grow(plan, *s, n, budget, preempted) && capped) heavy_prefill_left_ -= n;
   }
   admit(plan, budget, fair, nullptr, favoured);
-  held_steps_ = held_decodes_ + held_prefills > 0 ? held_steps_ + 1 : 0;
+  const bool held_admissions =
+      favoured != nullptr && std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& s) {
+        return s.get() != favoured && yields_to(*s, *favoured);
+      });
+  held_steps_ = held_decodes_ + held_prefills > 0 || held_admissions ? held_steps_ + 1 : 0;
   for (const scheduled_chunk& c : plan) {
     cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
     usage_.charge(c.seq->tenant, c.n_tokens);

@@ -196,8 +196,11 @@ bool cpu_engine::arrival_preempts(const std::vector<scheduled_chunk>& plan) {
     offers.swap(offers_);
     offered_.store(false, std::memory_order_relaxed);
   }
+  // An offer whose request is here already (submitted after an earlier
+  // step, whose end it missed) is no arrival: this step's plan had it.
   return std::any_of(offers.begin(), offers.end(), [&](const arrival_hint& h) {
-    return scheduler_.arrival_preempts(plan, h.tenant, h.tenant_weight, h.priority);
+    return !(h.id != 0 && scheduler_.find(h.id) != nullptr) &&
+           scheduler_.arrival_preempts(plan, h.tenant, h.tenant_weight, h.priority);
   });
 }
 

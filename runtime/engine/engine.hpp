@@ -111,6 +111,10 @@ struct prefix_summary {
 
 /// Who a request about to be submitted is from (offer_arrival).
 struct arrival_hint {
+  /// The request's id (0: unknown). An offer whose request has been
+  /// submitted by the time a step weighs it is ignored: the step's plan
+  /// already had it.
+  seq_id id = 0;
   std::string tenant;
   double tenant_weight = 1;
   request_priority priority = request_priority::interactive;

@@ -121,7 +121,7 @@ expected<void> sim_engine::submit(generation_request r) {
                       "engine queue is full (" + std::to_string(config_.max_waiting) + " waiting)");
   // A new request reusing the id of one the last macro step finished would
   // meet its twin again if that step were rolled back: forbid the rollback.
-  if (last_.valid)
+  if (last_.valid || last_.layer_cuttable)  // a stop at a stage boundary undoes a step too
     for (const seq& f : last_.finished)
       if (f.id == r.id) last_.valid = last_.layer_cuttable = false;
 
@@ -642,20 +642,25 @@ std::optional<step_result> sim_engine::truncate_last_step(double elapsed_s) {
   const std::size_t prefill = last_.prefill_boundaries;
   limits.prefill_kept = std::min(cut + 1, prefill);
   limits.decode_kept = static_cast<std::uint32_t>(cut + 1 - limits.prefill_kept);
+  step_result out = replay_last(limits);
+  EXA_ASSERT_MSG(limits.fair || last_.admitted == limits.admitted, "the replay admits what the step admitted");
+  EXA_ASSERT_MSG(std::abs(out.duration_s - cut_s) <= 1e-9 * cut_s, "the replay ends at the cut");
+  return out;
+}
+
+step_result sim_engine::replay_last(const replay& limits) {
+  // Undo the whole step, then replay it within `limits`: the replay admits
+  // the same sequences (they are back at the head of the queue, later
+  // arrivals behind them), runs under the same sharing, reports the same
+  // pending finishes and emits the same tokens.
   const std::uint32_t sharing = last_.sharing;
   std::vector<finish_event> pending = std::move(last_.pending);
-
-  // Undo the whole step, then replay it up to the cut: the replay admits the
-  // same sequences (they are back at the head of the queue, later arrivals
-  // behind them), runs under the same sharing, and emits the same tokens.
   rollback();
   begin_step(sharing);
   step_result out;
   out.finished = pending;
   last_.pending = std::move(pending);
   run_macro(out, &limits);
-  EXA_ASSERT_MSG(limits.fair || last_.admitted == limits.admitted, "the replay admits what the step admitted");
-  EXA_ASSERT_MSG(std::abs(out.duration_s - cut_s) <= 1e-9 * cut_s, "the replay ends at the cut");
   return out;
 }
 
@@ -779,8 +784,11 @@ bool sim_engine::offered_goes_before(const std::vector<member>& batch) {
     offers.swap(offers_);
   }
   if (running_.size() >= config_.max_running) return false;
+  // An offer whose request is here already (submitted since) is not an
+  // arrival any more: the schedule has it.
   return std::any_of(offers.begin(), offers.end(), [&](const arrival_hint& h) {
-    return goes_before(batch, usage_.intern(h.tenant, h.tenant_weight), h.priority);
+    return !(h.id != 0 && active_.contains(h.id)) &&
+           goes_before(batch, usage_.intern(h.tenant, h.tenant_weight), h.priority);
   });
 }
 
@@ -811,14 +819,7 @@ std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
   limits.prefill_kept = last_.prefill_boundaries;
   limits.decode_kept = static_cast<std::uint32_t>(cut - last_.prefill_boundaries);
   limits.partial_s = at - start;
-  const std::uint32_t sharing = last_.sharing;
-  std::vector<finish_event> pending = std::move(last_.pending);
-  rollback();
-  begin_step(sharing);
-  step_result out;
-  out.finished = pending;
-  last_.pending = std::move(pending);
-  run_macro(out, &limits);
+  step_result out = replay_last(limits);
   EXA_ASSERT_MSG(owed_.has_value() && std::abs(out.duration_s - at) <= 1e-9 * at, "the replay stops at the layer");
   last_.valid = last_.layer_cuttable = false;  // it ends at its stop; the rest is owed
   return out;
@@ -890,8 +891,12 @@ std::optional<step_result> sim_engine::cut_remainder(double elapsed_s) {
   owed_->remaining_s -= at;
   owed_->interlude_ran = false;
   step_result out;
-  out.finished = std::move(pending);
+  out.finished = pending;
   out.duration_s = at;
+  // Final: a later arrival, before this stop, waits for it.
+  last_.pending = std::move(pending);
+  last_.boundaries_s.assign(1, at);
+  last_.valid = last_.layer_cuttable = false;
   return out;
 }
 

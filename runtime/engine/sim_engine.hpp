@@ -279,6 +279,7 @@ class sim_engine final : public inference_engine {
   /// `arrived_before` (submit order), in fair order.
   std::vector<seq_id> fair_order(std::uint64_t arrived_before = std::numeric_limits<std::uint64_t>::max()) const;
   std::optional<step_result> replan_fair(double elapsed_s);
+  step_result replay_last(const replay& limits);
   double prefill_fair(step_result& out, const replay* limits, bool& finished);
   std::uint64_t cached_prefix(const seq& s) const;
   void take_waiting(std::deque<seq>::iterator it, std::uint64_t cached);

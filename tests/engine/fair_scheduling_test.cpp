@@ -459,7 +459,7 @@ TEST_CASE("cpu engine: a heavy tenant's step stops at a layer boundary for a lig
 
   // The light request is offered while the next step runs (here: before it;
   // the step asks at its first layer boundary).
-  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  r.e->offer_arrival({0, "light", 1, request_priority::interactive});
   const step_result stopped = r.step();
   CHECK(stopped.yielded);
   CHECK(stopped.tokens.empty());
@@ -501,12 +501,12 @@ TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later 
   yield_rig r(m);
   for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
   while (r.got.size() < 3) r.step();
-  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  r.e->offer_arrival({0, "light", 1, request_priority::interactive});
   REQUIRE(r.step().yielded);  // after layer 0's attention
   REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
   // The second light request is offered while the first one's interlude
   // runs: the stopped step stops again at its next boundary, for it.
-  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  r.e->offer_arrival({0, "light", 1, request_priority::interactive});
   const step_result first = r.step();
   REQUIRE(first.tokens.size() == 1);
   CHECK(first.tokens[0].id == 4);
@@ -531,39 +531,50 @@ TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later 
 TEST_CASE("cpu engine: a step does not stop for an arrival that does not go before all of it", "[fair][engine]") {
   auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
   const std::uint32_t vocab = m->config().vocab_size;
+  // Requests 1 and 2 of the heavy tenant decoding (and `other`, when named,
+  // of another tenant, interactive).
+  const auto decoding = [&](yield_rig& r, request_priority heavy, const std::string& other = "") {
+    for (seq_id id = 1; id <= 2; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy", heavy)));
+    if (!other.empty()) REQUIRE(r.e->submit(yield_request(3, vocab, other)));
+    while (r.got.size() < (other.empty() ? 2u : 3u)) r.step();
+  };
   SECTION("the same tenant") {
     yield_rig r(m);
-    for (seq_id id = 1; id <= 2; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
-    while (r.got.size() < 2) r.step();
-    r.e->offer_arrival({"heavy", 1, request_priority::interactive});
+    decoding(r, request_priority::interactive);
+    r.e->offer_arrival({0, "heavy", 1, request_priority::interactive});
     CHECK_FALSE(r.step().yielded);
+  }
+  SECTION("an offer whose request was submitted already") {
+    yield_rig r(m);
+    decoding(r, request_priority::interactive);
+    REQUIRE(r.e->submit(yield_request(3, vocab, "light")));
+    // Offered while an earlier step ran, weighed only now: the plan has it.
+    r.e->offer_arrival({3, "light", 1, request_priority::interactive});
+    CHECK_FALSE(r.step().yielded);
+    r.e->offer_arrival({4, "light", 1, request_priority::interactive});  // a request still to come
+    CHECK(r.step().yielded);
   }
   SECTION("a batch arrival beside interactive work") {
     yield_rig r(m);
-    for (seq_id id = 1; id <= 2; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
-    while (r.got.size() < 2) r.step();
-    r.e->offer_arrival({"light", 1, request_priority::batch});
+    decoding(r, request_priority::interactive);
+    r.e->offer_arrival({0, "light", 1, request_priority::batch});
     CHECK_FALSE(r.step().yielded);
   }
   SECTION("a step with work that does not yield to it, beside work that does") {
     yield_rig r(m);
-    for (seq_id id = 1; id <= 2; ++id)
-      REQUIRE(r.e->submit(yield_request(id, vocab, "heavy", request_priority::batch)));
-    REQUIRE(r.e->submit(yield_request(3, vocab, "other")));
-    while (r.got.size() < 3) r.step();
+    decoding(r, request_priority::batch, "other");
     // Heavy batch work yields to a batch arrival of a tenant served less,
     // but the other tenant's interactive decode goes before it.
-    r.e->offer_arrival({"light", 1, request_priority::batch});
+    r.e->offer_arrival({0, "light", 1, request_priority::batch});
     CHECK_FALSE(r.step().yielded);
     CHECK(r.e->stats().yielded_steps == 0);
   }
   SECTION("but a step with the arrival's own tenant's work beside heavy work stops") {
     yield_rig r(m);
-    for (seq_id id = 1; id <= 2; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
-    while (r.got.size() < 2) r.step();
+    decoding(r, request_priority::interactive);
     REQUIRE(r.e->submit(yield_request(3, vocab, "light")));
     while (r.got.size() < 3) r.step();  // the light one decodes beside them now
-    r.e->offer_arrival({"light", 1, request_priority::interactive});
+    r.e->offer_arrival({0, "light", 1, request_priority::interactive});
     CHECK(r.step().yielded);
     REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
     r.drain();
@@ -574,16 +585,15 @@ TEST_CASE("cpu engine: a step does not stop for an arrival that does not go befo
   }
   SECTION("but batch work stops for an interactive arrival of its own tenant") {
     yield_rig r(m);
-    for (seq_id id = 1; id <= 2; ++id)
-      REQUIRE(r.e->submit(yield_request(id, vocab, "t", request_priority::batch)));
-    while (r.got.size() < 2) r.step();
-    r.e->offer_arrival({"t", 1, request_priority::interactive});
+    decoding(r, request_priority::batch);
+    r.e->offer_arrival({0, "heavy", 1, request_priority::interactive});
     CHECK(r.step().yielded);
-    REQUIRE(r.e->submit(yield_request(3, vocab, "t")));
+    REQUIRE(r.e->submit(yield_request(3, vocab, "heavy")));
     r.drain();
     for (seq_id id = 1; id <= 3; ++id) {
       CAPTURE(id);
-      CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, "t")));
+      CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, "heavy", id <= 2 ? request_priority::batch
+                                                                                  : request_priority::interactive)));
     }
   }
 }
@@ -595,7 +605,7 @@ TEST_CASE("cpu engine: cancelling a request of a stopped step drops the step and
   yield_rig r(m);
   for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
   while (r.got.size() < 3) r.step();
-  r.e->offer_arrival({"light", 1, request_priority::interactive});
+  r.e->offer_arrival({0, "light", 1, request_priority::interactive});
   REQUIRE(r.step().yielded);
   r.e->cancel(2);
   REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
@@ -771,7 +781,7 @@ sim_yield_run run_layer_yield(bool layer_yield, bool offer, double into_decode_s
   const step_result decoding = e.step();
   REQUIRE(decoding.duration_s > into_decode_s);
   const double arrival_s = now_s + into_decode_s;
-  if (offer) e.offer_arrival({"light", 1, request_priority::interactive});
+  if (offer) e.offer_arrival({0, "light", 1, request_priority::interactive});
   const auto cut = e.truncate_last_step(into_decode_s);
   out.cut_s = cut ? cut->duration_s : decoding.duration_s;
   now_s += out.cut_s;
@@ -827,11 +837,17 @@ TEST_CASE("sim engine: with layer_yield, a decode step stops at its next layer b
   for (int i = 0; i < 4; ++i) r = e.step();  // the four prefills
   r = e.step();
   REQUIRE(r.tokens.size() > 4);  // several decode steps
-  e.offer_arrival({"heavy", 1, request_priority::interactive});
+  e.offer_arrival({0, "heavy", 1, request_priority::interactive});
   const auto cut = e.truncate_last_step(0.0013);
   REQUIRE(cut.has_value());  // at the decode step's end, as without layer_yield
   CHECK(cut->tokens.size() % 4 == 0);
-  CHECK(cut->duration_s >= 0.0013);
+  CHECK_FALSE(cut->tokens.empty());
+  // The end of a decode step: a whole number of them after the step began.
+  const double decode_s = cut->duration_s / static_cast<double>(cut->tokens.size() / 4);
+  CHECK(decode_s == Approx(cost.decode_step_s(4, 4 * 501)).epsilon(0.01));
+  const step_result next = e.step();  // no interlude, no rest owed: decoding on
+  CHECK(next.tokens.size() % 4 == 0);
+  CHECK(next.tokens.size() >= 4);
 }
 
 TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop again for a later arrival",
@@ -846,7 +862,7 @@ TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop aga
   for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
   for (int i = 0; i < 4; ++i) e.step();
   e.step();  // decoding
-  e.offer_arrival({"light", 1, request_priority::interactive});
+  e.offer_arrival({0, "light", 1, request_priority::interactive});
   const auto first = e.truncate_last_step(0.0005);
   REQUIRE(first.has_value());
   CHECK(first->tokens.empty());  // stopped inside the first decode step
@@ -858,12 +874,15 @@ TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop aga
   const step_result rest = e.step();  // the stopped step's rest: the heavy batch's tokens at its end
   REQUIRE(rest.tokens.size() == 4);
   const double owed_s = rest.duration_s;
-  e.offer_arrival({"light", 1, request_priority::interactive});
+  e.offer_arrival({0, "light", 1, request_priority::interactive});
   const auto again = e.truncate_last_step(owed_s / 10);
   REQUIRE(again.has_value());
   CHECK(again->tokens.empty());
   CHECK(again->duration_s >= owed_s / 10);
   CHECK(again->duration_s < owed_s);
+  // A second arrival within the same stop (before it): the stop stands.
+  e.offer_arrival({0, "light", 1, request_priority::interactive});
+  CHECK_FALSE(e.truncate_last_step(owed_s / 20).has_value());
   REQUIRE(e.submit(sim_request(21, 500, 10, "light")));
   const step_result second = e.step();
   REQUIRE(second.tokens.size() == 1);

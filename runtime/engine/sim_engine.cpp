@@ -327,17 +327,21 @@ void sim_engine::run_macro(step_result& out, const replay* limits) {
   if (!finished && !(last_.has_prefill && config_.prefill_ends_step))
     decode(out, prefill_s, decode_limit, limits != nullptr ? limits->partial_s : 0);
   EXA_ASSERT_MSG(!last_.boundaries_s.empty(), "a macro step with sequences running ends at a boundary");
-  charge_decodes();
-  retire();
-
-  out.duration_s = last_.boundaries_s.back();
-  out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
-  stats_.generated_tokens += out.tokens.size();
-  stats_.prefill_tokens += out.prefill_tokens;
+  close_step(out);
   // Only a step with a boundary before its end can be cut, or one that
   // prefilled first come, which a second tenant's arrival may re-plan.
   last_.valid = last_.boundaries_s.size() >= 2 || (!last_.fair && last_.has_prefill);
   last_.layer_cuttable = config_.layer_yield;
+}
+
+void sim_engine::close_step(step_result& out) {
+  // Tokens charged, finished sequences retired, the step's time and counts.
+  charge_decodes();
+  retire();
+  out.duration_s = last_.boundaries_s.back();
+  out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
+  stats_.generated_tokens += out.tokens.size();
+  stats_.prefill_tokens += out.prefill_tokens;
 }
 
 double sim_engine::admit(step_result& out, std::uint32_t admit_limit) {
@@ -841,12 +845,7 @@ bool sim_engine::run_interlude(step_result& out) {
   last_.has_prefill = last_.prefill_boundaries > 0;
   if (last_.boundaries_s.empty()) return false;
   ++stats_.steps;
-  charge_decodes();
-  retire();
-  out.duration_s = last_.boundaries_s.back();
-  out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
-  stats_.generated_tokens += out.tokens.size();
-  stats_.prefill_tokens += out.prefill_tokens;
+  close_step(out);
   last_.valid = last_.layer_cuttable = false;  // short, and not replayed
   return true;
 }
@@ -866,11 +865,7 @@ void sim_engine::run_remainder(step_result& out) {
     if (!s.done && !s.prefilling &&
         std::find(last_owed_.ids.begin(), last_owed_.ids.end(), s.id) != last_owed_.ids.end())
       emit(s, out);
-  charge_decodes();
-  retire();
-  out.duration_s = last_owed_.remaining_s;
-  out.decode_tokens = static_cast<std::uint32_t>(out.tokens.size());
-  stats_.generated_tokens += out.tokens.size();
+  close_step(out);
   last_.valid = false;
   last_.layer_cuttable = config_.layer_yield;
   last_was_remainder_ = true;

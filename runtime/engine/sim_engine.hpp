@@ -273,6 +273,7 @@ class sim_engine final : public inference_engine {
   expected<void> check(const generation_request& r) const;
   void begin_step(std::uint32_t sharing);
   void run_macro(step_result& out, const replay* limits);
+  void close_step(step_result& out);
   double admit(step_result& out, std::uint32_t admit_limit);
   bool contended() const;
   /// Sequences being prefilled, and waiting ones submitted before

@@ -538,11 +538,27 @@ TEST_CASE("cpu engine: a step does not stop for an arrival that does not go befo
     if (!other.empty()) REQUIRE(r.e->submit(yield_request(3, vocab, other)));
     while (r.got.size() < (other.empty() ? 2u : 3u)) r.step();
   };
-  SECTION("the same tenant") {
-    yield_rig r(m);
-    decoding(r, request_priority::interactive);
-    r.e->offer_arrival({0, "heavy", 1, request_priority::interactive});
-    CHECK_FALSE(r.step().yielded);
+  SECTION("the same tenant; a batch arrival beside interactive work; work that does not yield beside work that does") {
+    struct no_stop {
+      request_priority heavy;
+      std::string other;  // a tenant with an interactive request decoding too
+      arrival_hint offer;
+    };
+    const std::vector<no_stop> cases{
+        {request_priority::interactive, "", {0, "heavy", 1, request_priority::interactive}},
+        {request_priority::interactive, "", {0, "light", 1, request_priority::batch}},
+        // Heavy batch work yields to a batch arrival of a tenant served
+        // less, but the other tenant's interactive decode goes before it.
+        {request_priority::batch, "other", {0, "light", 1, request_priority::batch}},
+    };
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      CAPTURE(i);
+      yield_rig r(m);
+      decoding(r, cases[i].heavy, cases[i].other);
+      r.e->offer_arrival(cases[i].offer);
+      CHECK_FALSE(r.step().yielded);
+      CHECK(r.e->stats().yielded_steps == 0);
+    }
   }
   SECTION("an offer whose request was submitted already") {
     yield_rig r(m);
@@ -553,21 +569,6 @@ TEST_CASE("cpu engine: a step does not stop for an arrival that does not go befo
     CHECK_FALSE(r.step().yielded);
     r.e->offer_arrival({4, "light", 1, request_priority::interactive});  // a request still to come
     CHECK(r.step().yielded);
-  }
-  SECTION("a batch arrival beside interactive work") {
-    yield_rig r(m);
-    decoding(r, request_priority::interactive);
-    r.e->offer_arrival({0, "light", 1, request_priority::batch});
-    CHECK_FALSE(r.step().yielded);
-  }
-  SECTION("a step with work that does not yield to it, beside work that does") {
-    yield_rig r(m);
-    decoding(r, request_priority::batch, "other");
-    // Heavy batch work yields to a batch arrival of a tenant served less,
-    // but the other tenant's interactive decode goes before it.
-    r.e->offer_arrival({0, "light", 1, request_priority::batch});
-    CHECK_FALSE(r.step().yielded);
-    CHECK(r.e->stats().yielded_steps == 0);
   }
   SECTION("but a step with the arrival's own tenant's work beside heavy work stops") {
     yield_rig r(m);
@@ -798,6 +799,26 @@ sim_yield_run run_layer_yield(bool layer_yield, bool offer, double into_decode_s
 
 }  // namespace
 
+namespace {
+
+// A layer_yield engine whose heavy tenant's four sequences (ids 10-13) are
+// in their first decode macro step, both tenants served before.
+sim_engine heavy_decoding(const sim_cost_model& cost) {
+  sim_engine_config cfg = sim_config();
+  cfg.layer_yield = true;
+  sim_engine e(cost, cfg);
+  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
+  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
+  for (int i = 0; i < 4; ++i) e.step();  // the four prefills
+  const step_result decoding = e.step();
+  REQUIRE(decoding.tokens.size() > 4);   // several decode steps
+  return e;
+}
+
+}  // namespace
+
 TEST_CASE("sim engine: with layer_yield, a decode step stops at its next layer boundary for a light prompt",
           "[fair][sim]") {
   const sim_cost_model cost(llama2_13b_int4(), sim_device{});
@@ -826,17 +847,7 @@ TEST_CASE("sim engine: with layer_yield, a decode step stops at its next layer b
     for (seq_id id = 10; id < 14; ++id) CHECK(stopped.tokens.at(id).size() == 50);
   }
   // An arrival of the heavy tenant itself does not stop its step.
-  sim_engine_config cfg = sim_config();
-  cfg.layer_yield = true;
-  sim_engine e(cost, cfg);
-  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
-  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
-  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
-  for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
-  step_result r;
-  for (int i = 0; i < 4; ++i) r = e.step();  // the four prefills
-  r = e.step();
-  REQUIRE(r.tokens.size() > 4);  // several decode steps
+  sim_engine e = heavy_decoding(cost);
   e.offer_arrival({0, "heavy", 1, request_priority::interactive});
   const auto cut = e.truncate_last_step(0.0013);
   REQUIRE(cut.has_value());  // at the decode step's end, as without layer_yield
@@ -853,15 +864,7 @@ TEST_CASE("sim engine: with layer_yield, a decode step stops at its next layer b
 TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop again for a later arrival",
           "[fair][sim]") {
   const sim_cost_model cost(llama2_13b_int4(), sim_device{});
-  sim_engine_config cfg = sim_config();
-  cfg.layer_yield = true;
-  sim_engine e(cost, cfg);
-  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
-  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
-  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
-  for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
-  for (int i = 0; i < 4; ++i) e.step();
-  e.step();  // decoding
+  sim_engine e = heavy_decoding(cost);
   e.offer_arrival({0, "light", 1, request_priority::interactive});
   const auto first = e.truncate_last_step(0.0005);
   REQUIRE(first.has_value());

@@ -4,8 +4,27 @@
 #include <optional>
 
 #include "common/assert.hpp"
+#include "engine/fair_stop.hpp"
 
 namespace exa::engine {
+
+namespace {
+
+// Across tenants, whether `seq`'s tenant is over its share beside the
+// lightest tenant with work (its prefill per step is capped).
+bool capped(const tenant_usage& usage, const std::optional<tenant_usage::slot>& lightest, const sequence& seq) {
+  return lightest && usage.over_share(seq.tenant, *lightest);
+}
+
+// A planned step's blocks checked and its tokens charged to their tenants.
+void commit(const std::vector<scheduled_chunk>& plan, const kv_cache& cache, tenant_usage& usage) {
+  for (const scheduled_chunk& c : plan) {
+    cache.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
+    usage.charge(c.seq->tenant, c.n_tokens);
+  }
+}
+
+}  // namespace
 
 batch_scheduler::batch_scheduler(scheduler_config config, kv_cache& cache)
     : config_(config), cache_(cache), usage_(config.usage) {
@@ -152,7 +171,7 @@ void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& b
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(pick));
     plan.push_back({&seq, n});
     budget -= n;
-    if (lightest_ && usage_.over_share(seq.tenant, *lightest_)) heavy_prefill_left_ -= n;
+    if (capped(usage_, lightest_, seq)) heavy_prefill_left_ -= n;
   }
 }
 
@@ -167,7 +186,7 @@ std::optional<tenant_usage::slot> batch_scheduler::lightest_with_work() const {
 }
 
 std::uint32_t batch_scheduler::prefill_allowance(const sequence& seq, std::uint32_t n) const {
-  if (!lightest_ || !usage_.over_share(seq.tenant, *lightest_)) return n;
+  if (!capped(usage_, lightest_, seq)) return n;
   return std::min(n, heavy_prefill_left_);
 }
 
@@ -214,8 +233,8 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
     }
     const std::uint32_t n = prefill_allowance(*s, std::min({s->pending(), config_.prefill_chunk, budget}));
     if (n == 0) continue;
-    const bool capped = lightest_ && usage_.over_share(s->tenant, *lightest_);
-    if (grow(plan, *s, n, budget, preempted) && capped) heavy_prefill_left_ -= n;
+    const bool is_capped = capped(usage_, lightest_, *s);
+    if (grow(plan, *s, n, budget, preempted) && is_capped) heavy_prefill_left_ -= n;
   }
   admit(plan, budget, fair, nullptr, favoured);
   const bool held_admissions =
@@ -223,10 +242,7 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
         return s.get() != favoured && yields_to(*s, *favoured);
       });
   held_steps_ = held_decodes_ + held_prefills > 0 || held_admissions ? held_steps_ + 1 : 0;
-  for (const scheduled_chunk& c : plan) {
-    cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
-    usage_.charge(c.seq->tenant, c.n_tokens);
-  }
+  commit(plan, cache_, usage_);
   return plan;
 }
 
@@ -238,17 +254,8 @@ bool batch_scheduler::arrival_preempts(const std::vector<scheduled_chunk>& plann
 
 bool batch_scheduler::goes_before(const std::vector<scheduled_chunk>& planned, tenant_usage::slot tenant,
                                   request_priority priority) const {
-  // Some of the step yields to it, and the rest is its own (its tenant's,
-  // in its class): stopping delays nobody it does not go before.
-  bool any = false;
-  for (const scheduled_chunk& c : planned) {
-    if (yields_to(*c.seq, tenant, priority)) {
-      any = true;
-      continue;
-    }
-    if (c.seq->tenant != tenant || c.seq->request.priority != priority) return false;
-  }
-  return any;
+  const auto member_of = [](const scheduled_chunk& c) { return std::pair{c.seq->tenant, c.seq->request.priority}; };
+  return fair::goes_before(usage_, planned, member_of, tenant, priority);
 }
 
 std::vector<scheduled_chunk> batch_scheduler::plan_interlude(const std::vector<scheduled_chunk>& suspended) {
@@ -258,10 +265,7 @@ std::vector<scheduled_chunk> batch_scheduler::plan_interlude(const std::vector<s
   held_decodes_ = 0;
   lightest_ = std::nullopt;  // it admits only prompts lighter than the stopped step's
   admit(plan, budget, true, &suspended);
-  for (const scheduled_chunk& c : plan) {
-    cache_.assert_writable(c.seq->request.id, c.seq->computed, c.seq->computed + c.n_tokens);
-    usage_.charge(c.seq->tenant, c.n_tokens);
-  }
+  commit(plan, cache_, usage_);
   return plan;
 }
 
@@ -318,11 +322,7 @@ bool batch_scheduler::yields_to(const sequence& decoding, const sequence& favour
 }
 
 bool batch_scheduler::yields_to(const sequence& decoding, tenant_usage::slot tenant, request_priority priority) const {
-  // Batch work yields to an interactive prompt; within a class, a tenant
-  // over its share yields to a tenant it has been served more than.
-  if (decoding.request.priority != priority) return decoding.request.priority > priority;
-  return decoding.tenant != tenant && usage_.over_share(decoding.tenant, tenant) &&
-         usage_.usage(decoding.tenant) > usage_.usage(tenant);
+  return fair::yields_to(usage_, decoding.tenant, decoding.request.priority, tenant, priority);
 }
 
 }  // namespace exa::engine

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/assert.hpp"
+#include "engine/fair_stop.hpp"
 #include "model/prefix_hash.hpp"
 
 namespace exa::engine {
@@ -764,21 +765,8 @@ std::vector<sim_engine::member> sim_engine::members(const std::vector<seq_id>& i
 
 bool sim_engine::goes_before(const std::vector<member>& batch, tenant_usage::slot tenant,
                              request_priority priority) const {
-  // As the CPU engine decides (batch_scheduler::arrival_preempts): some of
-  // the batch yields to it -- batch work to an interactive prompt; within a
-  // class, a tenant over its share to one served less -- and the rest is its
-  // own tenant's, in its class.
-  bool any = false;
-  for (const auto& [t, p] : batch) {
-    const bool yields = p != priority ? p > priority
-                                      : t != tenant && usage_.over_share(t, tenant) && usage_.usage(t) > usage_.usage(tenant);
-    if (yields) {
-      any = true;
-      continue;
-    }
-    if (t != tenant || p != priority) return false;
-  }
-  return any;
+  // As the CPU engine decides (batch_scheduler::arrival_preempts).
+  return fair::goes_before(usage_, batch, [](const member& m) { return m; }, tenant, priority);
 }
 
 bool sim_engine::offered_goes_before(const std::vector<member>& batch) {

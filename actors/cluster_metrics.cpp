@@ -128,6 +128,11 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->draft_accepted_tokens = must(r.register_counter(
       "exaserve_draft_accepted_tokens_total",
       "Of the draft tokens verified, those the model accepted (acceptance rate = accepted / proposed).", {"model"}));
+  m->stopped_steps = must(r.register_counter(
+      "exaserve_engine_stopped_steps_total",
+      "Engine steps of a deployment's replicas stopped part way (at a layer boundary) so that a lighter tenant's "
+      "arriving prompt ran first ([cluster] step_stop).",
+      {"model"}));
   return m;
 }
 

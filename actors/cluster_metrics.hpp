@@ -46,6 +46,7 @@ struct cluster_metrics {
   metrics::gauge_family* prefix_cached_blocks = nullptr;    // {replica}: KV blocks a prefix cache holds now
   metrics::counter_family* draft_proposed_tokens = nullptr;  // {model}: draft tokens the model verified
   metrics::counter_family* draft_accepted_tokens = nullptr;  // {model}: of them, accepted
+  metrics::counter_family* stopped_steps = nullptr;          // {model}: engine steps stopped part way for an arrival
 
   /// Registers every family in `registry` (a fresh one when null).
   static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);

@@ -167,6 +167,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.device_check_interval_ms = o.device_check_interval_ms;
     nc.device_check_timeout_ms = o.device_check_timeout_ms;
     nc.replica_step_timeout_ms = o.deterministic ? 0 : o.step_timeout_ms;  // virtual time: see replica_actor
+    nc.replica_step_stop = o.step_stop;
     nc.lease_ms = cluster::node_lease_ms(o.heartbeat_interval_ms, o.suspect_after_missed, o.observation_window_ms);
     nc.model_cache_bytes = o.model_cache_bytes;
     nc.model_store = o.model_store;

@@ -69,6 +69,10 @@ struct cluster_options {
   std::uint32_t device_check_interval_ms = 30000;
   std::uint32_t device_check_timeout_ms = 5000;
   std::uint32_t step_timeout_ms = 60000;         // an engine step this slow: the device is hung
+  /// Engines may stop a step part way for a lighter tenant's arriving prompt
+  /// (replica_context::step_stop; the CPU engine, and simulated ones with
+  /// sim_layer_yield). Off: an arrival waits for the step in flight.
+  bool step_stop = true;
   std::uint32_t migration_parallelism = 4;       // replacements warming at once
   std::uint32_t drain_deadline_ms = 60000;       // a drain naming no deadline
   std::uint32_t degraded_replace_after_ms = 120000;  // degraded this long: replaced (0: never)

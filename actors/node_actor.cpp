@@ -33,6 +33,7 @@ caf::actor spawn_replica_actor(self_ptr self, const replica_spec& spec) {
   rc.controller = st.ctx.controller;
   rc.router = st.ctx.router;
   rc.step_timeout_ms = st.ctx.config.replica_step_timeout_ms;
+  rc.step_stop = st.ctx.config.replica_step_stop;
   rc.hooks = st.ctx.config.hooks;
   rc.lease_until = st.lease_until;
   rc.metrics = st.ctx.config.metrics;

@@ -49,6 +49,7 @@ struct node_config {
   std::uint32_t replica_max_restarts = 3;      // per slot, within the window
   std::uint32_t replica_restart_window_ms = 60000;
   std::uint32_t replica_step_timeout_ms = 60000;
+  bool replica_step_stop = true;  // replica_context::step_stop
   std::uint32_t device_check_interval_ms = 30000;  // device health checks
   std::uint32_t device_check_timeout_ms = 5000;    // a check unanswered this long: hung
   /// No heartbeat ack for this long: the control plane has (or is about to

@@ -112,6 +112,7 @@ void export_prefix_stats(replica_actor_state& st, const engine::engine_stats& s)
   EXA_ASSERT_MSG(s.draft_accepted_tokens <= s.draft_proposed_tokens, "draft tokens accepted exceed those proposed");
   grow(m.draft_proposed_tokens, s.draft_proposed_tokens, st.draft_proposed_exported);
   grow(m.draft_accepted_tokens, s.draft_accepted_tokens, st.draft_accepted_exported);
+  grow(m.stopped_steps, s.yielded_steps, st.stopped_steps_exported);
 }
 
 void report_load(self_ptr self, bool force) {
@@ -561,7 +562,8 @@ caf::result<ok_atom> on_submit(self_ptr self, const submit_msg& m) {
   // goes before everything in the step (a light tenant beside heavy ones):
   // the engine decides, on its own thread (engine.hpp); a simulated one when
   // the cut below asks.
-  if (st.step_in_flight && st.engine) st.engine->offer_arrival({req.id, req.tenant, req.tenant_weight, req.priority});
+  if (st.ctx.step_stop && st.step_in_flight && st.engine)
+    st.engine->offer_arrival({req.id, req.tenant, req.tenant_weight, req.priority});
   if (st.step_in_flight && st.ctx.spec.engine == "sim") self->send(st.ctx.device, interrupt_step{st.engine.get()});
   with_engine(self, [=]() mutable {
     auto& s = self->state;

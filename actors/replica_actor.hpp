@@ -35,6 +35,10 @@ struct replica_context {
   caf::actor controller;
   caf::actor router;
   std::uint32_t step_timeout_ms = 60000;      // a step taking longer means a hung device
+  /// Offer arrivals to the engine while a step is in flight, so it may stop
+  /// the step part way for a lighter tenant's prompt (engine.hpp,
+  /// offer_arrival). Off: arrivals wait for the step in flight.
+  bool step_stop = true;
   std::uint32_t load_report_interval_ms = 5;  // at most one load report per interval
   /// Prefix-cache block hashes (8 bytes each) a load report carries at most,
   /// for prefix-aware routing; 0: none.
@@ -79,6 +83,7 @@ struct replica_actor_state {
   std::uint64_t prefix_hit_exported = 0;
   std::uint64_t draft_proposed_exported = 0;  // the same for speculative decoding's counters
   std::uint64_t draft_accepted_exported = 0;
+  std::uint64_t stopped_steps_exported = 0;
   std::optional<cluster::degradation_detector> health;  // set at start from ctx.degradation
   bool probe_out = false;
   bool model_requested = false;  // acquire_model sent: released at the end even if the answer never came

@@ -168,7 +168,8 @@ std::map<std::string, setter> cluster_keys(actors::cluster_options& c) {
           {"autoscale_tolerance_percent", uint_setter(c.autoscale_tolerance_percent, 0, 99)},
           {"autoscale_max_down_percent", uint_setter(c.autoscale_max_down_percent, 1, 100)},
           {"autoscale_tick_ms", uint_setter(c.autoscale_tick_ms, 10, 60000)},
-          {"consolidate", bool_setter(c.consolidate)}};
+          {"consolidate", bool_setter(c.consolidate)},
+          {"step_stop", bool_setter(c.step_stop)}};
 }
 
 std::map<std::string, setter> server_keys(frontdoor_config& s) {

@@ -427,6 +427,18 @@ TEST_CASE("serve config: [cluster] consolidate is a boolean, off by default", "[
   CHECK(r.error().message.find("true or false") != std::string::npos);
 }
 
+TEST_CASE("serve config: [cluster] step_stop is a boolean, on by default",
+          "[serving][config][fair]") {
+  app::serve_config c = app::default_serve_config();
+  CHECK(c.cluster.step_stop);
+  REQUIRE(app::apply_config_text("[cluster]\nstep_stop = false\n", c));
+  CHECK_FALSE(c.cluster.step_stop);
+  auto r = app::apply_config_text("[cluster]\nstep_stop = off\n", c);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("step_stop") != std::string::npos);
+  CHECK(r.error().message.find("true or false") != std::string::npos);
+}
+
 TEST_CASE("serve config: a deployment's prefix_slack_tokens and prefix_slack_ratio, range-checked",
           "[serving][config][prefix]") {
   using Catch::Matchers::Contains;

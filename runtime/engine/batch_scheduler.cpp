@@ -252,6 +252,13 @@ bool batch_scheduler::arrival_preempts(const std::vector<scheduled_chunk>& plann
   return goes_before(planned, usage_.intern(tenant, weight), priority);
 }
 
+bool batch_scheduler::waiting_preempts(const std::vector<scheduled_chunk>& planned) const {
+  if (running_.size() >= config_.max_running) return false;
+  return std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& s) {
+    return !s->was_admitted && goes_before(planned, s->tenant, s->request.priority);
+  });
+}
+
 bool batch_scheduler::goes_before(const std::vector<scheduled_chunk>& planned, tenant_usage::slot tenant,
                                   request_priority priority) const {
   const auto member_of = [](const scheduled_chunk& c) { return std::pair{c.seq->tenant, c.seq->request.priority}; };

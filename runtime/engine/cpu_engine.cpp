@@ -250,6 +250,7 @@ void cpu_engine::continue_suspended(step_result& out) {
     // tokens at its end.
     s.interlude_ran = true;
     const std::vector<scheduled_chunk> plan = scheduler_.plan_interlude(s.plan);
+    s.interlude_admitted = !plan.empty();
     if (!plan.empty()) {
       std::vector<sequence*> wants_logits;
       const forward_batch batch = build_batch(plan, wants_logits, out);
@@ -262,9 +263,14 @@ void cpu_engine::continue_suspended(step_result& out) {
     }
   }
   // The stopped step's remaining layers, from the hidden state it kept. It
-  // may stop again for a later arrival (at least one layer on: it always
-  // progresses), and have another interlude.
-  const std::function<bool()> should_yield = [&] { return arrival_preempts(s.plan); };
+  // may stop again for a later arrival (at least one stage on: it always
+  // progresses), and have another interlude. A prompt that arrived while the
+  // interlude ran is here by now (its offer names a request submitted, and
+  // one that came between the steps was never offered): the step stops for
+  // it at its next boundary as for an arrival, unless the interlude could
+  // admit nothing (then the next one could not either).
+  const bool waiting_first = s.interlude_admitted && scheduler_.waiting_preempts(s.plan);
+  const std::function<bool()> should_yield = [&] { return waiting_first || arrival_preempts(s.plan); };
   auto ran = forward_->execute_yielding(s.batch, logits_, suspension_, should_yield);
   if (!ran) {
     fault_ = ran.error().message;

@@ -121,6 +121,7 @@ class cpu_engine final : public inference_engine {
     std::vector<sequence*> wants_logits;
     std::uint32_t prefill_tokens = 0;
     bool interlude_ran = false;
+    bool interlude_admitted = false;  // its last interlude prefilled something
   };
   std::optional<suspended_step> suspended_;
   forward_suspension suspension_;

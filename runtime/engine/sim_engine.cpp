@@ -259,7 +259,15 @@ step_result sim_engine::step() {
   if (owed_) {
     if (!owed_->interlude_ran) {
       owed_->interlude_ran = true;
-      if (run_interlude(out)) return out;
+      owed_->interlude_admitted = run_interlude(out);
+      if (owed_->interlude_admitted) return out;
+    }
+    // A prompt that arrived while the interlude ran is waiting here now: the
+    // rest stops for it at its first boundary, as the CPU engine's does.
+    if (owed_->interlude_admitted && owed_->remaining_s > owed_->layer_s * (1 + 1e-9) &&
+        waiting_goes_before(members(owed_->ids))) {
+      run_first_stage(out);
+      return out;
     }
     run_remainder(out);
     return out;
@@ -836,6 +844,27 @@ bool sim_engine::run_interlude(step_result& out) {
   close_step(out);
   last_.valid = last_.layer_cuttable = false;  // short, and not replayed
   return true;
+}
+
+bool sim_engine::waiting_goes_before(const std::vector<member>& batch) const {
+  if (running_.size() >= config_.max_running) return false;
+  return std::any_of(waiting_.begin(), waiting_.end(),
+                     [&](const seq& s) { return goes_before(batch, s.tenant, s.priority); });
+}
+
+void sim_engine::run_first_stage(step_result& out) {
+  // One stage of the owed step's rest, and it stops again: only time passes
+  // (the step after next goes on; nothing of it is undone or replayed).
+  owed_->remaining_s -= owed_->layer_s;
+  owed_->interlude_ran = false;
+  last_.boundaries_s.assign(1, owed_->layer_s);
+  last_.prefill_order.clear();
+  last_.prefill_chunked.clear();
+  last_.prefill_boundaries = 0;
+  last_.has_prefill = false;
+  last_.admitted = 0;
+  out.duration_s = owed_->layer_s;
+  last_.valid = last_.layer_cuttable = false;
 }
 
 void sim_engine::run_remainder(step_result& out) {

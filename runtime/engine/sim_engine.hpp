@@ -268,6 +268,7 @@ class sim_engine final : public inference_engine {
     double remaining_s = 0;      // its time still to run
     double layer_s = 0;          // one stage of it, half a layer (its stops are multiples)
     bool interlude_ran = false;  // the prompts it stopped for were prefilled
+    bool interlude_admitted = false;  // its last interlude prefilled something
   };
 
   expected<void> check(const generation_request& r) const;
@@ -296,6 +297,8 @@ class sim_engine final : public inference_engine {
   bool goes_before(const std::vector<member>& batch, tenant_usage::slot tenant, request_priority priority) const;
   bool offered_goes_before(const std::vector<member>& batch);
   bool run_interlude(step_result& out);
+  bool waiting_goes_before(const std::vector<member>& batch) const;
+  void run_first_stage(step_result& out);
   void run_remainder(step_result& out);
   std::optional<step_result> cut_remainder(double elapsed_s);
   std::optional<step_result> cut_at_layer(double elapsed_s);

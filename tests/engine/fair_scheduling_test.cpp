@@ -528,6 +528,48 @@ TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later 
   }
 }
 
+TEST_CASE("cpu engine: a prompt that arrives while the interlude runs stops the rest of the step at its next boundary",
+          "[fair][engine]") {
+  // As a replica does it: a request arriving while a step runs is offered
+  // with its id, and submitted when the step returns; one arriving between
+  // steps is submitted without an offer. Either way, once the first light
+  // prompt's interlude is over, the second one is here (submitted), and the
+  // stopped heavy step must not run to its end before it.
+  auto spec = test::tiny_spec(model::tensor_type::q8_0);
+  spec.n_layers = 4;
+  auto m = test::make_model(spec);
+  const std::uint32_t vocab = m->config().vocab_size;
+  yield_rig r(m);
+  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+  while (r.got.size() < 3) r.step();
+  r.e->offer_arrival({4, "light", 1, request_priority::interactive});
+  REQUIRE(r.step().yielded);
+  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  SECTION("offered while the interlude ran, submitted after it") {
+    r.e->offer_arrival({5, "light", 1, request_priority::interactive});
+  }
+  SECTION("submitted between the steps, never offered") {}
+  const step_result first = r.step();  // the interlude: request 4 alone
+  REQUIRE(first.tokens.size() == 1);
+  CHECK(first.tokens[0].id == 4);
+  REQUIRE(r.e->submit(yield_request(5, vocab, "light")));
+  const step_result again = r.step();  // the heavy step goes on one stage, and stops
+  CHECK(again.yielded);
+  CHECK(again.tokens.empty());
+  const step_result second = r.step();  // the second interlude: request 5 alone
+  REQUIRE(second.tokens.size() == 1);
+  CHECK(second.tokens[0].id == 5);
+  const step_result ended = r.step();
+  CHECK(ended.tokens.size() == 3);
+  for (const auto& t : ended.tokens) CHECK(t.id <= 3);
+  CHECK(r.e->stats().yielded_steps == 2);
+  r.drain();
+  for (seq_id id = 1; id <= 5; ++id) {
+    CAPTURE(id);
+    CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, id >= 4 ? "light" : "heavy")));
+  }
+}
+
 TEST_CASE("cpu engine: a step does not stop for an arrival that does not go before all of it", "[fair][engine]") {
   auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
   const std::uint32_t vocab = m->config().vocab_size;
@@ -893,6 +935,44 @@ TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop aga
   const step_result end = e.step();
   CHECK(end.tokens.size() == 4);
   CHECK(end.duration_s == Approx(owed_s - again->duration_s));
+  for (int i = 0; i < 1000 && !e.idle(); ++i) e.step();
+  CHECK(e.idle());
+}
+
+TEST_CASE("sim engine: with layer_yield, a prompt that arrives while the interlude runs stops the rest at its first stage",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  // Request 20 stops the heavy decode step; request 21 arrives while 20's
+  // interlude runs, which does not stop, and is submitted when it ends.
+  const auto stopped_for_20 = [&] {
+    sim_engine e = heavy_decoding(cost);
+    e.offer_arrival({20, "light", 1, request_priority::interactive});
+    REQUIRE(e.truncate_last_step(0.0005).has_value());
+    REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
+    const step_result interlude = e.step();
+    REQUIRE(interlude.tokens.size() == 1);
+    CHECK(interlude.tokens[0].id == 20);
+    return e;
+  };
+  sim_engine alone = stopped_for_20();
+  const step_result rest = alone.step();  // without 21: the rest of the stopped step
+  REQUIRE(rest.tokens.size() == 4);
+
+  sim_engine e = stopped_for_20();
+  e.offer_arrival({21, "light", 1, request_priority::interactive});
+  REQUIRE(e.submit(sim_request(21, 500, 10, "light")));
+  const step_result stage = e.step();  // one stage of the rest, then it stops again
+  CHECK(stage.tokens.empty());
+  CHECK(stage.duration_s > 0);
+  CHECK(stage.duration_s < rest.duration_s / 10);
+  const step_result second = e.step();  // 21's interlude
+  REQUIRE(second.tokens.size() == 1);
+  CHECK(second.tokens[0].id == 21);
+  CHECK(second.duration_s == Approx(cost.prefill_s(500)));
+  const step_result end = e.step();
+  REQUIRE(end.tokens.size() == 4);
+  CHECK(stage.duration_s + end.duration_s == Approx(rest.duration_s));
+  for (std::size_t i = 0; i < 4; ++i) CHECK(end.tokens[i].token == rest.tokens[i].token);
   for (int i = 0; i < 1000 && !e.idle(); ++i) e.step();
   CHECK(e.idle());
 }

@@ -465,6 +465,7 @@ expected<std::unique_ptr<node_process>> node_process::start(node_options o) {
   nc.opened_devices = std::move(opened);
   nc.heartbeat_interval_ms = w.heartbeat_interval_ms;
   nc.lease_ms = w.lease_ms;
+  nc.replica_step_stop = o.step_stop;
   nc.metrics = cluster_metrics::create();
   p->metrics = nc.metrics;
   p->node = o.node;

@@ -102,6 +102,9 @@ struct node_options {
   std::uint64_t device_memory_bytes = 1ull << 30;
   std::string engine;  // "" = the controller's; "cpu" or "null" overrides
   std::uint32_t device_threads = 1;
+  /// Engines may stop a step part way for a lighter tenant's prompt
+  /// (replica_context::step_stop); `node --no-step-stop` turns it off.
+  bool step_stop = true;
   /// "cpu", "cuda" or "auto" (gpu::parse_kind_request): `cuda` without
   /// `devices` usable GPUs fails start() with the CUDA runtime's reason.
   std::string device_kind = "cpu";

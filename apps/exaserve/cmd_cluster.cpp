@@ -114,6 +114,8 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"device-memory", true, "memory budget of each device in bytes (default 1073741824)"},
     {"engine", true, "cpu or null: overrides the controller's engine on this node"},
     {"device-threads", true, "engine worker threads per device (default 1)"},
+    {"no-step-stop", false, "engine steps never stop part way for a lighter tenant's arriving prompt (they do by "
+                            "default on CPU devices; see [cluster] step_stop in docs/DEPLOYMENT.md)"},
     {"listen", true, "HOST:PORT gateways reach this node at (default 127.0.0.1:0, any free port)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     {"model-dir", true, "a model missing at its deployed path is looked for here, as <sha256>.gguf "
@@ -233,6 +235,7 @@ int cmd_node(int argc, char** argv) {
   o.devices = static_cast<std::uint32_t>(*devices);
   o.device_memory_bytes = static_cast<std::uint64_t>(*memory);
   o.device_threads = static_cast<std::uint32_t>(*threads);
+  o.step_stop = !a->has("no-step-stop");
   o.device_kind = a->get_or("device-kind", "cpu");
   if (auto k = gpu::parse_kind_request(o.device_kind); !k)
     return fail("node", {errc::invalid_argument, "--device-kind: " + k.error().message});

@@ -112,9 +112,11 @@ run_way() {  # $1: way name, $2: round
   [ "$way" = no-stop ] && stop=false
   start_server "$stop" "$name"
   if [ "$way" != alone ]; then
+    # Its window opens 2 s before the quiet tenant's and closes 4 s after it,
+    # so every quiet arrival meets the whole flood.
     "$bin_dir/rpc_loadgen" --connect "$rpc_addr" --api-key "$flood_key" --model small --concurrency "$flood" \
       --connections 4 --max-tokens 64 --ignore-eos --unique-prompts --seed "$((round + 100))" \
-      --prompt "$flood_prompt" --duration-s "$((duration_s + 2))" --warmup-s "$((warmup_s - 1))" --json \
+      --prompt "$flood_prompt" --duration-s "$((duration_s + 6))" --warmup-s "$((warmup_s - 1))" --json \
       >"$work/$name.flood.json" 2>"$work/$name.flood.err" &
     flood_pid=$!
     sleep 1  # the flood fills the replica before the quiet tenant starts
@@ -129,7 +131,8 @@ run_way() {  # $1: way name, $2: round
     flood_pid=""
   fi
   local stops
-  stops="$(curl -sf --max-time 5 "$http_url/metrics" | sed -n 's/^exaserve_engine_stopped_steps_total{model="small"} //p')"
+  # Read before the server stops (replicas export it with their load reports).
+  stops="$(curl -sf --max-time 5 "$http_url/metrics" | sed -n 's/^exaserve_engine_stopped_steps_total{model="small"} //p' || true)"
   stop_pid "$server_pid"
   server_pid=""
   python3 - "$work" "$name" "$way" "$round" "${stops:-0}" <<'EOF'

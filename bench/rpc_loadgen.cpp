@@ -265,8 +265,14 @@ class loadgen {
       } else {
         ++in_flight_;
         auto& gateway = gateways_[issued_++ % gateways_.size()];
-        tasks_.add(one_request(gateway, next_due_).then([this] {
+        // Counted out whether the call returned or failed (one_request
+        // catches the call's errors, not a failure to read its answer).
+        const auto done = [this] {
           if (--in_flight_ == 0) KJ_IF_MAYBE(d, done_) (*d)->fulfill();
+        };
+        tasks_.add(one_request(gateway, next_due_).then(done, [this, done](kj::Exception&& e) {
+          note_error("exception", e.getDescription().cStr());
+          done();
         }));
       }
       return arrivals();

@@ -252,10 +252,10 @@ bool batch_scheduler::arrival_preempts(const std::vector<scheduled_chunk>& plann
   return goes_before(planned, usage_.intern(tenant, weight), priority);
 }
 
-bool batch_scheduler::waiting_preempts(const std::vector<scheduled_chunk>& planned) const {
+bool batch_scheduler::waiting_preempts(const std::vector<scheduled_chunk>& planned, std::uint64_t since) const {
   if (running_.size() >= config_.max_running) return false;
   return std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& s) {
-    return !s->was_admitted && goes_before(planned, s->tenant, s->request.priority);
+    return s->arrival >= since && !s->was_admitted && goes_before(planned, s->tenant, s->request.priority);
   });
 }
 

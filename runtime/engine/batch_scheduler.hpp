@@ -112,10 +112,13 @@ class batch_scheduler {
   /// its prefill (cpu_engine's yield). Interns the tenant.
   bool arrival_preempts(const std::vector<scheduled_chunk>& planned, std::string_view tenant, double weight,
                         request_priority priority);
-  /// Whether a prompt already here but not yet admitted goes before
-  /// `planned`, as arrival_preempts asks of one arriving: one submitted
-  /// after `planned` was planned (while a stopped step's interlude ran).
-  bool waiting_preempts(const std::vector<scheduled_chunk>& planned) const;
+  /// Whether a prompt submitted at or after `since` (arrivals(), enqueue
+  /// order) and not yet admitted goes before `planned`, as arrival_preempts
+  /// asks of one arriving: one submitted while a stopped step's interlude ran.
+  /// Older waiting prompts are not asked: the interlude had them.
+  bool waiting_preempts(const std::vector<scheduled_chunk>& planned, std::uint64_t since) const;
+  /// Sequences enqueued so far (the next one's enqueue order).
+  std::uint64_t arrivals() const noexcept { return next_arrival_; }
   /// The step that runs while a step of `suspended` waits part way: waiting
   /// prompts that go before it (as arrival_preempts), admitted in fair order
   /// into free blocks only (nothing is preempted) and prefilled, one chunk

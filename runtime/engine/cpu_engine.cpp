@@ -249,6 +249,7 @@ void cpu_engine::continue_suspended(step_result& out) {
     // The prompts the step stopped for, alone: a short step, their first
     // tokens at its end.
     s.interlude_ran = true;
+    s.interlude_arrivals = scheduler_.arrivals();
     const std::vector<scheduled_chunk> plan = scheduler_.plan_interlude(s.plan);
     s.interlude_admitted = !plan.empty();
     if (!plan.empty()) {
@@ -264,13 +265,14 @@ void cpu_engine::continue_suspended(step_result& out) {
   }
   // The stopped step's remaining layers, from the hidden state it kept. It
   // may stop again for a later arrival (at least one stage on: it always
-  // progresses), and have another interlude. A prompt that arrived while the
-  // interlude ran is here by now (its offer names a request submitted, and
-  // one that came between the steps was never offered): the step stops for
-  // it at its next boundary as for an arrival, unless the interlude could
-  // admit nothing (then the next one could not either).
-  const bool waiting_first = s.interlude_admitted && scheduler_.waiting_preempts(s.plan);
-  const std::function<bool()> should_yield = [&] { return waiting_first || arrival_preempts(s.plan); };
+  // progresses), and have another interlude. A prompt submitted since the
+  // interlude was planned is here by now (its offer names a request
+  // submitted, and one that came between the steps was never offered): the
+  // step stops for it at its next boundary as for an arrival, unless the
+  // interlude could admit nothing (then the next one could not either).
+  // The offers are taken at every boundary either way, so none outlives it.
+  const bool waiting_first = s.interlude_admitted && scheduler_.waiting_preempts(s.plan, s.interlude_arrivals);
+  const std::function<bool()> should_yield = [&] { return arrival_preempts(s.plan) || waiting_first; };
   auto ran = forward_->execute_yielding(s.batch, logits_, suspension_, should_yield);
   if (!ran) {
     fault_ = ran.error().message;

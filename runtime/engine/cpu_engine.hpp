@@ -121,7 +121,8 @@ class cpu_engine final : public inference_engine {
     std::vector<sequence*> wants_logits;
     std::uint32_t prefill_tokens = 0;
     bool interlude_ran = false;
-    bool interlude_admitted = false;  // its last interlude prefilled something
+    bool interlude_admitted = false;   // its last interlude prefilled something
+    std::uint64_t interlude_arrivals = 0;  // the scheduler's arrivals() when it was planned
   };
   std::optional<suspended_step> suspended_;
   forward_suspension suspension_;

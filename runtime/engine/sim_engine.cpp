@@ -259,13 +259,14 @@ step_result sim_engine::step() {
   if (owed_) {
     if (!owed_->interlude_ran) {
       owed_->interlude_ran = true;
+      owed_->interlude_arrivals = next_arrival_;
       owed_->interlude_admitted = run_interlude(out);
       if (owed_->interlude_admitted) return out;
     }
     // A prompt that arrived while the interlude ran is waiting here now: the
     // rest stops for it at its first boundary, as the CPU engine's does.
     if (owed_->interlude_admitted && owed_->remaining_s > owed_->layer_s * (1 + 1e-9) &&
-        waiting_goes_before(members(owed_->ids))) {
+        waiting_goes_before(members(owed_->ids), owed_->interlude_arrivals)) {
       run_first_stage(out);
       return out;
     }
@@ -821,6 +822,7 @@ std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
   limits.partial_s = at - start;
   step_result out = replay_last(limits);
   EXA_ASSERT_MSG(owed_.has_value() && std::abs(out.duration_s - at) <= 1e-9 * at, "the replay stops at the layer");
+  ++stats_.yielded_steps;
   last_.valid = last_.layer_cuttable = false;  // it ends at its stop; the rest is owed
   return out;
 }
@@ -846,10 +848,11 @@ bool sim_engine::run_interlude(step_result& out) {
   return true;
 }
 
-bool sim_engine::waiting_goes_before(const std::vector<member>& batch) const {
+bool sim_engine::waiting_goes_before(const std::vector<member>& batch, std::uint64_t since) const {
+  // Only prompts submitted since the interlude began: it had the others.
   if (running_.size() >= config_.max_running) return false;
   return std::any_of(waiting_.begin(), waiting_.end(),
-                     [&](const seq& s) { return goes_before(batch, s.tenant, s.priority); });
+                     [&](const seq& s) { return s.arrival >= since && goes_before(batch, s.tenant, s.priority); });
 }
 
 void sim_engine::run_first_stage(step_result& out) {
@@ -864,6 +867,7 @@ void sim_engine::run_first_stage(step_result& out) {
   last_.has_prefill = false;
   last_.admitted = 0;
   out.duration_s = owed_->layer_s;
+  ++stats_.yielded_steps;
   last_.valid = last_.layer_cuttable = false;
 }
 
@@ -902,6 +906,7 @@ std::optional<step_result> sim_engine::cut_remainder(double elapsed_s) {
   owed_ = last_owed_;
   owed_->remaining_s -= at;
   owed_->interlude_ran = false;
+  ++stats_.yielded_steps;
   step_result out;
   out.finished = pending;
   out.duration_s = at;

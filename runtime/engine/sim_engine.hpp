@@ -269,6 +269,7 @@ class sim_engine final : public inference_engine {
     double layer_s = 0;          // one stage of it, half a layer (its stops are multiples)
     bool interlude_ran = false;  // the prompts it stopped for were prefilled
     bool interlude_admitted = false;  // its last interlude prefilled something
+    std::uint64_t interlude_arrivals = 0;  // submissions before its last interlude
   };
 
   expected<void> check(const generation_request& r) const;
@@ -297,7 +298,7 @@ class sim_engine final : public inference_engine {
   bool goes_before(const std::vector<member>& batch, tenant_usage::slot tenant, request_priority priority) const;
   bool offered_goes_before(const std::vector<member>& batch);
   bool run_interlude(step_result& out);
-  bool waiting_goes_before(const std::vector<member>& batch) const;
+  bool waiting_goes_before(const std::vector<member>& batch, std::uint64_t since) const;
   void run_first_stage(step_result& out);
   void run_remainder(step_result& out);
   std::optional<step_result> cut_remainder(double elapsed_s);

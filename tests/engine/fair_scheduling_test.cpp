@@ -570,6 +570,37 @@ TEST_CASE("cpu engine: a prompt that arrives while the interlude runs stops the 
   }
 }
 
+TEST_CASE("cpu engine: an arrival done within its own interlude leaves no offer behind to stop the step again",
+          "[fair][engine]") {
+  auto spec = test::tiny_spec(model::tensor_type::q8_0);
+  spec.n_layers = 4;
+  auto m = test::make_model(spec);
+  const std::uint32_t vocab = m->config().vocab_size;
+  yield_rig r(m);
+  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+  while (r.got.size() < 3) r.step();
+  // The heavy tenant served well ahead, so that the light one is still the
+  // lighter after both of its prompts (the stale offer would stop the step).
+  for (int i = 0; i < 6; ++i) r.step();
+  r.e->offer_arrival({4, "light", 1, request_priority::interactive});
+  REQUIRE(r.step().yielded);
+  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  r.e->offer_arrival({5, "light", 1, request_priority::interactive});  // during 4's interlude
+  REQUIRE(r.step().tokens.size() == 1);
+  generation_request one = yield_request(5, vocab, "light");
+  one.max_tokens = 1;  // finished by its interlude, and gone
+  REQUIRE(r.e->submit(one));
+  REQUIRE(r.step().yielded);  // the rest stops for 5
+  const step_result second = r.step();
+  REQUIRE(second.tokens.size() == 1);
+  CHECK(second.tokens[0].id == 5);
+  const step_result ended = r.step();  // no stop for 5's offer, long answered
+  CHECK_FALSE(ended.yielded);
+  CHECK(ended.tokens.size() == 3);
+  CHECK(r.e->stats().yielded_steps == 2);
+  r.drain();
+}
+
 TEST_CASE("cpu engine: a step does not stop for an arrival that does not go before all of it", "[fair][engine]") {
   auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
   const std::uint32_t vocab = m->config().vocab_size;
@@ -973,6 +1004,8 @@ TEST_CASE("sim engine: with layer_yield, a prompt that arrives while the interlu
   REQUIRE(end.tokens.size() == 4);
   CHECK(stage.duration_s + end.duration_s == Approx(rest.duration_s));
   for (std::size_t i = 0; i < 4; ++i) CHECK(end.tokens[i].token == rest.tokens[i].token);
+  CHECK(alone.stats().yielded_steps == 1);  // the stop for 20
+  CHECK(e.stats().yielded_steps == 2);      // and the rest's, for 21
   for (int i = 0; i < 1000 && !e.idle(); ++i) e.step();
   CHECK(e.idle());
 }

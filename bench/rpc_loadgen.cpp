@@ -267,16 +267,17 @@ class loadgen {
         auto& gateway = gateways_[issued_++ % gateways_.size()];
         // Counted out whether the call returned or failed (one_request
         // catches the call's errors, not a failure to read its answer).
-        const auto done = [this] {
-          if (--in_flight_ == 0) KJ_IF_MAYBE(d, done_) (*d)->fulfill();
-        };
-        tasks_.add(one_request(gateway, next_due_).then(done, [this, done](kj::Exception&& e) {
+        tasks_.add(one_request(gateway, next_due_).then([this] { call_done(); }, [this](kj::Exception&& e) {
           note_error("exception", e.getDescription().cStr());
-          done();
+          call_done();
         }));
       }
       return arrivals();
     });
+  }
+
+  void call_done() {
+    if (--in_flight_ == 0) KJ_IF_MAYBE(d, done_) (*d)->fulfill();
   }
 
   kj::Promise<void> all_done() {

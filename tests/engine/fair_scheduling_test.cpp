@@ -438,6 +438,25 @@ generation_request yield_request(seq_id id, std::uint32_t vocab, const std::stri
   return r;
 }
 
+// A 4-layer model: a step has 8 stages to stop at.
+std::shared_ptr<const model::llama_model> four_layers() {
+  auto spec = test::tiny_spec(model::tensor_type::q8_0);
+  spec.n_layers = 4;
+  return test::make_model(spec);
+}
+
+// Heavy requests 1-3 decoding (`extra` steps past their prefills), their
+// step stopped for light request 4 (offered with `offer_id`), and 4 submitted.
+void stopped_for_light(yield_rig& r, int extra = 0, seq_id offer_id = 4) {
+  const std::uint32_t vocab = r.m->config().vocab_size;
+  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
+  while (r.got.size() < 3) r.step();
+  for (int i = 0; i < extra; ++i) r.step();
+  r.e->offer_arrival({offer_id, "light", 1, request_priority::interactive});
+  REQUIRE(r.step().yielded);  // after layer 0's attention
+  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+}
+
 std::vector<std::int32_t> tokens_alone(std::shared_ptr<const model::llama_model> m, generation_request r) {
   thread_pool threads(1);
   auto pool = test::make_pool(*m, 512);
@@ -445,6 +464,24 @@ std::vector<std::int32_t> tokens_alone(std::shared_ptr<const model::llama_model>
   r.id = 0;  // run_to_completion's numbering
   REQUIRE(e.submit(r));
   return test::run_to_completion(e, 1)[0];
+}
+
+// After a second stop, for light request 5 (submitted): its interlude, then
+// the heavy step's end, then everyone's tokens as alone.
+void second_interlude_then_the_rest(yield_rig& r) {
+  const std::uint32_t vocab = r.m->config().vocab_size;
+  const step_result second = r.step();  // the second interlude: request 5 alone
+  REQUIRE(second.tokens.size() == 1);
+  CHECK(second.tokens[0].id == 5);
+  const step_result ended = r.step();  // the heavy step, at last
+  CHECK(ended.tokens.size() == 3);     // the three heavy ones, nothing else
+  for (const auto& t : ended.tokens) CHECK(t.id <= 3);
+  CHECK(r.e->stats().yielded_steps == 2);
+  r.drain();
+  for (seq_id id = 1; id <= 5; ++id) {
+    CAPTURE(id);
+    CHECK(r.got[id] == tokens_alone(r.m, yield_request(id, vocab, id >= 4 ? "light" : "heavy")));
+  }
 }
 
 }  // namespace
@@ -494,16 +531,10 @@ TEST_CASE("cpu engine: a heavy tenant's step stops at a layer boundary for a lig
 }
 
 TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later arrival", "[fair][engine]") {
-  auto spec = test::tiny_spec(model::tensor_type::q8_0);
-  spec.n_layers = 4;
-  auto m = test::make_model(spec);
+  auto m = four_layers();
   const std::uint32_t vocab = m->config().vocab_size;
   yield_rig r(m);
-  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
-  while (r.got.size() < 3) r.step();
-  r.e->offer_arrival({0, "light", 1, request_priority::interactive});
-  REQUIRE(r.step().yielded);  // after layer 0's attention
-  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  stopped_for_light(r, 0, 0);
   // The second light request is offered while the first one's interlude
   // runs: the stopped step stops again at its next boundary, for it.
   r.e->offer_arrival({0, "light", 1, request_priority::interactive});
@@ -514,18 +545,7 @@ TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later 
   CHECK(again.yielded);
   CHECK(again.tokens.empty());
   REQUIRE(r.e->submit(yield_request(5, vocab, "light")));
-  const step_result second = r.step();  // the second interlude: request 5 alone
-  REQUIRE(second.tokens.size() == 1);
-  CHECK(second.tokens[0].id == 5);
-  const step_result ended = r.step();  // the heavy step, at last
-  CHECK(ended.tokens.size() == 3);     // the three heavy ones, nothing else
-  for (const auto& t : ended.tokens) CHECK(t.id <= 3);
-  CHECK(r.e->stats().yielded_steps == 2);
-  r.drain();
-  for (seq_id id = 1; id <= 5; ++id) {
-    CAPTURE(id);
-    CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, id >= 4 ? "light" : "heavy")));
-  }
+  second_interlude_then_the_rest(r);
 }
 
 TEST_CASE("cpu engine: a prompt that arrives while the interlude runs stops the rest of the step at its next boundary",
@@ -535,16 +555,10 @@ TEST_CASE("cpu engine: a prompt that arrives while the interlude runs stops the 
   // steps is submitted without an offer. Either way, once the first light
   // prompt's interlude is over, the second one is here (submitted), and the
   // stopped heavy step must not run to its end before it.
-  auto spec = test::tiny_spec(model::tensor_type::q8_0);
-  spec.n_layers = 4;
-  auto m = test::make_model(spec);
+  auto m = four_layers();
   const std::uint32_t vocab = m->config().vocab_size;
   yield_rig r(m);
-  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
-  while (r.got.size() < 3) r.step();
-  r.e->offer_arrival({4, "light", 1, request_priority::interactive});
-  REQUIRE(r.step().yielded);
-  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  stopped_for_light(r);
   SECTION("offered while the interlude ran, submitted after it") {
     r.e->offer_arrival({5, "light", 1, request_priority::interactive});
   }
@@ -556,35 +570,17 @@ TEST_CASE("cpu engine: a prompt that arrives while the interlude runs stops the 
   const step_result again = r.step();  // the heavy step goes on one stage, and stops
   CHECK(again.yielded);
   CHECK(again.tokens.empty());
-  const step_result second = r.step();  // the second interlude: request 5 alone
-  REQUIRE(second.tokens.size() == 1);
-  CHECK(second.tokens[0].id == 5);
-  const step_result ended = r.step();
-  CHECK(ended.tokens.size() == 3);
-  for (const auto& t : ended.tokens) CHECK(t.id <= 3);
-  CHECK(r.e->stats().yielded_steps == 2);
-  r.drain();
-  for (seq_id id = 1; id <= 5; ++id) {
-    CAPTURE(id);
-    CHECK(r.got[id] == tokens_alone(m, yield_request(id, vocab, id >= 4 ? "light" : "heavy")));
-  }
+  second_interlude_then_the_rest(r);
 }
 
 TEST_CASE("cpu engine: an arrival done within its own interlude leaves no offer behind to stop the step again",
           "[fair][engine]") {
-  auto spec = test::tiny_spec(model::tensor_type::q8_0);
-  spec.n_layers = 4;
-  auto m = test::make_model(spec);
+  auto m = four_layers();
   const std::uint32_t vocab = m->config().vocab_size;
   yield_rig r(m);
-  for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
-  while (r.got.size() < 3) r.step();
   // The heavy tenant served well ahead, so that the light one is still the
   // lighter after both of its prompts (the stale offer would stop the step).
-  for (int i = 0; i < 6; ++i) r.step();
-  r.e->offer_arrival({4, "light", 1, request_priority::interactive});
-  REQUIRE(r.step().yielded);
-  REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  stopped_for_light(r, 6);
   r.e->offer_arrival({5, "light", 1, request_priority::interactive});  // during 4's interlude
   REQUIRE(r.step().tokens.size() == 1);
   generation_request one = yield_request(5, vocab, "light");

@@ -855,17 +855,23 @@ bool sim_engine::waiting_goes_before(const std::vector<member>& batch, std::uint
                      [&](const seq& s) { return s.arrival >= since && goes_before(batch, s.tenant, s.priority); });
 }
 
-void sim_engine::run_first_stage(step_result& out) {
-  // One stage of the owed step's rest, and it stops again: only time passes
-  // (the step after next goes on; nothing of it is undone or replayed).
-  owed_->remaining_s -= owed_->layer_s;
-  owed_->interlude_ran = false;
-  last_.boundaries_s.assign(1, owed_->layer_s);
+void sim_engine::owed_time_only(double duration_s) {
+  // A step of the owed one's time: one boundary at its end, no prefill, no
+  // admission.
+  last_.boundaries_s.assign(1, duration_s);
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();
   last_.prefill_boundaries = 0;
   last_.has_prefill = false;
   last_.admitted = 0;
+}
+
+void sim_engine::run_first_stage(step_result& out) {
+  // One stage of the owed step's rest, and it stops again: only time passes
+  // (the step after next goes on; nothing of it is undone or replayed).
+  owed_->remaining_s -= owed_->layer_s;
+  owed_->interlude_ran = false;
+  owed_time_only(owed_->layer_s);
   out.duration_s = owed_->layer_s;
   ++stats_.yielded_steps;
   last_.valid = last_.layer_cuttable = false;
@@ -875,12 +881,7 @@ void sim_engine::run_remainder(step_result& out) {
   // The rest of the owed decode step: its batch's tokens at its end.
   last_owed_ = *owed_;
   owed_.reset();
-  last_.boundaries_s.assign(1, last_owed_.remaining_s);
-  last_.prefill_order.clear();
-  last_.prefill_chunked.clear();
-  last_.prefill_boundaries = 0;
-  last_.has_prefill = false;
-  last_.admitted = 0;
+  owed_time_only(last_owed_.remaining_s);
   ++stats_.steps;
   for (seq& s : running_)
     if (!s.done && !s.prefilling &&

@@ -299,6 +299,7 @@ class sim_engine final : public inference_engine {
   bool offered_goes_before(const std::vector<member>& batch);
   bool run_interlude(step_result& out);
   bool waiting_goes_before(const std::vector<member>& batch, std::uint64_t since) const;
+  void owed_time_only(double duration_s);
   void run_first_stage(step_result& out);
   void run_remainder(step_result& out);
   std::optional<step_result> cut_remainder(double elapsed_s);

@@ -246,6 +246,12 @@ std::vector<scheduled_chunk> batch_scheduler::plan(std::uint32_t& preempted) {
   return plan;
 }
 
+void batch_scheduler::refund(const std::vector<scheduled_chunk>& plan, const sequence* kept,
+                             std::uint64_t charged_at) {
+  for (const scheduled_chunk& c : plan)
+    if (c.seq != kept) usage_.refund(c.seq->tenant, c.n_tokens, charged_at);
+}
+
 bool batch_scheduler::arrival_preempts(const std::vector<scheduled_chunk>& planned, std::string_view tenant,
                                        double weight, request_priority priority) {
   if (running_.size() >= config_.max_running) return false;

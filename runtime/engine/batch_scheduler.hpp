@@ -131,6 +131,12 @@ class batch_scheduler {
 
   /// Tokens computed per tenant lately (what scheduling across tenants reads).
   const tenant_usage& usage() const noexcept { return usage_; }
+  /// Takes back what planning `plan` charged (usage().halvings() was
+  /// `charged_at` after it), except `kept`'s chunk: the step was dropped
+  /// before it completed, and its other sequences will be charged again when
+  /// their tokens are planned again. `kept` (the cancelled sequence, whose
+  /// tokens will not run again) stays charged for the part that ran.
+  void refund(const std::vector<scheduled_chunk>& plan, const sequence* kept, std::uint64_t charged_at);
   /// Decodes that sat out the last planned step for another tenant's prefill.
   std::uint32_t held_decodes() const noexcept { return held_decodes_; }
 

@@ -108,8 +108,11 @@ void cpu_engine::cancel(seq_id id) {
     // sequences has advanced (`computed` moves when a step completes), so the
     // next plan runs their tokens again from the start, overwriting the K/V
     // its first layers wrote.
+    // Its plan was charged to the tenants when planned; the others' tokens
+    // are charged again when planned again, so that charge is taken back.
     if (suspended_ && std::any_of(suspended_->plan.begin(), suspended_->plan.end(),
                                   [&](const scheduled_chunk& c) { return c.seq == s; })) {
+      scheduler_.refund(suspended_->plan, s, suspended_->charged_at);
       suspended_.reset();
       suspension_.next_stage = 0;
     }
@@ -118,6 +121,12 @@ void cpu_engine::cancel(seq_id id) {
     if (spec_) spec_->forget(id);
     pending_finished_.push_back(event);
   }
+}
+
+double cpu_engine::tenant_usage_of(std::string_view tenant) const {
+  const tenant_usage& usage = scheduler_.usage();
+  const auto slot = usage.find(tenant);
+  return slot ? usage.usage(*slot) : 0;
 }
 
 bool cpu_engine::idle() const {
@@ -214,6 +223,7 @@ step_result cpu_engine::step() {
     return out;
   }
   const std::vector<scheduled_chunk> plan = scheduler_.plan(out.preempted);
+  const std::uint64_t charged_at = scheduler_.usage().halvings();
   stats_.preemptions += out.preempted;
   if (plan.empty()) return out;
   if (spec_) spec_->propose(plan, scheduler_, cache_);  // the draft's proposals (speculative.hpp)
@@ -228,7 +238,8 @@ step_result cpu_engine::step() {
       return out;
     }
     if (*ran) {  // stopped at a layer boundary: the arrival's prefill goes next
-      suspended_ = suspended_step{plan, std::move(batch), std::move(wants_logits), out.prefill_tokens, false};
+      suspended_ = suspended_step{plan, std::move(batch), std::move(wants_logits), out.prefill_tokens};
+      suspended_->charged_at = charged_at;
       out.prefill_tokens = 0;
       out.yielded = true;
       ++stats_.yielded_steps;

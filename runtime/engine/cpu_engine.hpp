@@ -77,6 +77,9 @@ class cpu_engine final : public inference_engine {
 
   const model::llama_model& model() const noexcept { return *model_; }
   const kv_cache& cache() const noexcept { return cache_; }
+  /// The tenant's usage in the scheduler (tokens charged lately over its
+  /// weight); 0 for a tenant it has not seen.
+  double tenant_usage_of(std::string_view tenant) const;
   /// The draft side of speculative decoding; null without a draft model.
   const speculator* speculation() const noexcept { return spec_.get(); }
 
@@ -123,6 +126,11 @@ class cpu_engine final : public inference_engine {
     bool interlude_ran = false;
     bool interlude_admitted = false;   // its last interlude prefilled something
     std::uint64_t interlude_arrivals = 0;  // the scheduler's arrivals() when it was planned
+    // The usage's halvings() after its plan was charged. Should the plan's
+    // own charge have crossed a halving, the chunks charged before it are
+    // refunded in full (clamped at zero): off by half a step's tokens at
+    // most, once a window.
+    std::uint64_t charged_at = 0;
   };
   std::optional<suspended_step> suspended_;
   forward_suspension suspension_;

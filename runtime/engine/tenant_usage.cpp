@@ -46,7 +46,22 @@ void tenant_usage::charge(slot s, std::uint64_t tokens) {
     // Below half a token a counter is nothing: the tenant is no longer
     // "served lately", which is what ends scheduling across tenants.
     for (double& v : served_) v = v / 2 < 0.5 ? 0 : v / 2;
+    ++halvings_;
   }
+}
+
+void tenant_usage::refund(slot s, std::uint64_t tokens, std::uint64_t charged_at) {
+  EXA_ASSERT(s < served_.size() && charged_at <= halvings_);
+  const std::uint64_t halved = halvings_ - charged_at;
+  if (halved == 0) since_halving_ -= std::min(since_halving_, tokens);  // the window's count as if never charged
+  const double left = halved >= 64 ? 0 : std::ldexp(static_cast<double>(tokens), -static_cast<int>(halved));
+  served_[s] = std::max(0.0, served_[s] - left);
+}
+
+std::optional<tenant_usage::slot> tenant_usage::find(std::string_view tenant) const {
+  if (const auto it = slot_of_.find(tenant); it != slot_of_.end()) return it->second;
+  if (served_.size() >= config_.max_tenants) return static_cast<slot>(served_.size() - 1);
+  return std::nullopt;
 }
 
 double tenant_usage::usage(slot s) const {
@@ -71,6 +86,7 @@ void tenant_usage::restore(const snapshot& saved) {
   std::fill(served_.begin(), served_.end(), 0.0);
   std::copy(saved.served.begin(), saved.served.end(), served_.begin());
   since_halving_ = saved.since_halving;
+  halvings_ = saved.halvings;
 }
 
 }  // namespace exa::engine

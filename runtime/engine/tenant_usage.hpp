@@ -63,6 +63,15 @@ class tenant_usage {
   void adopt_weights() { weight_.assign(next_weight_.begin(), next_weight_.end()); }
   /// Charges `tokens` computed for the tenant in `s`.
   void charge(slot s, std::uint64_t tokens);
+  /// Halvings so far: a charge made when this was `h` has been halved
+  /// halvings() - h times since.
+  std::uint64_t halvings() const noexcept { return halvings_; }
+  /// Takes back `tokens` charged to `s` when halvings() was `charged_at`, as
+  /// they have decayed since (a step that was dropped before it completed
+  /// and will be charged again when planned again). Never below zero.
+  void refund(slot s, std::uint64_t tokens, std::uint64_t charged_at);
+  /// The tenant's slot if it has one (the overflow slot past max_tenants).
+  std::optional<slot> find(std::string_view tenant) const;
   /// Charged tokens (decayed) over the tenant's weight.
   double usage(slot s) const;
   /// Served at least lately_tokens (decayed) within the last few windows.
@@ -77,10 +86,12 @@ class tenant_usage {
   struct snapshot {
     std::vector<double> served;
     std::uint64_t since_halving = 0;
+    std::uint64_t halvings = 0;
   };
   void save(snapshot& into) const {
     into.served.assign(served_.begin(), served_.end());  // no allocation once it has grown
     into.since_halving = since_halving_;
+    into.halvings = halvings_;
   }
   /// Back to `saved`; slots made since then keep nothing charged.
   void restore(const snapshot& saved);
@@ -92,6 +103,7 @@ class tenant_usage {
   std::vector<double> weight_;       // by slot, in effect
   std::vector<double> next_weight_;  // by slot, the latest given
   std::uint64_t since_halving_ = 0;
+  std::uint64_t halvings_ = 0;
 };
 
 /// Whether ordering across tenants matters: two tenants served lately or

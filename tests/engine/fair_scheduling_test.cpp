@@ -56,6 +56,28 @@ TEST_CASE("tenant usage: tokens over weight, halved every window", "[fair]") {
   CHECK(u.usage(a) == 0);
 }
 
+TEST_CASE("tenant usage: a refund takes back a charge as it has decayed since, never below zero", "[fair]") {
+  tenant_usage u({.window_tokens = 1000, .max_tenants = 8, .lately_tokens = 64});
+  const auto a = u.intern("a", 1);
+  const auto b = u.intern("b", 1);
+  CHECK_FALSE(u.find("c"));
+  CHECK(u.find("b") == b);
+  u.charge(a, 400);
+  const std::uint64_t at = u.halvings();
+  u.charge(b, 300);
+  u.refund(b, 300, at);  // no halving since: as if never charged
+  CHECK(u.usage(b) == 0);
+  u.charge(b, 300);      // the window's count was taken back too: 700 of 1000
+  CHECK(u.halvings() == at);
+  u.charge(a, 300);      // 1000: everything halves
+  REQUIRE(u.halvings() == at + 1);
+  CHECK(u.usage(b) == 150);
+  u.refund(b, 100, at);  // charged before the halving: 50 left of it
+  CHECK(u.usage(b) == 100);
+  u.refund(b, 1000, at);
+  CHECK(u.usage(b) == 0);
+}
+
 TEST_CASE("tenant usage: shares follow the weights, among tenants served lately", "[fair]") {
   tenant_usage u({.window_tokens = 1u << 30, .max_tenants = 8, .lately_tokens = 64});
   const auto a = u.intern("a", 1);
@@ -675,10 +697,19 @@ TEST_CASE("cpu engine: cancelling a request of a stopped step drops the step and
   yield_rig r(m);
   for (seq_id id = 1; id <= 3; ++id) REQUIRE(r.e->submit(yield_request(id, vocab, "heavy")));
   while (r.got.size() < 3) r.step();
+  const double heavy_before = r.e->tenant_usage_of("heavy");
   r.e->offer_arrival({0, "light", 1, request_priority::interactive});
   REQUIRE(r.step().yielded);
+  CHECK(r.e->tenant_usage_of("heavy") == heavy_before + 3);  // charged when planned: a token each
   r.e->cancel(2);
+  // The dropped step's charge is taken back but for the cancelled request's
+  // token, which ran in part and will not run again; the others' tokens are
+  // charged when they run again, once.
+  CHECK(r.e->tenant_usage_of("heavy") == heavy_before + 1);
   REQUIRE(r.e->submit(yield_request(4, vocab, "light")));
+  r.step();  // the light request's prefill (it goes first)
+  r.step();  // the heavy decodes again
+  CHECK(r.e->tenant_usage_of("heavy") == heavy_before + 3);
   r.drain();
   REQUIRE(std::count_if(r.finished.begin(), r.finished.end(), [](const finish_event& f) {
             return f.id == 2 && f.reason == finish_reason::cancelled;

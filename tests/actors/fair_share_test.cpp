@@ -5,6 +5,8 @@
 // gateways, tenant B through one, both always backlogged. With the counters
 // shared the replica's service splits by the tenants' weights; with each
 // gateway counting alone, A gets its share at each gateway (about 3/4).
+// Last, the replica's [cluster] step_stop gate: a light tenant's arrival stops
+// the heavy tenant's step in flight only when it is on.
 
 #include <catch2/catch.hpp>
 
@@ -245,4 +247,78 @@ TEST_CASE("without shared counters the per-gateway cap splits a few places uneve
   const double a = share_of_a(g.flood(30));
   INFO("A's share, each gateway on its own: " << a);
   CHECK(a > 0.65);
+}
+
+namespace {
+
+// One simulated replica whose engine stops decode steps at layer boundaries
+// (sim_layer_yield), four long requests of a heavy tenant decoding, then one
+// short request of a light tenant. Returns the light request's time to first
+// token (virtual) and the stopped-steps counter the replica exported.
+struct stop_run {
+  std::chrono::milliseconds ttft{0};
+  std::string stopped;  // the counter's line, empty when none was exported
+  bool light_done = false;  // its four tokens, half a second on
+  bool all_ok = true;       // no request failed
+};
+
+stop_run light_beside_heavy(bool step_stop) {
+  auto o = one_simulated_replica();
+  o.routers_subscribe = false;  // the backend's own router
+  o.sim_layer_yield = true;
+  o.step_stop = step_stop;
+  test::cluster_fixture f(o);
+  for (int i = 0; i < 600 && !f.ready(); ++i) f.advance(100ms, 20ms);  // the replica loads
+  REQUIRE(f.ready());
+  const auto request = [](const std::string& id, const std::string& tenant, std::uint32_t tokens) {
+    api::generate_request r;
+    r.request_id = id;
+    r.model = "m";
+    r.prompt_ids = std::vector<api::token_id>(prompt_tokens, tenant == "heavy" ? 7 : 9);
+    r.max_tokens = tokens;
+    r.ignore_eos = true;
+    r.tenant = tenant;
+    return r;
+  };
+  std::vector<std::shared_ptr<test::recording_sink>> sinks;
+  for (int i = 0; i < 4; ++i) sinks.push_back(f.generate(request("heavy-" + std::to_string(i), "heavy", 4000)));
+  f.advance(300ms, 1ms);  // all four decoding: a step is in flight at almost every moment
+  stop_run out;
+  auto light = f.generate(request("light", "light", 4));
+  sinks.push_back(light);
+  for (int i = 0; i < 2000 && light->chunks.empty(); ++i) {
+    f.advance(1ms, 1ms);
+    out.ttft += 1ms;
+  }
+  REQUIRE_FALSE(light->chunks.empty());
+  f.advance(500ms, 10ms);  // a load report exports the counter
+  std::string text;
+  f.backend().metrics([&](std::string t) { text = std::move(t); });
+  f.run();
+  const std::string name = "exaserve_engine_stopped_steps_total{model=\"m\"} ";
+  if (const auto at = text.find(name); at != std::string::npos)
+    out.stopped = text.substr(at, text.find('\n', at) - at);
+  out.light_done = light->result && !light->result->err && light->tokens().size() == 4;
+  for (const auto& s : sinks)
+    if (s->result && s->result->err) out.all_ok = false;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("[cluster] step_stop on: a light tenant's prompt stops the heavy tenant's step in flight, counted",
+          "[actors][fair][step_stop]") {
+  const stop_run on = light_beside_heavy(true);
+  const stop_run off = light_beside_heavy(false);
+  INFO("time to first token with the stop " << on.ttft.count() << " ms, without " << off.ttft.count() << " ms");
+  CHECK(on.light_done);
+  CHECK(off.light_done);
+  CHECK(on.all_ok);
+  CHECK(off.all_ok);
+  // Off, replicas offer no arrivals: no step stops part way, none is counted.
+  CHECK(off.stopped.empty());
+  REQUIRE_FALSE(on.stopped.empty());
+  CHECK(on.stopped != "exaserve_engine_stopped_steps_total{model=\"m\"} 0");
+  // The light request waits for a layer of the step in flight, not all of it.
+  CHECK(on.ttft < off.ttft);
 }

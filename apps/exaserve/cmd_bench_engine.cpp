@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -148,10 +149,18 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
                                int repeat) {
   const auto& cfg = env.model->config();
   // A speculating step emits up to draft_tokens + 1 tokens per sequence.
-  const std::uint32_t max_tokens = steps * (env.draft ? env.draft_tokens + 1 : 1) + 4;
-  const std::uint32_t per_seq_blocks = (prompt + max_tokens + 15) / 16;
   engine::cpu_engine_config ec;
   ec.scheduler.max_running = std::max<std::uint32_t>(64, batch);
+  // The untimed prefill below: its steps, at most, when the batch's prompts
+  // share each step's token budget with the decodes of those done first.
+  const std::uint64_t room = ec.scheduler.max_batch_tokens > batch ? ec.scheduler.max_batch_tokens - batch : 1;
+  const std::uint64_t prefill_steps = (std::uint64_t{batch} * prompt + room - 1) / room +
+                                      prompt / std::max<std::uint32_t>(ec.scheduler.prefill_chunk, 1) + 2;
+  // Enough tokens that no sequence finishes before the timed steps end, even
+  // one that started decoding at the first prefill step.
+  const std::uint32_t max_tokens =
+      static_cast<std::uint32_t>(steps * (env.draft ? env.draft_tokens + 1 : 1) + 4 + prefill_steps);
+  const std::uint32_t per_seq_blocks = (prompt + max_tokens + 15) / 16;
   auto b = make_engine(env, 16 * (batch * per_seq_blocks + batch), ec);  // reused: the CUDA one uploads weights
   if (!b) return std::unexpected(b.error());
   engine::inference_engine& eng = *b->engine;
@@ -164,9 +173,15 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
       req.max_tokens = max_tokens;
       if (auto ok = eng.submit(req); !ok) return std::unexpected(ok.error());
     }
-    // Prefill every prompt (and the first token), a chunk per step.
-    for (std::uint32_t done = 0; done < prompt; done += std::max<std::uint32_t>(ec.scheduler.prefill_chunk, 1))
-      eng.step();
+    // Prefill every prompt (and the first token), untimed: until each
+    // sequence has its first token. A step's token budget may hold fewer
+    // than all the batch's prompt chunks, so long prompts take more steps
+    // than prompt / prefill_chunk (bounded: every step prefills something).
+    std::set<engine::seq_id> started;
+    for (std::uint64_t guard = 0; started.size() < batch && guard < prefill_steps; ++guard)
+      for (const auto& t : eng.step().tokens) started.insert(t.id);
+    if (started.size() < batch)
+      return make_error(errc::internal, "bench-engine: the prompts were not prefilled within the expected steps");
     std::uint64_t tokens = 0;
     const auto t0 = clock_type::now();
     for (std::uint32_t s = 0; s < steps; ++s) tokens += eng.step().tokens.size();

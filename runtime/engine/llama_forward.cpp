@@ -121,8 +121,18 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
   // One KV block at a time: its positions' K (and V) vectors are kv_dim apart.
   const std::uint32_t bt = cache_.layout().block_tokens;
   const std::size_t stride = kv_dim_;
+  // Each block's rows are fetched ahead, one block before they are read:
+  // this head's part of a row is a few cache lines every kv_dim elements, a
+  // stride the hardware prefetchers do not follow across blocks.
+  const auto fetch = [&](const std::uint16_t* rows, std::size_t m) {
+    for (std::size_t r = 0; r < m; ++r)
+      for (std::size_t b = 0; b < hd * sizeof(std::uint16_t); b += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(rows + r * stride) + b);
+  };
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
+    if (j0 + bt < n) fetch(cache_.k(table, layer, j0 + bt) + kv_head * hd, std::min<std::size_t>(bt, n - j0 - bt));
+    else fetch(cache_.v(table, layer, 0) + kv_head * hd, std::min<std::size_t>(bt, n));
     kernels_->dot_f16_rows(s.q.data(), hd, group, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd,
                            scores + j0, n);
   }
@@ -134,6 +144,7 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
   for (std::size_t i = 0; i < group * hd; ++i) out[i] = 0.0f;
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
+    if (j0 + bt < n) fetch(cache_.v(table, layer, j0 + bt) + kv_head * hd, std::min<std::size_t>(bt, n - j0 - bt));
     kernels_->axpy_f16_rows(scores + j0, n, group, cache_.v(table, layer, j0) + kv_head * hd, stride, m, hd, out,
                             hd);
   }

@@ -524,7 +524,10 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
       if (s.prefilled < s.context()) continue;
       s.prefilling = false;
       finished = emit(s, out) || finished;
-      done = config_.prefill_ends_step;
+      // An interlude prefills every prompt it lists within the budget, as
+      // the CPU engine's does in one step: ending it at the first would
+      // leave the others behind the stopped step's rest.
+      done = config_.prefill_ends_step && !interlude_;
     }
   }
   last_.admitted = admitted;
@@ -828,9 +831,10 @@ std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
 }
 
 bool sim_engine::run_interlude(step_result& out) {
-  // The prompts the owed step stopped for, prefilled alone in fair order;
-  // the step ends where the first one completes (prefill_ends_step) or when
-  // they are done. Nothing decodes.
+  // The prompts the owed step stopped for, prefilled alone in fair order
+  // within the token budget, their first tokens at its end (prefill_ends_step
+  // does not end it at the first: the CPU engine's interlude is one step).
+  // Nothing decodes.
   last_.boundaries_s.clear();
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();

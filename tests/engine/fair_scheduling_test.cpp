@@ -997,6 +997,30 @@ TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop aga
   CHECK(e.idle());
 }
 
+TEST_CASE("sim engine: with layer_yield, one interlude prefills every light prompt waiting at the stop, as the CPU engine's does",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  sim_engine e = heavy_decoding(cost);
+  e.offer_arrival({0, "light", 1, request_priority::interactive});
+  const auto stop = e.truncate_last_step(0.0005);
+  REQUIRE(stop.has_value());
+  CHECK(stop->tokens.empty());
+  // Two prompts of the light tenant came in the same moment.
+  REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
+  REQUIRE(e.submit(sim_request(21, 500, 10, "light")));
+  const step_result interlude = e.step();
+  REQUIRE(interlude.tokens.size() == 2);  // both first tokens, at the interlude's end
+  CHECK(interlude.tokens[0].id == 20);
+  CHECK(interlude.tokens[1].id == 21);
+  CHECK(interlude.duration_s == Approx(2 * cost.prefill_s(500)));
+  const step_result rest = e.step();  // then the stopped step's rest, the heavy batch's tokens
+  REQUIRE(rest.tokens.size() == 4);
+  for (const token_event& t : rest.tokens) CHECK((t.id >= 10 && t.id < 14));
+  CHECK(e.stats().yielded_steps == 1);
+  for (int i = 0; i < 1000 && !e.idle(); ++i) e.step();
+  CHECK(e.idle());
+}
+
 TEST_CASE("sim engine: with layer_yield, a prompt that arrives while the interlude runs stops the rest at its first stage",
           "[fair][sim]") {
   const sim_cost_model cost(llama2_13b_int4(), sim_device{});

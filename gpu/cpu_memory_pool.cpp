@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <cerrno>
-#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -21,25 +20,11 @@ expected<std::unique_ptr<cpu_memory_pool>> cpu_memory_pool::create(std::size_t b
     return make_error(errc::invalid_argument, "memory pool size overflows");
   const std::size_t total = rounded * block_count;
   // Anonymous mapping: page-aligned, zeroed, and returned to the OS whole.
-  // A region of a huge page or more starts on a huge-page boundary and asks
-  // for transparent huge pages: attention reads every sequence's blocks each
-  // step, scattered over the region, and with 4 KiB pages nearly every block
-  // is a TLB miss (the host's default THP mode, madvise, gives none unasked).
-  const std::size_t huge = std::size_t{2} << 20;
-  const bool aligned = total >= huge && total <= std::numeric_limits<std::size_t>::max() - huge;
-  const std::size_t mapped = aligned ? total + huge : total;
-  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
     return make_error(errc::out_of_memory, "cannot reserve " + std::to_string(total) +
                                                " bytes for the CPU device pool: " + std::strerror(errno));
   auto* region = static_cast<std::byte*>(p);
-  if (aligned) {  // the slack before and after the aligned region goes back
-    const std::size_t head = (huge - reinterpret_cast<std::uintptr_t>(region) % huge) % huge;
-    if (head > 0) ::munmap(region, head);
-    if (huge - head > 0) ::munmap(region + head + total, huge - head);
-    region += head;
-    ::madvise(region, total, MADV_HUGEPAGE);  // advice only: without THP, 4 KiB pages as before
-  }
   if (prefault)
     for (std::size_t off = 0; off < total; off += 4096) region[off] = std::byte{0};
   return std::unique_ptr<cpu_memory_pool>(new cpu_memory_pool(region, total, rounded, block_count));

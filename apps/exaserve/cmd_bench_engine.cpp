@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -148,7 +149,6 @@ struct decode_result {
 expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::uint32_t prompt, std::uint32_t steps,
                                int repeat) {
   const auto& cfg = env.model->config();
-  // A speculating step emits up to draft_tokens + 1 tokens per sequence.
   engine::cpu_engine_config ec;
   ec.scheduler.max_running = std::max<std::uint32_t>(64, batch);
   // The untimed prefill below: its steps, at most, when the batch's prompts
@@ -157,9 +157,16 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
   const std::uint64_t prefill_steps = (std::uint64_t{batch} * prompt + room - 1) / room +
                                       prompt / std::max<std::uint32_t>(ec.scheduler.prefill_chunk, 1) + 2;
   // Enough tokens that no sequence finishes before the timed steps end, even
-  // one that started decoding at the first prefill step.
-  const std::uint32_t max_tokens =
-      static_cast<std::uint32_t>(steps * (env.draft ? env.draft_tokens + 1 : 1) + 4 + prefill_steps);
+  // one that started decoding at the first prefill step (a speculating step
+  // emits up to draft_tokens + 1 a sequence). Within the model's context
+  // when the timed steps alone fit (a sequence that started early may then
+  // end among them); otherwise submit refuses, naming the context.
+  const std::uint64_t per_step = env.draft ? env.draft_tokens + 1 : 1;
+  std::uint64_t want = (std::uint64_t{steps} + prefill_steps) * per_step + 4;
+  if (const std::uint64_t timed = std::uint64_t{steps} * per_step + 4;
+      prompt + want > cfg.context_length && prompt + timed <= cfg.context_length)
+    want = cfg.context_length - prompt;
+  const auto max_tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(want, std::numeric_limits<std::uint32_t>::max()));
   const std::uint32_t per_seq_blocks = (prompt + max_tokens + 15) / 16;
   auto b = make_engine(env, 16 * (batch * per_seq_blocks + batch), ec);  // reused: the CUDA one uploads weights
   if (!b) return std::unexpected(b.error());
@@ -178,8 +185,9 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
     // than all the batch's prompt chunks, so long prompts take more steps
     // than prompt / prefill_chunk (bounded: every step prefills something).
     std::set<engine::seq_id> started;
-    for (std::uint64_t guard = 0; started.size() < batch && guard < prefill_steps; ++guard)
+    for (std::uint64_t guard = 0; started.size() < batch && guard < prefill_steps && !eng.fault(); ++guard)
       for (const auto& t : eng.step().tokens) started.insert(t.id);
+    if (auto f = eng.fault()) return make_error(errc::unavailable, *f);
     if (started.size() < batch)
       return make_error(errc::internal, "bench-engine: the prompts were not prefilled within the expected steps");
     std::uint64_t tokens = 0;

@@ -37,33 +37,6 @@ TEST_CASE("block pool hands out each block once", "[kv]") {
   CHECK(pool->allocate() == std::optional<engine::block_id>(3));
 }
 
-TEST_CASE("a block pool of a huge page or more starts on a huge-page boundary, and every byte is usable", "[kv]") {
-  constexpr std::size_t huge = std::size_t{2} << 20;
-  for (const std::uint32_t blocks : {std::uint32_t{700}, std::uint32_t{1500}}) {  // 2.7 and 5.9 MiB of 4 KiB blocks
-    CAPTURE(blocks);
-    auto pool = gpu::cpu_memory_pool::create(4096, blocks, /*prefault=*/true);
-    REQUIRE(pool.has_value());
-    auto& p = **pool;
-    CHECK(reinterpret_cast<std::uintptr_t>(p.address(0)) % huge == 0);
-    CHECK(p.total_bytes() == std::size_t{4096} * blocks);
-    // The first and the last byte of every block, written and read back.
-    for (engine::block_id b = 0; b < blocks; ++b) {
-      auto* bytes = static_cast<unsigned char*>(p.address(b));
-      bytes[0] = static_cast<unsigned char>(b);
-      bytes[4095] = static_cast<unsigned char>(b + 1);
-    }
-    for (engine::block_id b = 0; b < blocks; ++b) {
-      const auto* bytes = static_cast<const unsigned char*>(p.address(b));
-      REQUIRE(bytes[0] == static_cast<unsigned char>(b));
-      REQUIRE(bytes[4095] == static_cast<unsigned char>(b + 1));
-    }
-  }
-  // A small pool needs no alignment beyond the page's.
-  auto small = gpu::cpu_memory_pool::create(64, 4);
-  REQUIRE(small.has_value());
-  CHECK(reinterpret_cast<std::uintptr_t>((*small)->address(0)) % 4096 == 0);
-}
-
 TEST_CASE("block pool refuses bad sizes", "[kv]") {
   CHECK(gpu::cpu_memory_pool::create(0, 4).error().code == errc::invalid_argument);
   CHECK(gpu::cpu_memory_pool::create(64, 0).error().code == errc::invalid_argument);

@@ -917,6 +917,17 @@ sim_engine heavy_decoding(const sim_cost_model& cost) {
   return e;
 }
 
+// heavy_decoding's engine, its macro step stopped inside its first decode
+// step for a light arrival (not yet submitted).
+sim_engine heavy_stopped(const sim_cost_model& cost) {
+  sim_engine e = heavy_decoding(cost);
+  e.offer_arrival({0, "light", 1, request_priority::interactive});
+  const auto stop = e.truncate_last_step(0.0005);
+  REQUIRE(stop.has_value());
+  CHECK(stop->tokens.empty());  // stopped inside the first decode step
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("sim engine: with layer_yield, a decode step stops at its next layer boundary for a light prompt",
@@ -964,11 +975,7 @@ TEST_CASE("sim engine: with layer_yield, a decode step stops at its next layer b
 TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop again for a later arrival",
           "[fair][sim]") {
   const sim_cost_model cost(llama2_13b_int4(), sim_device{});
-  sim_engine e = heavy_decoding(cost);
-  e.offer_arrival({0, "light", 1, request_priority::interactive});
-  const auto first = e.truncate_last_step(0.0005);
-  REQUIRE(first.has_value());
-  CHECK(first->tokens.empty());  // stopped inside the first decode step
+  sim_engine e = heavy_stopped(cost);
   REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
   const step_result interlude = e.step();
   REQUIRE(interlude.tokens.size() == 1);
@@ -1000,11 +1007,7 @@ TEST_CASE("sim engine: with layer_yield, the rest of a stopped step may stop aga
 TEST_CASE("sim engine: with layer_yield, one interlude prefills every light prompt waiting at the stop, as the CPU engine's does",
           "[fair][sim]") {
   const sim_cost_model cost(llama2_13b_int4(), sim_device{});
-  sim_engine e = heavy_decoding(cost);
-  e.offer_arrival({0, "light", 1, request_priority::interactive});
-  const auto stop = e.truncate_last_step(0.0005);
-  REQUIRE(stop.has_value());
-  CHECK(stop->tokens.empty());
+  sim_engine e = heavy_stopped(cost);
   // Two prompts of the light tenant came in the same moment.
   REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
   REQUIRE(e.submit(sim_request(21, 500, 10, "light")));

@@ -11,10 +11,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -166,7 +166,8 @@ expected<decode_result> decode(const bench_env& env, std::uint32_t batch, std::u
   if (const std::uint64_t timed = std::uint64_t{steps} * per_step + 4;
       prompt + want > cfg.context_length && prompt + timed <= cfg.context_length)
     want = cfg.context_length - prompt;
-  const auto max_tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(want, std::numeric_limits<std::uint32_t>::max()));
+  const auto max_tokens =
+      static_cast<std::uint32_t>(std::min<std::uint64_t>(want, std::numeric_limits<std::uint32_t>::max()));
   const std::uint32_t per_seq_blocks = (prompt + max_tokens + 15) / 16;
   auto b = make_engine(env, 16 * (batch * per_seq_blocks + batch), ec);  // reused: the CUDA one uploads weights
   if (!b) return std::unexpected(b.error());

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -506,6 +507,18 @@ void second_interlude_then_the_rest(yield_rig& r) {
   }
 }
 
+// The first interlude (light request 4 alone), `between`, then one stage of
+// the heavy step, which stops again.
+void interlude_then_a_stage(yield_rig& r, const std::function<void()>& between = {}) {
+  const step_result first = r.step();
+  REQUIRE(first.tokens.size() == 1);
+  CHECK(first.tokens[0].id == 4);
+  if (between) between();
+  const step_result again = r.step();
+  CHECK(again.yielded);
+  CHECK(again.tokens.empty());
+}
+
 }  // namespace
 
 TEST_CASE("cpu engine: a heavy tenant's step stops at a layer boundary for a light tenant's prompt", "[fair][engine]") {
@@ -560,12 +573,7 @@ TEST_CASE("cpu engine: a stopped step may stop again as it goes on, for a later 
   // The second light request is offered while the first one's interlude
   // runs: the stopped step stops again at its next boundary, for it.
   r.e->offer_arrival({0, "light", 1, request_priority::interactive});
-  const step_result first = r.step();
-  REQUIRE(first.tokens.size() == 1);
-  CHECK(first.tokens[0].id == 4);
-  const step_result again = r.step();
-  CHECK(again.yielded);
-  CHECK(again.tokens.empty());
+  interlude_then_a_stage(r);
   REQUIRE(r.e->submit(yield_request(5, vocab, "light")));
   second_interlude_then_the_rest(r);
 }
@@ -585,13 +593,9 @@ TEST_CASE("cpu engine: a prompt that arrives while the interlude runs stops the 
     r.e->offer_arrival({5, "light", 1, request_priority::interactive});
   }
   SECTION("submitted between the steps, never offered") {}
-  const step_result first = r.step();  // the interlude: request 4 alone
-  REQUIRE(first.tokens.size() == 1);
-  CHECK(first.tokens[0].id == 4);
-  REQUIRE(r.e->submit(yield_request(5, vocab, "light")));
-  const step_result again = r.step();  // the heavy step goes on one stage, and stops
-  CHECK(again.yielded);
-  CHECK(again.tokens.empty());
+  // The interlude, request 5 submitted, then the heavy step goes on one
+  // stage and stops.
+  interlude_then_a_stage(r, [&] { REQUIRE(r.e->submit(yield_request(5, vocab, "light"))); });
   second_interlude_then_the_rest(r);
 }
 

@@ -415,28 +415,33 @@ TEST_CASE("a prompt sent again is served from the replica's prefix cache: usage 
   CHECK_THAT(m.body, Catch::Contains("exaserve_prefix_cache_blocks{replica="));
 }
 
-TEST_CASE("serve config: [cluster] consolidate is a boolean, off by default", "[serving][config][consolidation]") {
+namespace {
+
+// A [cluster] boolean key: `initially` by default, the other value when set,
+// and a clear error naming the key, its line and the values it takes for
+// anything else.
+void check_cluster_boolean(const std::string& key, bool initially, bool actors::cluster_options::*field) {
   app::serve_config c = app::default_serve_config();
-  CHECK_FALSE(c.cluster.consolidate);
-  REQUIRE(app::apply_config_text("[cluster]\nconsolidate = true\n", c));
-  CHECK(c.cluster.consolidate);
-  auto r = app::apply_config_text("[cluster]\nconsolidate = yes\n", c);
+  CHECK(c.cluster.*field == initially);
+  REQUIRE(app::apply_config_text("[cluster]\n" + key + " = " + (initially ? "false" : "true") + "\n", c));
+  CHECK(c.cluster.*field == !initially);
+  auto r = app::apply_config_text("[cluster]\n" + key + " = maybe\n", c);
   REQUIRE_FALSE(r);
   CHECK(r.error().code == errc::invalid_argument);
   CHECK(r.error().message.find("line 2") != std::string::npos);
+  CHECK(r.error().message.find(key) != std::string::npos);
   CHECK(r.error().message.find("true or false") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("serve config: [cluster] consolidate is a boolean, off by default", "[serving][config][consolidation]") {
+  check_cluster_boolean("consolidate", false, &actors::cluster_options::consolidate);
 }
 
 TEST_CASE("serve config: [cluster] step_stop is a boolean, on by default",
           "[serving][config][fair]") {
-  app::serve_config c = app::default_serve_config();
-  CHECK(c.cluster.step_stop);
-  REQUIRE(app::apply_config_text("[cluster]\nstep_stop = false\n", c));
-  CHECK_FALSE(c.cluster.step_stop);
-  auto r = app::apply_config_text("[cluster]\nstep_stop = off\n", c);
-  REQUIRE_FALSE(r);
-  CHECK(r.error().message.find("step_stop") != std::string::npos);
-  CHECK(r.error().message.find("true or false") != std::string::npos);
+  check_cluster_boolean("step_stop", true, &actors::cluster_options::step_stop);
 }
 
 TEST_CASE("serve config: a deployment's prefix_slack_tokens and prefix_slack_ratio, range-checked",

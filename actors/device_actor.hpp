@@ -53,8 +53,8 @@ struct device_config {
   std::optional<engine::sim_device> sim;
   /// Simulated device: its engines' prefix cache block size (0: none).
   std::uint32_t sim_prefix_block_tokens = 0;
-  /// Simulated device: its engines stop a decode step at a layer boundary
-  /// for a lighter arrival (engine::sim_engine_config::layer_yield).
+  /// Simulated device: its engines stop a decode step or a prefill chunk at
+  /// a layer boundary for a lighter arrival (engine::sim_engine_config::layer_yield).
   bool sim_layer_yield = false;
   chaos_hooks hooks;
   /// The node's metrics: this device's memory, reserved and in use (KV
@@ -71,7 +71,7 @@ struct device_resources {
   std::size_t page_bytes = 0;
   std::optional<engine::sim_device> sim;
   std::uint32_t sim_prefix_block_tokens = 0;  // engines' prefix cache (0: none)
-  bool sim_layer_yield = false;               // engines stop decode steps at layer boundaries
+  bool sim_layer_yield = false;               // engines stop steps at layer boundaries
 };
 
 /// replica -> device: build an engine for this model on the device (on its

@@ -56,8 +56,8 @@ struct cluster_options {
   std::string sim_gpu = "h100-80gb";               // engine "sim": the device preset simulated
   /// engine "sim": prefix cache block size of the simulated engines (0: none).
   std::uint32_t sim_prefix_block_tokens = 0;
-  /// engine "sim": the simulated engines stop a decode step at a layer
-  /// boundary for a lighter arrival (engine::sim_engine_config::layer_yield).
+  /// engine "sim": the simulated engines stop a decode step or a prefill
+  /// chunk at a layer boundary for a lighter arrival (engine::sim_engine_config::layer_yield).
   bool sim_layer_yield = false;
   std::string default_model_file;                  // for deployments naming no file
   std::uint32_t default_kv_tokens = 4096;

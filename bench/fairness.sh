@@ -5,9 +5,10 @@
 #   fair   - quiet beside a tenant flooding at ten times its share, with the
 #            router's fair queue and per-tenant place limits
 #   fifo   - the same two tenants, first come first served
-#   yield  - as fair, with engines that stop a decode step at a layer
-#            boundary for the quiet tenant's prompt ("layer_yield": the CPU
-#            engine does; the CUDA engine does not yet)
+#   yield  - as fair, with engines that stop a decode step or a prefill
+#            chunk at a layer boundary for the quiet tenant's prompt
+#            ("layer_yield": the CPU engine does; the CUDA engine does not
+#            yet)
 # and prints each tenant's TTFT p50/p99 and the quiet tenant's p99 against
 # its quiet value. Usage: bench/fairness.sh [BUILD_DIR]
 set -euo pipefail

@@ -47,9 +47,9 @@ struct sim_topology {
   /// The simulated engines' prefix cache block size in tokens (0: none),
   /// "prefix_cache_block_tokens" (actors::cluster_options::sim_prefix_block_tokens).
   std::uint32_t prefix_cache_block_tokens = 0;
-  /// The simulated engines stop a decode step at a layer boundary for an
-  /// arriving prompt that goes before its batch, as the CPU engine does
-  /// (the CUDA engine does not), "layer_yield"
+  /// The simulated engines stop a decode step or a prefill chunk at a layer
+  /// boundary for an arriving prompt that goes before its batch, as the CPU
+  /// engine does (the CUDA engine does not), "layer_yield"
   /// (actors::cluster_options::sim_layer_yield).
   bool layer_yield = false;
 };

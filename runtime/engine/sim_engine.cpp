@@ -250,8 +250,10 @@ step_result sim_engine::step() {
     offers_.clear();  // offers are for the step in flight
   }
   last_was_remainder_ = false;
-  // A stopped decode step none of whose sequences runs any more (cancelled)
-  // is owed to nobody.
+  // A stopped decode step none of whose sequences runs any more (cancelled),
+  // or a stopped chunk whose sequence was cancelled, is owed to nobody (the
+  // chunk stays charged, as the CPU engine keeps a cancelled request's own
+  // chunk charged).
   if (owed_ && std::none_of(owed_->ids.begin(), owed_->ids.end(), [&](seq_id id) {
         return std::any_of(running_.begin(), running_.end(), [id](const seq& r) { return r.id == id; });
       }))
@@ -308,6 +310,7 @@ void sim_engine::run_macro(step_result& out, const replay* limits) {
   last_.boundaries_s.clear();
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();
+  last_.chunk_seq.clear();
   last_.fair = limits != nullptr ? limits->fair : contended();
   bool finished = false;
   const double prefill_s = last_.fair ? prefill_fair(out, limits, finished)
@@ -334,7 +337,8 @@ void sim_engine::run_macro(step_result& out, const replay* limits) {
   // at the exact moment they exist (TTFT is the metric everyone reads), and
   // decoding resumes in the next macro step.
   const std::uint32_t decode_limit = limits != nullptr ? limits->decode_kept : std::numeric_limits<std::uint32_t>::max();
-  if (!finished && !(last_.has_prefill && config_.prefill_ends_step))
+  const bool chunk_stopped = limits != nullptr && limits->partial_prefill;  // the step ends at its stop
+  if (!finished && !chunk_stopped && !(last_.has_prefill && config_.prefill_ends_step))
     decode(out, prefill_s, decode_limit, limits != nullptr ? limits->partial_s : 0);
   EXA_ASSERT_MSG(!last_.boundaries_s.empty(), "a macro step with sequences running ends at a boundary");
   close_step(out);
@@ -447,6 +451,8 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
   // completes, so that sequence's first token leaves at once.
   const std::vector<seq_id> order = limits != nullptr ? limits->order : fair_order();
   const std::size_t kept = limits != nullptr ? limits->prefill_kept : std::numeric_limits<std::size_t>::max();
+  // layer_yield: after the kept chunks, the next one stops part way.
+  bool stop_next = limits != nullptr && limits->partial_prefill;
   const double weights_s = cost_.decode_step_s(0, 0, last_.sharing);  // a chunk reads the weights at least once
   // The tenant served least among those with work here: a tenant over its
   // share beside it is chunked, so that it can cut in.
@@ -468,7 +474,7 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
   std::uint32_t admitted = 0;
   bool admitting = true, done = false;
   for (const seq_id id : order) {
-    if (done || last_.boundaries_s.size() >= kept || tokens >= config_.max_batch_tokens) break;
+    if (done || (last_.boundaries_s.size() >= kept && !stop_next) || tokens >= config_.max_batch_tokens) break;
     auto run = std::find_if(running_.begin(), running_.end(), [id](const seq& s) { return s.id == id; });
     if (run == running_.end()) {
       const auto wait = std::find_if(waiting_.begin(), waiting_.end(), [id](const seq& s) { return s.id == id; });
@@ -510,16 +516,36 @@ double sim_engine::prefill_fair(step_result& out, const replay* limits, bool& fi
                              : lightest && usage_.over_share(s.tenant, lightest->second);
     last_.prefill_order.push_back(id);
     last_.prefill_chunked.push_back(chunked ? 1 : 0);
-    while (s.prefilling && last_.boundaries_s.size() < kept && tokens < config_.max_batch_tokens) {
+    while (s.prefilling && tokens < config_.max_batch_tokens) {
+      const bool stops = last_.boundaries_s.size() >= kept;
+      if (stops && !stop_next) break;
       const std::uint64_t left = s.context() - s.prefilled;
       const std::uint64_t room = tokens == 0 ? left : config_.max_batch_tokens - tokens;
       const std::uint64_t chunks = (left + config_.fair_prefill_chunk - 1) / config_.fair_prefill_chunk;
       const std::uint64_t even = chunked ? (left + chunks - 1) / chunks : left;
       const auto n = static_cast<std::uint32_t>(std::min({even, left, room}));
-      prefill_s += std::max(cost_.prefill_s(n, s.prefilled), weights_s);
+      const double chunk_s = std::max(cost_.prefill_s(n, s.prefilled), weights_s);
+      last_.chunk_seq.push_back(id);
+      usage_.charge(s.tenant, n);  // when planned, as the CPU engine charges
+      if (stops) {
+        // layer_yield: this chunk stops limits->partial_s in; the step ends
+        // there, and the chunk's tokens (and a first token, when it
+        // completes the prompt) come with the rest of it (run_remainder).
+        owed_step owed;
+        owed.ids.push_back(id);
+        owed.prefill_tokens = n;
+        owed.layer_s = chunk_s / stages_per_step();
+        owed.remaining_s = std::max(0.0, chunk_s - limits->partial_s);
+        owed_ = std::move(owed);
+        prefill_s += limits->partial_s;
+        last_.boundaries_s.push_back(prefill_s);
+        stop_next = false;
+        done = true;
+        break;
+      }
+      prefill_s += chunk_s;
       s.prefilled += n;
       tokens += n;
-      usage_.charge(s.tenant, n);
       last_.boundaries_s.push_back(prefill_s);
       if (s.prefilled < s.context()) continue;
       s.prefilling = false;
@@ -797,22 +823,31 @@ bool sim_engine::offered_goes_before(const std::vector<member>& batch) {
 }
 
 std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
-  // The decode step in flight at elapsed_s stops at its next layer boundary
-  // (its 2 n_layers stages, each layer's attention and MLP, split its time
-  // evenly) when an offered arrival goes
-  // before its batch; the step's earlier decode steps stand.
+  // The decode step, or across tenants the prefill chunk, in flight at
+  // elapsed_s stops at its next layer boundary (its 2 n_layers stages, each
+  // layer's attention and MLP, split its time evenly) when an offered
+  // arrival goes before its batch (a chunk's: its one sequence); the step's
+  // earlier chunks and decode steps stand. A one-tenant step prefills in one
+  // piece: a second tenant's arrival re-plans it instead (replan_fair).
   const std::vector<double>& b = last_.boundaries_s;
   const auto cut = static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), elapsed_s) - b.begin());
-  if (cut >= b.size() || cut < last_.prefill_boundaries) return std::nullopt;  // past its end, or in its prefill
+  if (cut >= b.size()) return std::nullopt;  // past its end
+  const bool in_prefill = cut < last_.prefill_boundaries;
+  if (in_prefill && !last_.fair) return std::nullopt;
   const double start = cut == 0 ? 0.0 : b[cut - 1];
   const double layer_s = (b[cut] - start) / stages_per_step();
   const double layers = std::max(1.0, std::ceil((elapsed_s - start) / layer_s - 1e-9));
   const double at = start + layers * layer_s;
   if (at >= b[cut] - 1e-12 * b[cut]) return std::nullopt;  // its end is the next boundary anyway
   std::vector<member> batch;
-  for (const seq& s : running_)
-    if (!s.prefilling) batch.emplace_back(s.tenant, s.priority);
-  for (const seq& s : last_.finished) batch.emplace_back(s.tenant, s.priority);
+  if (in_prefill) {
+    EXA_ASSERT_MSG(cut < last_.chunk_seq.size(), "every prefill boundary of a step across tenants ends a chunk");
+    batch = members({last_.chunk_seq[cut]});
+  } else {
+    for (const seq& s : running_)
+      if (!s.prefilling) batch.emplace_back(s.tenant, s.priority);
+    for (const seq& s : last_.finished) batch.emplace_back(s.tenant, s.priority);
+  }
   if (!offered_goes_before(batch)) return std::nullopt;
 
   replay limits;
@@ -820,9 +855,10 @@ std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
   limits.admitted = last_.admitted;
   limits.order = last_.prefill_order;
   limits.chunked = last_.prefill_chunked;
-  limits.prefill_kept = last_.prefill_boundaries;
-  limits.decode_kept = static_cast<std::uint32_t>(cut - last_.prefill_boundaries);
+  limits.prefill_kept = in_prefill ? cut : last_.prefill_boundaries;
+  limits.decode_kept = in_prefill ? 0 : static_cast<std::uint32_t>(cut - last_.prefill_boundaries);
   limits.partial_s = at - start;
+  limits.partial_prefill = in_prefill;
   step_result out = replay_last(limits);
   EXA_ASSERT_MSG(owed_.has_value() && std::abs(out.duration_s - at) <= 1e-9 * at, "the replay stops at the layer");
   ++stats_.yielded_steps;
@@ -838,6 +874,7 @@ bool sim_engine::run_interlude(step_result& out) {
   last_.boundaries_s.clear();
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();
+  last_.chunk_seq.clear();
   last_.fair = true;
   interlude_ = true;
   bool finished = false;
@@ -865,6 +902,7 @@ void sim_engine::owed_time_only(double duration_s) {
   last_.boundaries_s.assign(1, duration_s);
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();
+  last_.chunk_seq.clear();
   last_.prefill_boundaries = 0;
   last_.has_prefill = false;
   last_.admitted = 0;
@@ -882,15 +920,27 @@ void sim_engine::run_first_stage(step_result& out) {
 }
 
 void sim_engine::run_remainder(step_result& out) {
-  // The rest of the owed decode step: its batch's tokens at its end.
+  // The rest of the owed decode step: its batch's tokens at its end. Of an
+  // owed chunk: its prompt tokens, and the first token when it completes
+  // the prompt (its usage was charged when it was planned).
   last_owed_ = *owed_;
   owed_.reset();
   owed_time_only(last_owed_.remaining_s);
   ++stats_.steps;
-  for (seq& s : running_)
-    if (!s.done && !s.prefilling &&
-        std::find(last_owed_.ids.begin(), last_owed_.ids.end(), s.id) != last_owed_.ids.end())
-      emit(s, out);
+  for (seq& s : running_) {
+    if (s.done || std::find(last_owed_.ids.begin(), last_owed_.ids.end(), s.id) == last_owed_.ids.end()) continue;
+    if (last_owed_.prefill_tokens > 0) {
+      EXA_ASSERT_MSG(s.prefilling && s.prefilled + last_owed_.prefill_tokens <= s.context(),
+                     "an owed chunk is of a prompt part way through its prefill");
+      s.prefilled += last_owed_.prefill_tokens;
+      out.prefill_tokens += last_owed_.prefill_tokens;
+      if (s.prefilled < s.context()) continue;
+      s.prefilling = false;
+    } else if (s.prefilling) {
+      continue;
+    }
+    emit(s, out);
+  }
   close_step(out);
   last_.valid = false;
   last_.layer_cuttable = config_.layer_yield;

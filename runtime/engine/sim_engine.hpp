@@ -127,14 +127,17 @@ struct sim_engine_config {
   /// its throughput and did not lower the quiet tenant's p99; see
   /// docs/PERFORMANCE.md "Fairness across tenants").
   double fair_step_budget = 0;
-  /// Model an engine that stops a decode step at a layer boundary for an
-  /// arriving prompt that goes before the step's batch (offer_arrival; the
-  /// CPU engine does this, the CUDA engine does not): the step in flight is
-  /// cut at the next of its 2 n_layers even stage boundaries (between layers,
-  /// and between a layer's attention and its MLP) instead of its end, an
-  /// interlude step prefills such prompts alone, and a remainder step emits
-  /// the stopped step's tokens after the rest of its time (and may itself
-  /// stop again). Off: arrivals wait for the decode step in flight.
+  /// Model an engine that stops a step at a layer boundary for an arriving
+  /// prompt that goes before the step's batch (offer_arrival; the CPU engine
+  /// does this, the CUDA engine does not): the decode step, or across
+  /// tenants the prefill chunk, in flight is cut at the next of its
+  /// 2 n_layers even stage boundaries (between layers, and between a layer's
+  /// attention and its MLP) instead of its end, an interlude step prefills
+  /// such prompts alone, and a remainder step finishes the stopped one after
+  /// the rest of its time -- a decode step's tokens, or a chunk's prompt
+  /// tokens (and the first token, when it completes the prompt) -- and may
+  /// itself stop again. Off: arrivals wait for the decode step or chunk in
+  /// flight.
   bool layer_yield = false;
   tenant_usage_config usage{};
 };
@@ -214,6 +217,7 @@ class sim_engine final : public inference_engine {
     std::size_t prefill_boundaries = 0; // boundaries_s[0..this) end prefill chunks (1 unless fair)
     std::vector<seq_id> prefill_order;  // fair: the sequences it prefilled, in order
     std::vector<char> prefill_chunked;  // fair: whether each was chunked
+    std::vector<seq_id> chunk_seq;      // fair: the sequence of each prefill boundary's chunk
     tenant_usage::snapshot usage;       // state before it
     std::uint32_t sharing = 1;          // the bandwidth share it ran under
     std::uint32_t admitted = 0;         // sequences it admitted (and prefilled)
@@ -260,11 +264,16 @@ class sim_engine final : public inference_engine {
     /// layer_yield: after the kept decode steps, the next one runs this long
     /// and stops there (its tokens owed); 0: none.
     double partial_s = 0;
+    /// partial_s stops the prefill chunk after the prefill_kept ones instead
+    /// (its prompt tokens owed), and nothing decodes.
+    bool partial_prefill = false;
   };
 
-  /// layer_yield: a decode step stopped at a layer boundary.
+  /// layer_yield: a decode step, or a prefill chunk, stopped at a layer
+  /// boundary.
   struct owed_step {
-    std::vector<seq_id> ids;     // its batch: each emits a token when it ends
+    std::vector<seq_id> ids;     // its batch: each emits a token when it ends (a chunk: its one sequence)
+    std::uint32_t prefill_tokens = 0;  // a chunk: its prompt tokens, computed when it ends; 0: a decode step
     double remaining_s = 0;      // its time still to run
     double layer_s = 0;          // one stage of it, half a layer (its stops are multiples)
     bool interlude_ran = false;  // the prompts it stopped for were prefilled

@@ -286,10 +286,11 @@ TEST_CASE("a tenant flooding at ten times its share leaves a quiet tenant served
   // Measured 1.26x (bench/fairness.sh): the router's fair queue and the
   // replicas' scheduling across tenants; the router alone gave 1.75x.
   CHECK(fair < 1.4 * alone);
-  // Issue 13's target, with engines that stop a decode step at a layer
-  // boundary for the quiet prompt (measured 1.11x): the quiet request no
-  // longer waits out the flood's step in flight.
-  CHECK(yielding < 1.2 * alone);
+  // Issue 13's target, with engines that stop a decode step or a prefill
+  // chunk at a layer boundary for the quiet prompt (measured 1.00x; 1.15x
+  // when only decode steps stopped): the quiet request no longer waits out
+  // the flood's step in flight.
+  CHECK(yielding < 1.05 * alone);
   CHECK(yielding < fair);
   CHECK(fifo > 100 * alone);  // behind the flood's whole backlog
 }

@@ -764,8 +764,13 @@ sim_engine_config sim_config() {
 // at the arrival is cut there, as the replica and device actors do.
 // `light_known`: the light tenant was served before (else its request is
 // the first the engine sees of it).
-double light_ttft(const std::string& light_tenant, double arrival_s, bool light_known = true) {
-  sim_engine e(sim_cost_model(llama2_13b_int4(), sim_device{}), sim_config());
+// `layer_yield`: the engine stops a step part way, and the arrival is
+// offered before the cut (as the replica does).
+double light_ttft(const std::string& light_tenant, double arrival_s, bool light_known = true,
+                  bool layer_yield = false) {
+  sim_engine_config cfg = sim_config();
+  cfg.layer_yield = layer_yield;
+  sim_engine e(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
   // Both tenants have been served lately, the heavy one more (run to the
   // end): its prefills are the ones chunked.
   if (light_known) REQUIRE(e.submit(sim_request(1, 500, 10, light_tenant)));
@@ -781,6 +786,9 @@ double light_ttft(const std::string& light_tenant, double arrival_s, bool light_
     r = e.step();
   }
   REQUIRE(now_s + r.duration_s >= arrival_s);
+  // Id 0: submitted before the cut here, an offer with its id would be
+  // taken for one the schedule has.
+  if (layer_yield) e.offer_arrival({0, light_tenant, 1, request_priority::interactive});
   REQUIRE(e.submit(sim_request(20, 500, 10, light_tenant)));
   const auto cut = e.truncate_last_step(arrival_s - now_s);
   now_s += cut ? cut->duration_s : r.duration_s;
@@ -813,6 +821,107 @@ TEST_CASE("sim engine: a light tenant's prefill starts at the next chunk boundar
     const double fifo = light_ttft("heavy", arrival_s);
     CHECK(fifo >= 4 * own_s - arrival_s);
   }
+}
+
+TEST_CASE("sim engine: with layer_yield, a heavy tenant's prefill chunk stops at its next layer boundary too",
+          "[fair][sim]") {
+  // The CPU engine stops any step, prefill included: a light prompt waits
+  // out one stage of the heavy chunk in flight, not the rest of the chunk.
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  const double own_s = cost.prefill_s(500);
+  const double stage_s = cost.prefill_s(128, 256) / 80;  // of the longest chunk but a prompt's last
+  for (const double arrival_s : {0.001, 0.005, 0.020, 0.040}) {
+    CAPTURE(arrival_s);
+    const double stopped = light_ttft("light", arrival_s, true, true);
+    CHECK(stopped >= own_s * (1 - 1e-9));
+    CHECK(stopped <= own_s + stage_s + 1e-9);
+    // Without the stop, up to the rest of the chunk: at these arrivals,
+    // more than a stage.
+    CHECK(light_ttft("light", arrival_s) > stopped + stage_s);
+    // The heavy tenant's own arrival does not stop its chunk.
+    CHECK(light_ttft("heavy", arrival_s, true, true) == Approx(light_ttft("heavy", arrival_s)).epsilon(1e-12));
+  }
+}
+
+namespace {
+
+// A layer_yield engine, both tenants served before, the heavy one more,
+// that has just prefilled one heavy prompt of 250 tokens (request 10) in
+// two chunks of 125, in one step.
+sim_engine heavy_prompt_prefilled(const sim_cost_model& cost) {
+  sim_engine_config cfg = sim_config();
+  cfg.layer_yield = true;
+  sim_engine e(cost, cfg);
+  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
+  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
+  REQUIRE(e.submit(sim_request(3, 500, 10, "heavy")));
+  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  REQUIRE(e.idle());
+  REQUIRE(e.submit(sim_request(10, 250, 5, "heavy")));
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("sim engine: with layer_yield, a stopped chunk's rest computes its tokens, and its prompt's first token when it completes it",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  sim_engine e = heavy_prompt_prefilled(cost);
+  const step_result prefill = e.step();
+  REQUIRE(prefill.tokens.size() == 1);
+  const double first_s = cost.prefill_s(125);
+  const double second_s = cost.prefill_s(125, 125);
+  REQUIRE(prefill.duration_s == Approx(first_s + second_s));
+  const std::uint64_t prefilled_before = e.stats().prefill_tokens;
+  // A light prompt arrives a third into the second chunk.
+  e.offer_arrival({20, "light", 1, request_priority::interactive});
+  const auto stop = e.truncate_last_step(first_s + second_s / 3);
+  REQUIRE(stop.has_value());
+  CHECK(stop->tokens.empty());
+  CHECK(stop->prefill_tokens == 125);  // the first chunk stands
+  CHECK(stop->duration_s >= first_s + second_s / 3);
+  CHECK(stop->duration_s <= first_s + second_s / 3 + second_s / 80 + 1e-12);
+  CHECK(e.stats().yielded_steps == 1);
+  REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
+  const step_result interlude = e.step();
+  REQUIRE(interlude.tokens.size() == 1);
+  CHECK(interlude.tokens[0].id == 20);
+  CHECK(interlude.duration_s == Approx(cost.prefill_s(500)));
+  const step_result rest = e.step();  // the chunk's rest: it completes the prompt
+  REQUIRE(rest.tokens.size() == 1);
+  CHECK(rest.tokens[0].id == 10);
+  CHECK(rest.tokens[0].token == prefill.tokens[0].token);
+  CHECK(rest.prefill_tokens == 125);
+  CHECK(stop->duration_s + rest.duration_s == Approx(prefill.duration_s));
+  CHECK(e.stats().prefill_tokens == prefilled_before - 250 + 125 + 500 + 125);
+  for (int i = 0; i < 1000 && !e.idle(); ++i) e.step();
+  CHECK(e.idle());
+  CHECK(e.stats().kv_free_tokens == e.stats().kv_capacity_tokens);
+}
+
+TEST_CASE("sim engine: with layer_yield, cancelling the request of a stopped chunk drops the chunk's rest",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  sim_engine e = heavy_prompt_prefilled(cost);
+  const step_result prefill = e.step();
+  REQUIRE(prefill.tokens.size() == 1);
+  e.offer_arrival({20, "light", 1, request_priority::interactive});
+  REQUIRE(e.truncate_last_step(prefill.duration_s * 0.8).has_value());
+  REQUIRE(e.submit(sim_request(20, 500, 10, "light")));
+  e.cancel(10);
+  const step_result next = e.step();  // 20's prefill, and 10's cancellation
+  REQUIRE(next.tokens.size() == 1);
+  CHECK(next.tokens[0].id == 20);
+  REQUIRE(next.finished.size() == 1);
+  CHECK(next.finished[0].id == 10);
+  CHECK(next.finished[0].reason == finish_reason::cancelled);
+  CHECK(next.duration_s == Approx(cost.prefill_s(500)));
+  std::size_t tokens_of_10 = 0;
+  for (int i = 0; i < 1000 && !e.idle(); ++i)
+    for (const token_event& t : e.step().tokens) tokens_of_10 += t.id == 10 ? 1 : 0;
+  CHECK(e.idle());
+  CHECK(tokens_of_10 == 0);
+  CHECK(e.stats().kv_free_tokens == e.stats().kv_capacity_tokens);
 }
 
 TEST_CASE("sim engine: a new tenant's first request cuts into a one-tenant prefill at a chunk boundary",
@@ -1181,7 +1290,9 @@ TEST_CASE("sim engine: a light tenant's request waits out at most a step within 
 TEST_CASE("sim engine: across tenants, random truncations never change what a request receives", "[fair][sim]") {
   // sim_engine_test's random truncation check with three tenants and two
   // priority classes: the replays of chunked, fair-ordered steps must be
-  // exact. Tokens depend on the sequence only, so both engines agree.
+  // exact, and so must steps stopped part way. Tokens depend on the
+  // sequence only, so both engines agree.
+  std::uint64_t stopped = 0;
   for (std::uint64_t seed = 1; seed <= 30; ++seed) {
     CAPTURE(seed);
     std::uint64_t x = seed * 0x9E3779B97F4A7C15ull;
@@ -1205,6 +1316,9 @@ TEST_CASE("sim engine: across tenants, random truncations never change what a re
     // of KV beside the weights), or none.
     cfg.fair_step_budget = next(2) == 0 ? 1.02 + 0.01 * static_cast<double>(next(5)) : 0;
     cfg.usage.lately_tokens = 1;
+    // Every other seed stops steps part way: the arrivals are offered, the
+    // step cut, then they are submitted, as the replica and device do.
+    cfg.layer_yield = seed % 2 == 0;
     sim_engine plain(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
     sim_engine cut(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
     std::map<seq_id, std::vector<model::token_id>> a, b;
@@ -1223,17 +1337,27 @@ TEST_CASE("sim engine: across tenants, random truncations never change what a re
         for (const generation_request& r : found->second) REQUIRE(plain.submit(r));
       absorb(plain.step(), a, fa);
       step_result r = cut.step();
-      if (const auto soon = arrivals.find(i + 1); soon != arrivals.end())
-        for (const generation_request& q : soon->second) REQUIRE(cut.submit(q));
+      const auto soon = arrivals.find(i + 1);
+      const auto submit_soon = [&] {
+        if (soon != arrivals.end())
+          for (const generation_request& q : soon->second) REQUIRE(cut.submit(q));
+      };
+      if (cfg.layer_yield && soon != arrivals.end())
+        for (const generation_request& q : soon->second)
+          cut.offer_arrival({q.id, q.tenant, q.tenant_weight, q.priority});
+      else
+        submit_soon();
       const double at = r.duration_s * static_cast<double>(next(1001)) / 1000.0;
       if (auto kept = cut.truncate_last_step(at)) {
         CHECK(kept->duration_s < r.duration_s);
         r = std::move(*kept);
         ++truncations;
       }
+      if (cfg.layer_yield) submit_soon();
       absorb(r, b, fb);
     }
     CHECK(truncations > 5);
+    if (cfg.layer_yield) stopped += cut.stats().yielded_steps;
     CHECK(a == b);
     REQUIRE(fa.size() == 30);
     REQUIRE(fb.size() == 30);
@@ -1243,5 +1367,7 @@ TEST_CASE("sim engine: across tenants, random truncations never change what a re
     }
     CHECK(cut.stats().kv_free_tokens == cut.stats().kv_capacity_tokens);
     CHECK(cut.stats().generated_tokens == plain.stats().generated_tokens);
+    CHECK(cut.stats().prefill_tokens == plain.stats().prefill_tokens);  // a stopped chunk's counted once
   }
+  CHECK(stopped > 10);
 }

@@ -211,7 +211,7 @@ class loadgen {
     measure_start_ = now + std::chrono::seconds(opts_.warmup_s);
     measure_end_ = measure_start_ + std::chrono::seconds(opts_.duration_s);
     const auto limit = (opts_.warmup_s + opts_.duration_s) * kj::SECONDS + drain_grace;
-    auto work = opts_.rate > 0 ? open_loop() : closed_loop();
+    auto work = opts_.rate > 0 ? open_loop(now) : closed_loop();
     auto all = work.exclusiveJoin(
         io_.provider->getTimer().afterDelay(limit).then(
             []() -> kj::Promise<void> { return KJ_EXCEPTION(FAILED, "calls still in flight after the drain grace"); }));
@@ -245,11 +245,14 @@ class loadgen {
     return kj::joinPromises(workers.finish());
   }
 
-  /// Poisson arrivals until the measured window ends, then waits for the
-  /// calls in flight. Each call's clock starts when it was due.
-  kj::Promise<void> open_loop() {
+  /// Poisson arrivals from `start` (the warm-up's start) until the measured
+  /// window ends, then waits for the calls in flight. Each call's clock
+  /// starts when it was due. The schedule is a function of the seed: the
+  /// due times, as offsets from the window's start, are the same in every
+  /// run (--samples writes them).
+  kj::Promise<void> open_loop(clock_type::time_point start) {
     rng_.seed(opts_.seed);
-    next_due_ = clock_type::now();
+    next_due_ = start;
     return arrivals().then([this] { return all_done(); });
   }
 

@@ -68,11 +68,9 @@ constexpr std::array<double, 64> make_exp2_table() {
   }
   return t;
 }
-constexpr std::array<double, 64> exp2_table = make_exp2_table();
-
 }  // namespace
 
-const double* expf_parts::table() noexcept { return exp2_table.data(); }
+alignas(64) const std::array<double, 64> expf_parts::exp2_table = make_exp2_table();
 
 float expf(float xf) noexcept {
   const double x = xf;
@@ -91,7 +89,7 @@ float expf(float xf) noexcept {
   const auto n = static_cast<int>(kd);
   const int j = n & 63;
   const int k = (n - j) / 64;
-  return static_cast<float>(scale2(exp2_table[static_cast<std::size_t>(j)] * p, k));
+  return static_cast<float>(scale2(expf_parts::exp2_table[static_cast<std::size_t>(j)] * p, k));
 }
 
 double log(double x) noexcept {

@@ -7,6 +7,8 @@
 // one ulp of double for the double functions (so the float ones are nearly
 // always correctly rounded), on the ranges the engine uses.
 
+#include <array>
+
 namespace exa::engine::det {
 
 double exp(double x) noexcept;  // overflow → +inf, underflow → 0, NaN → NaN
@@ -29,8 +31,11 @@ inline constexpr double scale = 92.33248261689366;  // 64 / ln2
 inline constexpr double ln2_64_hi = 0.01083042469326756;  // ln2/64 to 32 significant bits
 inline constexpr double ln2_64_lo = 2.9815858269852933e-12;   // the rest
 inline constexpr double shifter = 6755399441055744.0;  // 1.5 · 2^52: round to even by adding and subtracting
-/// 2^(j/64), j = 0..63.
-const double* table() noexcept;
+/// 2^(j/64), j = 0..63 (det_math.cpp). A variable, not a function, so the
+/// vector kernels' loops read it without a call (a call in the loop made
+/// them spill every register around it).
+alignas(64) extern const std::array<double, 64> exp2_table;
+inline const double* table() noexcept { return exp2_table.data(); }
 }  // namespace expf_parts
 /// x^y for x > 0.
 inline double pow(double x, double y) noexcept { return exp(y * log(x)); }

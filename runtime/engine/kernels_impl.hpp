@@ -1533,7 +1533,18 @@ inline __m256 vexpf(__m256 xf) noexcept {
   const __m256i n = _mm512_cvtpd_epi32(kd);  // kd is an integer: exact
   const __m256i j = _mm256_and_si256(n, _mm256_set1_epi32(63));
   const __m256i k = _mm256_srai_epi32(_mm256_sub_epi32(n, j), 6);
-  const __m512d t = _mm512_i32gather_pd(j, e::table(), 8);
+  // The table's 64 entries from eight registers, not a gather: each pair of
+  // registers serves 16 entries by j's low 4 bits, bits 4 and 5 pick the
+  // pair. The same entries, so the same bits.
+  const double* tab = e::table();
+  const __m512i jj = _mm512_cvtepi32_epi64(j);
+  const __m512d t01 = _mm512_permutex2var_pd(_mm512_loadu_pd(tab), jj, _mm512_loadu_pd(tab + 8));
+  const __m512d t23 = _mm512_permutex2var_pd(_mm512_loadu_pd(tab + 16), jj, _mm512_loadu_pd(tab + 24));
+  const __m512d t45 = _mm512_permutex2var_pd(_mm512_loadu_pd(tab + 32), jj, _mm512_loadu_pd(tab + 40));
+  const __m512d t67 = _mm512_permutex2var_pd(_mm512_loadu_pd(tab + 48), jj, _mm512_loadu_pd(tab + 56));
+  const __mmask8 b4 = _mm512_test_epi64_mask(jj, _mm512_set1_epi64(16));
+  const __mmask8 b5 = _mm512_test_epi64_mask(jj, _mm512_set1_epi64(32));
+  const __m512d t = _mm512_mask_blend_pd(b5, _mm512_mask_blend_pd(b4, t01, t23), _mm512_mask_blend_pd(b4, t45, t67));
   const __m512i bits = _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm256_add_epi32(k, _mm256_set1_epi32(1023))), 52);
   __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(t, p), _mm512_castsi512_pd(bits)));
   y = _mm256_mask_blend_ps(small, y, _mm256_setzero_ps());

@@ -70,7 +70,7 @@ constexpr std::array<double, 64> make_exp2_table() {
 }
 }  // namespace
 
-alignas(64) const std::array<double, 64> expf_parts::exp2_table = make_exp2_table();
+alignas(64) constinit const std::array<double, 64> expf_parts::exp2_table = make_exp2_table();
 
 float expf(float xf) noexcept {
   const double x = xf;

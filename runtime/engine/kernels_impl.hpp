@@ -1514,7 +1514,7 @@ inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
 
 // ------------------------------------------------ e^x, SiLU and softmax
 // det::expf lane by lane: the same double steps (det_math.cpp), so the same
-// bits; only the table lookup is a gather.
+// bits; only the table lookup differs (permutes on AVX-512, a gather on AVX2).
 #if defined(EXA_K_AVX512)
 inline __m256 vexpf(__m256 xf) noexcept {
   namespace e = det::expf_parts;

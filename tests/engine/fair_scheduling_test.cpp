@@ -845,18 +845,24 @@ TEST_CASE("sim engine: with layer_yield, a heavy tenant's prefill chunk stops at
 
 namespace {
 
-// A layer_yield engine, both tenants served before, the heavy one more,
-// that has just prefilled one heavy prompt of 250 tokens (request 10) in
-// two chunks of 125, in one step.
-sim_engine heavy_prompt_prefilled(const sim_cost_model& cost) {
+// A layer_yield engine that has served one request of the light tenant and
+// `heavy_requests` of the heavy one, and is idle again.
+sim_engine yielding_after_service(const sim_cost_model& cost, seq_id heavy_requests) {
   sim_engine_config cfg = sim_config();
   cfg.layer_yield = true;
   sim_engine e(cost, cfg);
   REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
-  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
-  REQUIRE(e.submit(sim_request(3, 500, 10, "heavy")));
+  for (seq_id id = 2; id < 2 + heavy_requests; ++id) REQUIRE(e.submit(sim_request(id, 500, 10, "heavy")));
   for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
   REQUIRE(e.idle());
+  return e;
+}
+
+// A layer_yield engine, both tenants served before, the heavy one more,
+// that has just prefilled one heavy prompt of 250 tokens (request 10) in
+// two chunks of 125, in one step.
+sim_engine heavy_prompt_prefilled(const sim_cost_model& cost) {
+  sim_engine e = yielding_after_service(cost, 2);
   REQUIRE(e.submit(sim_request(10, 250, 5, "heavy")));
   return e;
 }
@@ -1017,12 +1023,7 @@ namespace {
 // A layer_yield engine whose heavy tenant's four sequences (ids 10-13) are
 // in their first decode macro step, both tenants served before.
 sim_engine heavy_decoding(const sim_cost_model& cost) {
-  sim_engine_config cfg = sim_config();
-  cfg.layer_yield = true;
-  sim_engine e(cost, cfg);
-  REQUIRE(e.submit(sim_request(1, 500, 10, "light")));
-  REQUIRE(e.submit(sim_request(2, 500, 10, "heavy")));
-  for (int i = 0; i < 100 && !e.idle(); ++i) e.step();
+  sim_engine e = yielding_after_service(cost, 1);
   for (seq_id id = 10; id < 14; ++id) REQUIRE(e.submit(sim_request(id, 500, 50, "heavy")));
   for (int i = 0; i < 4; ++i) e.step();  // the four prefills
   const step_result decoding = e.step();

@@ -70,8 +70,9 @@ struct cluster_options {
   std::uint32_t device_check_timeout_ms = 5000;
   std::uint32_t step_timeout_ms = 60000;         // an engine step this slow: the device is hung
   /// Engines may stop a step part way for a lighter tenant's arriving prompt
-  /// (replica_context::step_stop; the CPU engine, and simulated ones with
-  /// sim_layer_yield). Off: an arrival waits for the step in flight.
+  /// (replica_context::step_stop; the CPU engine, the CUDA engine's long
+  /// steps, and simulated ones with sim_layer_yield). Off: an arrival waits
+  /// for the step in flight.
   bool step_stop = true;
   std::uint32_t migration_parallelism = 4;       // replacements warming at once
   std::uint32_t drain_deadline_ms = 60000;       // a drain naming no deadline

@@ -47,6 +47,9 @@ struct cuda_engine_counters {
   std::uint64_t graph_captures = 0;
   std::uint64_t graph_replays = 0;
   std::uint64_t weight_bytes = 0;
+  /// Steps stopped at a stage boundary for a lighter arrival (engine_stats'
+  /// yielded_steps counts the same stops from the scheduler's side).
+  std::uint64_t stopped_steps = 0;
 };
 
 /// The CUDA engine's counters, or nullopt when `e` is not a CUDA engine.

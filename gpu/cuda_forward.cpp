@@ -16,6 +16,8 @@
 #include "engine/tp_weights.hpp"
 #include "gpu/cuda_graph_policy.hpp"
 #include "gpu/cuda_memory_pool.hpp"
+#include "gpu/cuda_peak.hpp"
+#include "gpu/cuda_stage_pipeline.hpp"
 #include "gpu/cuda_weight_plan.hpp"
 #include "gpu/nccl_communicator.hpp"
 #include "gpu/ops/attention.cuh"
@@ -142,6 +144,10 @@ struct cuda_forward::impl {
 
   graph_policy graphs{0};
   std::vector<std::pair<graph_key, cudaGraphExec_t>> execs;
+  // The ends of a stoppable step's stages, alternately (cuda_stage_pipeline.hpp
+  // keeps at most two stages in flight).
+  cudaEvent_t stage_done[2] = {nullptr, nullptr};
+  stage_cost_model step_cost;  // which steps run stage by stage (stoppable_step)
   cuda_forward_stats stats;
 
   ~impl();
@@ -172,6 +178,16 @@ struct cuda_forward::impl {
   expected<void> run(std::uint32_t n_tok, std::uint32_t n_out);
   expected<void> capture(graph_key key, cudaGraphExec_t& exec);
   void enqueue(std::uint32_t n_tok, std::uint32_t n_out);
+  // Stage st of the layers: layer st / 2's attention (even) or MLP (odd).
+  void enqueue_stage(std::uint32_t st, std::uint32_t n_tok);
+  // The final norm and the output head over the tokens that want logits.
+  void enqueue_head(std::uint32_t n_out);
+  // A step's common start and end: the bounds checked, the batch's meta
+  // uploaded (returns the tokens wanting logits); the logits brought back
+  // and the stream (or the group) waited for.
+  expected<std::uint32_t> begin(const engine::forward_batch& batch);
+  expected<void> finish(std::uint32_t n_out, std::vector<float>& logits);
+  expected<void> drained(expected<void> failed);
   void enqueue_attention(const layer& w, std::uint32_t l, std::uint32_t n_tok);
   void enqueue_mlp(const layer& w, std::uint32_t n_tok);
   ops::act_view act_view_for(const ops::matrix_view& w) const;
@@ -184,6 +200,8 @@ cuda_forward::impl::~impl() {
   cudaSetDevice(cfg.device);
   if (stream != nullptr) cudaStreamSynchronize(stream);
   for (auto& [key, exec] : execs) cudaGraphExecDestroy(exec);
+  for (cudaEvent_t e : stage_done)
+    if (e != nullptr) cudaEventDestroy(e);
   if (host_meta != nullptr) cudaFreeHost(host_meta);
   if (own_stream && stream != nullptr) cudaStreamDestroy(stream);
 }
@@ -215,6 +233,16 @@ expected<void> cuda_forward::impl::init(std::shared_ptr<const model::llama_model
   // A member runs eagerly: its all-reduces poll NCCL on the host, which a
   // graph capture would not record.
   graphs = graph_policy(comm != nullptr ? 0 : cfg.max_graphs);
+  for (cudaEvent_t& e : stage_done)
+    if (auto ok = check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"); !ok) {
+      e = nullptr;
+      return ok;
+    }
+  step_cost.weight_bytes = static_cast<double>(stats.weight_bytes);
+  step_cost.kv_bytes_per_position =
+      static_cast<double>(engine::kv_layout{c.n_layers, kv_dim, cfg.block_tokens}.block_bytes()) / cfg.block_tokens;
+  // Unknown bandwidth (0) leaves decode steps whole, as before.
+  if (auto peak = cuda_peak_bandwidth(cfg.device)) step_cost.read_bytes_per_s = peak->bytes_per_s;
   return {};
 }
 
@@ -466,19 +494,26 @@ void cuda_forward::impl::enqueue_mlp(const layer& w, std::uint32_t n_tok) {
   tp_reduce(n_tok);
 }
 
-void cuda_forward::impl::enqueue(std::uint32_t n_tok, std::uint32_t n_out) {
-  const ops::step_meta meta_view = device_meta();
-  ops::embed(embd, meta_view.tokens, static_cast<int>(n_tok), x.get<float>(), stream);
-  for (std::uint32_t l = 0; l < c.n_layers; ++l) {
+void cuda_forward::impl::enqueue_stage(std::uint32_t st, std::uint32_t n_tok) {
+  const std::uint32_t l = st / 2;
+  if (st % 2 == 0)
     enqueue_attention(layers[l], l, n_tok);
+  else
     enqueue_mlp(layers[l], n_tok);
-  }
-  // Every member holds the same hidden state now: rank 0 alone computes logits.
-  if (rank != 0) return;
+}
+
+void cuda_forward::impl::enqueue_head(std::uint32_t n_out) {
   // Only the tokens that need logits go through the final norm and the head.
-  ops::rms_norm(x.get<float>(), meta_view.out_rows, static_cast<int>(n_out), static_cast<int>(c.dim), output_norm,
+  ops::rms_norm(x.get<float>(), device_meta().out_rows, static_cast<int>(n_out), static_cast<int>(c.dim), output_norm,
                 c.rms_eps, nullptr, act_view_for(output), stream);
   mm(output, n_out, logits.get<float>(), static_cast<std::uint32_t>(output.rows));
+}
+
+void cuda_forward::impl::enqueue(std::uint32_t n_tok, std::uint32_t n_out) {
+  ops::embed(embd, device_meta().tokens, static_cast<int>(n_tok), x.get<float>(), stream);
+  for (std::uint32_t st = 0; st < 2 * c.n_layers; ++st) enqueue_stage(st, n_tok);
+  // Every member holds the same hidden state now: rank 0 alone computes logits.
+  if (rank == 0) enqueue_head(n_out);
 }
 
 expected<std::uint32_t> cuda_forward::impl::stage(const engine::forward_batch& batch, std::size_t& tables_used) {
@@ -584,62 +619,137 @@ void cuda_forward::copy_block(engine::block_id dst, engine::block_id src) {
   if (rc != cudaSuccess && !s.pending) s.pending = error{errc::unavailable, cuda_text("cudaMemcpyAsync (KV page)", rc)};
 }
 
-expected<void> cuda_forward::execute(const engine::forward_batch& batch, std::vector<float>& logits) {
-  impl& s = *impl_;
-  logits.clear();
-  const std::size_t n_tok = batch.tokens.size();
-  if (n_tok == 0) return {};
-  if (n_tok > s.cfg.max_tokens || batch.tables.size() > s.cfg.max_sequences)
-    return make_error(errc::invalid_argument, "a step of " + std::to_string(n_tok) + " tokens and " +
-                                                  std::to_string(batch.tables.size()) +
-                                                  " sequences is over the CUDA forward's bounds");
-  if (auto ok = check(cudaSetDevice(s.cfg.device), "cudaSetDevice"); !ok) return ok;
-  if (s.pending) return std::unexpected(*s.pending);
-  std::size_t tables_used = 0;
-  auto n_out = s.stage(batch, tables_used);
-  if (!n_out) return std::unexpected(n_out.error());
-  // The fixed part of the meta block (tokens, positions, offsets, logits
-  // rows: a few KB) goes up whole; the tables as far as used.
-  const std::size_t head_ints = 3 * std::size_t{s.cfg.max_tokens} + s.cfg.max_sequences;
-  int* dev = s.meta.get<int>();
+expected<void> cuda_forward::impl::drained(expected<void> failed) {
   // A failure after the first copy is enqueued waits for the stream before
   // it returns: the next step rewrites host_meta, which a pending copy (or
   // the kernels it feeds) may still read.
-  const auto drained = [&](expected<void> failed) -> expected<void> {
-    cudaStreamSynchronize(s.stream);
-    return failed;
-  };
-  if (auto ok = check(cudaMemcpyAsync(dev, s.host_meta, head_ints * 4, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
+  cudaStreamSynchronize(stream);
+  return failed;
+}
+
+expected<std::uint32_t> cuda_forward::impl::begin(const engine::forward_batch& batch) {
+  const std::size_t n_tok = batch.tokens.size();
+  if (n_tok > cfg.max_tokens || batch.tables.size() > cfg.max_sequences)
+    return make_error(errc::invalid_argument, "a step of " + std::to_string(n_tok) + " tokens and " +
+                                                  std::to_string(batch.tables.size()) +
+                                                  " sequences is over the CUDA forward's bounds");
+  if (auto ok = check(cudaSetDevice(cfg.device), "cudaSetDevice"); !ok) return std::unexpected(ok.error());
+  if (pending) return std::unexpected(*pending);
+  std::size_t tables_used = 0;
+  auto n_out = stage(batch, tables_used);
+  if (!n_out) return std::unexpected(n_out.error());
+  // The fixed part of the meta block (tokens, positions, offsets, logits
+  // rows: a few KB) goes up whole; the tables as far as used.
+  const std::size_t head_ints = 3 * std::size_t{cfg.max_tokens} + cfg.max_sequences;
+  int* dev = meta.get<int>();
+  if (auto ok = check(cudaMemcpyAsync(dev, host_meta, head_ints * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
       !ok)
-    return drained(ok);
+    return std::unexpected(drained(ok).error());
   if (tables_used > 0) {
-    if (auto ok = check(cudaMemcpyAsync(dev + head_ints, s.host_meta + head_ints, tables_used * 4,
-                                        cudaMemcpyHostToDevice, s.stream),
+    if (auto ok = check(cudaMemcpyAsync(dev + head_ints, host_meta + head_ints, tables_used * 4,
+                                        cudaMemcpyHostToDevice, stream),
                         "cudaMemcpyAsync");
         !ok)
-      return drained(ok);
+      return std::unexpected(drained(ok).error());
   }
-  if (auto ok = s.run(static_cast<std::uint32_t>(n_tok), *n_out); !ok) return drained(ok);
-  const std::size_t vocab = static_cast<std::size_t>(s.output.rows);
-  logits.resize(s.rank == 0 ? std::size_t{*n_out} * vocab : 0);  // a member other than rank 0 returns none
-  if (!logits.empty()) {
-    if (auto ok = check(cudaMemcpyAsync(logits.data(), s.logits.get(), logits.size() * 4, cudaMemcpyDeviceToHost, s.stream),
+  return n_out;
+}
+
+expected<void> cuda_forward::impl::finish(std::uint32_t n_out, std::vector<float>& out) {
+  const std::size_t vocab = static_cast<std::size_t>(output.rows);
+  out.resize(rank == 0 ? std::size_t{n_out} * vocab : 0);  // a member other than rank 0 returns none
+  if (!out.empty()) {
+    if (auto ok = check(cudaMemcpyAsync(out.data(), logits.get(), out.size() * 4, cudaMemcpyDeviceToHost, stream),
                         "cudaMemcpyAsync (logits)");
         !ok)
       return drained(ok);
   }
   // A member waits bounded by its group's timeout (a peer gone would hold its
   // all-reduces forever); past it the group is aborted.
-  if (s.comm != nullptr) {
-    if (auto ok = s.comm->wait(); !ok) {
-      logits.clear();
+  if (comm != nullptr) {
+    if (auto ok = comm->wait(); !ok) {
+      out.clear();
       return drained(ok);  // the abort released the collectives: the stream drains
     }
-  } else if (auto ok = check(cudaStreamSynchronize(s.stream), "the step"); !ok) {
+  } else if (auto ok = check(cudaStreamSynchronize(stream), "the step"); !ok) {
     return ok;
   }
-  ++s.stats.steps;
+  ++stats.steps;
   return {};
+}
+
+expected<void> cuda_forward::execute(const engine::forward_batch& batch, std::vector<float>& logits) {
+  impl& s = *impl_;
+  logits.clear();
+  const std::size_t n_tok = batch.tokens.size();
+  if (n_tok == 0) return {};
+  auto n_out = s.begin(batch);
+  if (!n_out) return std::unexpected(n_out.error());
+  if (auto ok = s.run(static_cast<std::uint32_t>(n_tok), *n_out); !ok) return s.drained(ok);
+  return s.finish(*n_out, logits);
+}
+
+bool cuda_forward::can_yield() const noexcept { return impl_->comm == nullptr; }
+
+expected<bool> cuda_forward::execute_yielding(const engine::forward_batch& batch, std::vector<float>& logits,
+                                              engine::forward_suspension& state,
+                                              const std::function<bool()>& should_yield) {
+  impl& s = *impl_;
+  const std::uint32_t stages = 2 * s.c.n_layers;
+  if (!can_yield() || !stoppable_step(batch, stages, s.step_cost)) {
+    if (state.next_stage != 0)
+      return make_error(errc::internal, "a suspended CUDA step came back as one that cannot stop");
+    if (auto ok = execute(batch, logits); !ok) return std::unexpected(ok.error());
+    return false;
+  }
+  logits.clear();
+  const auto n_tok = static_cast<std::uint32_t>(batch.tokens.size());
+  const std::size_t hidden_floats = std::size_t{n_tok} * s.c.dim;
+  if (state.next_stage >= stages || (state.next_stage != 0 && state.hidden.size() != hidden_floats))
+    return make_error(errc::internal, "a suspended CUDA step that does not match its batch");
+  // Another step may have run since this one stopped: its meta and hidden
+  // state go up again (the same batch stages the same meta).
+  auto n_out = s.begin(batch);
+  if (!n_out) return std::unexpected(n_out.error());
+  float* x = s.x.get<float>();
+  if (state.next_stage == 0) {
+    ops::embed(s.embd, s.device_meta().tokens, static_cast<int>(n_tok), x, s.stream);
+  } else if (auto ok = check(cudaMemcpyAsync(x, state.hidden.data(), hidden_floats * 4, cudaMemcpyHostToDevice, s.stream),
+                             "cudaMemcpyAsync (hidden state up)");
+             !ok) {
+    return std::unexpected(s.drained(ok).error());
+  }
+  std::optional<error> failed;
+  const auto note = [&](cudaError_t rc, const char* what) {
+    if (rc != cudaSuccess && !failed) failed = check(rc, what).error();
+  };
+  const stage_hooks hooks{
+      [&](std::uint32_t st) {
+        s.enqueue_stage(st, n_tok);
+        note(cudaGetLastError(), "kernel launch");
+        note(cudaEventRecord(s.stage_done[st % 2], s.stream), "cudaEventRecord");
+      },
+      [&](std::uint32_t st) { note(cudaEventSynchronize(s.stage_done[st % 2]), "cudaEventSynchronize"); },
+      // A launch or a wait that failed stops asking: the step ends with its error.
+      [&] { return !failed && should_yield(); }};
+  const std::uint32_t stopped_before = run_stages(state.next_stage, stages, 2, hooks);
+  if (failed) return std::unexpected(s.drained(std::unexpected(*failed)).error());
+  if (stopped_before < stages) {
+    state.hidden.resize(hidden_floats);
+    if (auto ok = check(cudaMemcpyAsync(state.hidden.data(), x, hidden_floats * 4, cudaMemcpyDeviceToHost, s.stream),
+                        "cudaMemcpyAsync (hidden state down)");
+        !ok)
+      return std::unexpected(s.drained(ok).error());
+    if (auto ok = check(cudaStreamSynchronize(s.stream), "the stopped step"); !ok) return std::unexpected(ok.error());
+    state.next_stage = stopped_before;
+    ++s.stats.stopped_steps;
+    return true;
+  }
+  state.next_stage = 0;
+  s.enqueue_head(*n_out);
+  if (auto ok = check(cudaGetLastError(), "kernel launch"); !ok) return std::unexpected(s.drained(ok).error());
+  if (auto ok = s.finish(*n_out, logits); !ok) return std::unexpected(ok.error());
+  return false;
 }
 
 }  // namespace exa::gpu

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -59,6 +60,7 @@ struct cuda_forward_stats {
   std::uint64_t graph_captures = 0;
   std::uint64_t graph_replays = 0;
   std::uint64_t weight_bytes = 0;  // device memory holding the weights
+  std::uint64_t stopped_steps = 0;  // steps stopped part way (execute_yielding)
 };
 
 class cuda_forward final : public engine::forward_executor {
@@ -80,6 +82,21 @@ class cuda_forward final : public engine::forward_executor {
   /// tensor-parallel member, unavailable when a collective failed or did not
   /// complete within the group's timeout (the group is aborted then).
   expected<void> execute(const engine::forward_batch& batch, std::vector<float>& logits) override;
+  /// On one device (a tensor-parallel member's layers are collectives its
+  /// group runs together, as on the CPU).
+  bool can_yield() const noexcept override;
+  /// A long step (a prompt chunk in it, or decode reads that outlast its
+  /// launches: stoppable_step in cuda_stage_pipeline.hpp) runs stage by
+  /// stage, eagerly, and may stop before any stage after the first one it
+  /// runs: the hidden state then comes back to `state` (tokens × dim floats)
+  /// and goes up again when the step goes on. Any other step runs whole, as
+  /// execute() runs it (graphs included).
+  /// Bitwise what one uninterrupted pass computes: the same kernels, in the
+  /// same order, on the same inputs. UNPROVEN ON HARDWARE: compiled, never
+  /// run on a GPU yet (tests/gpu/cuda_engine_check.cpp checks it).
+  expected<bool> execute_yielding(const engine::forward_batch& batch, std::vector<float>& logits,
+                                  engine::forward_suspension& state,
+                                  const std::function<bool()>& should_yield) override;
 
   /// Copies KV page `src` over page `dst` on the stream, ahead of the next
   /// step (the prefix cache's copy-on-write: kv_cache's block_copier). A

@@ -115,7 +115,8 @@ const std::vector<flag_spec> node_flags = with_common_flags({
     {"engine", true, "cpu or null: overrides the controller's engine on this node"},
     {"device-threads", true, "engine worker threads per device (default 1)"},
     {"no-step-stop", false, "engine steps never stop part way for a lighter tenant's arriving prompt (they do by "
-                            "default on CPU devices; see [cluster] step_stop in docs/DEPLOYMENT.md)"},
+                            "default: every step on CPU devices, long ones on CUDA devices; see [cluster] "
+                            "step_stop in docs/DEPLOYMENT.md)"},
     {"listen", true, "HOST:PORT gateways reach this node at (default 127.0.0.1:0, any free port)"},
     {"join-timeout-ms", true, "keep trying to reach the controller this long at start (default 60000)"},
     {"model-dir", true, "a model missing at its deployed path is looked for here, as <sha256>.gguf "

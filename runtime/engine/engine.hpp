@@ -142,7 +142,8 @@ class inference_engine {
   /// A request from `hint`'s tenant will be submitted once the step now
   /// running returns. The one call that may overlap step() (any thread). An
   /// engine that can stop a step part way (the CPU engine on one device:
-  /// between layers, or between a layer's attention and its MLP) does so at
+  /// between layers, or between a layer's attention and its MLP; the CUDA
+  /// engine likewise for its long steps, gpu/cuda_stage_pipeline.hpp) does so at
   /// the next such boundary when that request's prompt goes before the step
   /// in fair order (a light tenant beside tenants over their
   /// share, an interactive request beside batch work): that step returns

@@ -3,15 +3,20 @@
 // with close log-probabilities; and batch invariance on the GPU: a sequence's
 // tokens and log-probabilities are bitwise the same alone or among seven
 // others, with CUDA graphs or without, whatever its prefill was split into,
-// with its prefix computed or taken from the prefix cache.
+// with its prefix computed or taken from the prefix cache; and a step stopped
+// at a stage boundary for a lighter arrival goes on to bitwise its results.
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
+#include "engine/kv_cache.hpp"
 #include "fixtures.hpp"
 #include "gpu/cuda_engine.hpp"
+#include "gpu/cuda_forward.hpp"
+#include "gpu/cuda_memory_pool.hpp"
 
 using namespace exa;
 using model::tensor_type;
@@ -209,4 +214,139 @@ TEST_CASE("the prefix cache on the GPU changes nothing a sequence computes", "[c
       CHECK(c.logprobs[i].top_logprobs == g.logprobs[i].top_logprobs);
     }
   }
+}
+
+// ---- a step stopped at a stage boundary for a lighter arrival ----------------------
+
+TEST_CASE("a CUDA step stopped at any stage boundary and resumed after another step gives bitwise its logits",
+          "[cuda][engine][yield]") {
+  auto spec = variant("yield");
+  spec.n_layers = 4;
+  const auto m = test::make_model(spec);
+  const auto& c = m->config();
+  const engine::kv_layout layout{c.n_layers, c.kv_dim(), 16};
+  auto pool = gpu::cuda_memory_pool::create(0, layout.block_bytes(), 256);
+  REQUIRE(pool.has_value());
+  engine::kv_cache cache(**pool, layout);
+  gpu::cuda_forward_config fc;
+  fc.kv_pool = pool->get();
+  fc.block_tokens = 16;
+  auto fwd = gpu::cuda_forward::create(m, fc);
+  REQUIRE(fwd.has_value());
+  gpu::cuda_forward& f = **fwd;
+  REQUIRE(f.can_yield());
+  const std::vector<std::vector<std::int32_t>> heavy{test::test_prompt(9, c.vocab_size, 1),
+                                                     test::test_prompt(5, c.vocab_size, 2)};
+  const std::vector<std::int32_t> light = test::test_prompt(20, c.vocab_size, 3);
+  // Every token of the given sequences in one batch, all with logits.
+  const auto batch_of = [&](const std::vector<std::pair<engine::seq_id, const std::vector<std::int32_t>*>>& seqs) {
+    engine::forward_batch b;
+    for (const auto& [id, tokens] : seqs) {
+      REQUIRE(cache.reserve(id, static_cast<std::uint32_t>(tokens->size())));
+      const auto index = static_cast<std::uint32_t>(b.tables.size());
+      b.tables.push_back(&cache.table(id));
+      for (std::uint32_t p = 0; p < tokens->size(); ++p) b.tokens.push_back({(*tokens)[p], p, index, true});
+    }
+    return b;
+  };
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  std::vector<float> want_heavy, want_light;
+  REQUIRE(f.execute(batch_of({{1, &heavy[0]}, {2, &heavy[1]}}), want_heavy).has_value());
+  REQUIRE(f.execute(batch_of({{3, &light}}), want_light).has_value());
+  REQUIRE(want_heavy.size() == 14 * std::size_t{c.vocab_size});
+
+  for (std::uint32_t stop = 1; stop < 2 * spec.n_layers; ++stop) {
+    CAPTURE(stop);
+    const engine::seq_id base = 10 * (stop + 1);
+    const engine::forward_batch stopped = batch_of({{base + 1, &heavy[0]}, {base + 2, &heavy[1]}});
+    engine::forward_suspension state;
+    std::uint32_t asked = 0;
+    std::vector<float> logits;
+    auto ran = f.execute_yielding(stopped, logits, state, [&] { return ++asked == stop; });
+    REQUIRE(ran.has_value());
+    CHECK(*ran);
+    CHECK(asked == stop);
+    CHECK(state.next_stage == stop);
+    CHECK(logits.empty());
+    std::vector<float> between;  // another step, on other sequences, in between
+    REQUIRE(f.execute(batch_of({{base + 3, &light}}), between).has_value());
+    CHECK(same(between, want_light));
+    ran = f.execute_yielding(stopped, logits, state, [] { return false; });
+    REQUIRE(ran.has_value());
+    CHECK_FALSE(*ran);
+    CHECK(state.next_stage == 0);
+    CHECK(same(logits, want_heavy));
+  }
+  CHECK(f.stats().stopped_steps == 2 * spec.n_layers - 1);
+
+  // A short decode-only step (one token per sequence, a tiny model) runs
+  // whole: never asked.
+  engine::forward_batch decode;
+  REQUIRE(cache.reserve(90, 1));
+  decode.tables.push_back(&cache.table(90));
+  decode.tokens.push_back({light[0], 0, 0, true});
+  engine::forward_suspension state;
+  std::vector<float> logits;
+  bool asked = false;
+  const auto ran = f.execute_yielding(decode, logits, state, [&] { return asked = true; });
+  REQUIRE(ran.has_value());
+  CHECK_FALSE(*ran);
+  CHECK_FALSE(asked);
+  CHECK(logits.size() == c.vocab_size);
+}
+
+TEST_CASE("a CUDA engine stops a heavy tenant's prefill for a light tenant's prompt, and every token stays as alone",
+          "[cuda][engine][yield]") {
+  auto spec = variant("yield-engine");
+  spec.n_layers = 4;
+  const auto m = test::make_model(spec);
+  const std::uint32_t vocab = m->config().vocab_size;
+  const auto make = [&](std::uint32_t chunk) {
+    gpu::cuda_engine_options o;
+    o.engine.scheduler.prefill_chunk = chunk;
+    o.engine.scheduler.usage.lately_tokens = 1;
+    o.own_kv_blocks = 64;
+    auto e = gpu::make_cuda_engine(m, 0, o);
+    if (!e) FAIL(e.error().message);
+    return std::move(*e);
+  };
+  const auto req = [&](engine::seq_id id, std::size_t prompt, const std::string& tenant) {
+    auto r = test::request(id, test::test_prompt(prompt, vocab, id), 8, {0.8f, 0.9f, 30, 7 + id});
+    r.tenant = tenant;
+    return r;
+  };
+  const auto alone = [&](const engine::generation_request& r) {
+    auto e = make(256);
+    return run(*e, {r}).at(r.id).ids;
+  };
+  // Two heavy prompts prefilled 16 tokens a step; the light one offered
+  // before the second step, which then stops at its first stage boundary.
+  auto e = make(16);
+  std::map<engine::seq_id, std::vector<model::token_id>> got;
+  const auto step = [&] {
+    const auto r = e->step();
+    REQUIRE_FALSE(e->fault().has_value());
+    for (const auto& t : r.tokens) got[t.id].push_back(t.token);
+    return r;
+  };
+  REQUIRE(e->submit(req(1, 60, "heavy")));
+  REQUIRE(e->submit(req(2, 45, "heavy")));
+  CHECK_FALSE(step().yielded);
+  e->offer_arrival({3, "light", 1, engine::request_priority::interactive});
+  const auto stopped = step();
+  CHECK(stopped.yielded);
+  CHECK(stopped.tokens.empty());
+  REQUIRE(e->submit(req(3, 12, "light")));
+  const auto interlude = step();  // the light prompt alone, its first token at its end
+  REQUIRE(interlude.tokens.size() == 1);
+  CHECK(interlude.tokens[0].id == 3);
+  for (int i = 0; i < 1000 && !e->idle(); ++i) step();
+  REQUIRE(e->idle());
+  CHECK(e->stats().yielded_steps == 1);
+  CHECK(gpu::cuda_counters(*e)->stopped_steps == 1);
+  CHECK(got[1] == alone(req(1, 60, "heavy")));
+  CHECK(got[2] == alone(req(2, 45, "heavy")));
+  CHECK(got[3] == alone(req(3, 12, "light")));
 }

@@ -1,5 +1,6 @@
 // The CUDA engine's host-side logic, on any machine: the weight upload plan,
-// the q8_0 repacking, the graph policy, the peak-bandwidth table, and what
+// the q8_0 repacking, the graph policy, the stage pipeline of a step that may
+// stop part way, the peak-bandwidth table, and what
 // make_cuda_engine says where it cannot run. The kernels themselves are checked by cuda_gpu_test, which
 // needs a GPU.
 
@@ -8,12 +9,15 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "fixtures.hpp"
 #include "gpu/cuda_engine.hpp"
 #include "gpu/cuda_graph_policy.hpp"
 #include "gpu/cuda_memory_pool.hpp"
 #include "gpu/cuda_peak.hpp"
+#include "gpu/cuda_stage_pipeline.hpp"
 #include "gpu/cuda_weight_plan.hpp"
 #include "model/quantize.hpp"
 
@@ -236,4 +240,126 @@ TEST_CASE("a CUDA device's peak bandwidth comes from the datasheet when its name
     REQUIRE_FALSE(peak.has_value());
     CHECK(peak.error().code == errc::unavailable);
   }
+}
+
+// ---- the stage pipeline of a stoppable step (cuda_stage_pipeline.hpp) ---------------
+
+namespace {
+
+// A fake stream: stages finish only when waited for; the log says what the
+// host did, in order ("L3" launched stage 3, "W1" waited for stage 1, "?"
+// asked), and each question records how many launched stages were unfinished.
+struct fake_stream {
+  std::vector<std::string> log;
+  std::vector<std::uint32_t> in_flight_when_asked;
+  std::uint32_t launched = 0, finished = 0;  // stages [first, launched) launched, [first, finished) finished
+  std::uint32_t yes_at_question = 0;         // answer yes to this question (1-based); 0: never
+  std::uint32_t questions = 0;
+
+  gpu::stage_hooks hooks(std::uint32_t first) {
+    launched = finished = first;
+    return {[this](std::uint32_t s) {
+              CHECK(s == launched);  // in order, each once
+              log.push_back("L" + std::to_string(s));
+              launched = s + 1;
+            },
+            [this](std::uint32_t s) {
+              CHECK(s < launched);
+              log.push_back("W" + std::to_string(s));
+              finished = std::max(finished, s + 1);
+            },
+            [this] {
+              log.push_back("?");
+              in_flight_when_asked.push_back(launched - finished);
+              return ++questions == yes_at_question;
+            }};
+  }
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t j = std::min(s.find(' ', i), s.size());
+    out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a stoppable GPU step asks before every stage after its first, with at most one stage running",
+          "[gpu][cuda_stages]") {
+  fake_stream f;
+  CHECK(gpu::run_stages(0, 5, 2, f.hooks(0)) == 5);
+  CHECK(f.log == split("L0 ? L1 W0 ? L2 W1 ? L3 W2 ? L4"));
+  // When asked, the stage before is the only one unfinished (the first
+  // question comes before anything was waited for).
+  CHECK(f.in_flight_when_asked == std::vector<std::uint32_t>{1, 1, 1, 1});
+}
+
+TEST_CASE("a stoppable GPU step stops before the stage it was asked at, and goes on from there", "[gpu][cuda_stages]") {
+  fake_stream f;
+  f.yes_at_question = 3;  // asked before stages 1, 2, 3: yes before 3
+  CHECK(gpu::run_stages(0, 8, 2, f.hooks(0)) == 3);
+  CHECK(f.log == split("L0 ? L1 W0 ? L2 W1 ?"));
+  // Resumed at stage 3: not asked before it; the first wait is for its own
+  // stage, two launches on.
+  fake_stream g;
+  g.yes_at_question = 2;
+  CHECK(gpu::run_stages(3, 8, 2, g.hooks(3)) == 5);
+  CHECK(g.log == split("L3 ? L4 W3 ?"));
+  fake_stream h;
+  CHECK(gpu::run_stages(5, 8, 2, h.hooks(5)) == 8);
+  CHECK(h.log == split("L5 ? L6 W5 ? L7"));
+  // Nothing left: nothing launched, nothing asked.
+  fake_stream none;
+  CHECK(gpu::run_stages(8, 8, 2, none.hooks(8)) == 8);
+  CHECK(none.log.empty());
+}
+
+TEST_CASE("a GPU stage pipeline of depth 1 waits for every stage before asking", "[gpu][cuda_stages]") {
+  fake_stream f;
+  f.yes_at_question = 2;
+  CHECK(gpu::run_stages(0, 4, 1, f.hooks(0)) == 2);
+  CHECK(f.log == split("L0 W0 ? L1 W1 ?"));
+  CHECK(f.in_flight_when_asked == std::vector<std::uint32_t>{0, 0});
+}
+
+TEST_CASE("a GPU step runs stage by stage when it has prompt work or its reads outlast its launches",
+          "[gpu][cuda_stages]") {
+  // 2 GB of weights, 128 KiB of K and V per position, 4 TB/s, 30 µs to
+  // launch a stage; 64 stages: a decode step is stoppable once its reads take
+  // 2 · 64 · 30 µs = 3.84 ms.
+  const gpu::stage_cost_model m{2e9, 131072, 4e12, 30e-6};
+  const std::vector<engine::block_id> table{0};
+  const auto decode = [&](std::uint32_t sequences, std::uint32_t pos) {
+    engine::forward_batch b;
+    for (std::uint32_t s = 0; s < sequences; ++s) {
+      b.tables.push_back(&table);
+      b.tokens.push_back({1, pos, s, true});
+    }
+    return b;
+  };
+  CHECK_FALSE(gpu::stoppable_step(engine::forward_batch{}, 64, m));  // empty
+  // One sequence at position 99: 2e9 + 100 · 131072 bytes, 0.503 ms.
+  CHECK(gpu::step_read_s(decode(1, 99), m) == Approx((2e9 + 100 * 131072.0) / 4e12));
+  CHECK_FALSE(gpu::stoppable_step(decode(1, 99), 64, m));
+  // 16 sequences at position 4095: 2e9 + 16 · 4096 · 131072 bytes, 2.65 ms: still whole.
+  CHECK_FALSE(gpu::stoppable_step(decode(16, 4095), 64, m));
+  // 32 of them: 4.80 ms, stoppable; with half the stages, 16 of them are too.
+  CHECK(gpu::stoppable_step(decode(32, 4095), 64, m));
+  CHECK(gpu::stoppable_step(decode(16, 4095), 32, m));
+  // Bandwidth unknown: decode steps stay whole.
+  gpu::stage_cost_model unknown = m;
+  unknown.read_bytes_per_s = 0;
+  CHECK_FALSE(gpu::stoppable_step(decode(32, 4095), 64, unknown));
+  // A prompt chunk (a sequence with two tokens here) always may stop, also
+  // in a short step.
+  engine::forward_batch chunk = decode(3, 4);
+  chunk.tokens.push_back({2, 5, 2, true});
+  CHECK(gpu::stoppable_step(chunk, 64, unknown));
+  // Fewer than two stages: no boundary to stop at.
+  CHECK_FALSE(gpu::stoppable_step(chunk, 1, m));
 }

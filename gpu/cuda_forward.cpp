@@ -238,7 +238,12 @@ expected<void> cuda_forward::impl::init(std::shared_ptr<const model::llama_model
       e = nullptr;
       return ok;
     }
+  // A step reads every weight once but the embedding table, of which it
+  // reads a row a token (unless the output head is that table).
   step_cost.weight_bytes = static_cast<double>(stats.weight_bytes);
+  if (!wt->tied_output)
+    if (const planned_tensor* e = plan.find(wt->token_embd))
+      step_cost.weight_bytes -= static_cast<double>(e->bytes + e->scales_bytes);
   step_cost.kv_bytes_per_position =
       static_cast<double>(engine::kv_layout{c.n_layers, kv_dim, cfg.block_tokens}.block_bytes()) / cfg.block_tokens;
   // Unknown bandwidth (0) leaves decode steps whole, as before.
@@ -730,8 +735,9 @@ expected<bool> cuda_forward::execute_yielding(const engine::forward_batch& batch
         note(cudaEventRecord(s.stage_done[st % 2], s.stream), "cudaEventRecord");
       },
       [&](std::uint32_t st) { note(cudaEventSynchronize(s.stage_done[st % 2]), "cudaEventSynchronize"); },
-      // A launch or a wait that failed stops asking: the step ends with its error.
-      [&] { return !failed && should_yield(); }};
+      // A launch or a wait that failed ends the pipeline at once (as a stop
+      // would), and the step returns its error below.
+      [&] { return failed.has_value() || should_yield(); }};
   const std::uint32_t stopped_before = run_stages(state.next_stage, stages, 2, hooks);
   if (failed) return std::unexpected(s.drained(std::unexpected(*failed)).error());
   if (stopped_before < stages) {

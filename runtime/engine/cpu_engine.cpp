@@ -197,6 +197,12 @@ void cpu_engine::offer_arrival(arrival_hint hint) {
   offered_.store(true, std::memory_order_release);
 }
 
+void cpu_engine::discard_offers() {
+  const std::lock_guard lock(offers_mu_);
+  offers_.clear();
+  offered_.store(false, std::memory_order_relaxed);
+}
+
 bool cpu_engine::arrival_preempts(const std::vector<scheduled_chunk>& plan) {
   if (!offered_.load(std::memory_order_acquire)) return false;
   std::vector<arrival_hint> offers;
@@ -231,12 +237,22 @@ step_result cpu_engine::step() {
   std::vector<sequence*> wants_logits;
   forward_batch batch = build_batch(plan, wants_logits, out);
   if (!spec_ && forward_->can_yield()) {
-    const std::function<bool()> should_yield = [&] { return arrival_preempts(plan); };
+    bool asked = false;
+    const std::function<bool()> should_yield = [&] {
+      asked = true;
+      return arrival_preempts(plan);
+    };
     auto ran = forward_->execute_yielding(batch, logits_, suspension_, should_yield);
     if (!ran) {
       fault_ = ran.error().message;
       return out;
     }
+    // A step the forward ran whole without asking (the CUDA forward's short
+    // decode steps) took none of the offers made meanwhile: their requests
+    // are submitted now, before the next step, which plans them. Kept, an
+    // offer whose request has finished or was refused would stop a later
+    // step for nothing, and they would pile up to max_offers.
+    if (!asked) discard_offers();
     if (*ran) {  // stopped at a layer boundary: the arrival's prefill goes next
       suspended_ = suspended_step{plan, std::move(batch), std::move(wants_logits), out.prefill_tokens};
       suspended_->charged_at = charged_at;

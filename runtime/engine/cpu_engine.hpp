@@ -100,6 +100,8 @@ class cpu_engine final : public inference_engine {
   // At a layer boundary of `plan`'s forward: whether an arrival offered
   // meanwhile goes before all of it (consumes the offers).
   bool arrival_preempts(const std::vector<scheduled_chunk>& plan);
+  // Drops the offers not taken (after a step its forward ran whole).
+  void discard_offers();
   // Speculative decoding hooks (speculative.hpp).
   void append_proposals(forward_batch& batch, const sequence& seq, std::uint32_t index);
   void emit_speculated(const std::vector<sequence*>& wants_logits, step_result& out);

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "engine/batch_scheduler.hpp"
+#include "engine/kv_cache.hpp"
 #include "engine/llama_forward.hpp"
 #include "engine/sim_engine.hpp"
 #include "engine/tenant_usage.hpp"
@@ -692,6 +693,64 @@ TEST_CASE("cpu engine: a step does not stop for an arrival that does not go befo
                                                                                   : request_priority::interactive)));
     }
   }
+}
+
+namespace {
+
+// The CPU forward pass, but a decode-only step runs whole without asking
+// while `whole` is set, as the CUDA forward runs its short decode steps.
+class whole_decode_forward final : public forward_executor {
+ public:
+  // `pages` only addresses the engine's blocks in `pool` (it reserves none).
+  whole_decode_forward(const model::llama_model& m, block_pool& pool, thread_pool& threads)
+      : pages_(pool, {m.config().n_layers, m.config().kv_dim(), 16}), inner_(m.config(), m.weights(), pages_, threads) {}
+  bool whole = true;
+  expected<void> execute(const forward_batch& batch, std::vector<float>& logits) override {
+    return inner_.execute(batch, logits);
+  }
+  bool can_yield() const noexcept override { return true; }
+  expected<bool> execute_yielding(const forward_batch& batch, std::vector<float>& logits, forward_suspension& state,
+                                  const std::function<bool()>& should_yield) override {
+    if (whole && state.next_stage == 0 && batch.tokens.size() == batch.tables.size()) {
+      if (auto ok = inner_.execute(batch, logits); !ok) return std::unexpected(ok.error());
+      return false;
+    }
+    return inner_.execute_yielding(batch, logits, state, should_yield);
+  }
+
+ private:
+  kv_cache pages_;
+  llama_forward inner_;
+};
+
+}  // namespace
+
+TEST_CASE("cpu engine: an offer made while a step runs whole without asking does not outlive that step",
+          "[fair][engine]") {
+  auto m = test::make_model(test::tiny_spec(model::tensor_type::q8_0));
+  const std::uint32_t vocab = m->config().vocab_size;
+  thread_pool threads(1);
+  auto pool = test::make_pool(*m, 1024);
+  auto fwd = std::make_unique<whole_decode_forward>(*m, *pool, threads);
+  whole_decode_forward& f = *fwd;
+  cpu_engine_config cfg;
+  cfg.scheduler.usage.lately_tokens = 1;
+  cfg.prefix_cache = false;
+  cpu_engine e(m, *pool, m->config().kv_dim(), std::move(fwd), cfg);
+  for (seq_id id = 1; id <= 3; ++id) REQUIRE(e.submit(yield_request(id, vocab, "heavy")));
+  for (int i = 0; i < 3; ++i) e.step();  // prefilled (asked and stopped for nothing), then decoding
+  // Offered while a decode step runs whole: its request would be submitted
+  // after that step (here it never is: refused, say). The next step, which
+  // asks, must not stop for it.
+  e.offer_arrival({0, "light", 1, request_priority::interactive});
+  CHECK_FALSE(e.step().yielded);
+  f.whole = false;
+  CHECK_FALSE(e.step().yielded);
+  CHECK(e.stats().yielded_steps == 0);
+  // A step that asks still stops for an offer made while it runs.
+  e.offer_arrival({0, "light", 1, request_priority::interactive});
+  CHECK(e.step().yielded);
+  CHECK(e.stats().yielded_steps == 1);
 }
 
 TEST_CASE("cpu engine: cancelling a request of a stopped step drops the step and loses nothing else",

@@ -315,6 +315,7 @@ TEST_CASE("a CUDA engine stops a heavy tenant's prefill for a light tenant's pro
   const auto req = [&](engine::seq_id id, std::size_t prompt, const std::string& tenant) {
     auto r = test::request(id, test::test_prompt(prompt, vocab, id), 8, {0.8f, 0.9f, 30, 7 + id});
     r.tenant = tenant;
+    r.logprobs = true;  // run() reads them; they change no token
     return r;
   };
   const auto alone = [&](const engine::generation_request& r) {

@@ -1,5 +1,6 @@
 #include "fixtures.hpp"
 
+#include <cstring>
 #include <stdexcept>
 
 #include <catch2/catch.hpp>
@@ -84,6 +85,22 @@ engine::generation_request request(std::uint64_t id, std::vector<std::int32_t> p
   r.max_tokens = max_tokens;
   r.sampling = sp;
   return r;
+}
+
+engine::forward_batch prompt_batch(engine::kv_cache& cache,
+                                   const std::vector<std::pair<engine::seq_id, const std::vector<std::int32_t>*>>& seqs) {
+  engine::forward_batch b;
+  for (const auto& [id, tokens] : seqs) {
+    REQUIRE(cache.reserve(id, static_cast<std::uint32_t>(tokens->size())));
+    const auto index = static_cast<std::uint32_t>(b.tables.size());
+    b.tables.push_back(&cache.table(id));
+    for (std::uint32_t p = 0; p < tokens->size(); ++p) b.tokens.push_back({(*tokens)[p], p, index, true});
+  }
+  return b;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 std::vector<engine::isa> runnable_isas() {

@@ -8,6 +8,7 @@
 #include "engine/cpu_engine.hpp"
 #include "engine/isa.hpp"
 #include "engine/kv_cache.hpp"
+#include "engine/llama_forward.hpp"
 #include "engine/thread_pool.hpp"
 #include "gpu/cpu_memory_pool.hpp"
 #include "model/llama_model.hpp"
@@ -36,6 +37,14 @@ std::vector<std::vector<std::int32_t>> run_to_completion(engine::inference_engin
 /// A generation request of `max_tokens` for `prompt` (greedy unless `sp` says otherwise).
 engine::generation_request request(std::uint64_t id, std::vector<std::int32_t> prompt, std::uint32_t max_tokens,
                                    engine::sampling_params sp = {});
+
+/// One forward batch of every token of each (id, prompt), all wanting
+/// logits, their KV reserved in `cache` (forward-level tests).
+engine::forward_batch prompt_batch(engine::kv_cache& cache,
+                                   const std::vector<std::pair<engine::seq_id, const std::vector<std::int32_t>*>>& seqs);
+
+/// Whether two float vectors are bitwise equal (sizes included).
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
 
 /// The engine ISA variants this CPU can run, scalar first.
 std::vector<engine::isa> runnable_isas();

@@ -9,7 +9,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstring>
 #include <map>
 
 #include "engine/kv_cache.hpp"
@@ -238,20 +237,10 @@ TEST_CASE("a CUDA step stopped at any stage boundary and resumed after another s
   const std::vector<std::vector<std::int32_t>> heavy{test::test_prompt(9, c.vocab_size, 1),
                                                      test::test_prompt(5, c.vocab_size, 2)};
   const std::vector<std::int32_t> light = test::test_prompt(20, c.vocab_size, 3);
-  // Every token of the given sequences in one batch, all with logits.
   const auto batch_of = [&](const std::vector<std::pair<engine::seq_id, const std::vector<std::int32_t>*>>& seqs) {
-    engine::forward_batch b;
-    for (const auto& [id, tokens] : seqs) {
-      REQUIRE(cache.reserve(id, static_cast<std::uint32_t>(tokens->size())));
-      const auto index = static_cast<std::uint32_t>(b.tables.size());
-      b.tables.push_back(&cache.table(id));
-      for (std::uint32_t p = 0; p < tokens->size(); ++p) b.tokens.push_back({(*tokens)[p], p, index, true});
-    }
-    return b;
+    return test::prompt_batch(cache, seqs);
   };
-  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
+  const auto same = test::bitwise_equal;
   std::vector<float> want_heavy, want_light;
   REQUIRE(f.execute(batch_of({{1, &heavy[0]}, {2, &heavy[1]}}), want_heavy).has_value());
   REQUIRE(f.execute(batch_of({{3, &light}}), want_light).has_value());

@@ -211,7 +211,7 @@ caf::behavior simulated_device(self_ptr self) {
   return {
       [=](resources_atom) {
         auto& c = self->state.config;
-        return device_resources{c.page_bytes, c.sim, c.sim_prefix_block_tokens, c.sim_layer_yield};
+        return device_resources{c.page_bytes, c.sim, c.sim_prefix_block_tokens, c.sim_step_stop};
       },
       [=](check_atom) { return ok_atom::value; },
       [=](const step_job& job) { return sim_step(self, job); },

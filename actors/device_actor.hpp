@@ -53,9 +53,9 @@ struct device_config {
   std::optional<engine::sim_device> sim;
   /// Simulated device: its engines' prefix cache block size (0: none).
   std::uint32_t sim_prefix_block_tokens = 0;
-  /// Simulated device: its engines stop a decode step or a prefill chunk at
-  /// a layer boundary for a lighter arrival (engine::sim_engine_config::layer_yield).
-  bool sim_layer_yield = false;
+  /// Simulated device: whether and how its engines stop a decode step or a
+  /// prefill chunk at a layer boundary for a lighter arrival (engine::sim_step_stop).
+  engine::sim_step_stop sim_step_stop = engine::sim_step_stop::none;
   chaos_hooks hooks;
   /// The node's metrics: this device's memory, reserved and in use (KV
   /// pages), and where the device reports them, temperature and
@@ -71,7 +71,7 @@ struct device_resources {
   std::size_t page_bytes = 0;
   std::optional<engine::sim_device> sim;
   std::uint32_t sim_prefix_block_tokens = 0;  // engines' prefix cache (0: none)
-  bool sim_layer_yield = false;               // engines stop steps at layer boundaries
+  engine::sim_step_stop sim_step_stop = engine::sim_step_stop::none;  // engines stop steps at layer boundaries
 };
 
 /// replica -> device: build an engine for this model on the device (on its

@@ -154,7 +154,7 @@ expected<cluster_plan> make_cluster_plan(const cluster_options& o, std::shared_p
     nc.device.memory_bytes = memory_bytes;
     nc.device.sim = sim;
     nc.device.sim_prefix_block_tokens = o.sim_prefix_block_tokens;
-    nc.device.sim_layer_yield = o.sim_layer_yield;
+    nc.device.sim_step_stop = o.sim_step_stop;
     nc.device.page_bytes = o.kv_page_bytes;
     nc.device.threads = o.device_threads;
     nc.device.measure_wall_time = !o.deterministic;

@@ -13,6 +13,7 @@
 #include "api/gateway.hpp"
 #include "cluster/storage_model.hpp"
 #include "common/error.hpp"
+#include "engine/sim_step_stop.hpp"
 
 namespace caf {
 class actor_system;
@@ -56,9 +57,11 @@ struct cluster_options {
   std::string sim_gpu = "h100-80gb";               // engine "sim": the device preset simulated
   /// engine "sim": prefix cache block size of the simulated engines (0: none).
   std::uint32_t sim_prefix_block_tokens = 0;
-  /// engine "sim": the simulated engines stop a decode step or a prefill
-  /// chunk at a layer boundary for a lighter arrival (engine::sim_engine_config::layer_yield).
-  bool sim_layer_yield = false;
+  /// engine "sim": whether and how the simulated engines stop a decode step
+  /// or a prefill chunk at a layer boundary for a lighter arrival, as the CPU
+  /// engine (every_step) or the CUDA engine (long_steps) does
+  /// (engine::sim_step_stop).
+  engine::sim_step_stop sim_step_stop = engine::sim_step_stop::none;
   std::string default_model_file;                  // for deployments naming no file
   std::uint32_t default_kv_tokens = 4096;
   std::string default_routing = "least_outstanding";
@@ -71,7 +74,7 @@ struct cluster_options {
   std::uint32_t step_timeout_ms = 60000;         // an engine step this slow: the device is hung
   /// Engines may stop a step part way for a lighter tenant's arriving prompt
   /// (replica_context::step_stop; the CPU engine, the CUDA engine's long
-  /// steps, and simulated ones with sim_layer_yield). Off: an arrival waits
+  /// steps, and simulated ones with sim_step_stop). Off: an arrival waits
   /// for the step in flight.
   bool step_stop = true;
   std::uint32_t migration_parallelism = 4;       // replacements warming at once

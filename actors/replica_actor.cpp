@@ -365,7 +365,7 @@ expected<std::shared_ptr<engine::inference_engine>> make_sim_engine(const replic
   c.kv_capacity_tokens = spec.kv_tokens;
   c.prefill_ends_step = true;  // first tokens at the moment they exist: exact TTFT
   c.prefix_block_tokens = res.sim_prefix_block_tokens;
-  c.layer_yield = res.sim_layer_yield;
+  engine::set_step_stop(c, res.sim_step_stop, cost->model().n_layers);
   return std::make_shared<engine::sim_engine>(*cost, c);
 }
 

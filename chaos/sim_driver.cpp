@@ -48,7 +48,7 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
   o.engine = "sim";
   o.sim_gpu = s.topology.gpu;
   o.sim_prefix_block_tokens = s.topology.prefix_cache_block_tokens;
-  o.sim_layer_yield = s.topology.layer_yield;
+  o.sim_step_stop = s.topology.layer_yield;
   o.deterministic = true;
   o.heartbeat_interval_ms = s.timing.heartbeat_interval_ms;
   o.suspect_after_missed = s.timing.suspect_after_missed;

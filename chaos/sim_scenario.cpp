@@ -81,8 +81,16 @@ void parse_topology(const object_reader& r, sim_topology& t) {
   r.u32("racks", 1, max_nodes, t.racks);
   r.u32("prefix_cache_block_tokens", 0, 1024, t.prefix_cache_block_tokens);
   if (!r.errors().failed() && r.has("layer_yield")) {
-    if (!r.at("layer_yield").is_boolean()) r.errors().fail(r.field("layer_yield"), "must be true or false");
-    else t.layer_yield = r.at("layer_yield").get<bool>();
+    const auto& v = r.at("layer_yield");
+    using engine::sim_step_stop;
+    if (v.is_boolean())
+      t.layer_yield = v.get<bool>() ? sim_step_stop::every_step : sim_step_stop::none;
+    else if (v.is_string() && v.get<std::string>() == "cpu")
+      t.layer_yield = sim_step_stop::every_step;
+    else if (v.is_string() && v.get<std::string>() == "cuda")
+      t.layer_yield = sim_step_stop::long_steps;
+    else
+      r.errors().fail(r.field("layer_yield"), "must be true, false, \"cpu\" or \"cuda\" (whose engine's step stop)");
   }
   if (!r.errors().failed() && t.racks > t.nodes)
     r.errors().fail(r.field("racks"), fmt::format("{} racks for {} nodes leaves racks empty", t.racks, t.nodes));

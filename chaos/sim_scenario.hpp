@@ -36,6 +36,7 @@
 
 #include "chaos/plan.hpp"
 #include "common/error.hpp"
+#include "engine/sim_step_stop.hpp"
 
 namespace exa::chaos {
 
@@ -47,11 +48,13 @@ struct sim_topology {
   /// The simulated engines' prefix cache block size in tokens (0: none),
   /// "prefix_cache_block_tokens" (actors::cluster_options::sim_prefix_block_tokens).
   std::uint32_t prefix_cache_block_tokens = 0;
-  /// The simulated engines stop a decode step or a prefill chunk at a layer
-  /// boundary for an arriving prompt that goes before its batch, as the CPU
-  /// engine does (the CUDA engine does not), "layer_yield"
-  /// (actors::cluster_options::sim_layer_yield).
-  bool layer_yield = false;
+  /// Whether the simulated engines stop a decode step or a prefill chunk at
+  /// a layer boundary for an arriving prompt that goes before its batch,
+  /// "layer_yield": false (none), true or "cpu" (as the CPU engine: every
+  /// step, at the next stage boundary), "cuda" (as the CUDA engine: chunks
+  /// and long decode steps, a stage later)
+  /// (actors::cluster_options::sim_step_stop).
+  engine::sim_step_stop layer_yield = engine::sim_step_stop::none;
 };
 
 struct sim_deployment {

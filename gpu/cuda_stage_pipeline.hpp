@@ -10,28 +10,32 @@
 // `lookahead` stages launched and unfinished: before launching stage s it
 // waits until stage s − lookahead has finished, then asks. With a lookahead
 // of 2 the device is running stage s − 1 when the question is asked, a "yes"
-// stops the step after it (the arrival waits out at most that stage, as it
-// waits out the rest of a stage on the CPU), and the launches of stage s
-// overlap stage s − 1's work so the device never idles between stages.
+// stops the step after it, and the launches of stage s overlap stage s − 1's
+// work so the device never idles between stages. An arrival just after a
+// "no" waits out the rest of the stage running and the one launched after
+// it: at most two stages, where the CPU engine, asking between stages it
+// runs itself, makes it wait out the rest of one.
 //
 // Which steps run this way (stoppable_step): launching a stage's kernels
 // one by one costs the host tens of microseconds, where a step replayed from
 // its CUDA graph (cuda_graph_policy.hpp) costs one launch. That is worth
-// paying only where the step is long, so that the launches hide behind the
-// device's work and a stop saves an arrival more than it costs:
+// paying only where the step is long, so that the launches keep pace with
+// the device's work and a stop saves an arrival more than it costs:
 //  - a step with a prompt chunk in it (more tokens than sequences): its
 //    matrix products over many tokens are long (the flood's prefill chunks);
 //  - a decode-only step whose reads alone (the weights once, and each
-//    sequence's K and V over its context) take the device at least twice the
-//    time the host needs to launch its stages (the decode steps of a large
-//    batch over long contexts, several milliseconds).
-// Any other step (decode at small batches or short contexts: a millisecond
-// or two) keeps its graph and runs whole. Pure logic; cuda_forward.cpp
+//    sequence's K and V over its context) take the device at least the time
+//    the host needs to launch its stages (engine::fair::cuda_stoppable_decode_s:
+//    2.4 ms for 40 layers at the estimated 30 µs a stage; the decode steps of
+//    a large batch over long contexts).
+// Any other step (decode at small batches or short contexts) keeps its graph
+// and runs whole. Pure logic; cuda_forward.cpp
 // supplies the launches and waits.
 
 #include <cstdint>
 #include <functional>
 
+#include "engine/fair_stop.hpp"
 #include "engine/llama_forward.hpp"
 
 namespace exa::gpu {
@@ -41,9 +45,8 @@ struct stage_cost_model {
   double weight_bytes = 0;           // read once by every step
   double kv_bytes_per_position = 0;  // K and V of one position, all layers
   double read_bytes_per_s = 0;       // the device's memory bandwidth (cuda_peak.hpp); 0: unknown
-  /// Host time to launch one stage's kernels eagerly: an estimate (about ten
-  /// launches of a few microseconds), to be measured on a GPU.
-  double launch_s_per_stage = 30e-6;
+  /// Host time to launch one stage's kernels eagerly (engine/fair_stop.hpp).
+  double launch_s_per_stage = engine::fair::cuda_stage_launch_s;
 };
 
 /// The time a step's reads take the device at `m`'s bandwidth: the weights
@@ -52,7 +55,7 @@ double step_read_s(const engine::forward_batch& batch, const stage_cost_model& m
 
 /// Whether a step of `stages` stages runs stage by stage and may stop part
 /// way on the GPU (see above): it carries prompt work, or its reads take at
-/// least twice its stages' launches.
+/// least as long as its stages' launches.
 bool stoppable_step(const engine::forward_batch& batch, std::uint32_t stages, const stage_cost_model& m) noexcept;
 
 struct stage_hooks {

@@ -835,8 +835,11 @@ std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
   const bool in_prefill = cut < last_.prefill_boundaries;
   if (in_prefill && !last_.fair) return std::nullopt;
   const double start = cut == 0 ? 0.0 : b[cut - 1];
+  // A short decode step runs whole where the engine modeled stops only long ones.
+  if (!in_prefill && b[cut] - start < config_.layer_yield_min_decode_s) return std::nullopt;
   const double layer_s = (b[cut] - start) / stages_per_step();
-  const double layers = std::max(1.0, std::ceil((elapsed_s - start) / layer_s - 1e-9));
+  const double layers =
+      std::max(1.0, std::ceil((elapsed_s - start) / layer_s - 1e-9)) + config_.layer_yield_lag_stages;
   const double at = start + layers * layer_s;
   if (at >= b[cut] - 1e-12 * b[cut]) return std::nullopt;  // its end is the next boundary anyway
   std::vector<member> batch;
@@ -952,7 +955,8 @@ std::optional<step_result> sim_engine::cut_remainder(double elapsed_s) {
   // arrival: nothing of it happened but the time, and the rest is owed.
   if (!last_.layer_cuttable) return std::nullopt;
   const double layer_s = last_owed_.layer_s;
-  const double at = std::max(1.0, std::ceil(elapsed_s / layer_s - 1e-9)) * layer_s;
+  const double at =
+      (std::max(1.0, std::ceil(elapsed_s / layer_s - 1e-9)) + config_.layer_yield_lag_stages) * layer_s;
   if (at >= last_owed_.remaining_s - 1e-12 * last_owed_.remaining_s) return std::nullopt;
   if (!offered_goes_before(members(last_owed_.ids))) return std::nullopt;
   std::vector<finish_event> pending = std::move(last_.pending);
@@ -970,6 +974,22 @@ std::optional<step_result> sim_engine::cut_remainder(double elapsed_s) {
   last_.boundaries_s.assign(1, at);
   last_.valid = last_.layer_cuttable = false;
   return out;
+}
+
+void set_step_stop(sim_engine_config& c, sim_step_stop mode, std::uint32_t n_layers) noexcept {
+  c.layer_yield = mode != sim_step_stop::none;
+  const bool cuda = mode == sim_step_stop::long_steps;
+  c.layer_yield_min_decode_s = cuda ? fair::cuda_stoppable_decode_s(2 * std::max<std::uint32_t>(n_layers, 1)) : 0;
+  c.layer_yield_lag_stages = cuda ? 1 : 0;
+}
+
+const char* to_string(sim_step_stop mode) noexcept {
+  switch (mode) {
+    case sim_step_stop::none: return "none";
+    case sim_step_stop::every_step: return "every_step";
+    case sim_step_stop::long_steps: return "long_steps";
+  }
+  return "none";
 }
 
 }  // namespace exa::engine

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "engine/engine.hpp"
+#include "engine/sim_step_stop.hpp"
 
 namespace exa::engine {
 
@@ -139,8 +140,21 @@ struct sim_engine_config {
   /// itself stop again. Off: arrivals wait for the decode step or chunk in
   /// flight.
   bool layer_yield = false;
+  /// With layer_yield: a decode step shorter than this (modeled seconds)
+  /// runs whole; chunks stop whatever their length. 0: every step may stop.
+  double layer_yield_min_decode_s = 0;
+  /// With layer_yield: stage boundaries the stop comes after the first one
+  /// at or after the arrival (0: the CPU engine, which asks between the
+  /// stages it runs; 1: the CUDA engine, whose host asks one stage ahead).
+  std::uint32_t layer_yield_lag_stages = 0;
   tenant_usage_config usage{};
 };
+
+/// Sets `c`'s layer_yield fields for `mode` on a model of `n_layers` layers.
+void set_step_stop(sim_engine_config& c, sim_step_stop mode, std::uint32_t n_layers) noexcept;
+
+/// "none", "every_step" or "long_steps" (for logs and reports).
+const char* to_string(sim_step_stop mode) noexcept;
 
 class sim_engine final : public inference_engine {
  public:

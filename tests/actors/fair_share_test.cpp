@@ -252,7 +252,7 @@ TEST_CASE("without shared counters the per-gateway cap splits a few places uneve
 namespace {
 
 // One simulated replica whose engine stops decode steps at layer boundaries
-// (sim_layer_yield), four long requests of a heavy tenant decoding, then one
+// (sim_step_stop), four long requests of a heavy tenant decoding, then one
 // short request of a light tenant. Returns the light request's time to first
 // token (virtual) and the stopped-steps counter the replica exported.
 struct stop_run {
@@ -265,7 +265,7 @@ struct stop_run {
 stop_run light_beside_heavy(bool step_stop) {
   auto o = one_simulated_replica();
   o.routers_subscribe = false;  // the backend's own router
-  o.sim_layer_yield = true;
+  o.sim_step_stop = engine::sim_step_stop::every_step;
   o.step_stop = step_stop;
   test::cluster_fixture f(o);
   for (int i = 0; i < 600 && !f.ready(); ++i) f.advance(100ms, 20ms);  // the replica loads

@@ -337,10 +337,16 @@ TEST_CASE("rollouts parse with the deployment's model as defaults and are valida
   require_field_error(with("/rollouts", 3), "rollouts", "array");
 }
 
-TEST_CASE("topology.layer_yield parses as a boolean, off by default", "[sim][fairness]") {
-  CHECK_FALSE(parse_scenario(base_scenario().dump())->topology.layer_yield);
-  CHECK(parse_scenario(with("/topology/layer_yield", true).dump())->topology.layer_yield);
-  require_field_error(with("/topology/layer_yield", 1), "topology.layer_yield", "true or false");
+TEST_CASE("topology.layer_yield names whose engine's step stop to model, none by default", "[sim][fairness]") {
+  using exa::engine::sim_step_stop;
+  CHECK(parse_scenario(base_scenario().dump())->topology.layer_yield == sim_step_stop::none);
+  CHECK(parse_scenario(with("/topology/layer_yield", false).dump())->topology.layer_yield == sim_step_stop::none);
+  CHECK(parse_scenario(with("/topology/layer_yield", true).dump())->topology.layer_yield == sim_step_stop::every_step);
+  CHECK(parse_scenario(with("/topology/layer_yield", "cpu").dump())->topology.layer_yield == sim_step_stop::every_step);
+  CHECK(parse_scenario(with("/topology/layer_yield", "cuda").dump())->topology.layer_yield ==
+        sim_step_stop::long_steps);
+  require_field_error(with("/topology/layer_yield", 1), "topology.layer_yield", "\"cpu\" or \"cuda\"");
+  require_field_error(with("/topology/layer_yield", "tpu"), "topology.layer_yield", "\"cpu\" or \"cuda\"");
 }
 
 TEST_CASE("timing.consolidate parses as a boolean, off by default", "[sim][consolidation]") {

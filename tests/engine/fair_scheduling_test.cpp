@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "engine/batch_scheduler.hpp"
+#include "engine/fair_stop.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/llama_forward.hpp"
 #include "engine/sim_engine.hpp"
@@ -814,11 +815,14 @@ sim_engine_config sim_config() {
 // `light_known`: the light tenant was served before (else its request is
 // the first the engine sees of it).
 // `layer_yield`: the engine stops a step part way, and the arrival is
-// offered before the cut (as the replica does).
+// offered before the cut (as the replica does); `lag_stages` and
+// `min_decode_s` as sim_engine_config's.
 double light_ttft(const std::string& light_tenant, double arrival_s, bool light_known = true,
-                  bool layer_yield = false) {
+                  bool layer_yield = false, std::uint32_t lag_stages = 0, double min_decode_s = 0) {
   sim_engine_config cfg = sim_config();
   cfg.layer_yield = layer_yield;
+  cfg.layer_yield_lag_stages = lag_stages;
+  cfg.layer_yield_min_decode_s = min_decode_s;
   sim_engine e(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
   // Both tenants have been served lately, the heavy one more (run to the
   // end): its prefills are the ones chunked.
@@ -890,6 +894,54 @@ TEST_CASE("sim engine: with layer_yield, a heavy tenant's prefill chunk stops at
     // The heavy tenant's own arrival does not stop its chunk.
     CHECK(light_ttft("heavy", arrival_s, true, true) == Approx(light_ttft("heavy", arrival_s)).epsilon(1e-12));
   }
+}
+
+TEST_CASE("sim engine: as the CUDA engine, a stop lands one stage later and short decode steps run whole",
+          "[fair][sim]") {
+  const sim_cost_model cost(llama2_13b_int4(), sim_device{});
+  const double own_s = cost.prefill_s(500);
+  const double stage_s = cost.prefill_s(128, 256) / 80;  // of the longest chunk but a prompt's last
+  // In the heavy prompts' chunks: one stage more than the CPU engine's stop
+  // (or the chunk's end, when that comes first).
+  for (const double arrival_s : {0.001, 0.005, 0.020, 0.040}) {
+    CAPTURE(arrival_s);
+    const double next = light_ttft("light", arrival_s, true, true);
+    const double later = light_ttft("light", arrival_s, true, true, 1);
+    CHECK(later > next + 1e-9);  // a stage of the chunk later (it still stops: see below)
+    CHECK(later <= next + stage_s + 1e-9);
+    CHECK(later <= own_s + 2 * stage_s + 1e-9);
+    CHECK(later < light_ttft("light", arrival_s));  // still before the chunk's end at these arrivals
+  }
+  // In the heavy requests' decode steps (their prompts all prefilled by
+  // then): a decode step shorter than min_decode_s runs whole, as without
+  // the stop; a longer threshold's opposite stops it as the CPU engine does.
+  const double decode_s = cost.decode_step_s(4, 4 * 520);  // about the step in flight
+  for (const double steps : {10.5, 20.3}) {
+    const double arrival_s = 4 * own_s + steps * decode_s;
+    CAPTURE(arrival_s);
+    const double whole = light_ttft("light", arrival_s);
+    const double stopped = light_ttft("light", arrival_s, true, true);
+    REQUIRE(stopped < whole);  // the arrival lands in a decode step the stop shortens
+    CHECK(light_ttft("light", arrival_s, true, true, 0, 2 * decode_s) == Approx(whole).epsilon(1e-12));
+    CHECK(light_ttft("light", arrival_s, true, true, 0, decode_s / 2) == Approx(stopped).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("sim engine: set_step_stop gives the CPU engine's stop, the CUDA engine's, or none", "[fair][sim]") {
+  sim_engine_config c;
+  set_step_stop(c, sim_step_stop::every_step, 40);
+  CHECK(c.layer_yield);
+  CHECK(c.layer_yield_min_decode_s == 0);
+  CHECK(c.layer_yield_lag_stages == 0);
+  set_step_stop(c, sim_step_stop::long_steps, 40);
+  CHECK(c.layer_yield);
+  CHECK(c.layer_yield_min_decode_s == Approx(80 * fair::cuda_stage_launch_s));  // 80 stages: 2.4 ms
+  CHECK(c.layer_yield_lag_stages == 1);
+  set_step_stop(c, sim_step_stop::none, 40);
+  CHECK_FALSE(c.layer_yield);
+  CHECK(c.layer_yield_min_decode_s == 0);
+  CHECK(c.layer_yield_lag_stages == 0);
+  CHECK(std::string(to_string(sim_step_stop::long_steps)) == "long_steps");
 }
 
 namespace {

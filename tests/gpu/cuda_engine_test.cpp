@@ -331,7 +331,7 @@ TEST_CASE("a GPU step runs stage by stage when it has prompt work or its reads o
           "[gpu][cuda_stages]") {
   // 2 GB of weights, 128 KiB of K and V per position, 4 TB/s, 30 µs to
   // launch a stage; 64 stages: a decode step is stoppable once its reads take
-  // 2 · 64 · 30 µs = 3.84 ms.
+  // 64 · 30 µs = 1.92 ms.
   const gpu::stage_cost_model m{2e9, 131072, 4e12, 30e-6};
   const std::vector<engine::block_id> table{0};
   const auto decode = [&](std::uint32_t sequences, std::uint32_t pos) {
@@ -346,11 +346,14 @@ TEST_CASE("a GPU step runs stage by stage when it has prompt work or its reads o
   // One sequence at position 99: 2e9 + 100 · 131072 bytes, 0.503 ms.
   CHECK(gpu::step_read_s(decode(1, 99), m) == Approx((2e9 + 100 * 131072.0) / 4e12));
   CHECK_FALSE(gpu::stoppable_step(decode(1, 99), 64, m));
-  // 16 sequences at position 4095: 2e9 + 16 · 4096 · 131072 bytes, 2.65 ms: still whole.
-  CHECK_FALSE(gpu::stoppable_step(decode(16, 4095), 64, m));
-  // 32 of them: 4.80 ms, stoppable; with half the stages, 16 of them are too.
-  CHECK(gpu::stoppable_step(decode(32, 4095), 64, m));
-  CHECK(gpu::stoppable_step(decode(16, 4095), 32, m));
+  // 8 sequences at position 4095: 2e9 + 8 · 4096 · 131072 bytes, 1.57 ms: still whole.
+  CHECK_FALSE(gpu::stoppable_step(decode(8, 4095), 64, m));
+  // 16 of them: 2.65 ms, stoppable; with half the stages, 4 of them (1.04 ms) are too.
+  CHECK(gpu::stoppable_step(decode(16, 4095), 64, m));
+  CHECK_FALSE(gpu::stoppable_step(decode(4, 4095), 64, m));
+  CHECK(gpu::stoppable_step(decode(4, 4095), 32, m));
+  // The engine's threshold is the one the simulator models.
+  CHECK(64 * m.launch_s_per_stage == Approx(engine::fair::cuda_stoppable_decode_s(64)));
   // Bandwidth unknown: decode steps stay whole.
   gpu::stage_cost_model unknown = m;
   unknown.read_bytes_per_s = 0;

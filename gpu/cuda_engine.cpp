@@ -50,7 +50,8 @@ class cuda_engine final : public engine::inference_engine {
 
   cuda_engine_counters counters() const {
     const cuda_forward_stats s = forward_->stats();
-    return {s.steps, s.graph_captures, s.graph_replays, s.weight_bytes, s.stopped_steps};
+    return {s.steps, s.graph_captures, s.graph_replays, s.weight_bytes, s.stopped_steps, s.stages_launched,
+            s.stage_launch_s};
   }
 
  private:

@@ -50,6 +50,10 @@ struct cuda_engine_counters {
   /// Steps stopped at a stage boundary for a lighter arrival (engine_stats'
   /// yielded_steps counts the same stops from the scheduler's side).
   std::uint64_t stopped_steps = 0;
+  /// Stages launched one by one in steps that may stop, and the host's
+  /// seconds launching them (cuda_forward_stats).
+  std::uint64_t stages_launched = 0;
+  double stage_launch_s = 0;
 };
 
 /// The CUDA engine's counters, or nullopt when `e` is not a CUDA engine.

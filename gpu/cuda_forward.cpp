@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -730,9 +731,12 @@ expected<bool> cuda_forward::execute_yielding(const engine::forward_batch& batch
   };
   const stage_hooks hooks{
       [&](std::uint32_t st) {
+        const auto t0 = std::chrono::steady_clock::now();
         s.enqueue_stage(st, n_tok);
         note(cudaGetLastError(), "kernel launch");
         note(cudaEventRecord(s.stage_done[st % 2], s.stream), "cudaEventRecord");
+        s.stats.stage_launch_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++s.stats.stages_launched;
       },
       [&](std::uint32_t st) { note(cudaEventSynchronize(s.stage_done[st % 2]), "cudaEventSynchronize"); },
       // A launch or a wait that failed ends the pipeline at once (as a stop

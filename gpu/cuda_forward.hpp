@@ -61,6 +61,11 @@ struct cuda_forward_stats {
   std::uint64_t graph_replays = 0;
   std::uint64_t weight_bytes = 0;  // device memory holding the weights
   std::uint64_t stopped_steps = 0;  // steps stopped part way (execute_yielding)
+  /// Stages launched one by one (steps that may stop), and the host's time
+  /// spent launching them: the launch cost behind which decode steps may
+  /// stop (engine::fair::cuda_stage_launch_s is its estimate).
+  std::uint64_t stages_launched = 0;
+  double stage_launch_s = 0;
 };
 
 class cuda_forward final : public engine::forward_executor {

@@ -219,7 +219,7 @@ env -u LD_LIBRARY_PATH python3 - "$out" "${#skips[@]}" "${skips[@]+"${skips[@]}"
 import json, os, sys
 out, n_skips = sys.argv[1], int(sys.argv[2])
 skips, failures = sys.argv[3:3 + n_skips], sys.argv[3 + n_skips:]
-rows = []
+rows, launches = [], []
 for name, label in (("small", "small preset (f16)"), ("1b", "1.1B generated (f16)")):
     path = os.path.join(out, f"bench-{name}.json")
     if not os.path.exists(path):
@@ -232,6 +232,8 @@ for name, label in (("small", "small preset (f16)"), ("1b", "1.1B generated (f16
         rows.append(f"| {label} | (unreadable result: {e}) | | | | | |")
         continue
     peak = r.get("peak_gbps", 0)
+    if r.get("stage_launch_us", 0) > 0:
+        launches.append(f"{label} {r['stage_launch_us']:.1f} us")
     b1, b64 = dec.get(1), dec.get(64)
     if not b1 or not b64:
         rows.append(f"| {label} | {r.get('device', '?')} | (batch 1 or 64 missing) | | | | |")
@@ -245,6 +247,8 @@ print("|---|---|---|---|---|---|---|")
 print("\n".join(rows))
 print()
 print("Targets (issue 11): batch 1 reads the 1B model's weights at >= 70 % of peak; batch 64 >= 20x batch 1.")
+print("Host time to launch a stage, in the prefill's stage-by-stage steps: " + ("; ".join(launches) or "not reported") +
+      " (the step-stop policy assumes 30 us: engine/fair_stop.hpp cuda_stage_launch_s).")
 if skips:
     print("Skipped: " + "; ".join(skips))
 print("Checks: " + ("all passed" if not failures else "FAILED: " + "; ".join(failures)))

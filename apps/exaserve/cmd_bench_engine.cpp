@@ -119,7 +119,14 @@ expected<bench_engine> make_engine(const bench_env& env, std::uint32_t kv_tokens
   return b;
 }
 
-expected<double> prefill_tok_s(const bench_env& env, std::uint32_t tokens, int repeat) {
+struct prefill_result {
+  double tok_s = 0;
+  /// CUDA: the host's mean time to launch a stage of the prefill's steps,
+  /// which run stage by stage (they may stop for an arrival); 0 elsewhere.
+  double stage_launch_us = 0;
+};
+
+expected<prefill_result> prefill_tok_s(const bench_env& env, std::uint32_t tokens, int repeat) {
   const auto& cfg = env.model->config();
   tokens = std::min<std::uint32_t>(tokens, cfg.context_length - 1);
   auto b = make_engine(env, tokens + 16, {});  // one engine for every repetition (the CUDA one uploads weights)
@@ -137,7 +144,10 @@ expected<double> prefill_tok_s(const bench_env& env, std::uint32_t tokens, int r
     if (auto f = eng.fault()) return make_error(errc::unavailable, *f);
     best = std::max(best, tokens / seconds_since(t0));
   }
-  return best;
+  prefill_result out{best, 0};
+  if (const auto c = gpu::cuda_counters(eng); c && c->stages_launched > 0)
+    out.stage_launch_us = 1e6 * c->stage_launch_s / static_cast<double>(c->stages_launched);
+  return out;
 }
 
 struct decode_result {
@@ -351,10 +361,10 @@ int cmd_bench_engine(int argc, char** argv) {
 
   if (a->has("json")) {
     std::printf("{\"model\":%s,\"device\":%s,\"isa\":%s,\"threads\":%zu,\"weight_bytes\":%llu,\"%s\":%.3f,"
-                "\"prefill_tok_s\":%.2f,\"decode\":[",
+                "\"prefill_tok_s\":%.2f,\"stage_launch_us\":%.2f,\"decode\":[",
                 json_string(*path).c_str(), json_string(device_name).c_str(), json_string(std::string(isa)).c_str(),
                 threads.size(), static_cast<unsigned long long>((*model)->weights().total_bytes()),
-                env.cuda ? "peak_gbps" : "copy_gbps", reference_gbps, *prefill);
+                env.cuda ? "peak_gbps" : "copy_gbps", reference_gbps, prefill->tok_s, prefill->stage_launch_us);
     for (std::size_t i = 0; i < dec.size(); ++i)
       std::printf("%s{\"batch\":%u,\"tok_s\":%.2f,\"weight_gbps\":%.3f,\"matmul_gmacs\":%.2f,"
                   "\"roofline_tok_s\":%.1f}",
@@ -379,7 +389,11 @@ int cmd_bench_engine(int argc, char** argv) {
                 "%.1f M multiply-adds and %.1f MB of matrices per token\n",
                 static_cast<int>(isa.size()), isa.data(), threads.size(), peaks.read_bytes_per_s / 1e9, int8 ? "int8" : "f32", mac_peak / 1e9,
                 static_cast<double>(macs_per_token) / 1e6, static_cast<double>(matmul_bytes) / 1e6);
-  std::printf("prefill: %.1f tok/s\n", *prefill);
+  std::printf("prefill: %.1f tok/s\n", prefill->tok_s);
+  if (prefill->stage_launch_us > 0)
+    std::printf("stage launch: %.1f us a stage (the host's time in the prefill's stage-by-stage steps; decode steps "
+                "stop from their stages' launch time on)\n",
+                prefill->stage_launch_us);
   std::printf("%8s %12s %14s %12s %10s %8s %12s\n", "batch", "decode tok/s", "weights GB/s", reference.c_str(),
               "GMAC/s", "of peak", "roof tok/s");
   for (const auto& d : dec) {

@@ -246,7 +246,7 @@ TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
   const auto r = run({"bench-engine", "--model", tiny_model(), "--json", "--batches", "1,4", "--prefill-tokens", "32",
                       "--decode-steps", "4", "--repeat", "1", "--threads", "1"});
   REQUIRE(r.exit_code == 0);
-  for (const char* field : {"\"copy_gbps\":", "\"prefill_tok_s\":", "\"decode\":[", "\"batch\":1", "\"batch\":4",
+  for (const char* field : {"\"copy_gbps\":", "\"prefill_tok_s\":", "\"stage_launch_us\":0.00", "\"decode\":[", "\"batch\":1", "\"batch\":4",
                             "\"tok_s\":", "\"weight_gbps\":", "\"matmul_gmacs\":", "\"roofline_tok_s\":",
                             "\"roofline\":{", "\"matmul_macs_per_token\":", "\"peak\":\"f32\"", "\"read_gbps\":"})
     CHECK_THAT(r.out, Catch::Contains(field));

@@ -269,6 +269,9 @@ TEST_CASE("a CUDA step stopped at any stage boundary and resumed after another s
     CHECK(same(logits, want_heavy));
   }
   CHECK(f.stats().stopped_steps == 2 * spec.n_layers - 1);
+  // Every stage of those steps was launched one by one, and timed.
+  CHECK(f.stats().stages_launched >= (2 * spec.n_layers - 1) * 2 * spec.n_layers);
+  CHECK(f.stats().stage_launch_s > 0);
 
   // A short decode-only step (one token per sequence, a tiny model) runs
   // whole: never asked.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fairness across tenants, in the simulator (virtual time: the numbers do not
-# depend on the machine). bench/scenarios/fairness.json runs four ways:
+# depend on the machine). bench/scenarios/fairness.json runs five ways:
 #   alone  - the quiet tenant by itself
 #   fair   - quiet beside a tenant flooding at ten times its share, with the
 #            router's fair queue and per-tenant place limits

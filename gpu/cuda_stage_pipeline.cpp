@@ -14,7 +14,7 @@ double step_read_s(const engine::forward_batch& batch, const stage_cost_model& m
 bool stoppable_step(const engine::forward_batch& batch, std::uint32_t stages, const stage_cost_model& m) noexcept {
   if (batch.tokens.empty() || stages < 2) return false;
   if (batch.tokens.size() > batch.tables.size()) return true;
-  return step_read_s(batch, m) >= stages * m.launch_s_per_stage;  // engine::fair::cuda_stoppable_decode_s
+  return step_read_s(batch, m) >= engine::fair::cuda_stoppable_decode_s(stages, m.launch_s_per_stage);
 }
 
 std::uint32_t run_stages(std::uint32_t first, std::uint32_t total, std::uint32_t lookahead, const stage_hooks& hooks) {

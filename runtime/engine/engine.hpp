@@ -153,7 +153,7 @@ class inference_engine {
   /// for a later arrival) and completes it bitwise as it would have run. So
   /// the light prompt waits out about half a layer of a heavy step, not all
   /// of it. Other engines ignore the hint (the simulated one models the CPU
-  /// engine's behaviour when its layer_yield is set).
+  /// engine's behaviour, or the CUDA engine's, when its layer_yield is set).
   virtual void offer_arrival(arrival_hint hint) { (void)hint; }
   virtual engine_stats stats() const = 0;
   /// The prefix cache's block hashes, at most `max_hashes`, most recently

@@ -14,13 +14,15 @@ namespace exa::engine::fair {
 /// simulator that models it (sim_engine_config): the host's time to launch
 /// one stage's kernels eagerly -- an estimate (about ten launches of a few
 /// microseconds), to be measured on a GPU -- and the shortest decode step it
-/// runs stage by stage: as long as the launches of its `stages`, so that
+/// runs stage by stage, weighing its reads at the device's peak bandwidth:
+/// as long as the launches of its `stages` (at `launch_s` each), so that
 /// they keep pace with the device (the host launches a stage while the
-/// device runs the one before). In the fairness scenario the simulator gives
-/// the quiet tenant 1.00× its p99 alone with this bound, 1.24× with twice it
-/// (docs/PERFORMANCE.md, "Fairness across tenants").
+/// device runs the one before). docs/PERFORMANCE.md ("Fairness across
+/// tenants") gives what the simulator makes of this bound and of others.
 inline constexpr double cuda_stage_launch_s = 30e-6;
-constexpr double cuda_stoppable_decode_s(std::uint32_t stages) noexcept { return stages * cuda_stage_launch_s; }
+constexpr double cuda_stoppable_decode_s(std::uint32_t stages, double launch_s = cuda_stage_launch_s) noexcept {
+  return stages * launch_s;
+}
 
 /// Whether work of `tenant` in class `priority` yields to a prompt of
 /// `to_tenant` in `to_priority`: batch work to an interactive prompt; within

@@ -63,6 +63,12 @@ double sim_cost_model::decode_step_s(std::uint32_t batch, std::uint64_t context_
   return std::max(memory_s, compute_s);
 }
 
+double sim_cost_model::decode_read_s(std::uint64_t context_tokens) const {
+  const double bytes = static_cast<double>(model_.weight_bytes) +
+                       static_cast<double>(model_.kv_bytes_per_token) * static_cast<double>(context_tokens);
+  return bytes / device_.memory_bandwidth_bytes_per_s;
+}
+
 double sim_cost_model::load_s() const {
   return static_cast<double>(model_.weight_bytes) / device_.load_bytes_per_s;
 }
@@ -308,6 +314,7 @@ void sim_engine::begin_step(std::uint32_t sharing) {
 
 void sim_engine::run_macro(step_result& out, const replay* limits) {
   last_.boundaries_s.clear();
+  last_.decode_read_s.clear();
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();
   last_.chunk_seq.clear();
@@ -610,6 +617,7 @@ void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode
     for (seq& s : running_)
       if (!s.prefilling) finished = emit(s, out) || finished;
     last_.boundaries_s.push_back(elapsed_s);
+    last_.decode_read_s.push_back(cost_.decode_read_s(context));
     context += batch;
     if (finished) return;
   }
@@ -624,6 +632,7 @@ void sim_engine::decode(step_result& out, double prefill_s, std::uint32_t decode
   owed.remaining_s = std::max(0.0, step_s - partial_s);
   owed_ = std::move(owed);
   last_.boundaries_s.push_back(elapsed_s + partial_s);
+  last_.decode_read_s.push_back(cost_.decode_read_s(context));
 }
 
 bool sim_engine::emit(seq& s, step_result& out) {
@@ -835,8 +844,13 @@ std::optional<step_result> sim_engine::cut_at_layer(double elapsed_s) {
   const bool in_prefill = cut < last_.prefill_boundaries;
   if (in_prefill && !last_.fair) return std::nullopt;
   const double start = cut == 0 ? 0.0 : b[cut - 1];
-  // A short decode step runs whole where the engine modeled stops only long ones.
-  if (!in_prefill && b[cut] - start < config_.layer_yield_min_decode_s) return std::nullopt;
+  // A short decode step runs whole where the engine modeled stops only long
+  // ones, weighed as that engine weighs it: its reads at peak bandwidth.
+  if (!in_prefill && config_.layer_yield_min_decode_s > 0) {
+    const std::size_t step = cut - last_.prefill_boundaries;
+    EXA_ASSERT_MSG(step < last_.decode_read_s.size(), "every decode boundary has its step's reads");
+    if (last_.decode_read_s[step] < config_.layer_yield_min_decode_s) return std::nullopt;
+  }
   const double layer_s = (b[cut] - start) / stages_per_step();
   const double layers =
       std::max(1.0, std::ceil((elapsed_s - start) / layer_s - 1e-9)) + config_.layer_yield_lag_stages;
@@ -875,6 +889,7 @@ bool sim_engine::run_interlude(step_result& out) {
   // does not end it at the first: the CPU engine's interlude is one step).
   // Nothing decodes.
   last_.boundaries_s.clear();
+  last_.decode_read_s.clear();
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();
   last_.chunk_seq.clear();
@@ -903,6 +918,7 @@ void sim_engine::owed_time_only(double duration_s) {
   // A step of the owed one's time: one boundary at its end, no prefill, no
   // admission.
   last_.boundaries_s.assign(1, duration_s);
+  last_.decode_read_s.clear();
   last_.prefill_order.clear();
   last_.prefill_chunked.clear();
   last_.chunk_seq.clear();
@@ -972,6 +988,7 @@ std::optional<step_result> sim_engine::cut_remainder(double elapsed_s) {
   // Final: a later arrival, before this stop, waits for it.
   last_.pending = std::move(pending);
   last_.boundaries_s.assign(1, at);
+  last_.decode_read_s.clear();
   last_.valid = last_.layer_cuttable = false;
   return out;
 }

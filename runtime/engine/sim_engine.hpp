@@ -81,6 +81,10 @@ class sim_cost_model {
   /// with `sharing` replicas splitting the device's bandwidth: the larger of
   /// the memory time (weights + KV read) and the compute time.
   double decode_step_s(std::uint32_t batch, std::uint64_t context_tokens, std::uint32_t sharing = 1) const;
+  /// A decode step's reads (weights + KV of `context_tokens`) at the
+  /// device's peak bandwidth, unshared: what the CUDA engine weighs to decide
+  /// whether a decode step runs stage by stage (gpu::stoppable_step).
+  double decode_read_s(std::uint64_t context_tokens) const;
   /// Model load: weight bytes over the load bandwidth.
   double load_s() const;
 
@@ -130,7 +134,8 @@ struct sim_engine_config {
   double fair_step_budget = 0;
   /// Model an engine that stops a step at a layer boundary for an arriving
   /// prompt that goes before the step's batch (offer_arrival; the CPU engine
-  /// does this, the CUDA engine does not): the decode step, or across
+  /// does this, the CUDA engine for its long steps: see the next two fields
+  /// and set_step_stop): the decode step, or across
   /// tenants the prefill chunk, in flight is cut at the next of its
   /// 2 n_layers even stage boundaries (between layers, and between a layer's
   /// attention and its MLP) instead of its end, an interlude step prefills
@@ -140,8 +145,10 @@ struct sim_engine_config {
   /// itself stop again. Off: arrivals wait for the decode step or chunk in
   /// flight.
   bool layer_yield = false;
-  /// With layer_yield: a decode step shorter than this (modeled seconds)
-  /// runs whole; chunks stop whatever their length. 0: every step may stop.
+  /// With layer_yield: a decode step whose reads at the device's peak
+  /// bandwidth (sim_cost_model::decode_read_s, as the CUDA engine weighs
+  /// them) take less than this runs whole; chunks stop whatever their
+  /// length. 0: every step may stop.
   double layer_yield_min_decode_s = 0;
   /// With layer_yield: stage boundaries the stop comes after the first one
   /// at or after the arrival (0: the CPU engine, which asks between the
@@ -242,6 +249,10 @@ class sim_engine final : public inference_engine {
     std::vector<finish_event> pending;  // finishes decided before it (cancellations) that it reported
     std::vector<seq> finished;          // sequences it retired, kept until the next step
     std::vector<double> boundaries_s;   // its step boundaries; the last one is its duration
+    /// Each decode step's reads at the device's peak bandwidth
+    /// (sim_cost_model::decode_read_s), boundaries_s[prefill_boundaries + i]'s
+    /// step: what layer_yield_min_decode_s is weighed against.
+    std::vector<double> decode_read_s;
     /// Blocks its admissions prefilled: they enter the prefix cache when the
     /// step is final (begin_step), so undoing it has nothing to undo there.
     /// Sequences admitted in one step do not share blocks with each other.

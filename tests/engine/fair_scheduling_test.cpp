@@ -913,17 +913,22 @@ TEST_CASE("sim engine: as the CUDA engine, a stop lands one stage later and shor
     CHECK(later < light_ttft("light", arrival_s));  // still before the chunk's end at these arrivals
   }
   // In the heavy requests' decode steps (their prompts all prefilled by
-  // then): a decode step shorter than min_decode_s runs whole, as without
-  // the stop; a longer threshold's opposite stops it as the CPU engine does.
+  // then): a decode step whose reads at peak bandwidth take less than
+  // min_decode_s runs whole, as without the stop; one whose reads take more
+  // stops as on the CPU engine.
   const double decode_s = cost.decode_step_s(4, 4 * 520);  // about the step in flight
+  const double read_s = cost.decode_read_s(4 * 520);      // its reads at peak bandwidth
+  CHECK(read_s < decode_s);  // the model's steps run at 80 % of peak
   for (const double steps : {10.5, 20.3}) {
     const double arrival_s = 4 * own_s + steps * decode_s;
     CAPTURE(arrival_s);
     const double whole = light_ttft("light", arrival_s);
     const double stopped = light_ttft("light", arrival_s, true, true);
     REQUIRE(stopped < whole);  // the arrival lands in a decode step the stop shortens
-    CHECK(light_ttft("light", arrival_s, true, true, 0, 2 * decode_s) == Approx(whole).epsilon(1e-12));
-    CHECK(light_ttft("light", arrival_s, true, true, 0, decode_s / 2) == Approx(stopped).epsilon(1e-12));
+    CHECK(light_ttft("light", arrival_s, true, true, 0, 1.5 * read_s) == Approx(whole).epsilon(1e-12));
+    // Between the reads and the modeled step: weighed by its reads, it runs whole.
+    CHECK(light_ttft("light", arrival_s, true, true, 0, 1.1 * read_s) == Approx(whole).epsilon(1e-12));
+    CHECK(light_ttft("light", arrival_s, true, true, 0, read_s / 1.5) == Approx(stopped).epsilon(1e-12));
   }
 }
 
@@ -1421,6 +1426,12 @@ TEST_CASE("sim engine: across tenants, random truncations never change what a re
     // Every other seed stops steps part way: the arrivals are offered, the
     // step cut, then they are submitted, as the replica and device do.
     cfg.layer_yield = seed % 2 == 0;
+    // Of those, some stop as the CUDA engine does: a stage later, and
+    // (some) only decode steps whose reads take a while (600 tokens of
+    // context beside the weights: some of these steps' reads, not all).
+    cfg.layer_yield_lag_stages = (seed / 2) % 2;
+    cfg.layer_yield_min_decode_s =
+        (seed / 4) % 2 ? sim_cost_model(llama2_13b_int4(), sim_device{}).decode_read_s(600) : 0;
     sim_engine plain(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
     sim_engine cut(sim_cost_model(llama2_13b_int4(), sim_device{}), cfg);
     std::map<seq_id, std::vector<model::token_id>> a, b;

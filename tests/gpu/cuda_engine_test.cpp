@@ -352,8 +352,8 @@ TEST_CASE("a GPU step runs stage by stage when it has prompt work or its reads o
   CHECK(gpu::stoppable_step(decode(16, 4095), 64, m));
   CHECK_FALSE(gpu::stoppable_step(decode(4, 4095), 64, m));
   CHECK(gpu::stoppable_step(decode(4, 4095), 32, m));
-  // The engine's threshold is the one the simulator models.
-  CHECK(64 * m.launch_s_per_stage == Approx(engine::fair::cuda_stoppable_decode_s(64)));
+  // By default the engine's launch estimate is the one the simulator models.
+  CHECK(gpu::stage_cost_model{}.launch_s_per_stage == engine::fair::cuda_stage_launch_s);
   // Bandwidth unknown: decode steps stay whole.
   gpu::stage_cost_model unknown = m;
   unknown.read_bytes_per_s = 0;

@@ -39,8 +39,9 @@ class cuda_engine final : public engine::inference_engine {
   void cancel(engine::seq_id id) override { inner_->cancel(id); }
   bool idle() const override { return inner_->idle(); }
   engine::step_result step() override { return inner_->step(); }
-  // A step with a prompt chunk may stop at a stage boundary for a lighter
-  // arrival (cuda_forward::execute_yielding), as on the CPU.
+  // A long step (a prompt chunk, or decode reads that outlast its launches)
+  // may stop at a stage boundary for a lighter arrival
+  // (cuda_forward::execute_yielding), as on the CPU.
   void offer_arrival(engine::arrival_hint hint) override { inner_->offer_arrival(std::move(hint)); }
   engine::engine_stats stats() const override { return inner_->stats(); }
   engine::prefix_summary cached_prefixes(std::size_t max_hashes) const override {

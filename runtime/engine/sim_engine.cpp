@@ -55,10 +55,8 @@ double sim_cost_model::prefill_s(std::uint64_t tokens, std::uint64_t context_bef
 
 double sim_cost_model::decode_step_s(std::uint32_t batch, std::uint64_t context_tokens, std::uint32_t sharing) const {
   EXA_ASSERT_MSG(sharing >= 1, "a device is shared by at least the replica asking");
-  const double bytes = static_cast<double>(model_.weight_bytes) +
-                       static_cast<double>(model_.kv_bytes_per_token) * static_cast<double>(context_tokens);
-  const double memory_s =
-      bytes / (device_.memory_bandwidth_bytes_per_s * device_.bandwidth_efficiency / static_cast<double>(sharing));
+  // Its reads at peak, slowed to the achievable share of the device's share.
+  const double memory_s = decode_read_s(context_tokens) * static_cast<double>(sharing) / device_.bandwidth_efficiency;
   const double compute_s = 2.0 * static_cast<double>(model_.parameters) * static_cast<double>(batch) / compute_ops_per_s();
   return std::max(memory_s, compute_s);
 }

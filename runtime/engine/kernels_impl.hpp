@@ -1305,16 +1305,22 @@ inline void row_tokens(tensor_type type, const std::byte* row, const void* x, st
 // 4 × 6 leaves 3 of the 32 registers: each f16 weight vector's conversion
 // (two uops on the FMA ports) then serves 6 FMAs instead of 4.
 constexpr int float_rows(int c) { return c == 1 ? 12 : c == 2 ? 8 : 4; }
+// One token over 2-byte weights (f16, bf16): 6 rows, not 12. On the Zen 5
+// host 12 row streams of 32 bytes a step read 6-13 % slower than 6 (f16
+// decode, one and two threads, alternated runs); f32's 64-byte steps keep 12.
+constexpr int half_decode_rows = 6;
 constexpr int max_float_tokens = 6;
 // One token runs the 256-bit kernel with 32 ymm registers.
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)
 // 16 ymm registers; a 16-lane accumulator takes two.
 constexpr int float_rows(int c) { return c == 1 ? 6 : c == 2 ? 4 : 3; }  // c > 1: float_tile_halves
+constexpr int half_decode_rows = float_rows(1);
 constexpr int max_float_tokens = 4;
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 4 : c == 3 ? 3 : 2; }
 #else
 constexpr int float_rows(int) { return 1; }
+constexpr int half_decode_rows = 1;
 constexpr int max_float_tokens = 4;
 constexpr int quant_rows(int) { return 1; }
 #endif
@@ -1336,10 +1342,9 @@ struct prefetch_slice {
   std::size_t bytes = 0;
 };
 
-template <int C>
-void run_float(tensor_type type, row_span w, const kernel_acts& p, std::size_t rb, std::size_t re, std::size_t t0,
-               float* y, std::size_t ys, prefetch_slice slice) noexcept {
-  constexpr int R = float_rows(C);
+template <int C, int R>
+void run_float_rows(tensor_type type, row_span w, const kernel_acts& p, std::size_t rb, std::size_t re,
+                    std::size_t t0, float* y, std::size_t ys, prefetch_slice slice) noexcept {
   const auto tile = [&]<int RR>(std::size_t r) {
     // Without a slice, one token streams every weight once: a tile asks for
     // the rows after it (line_prefetch).
@@ -1367,6 +1372,14 @@ void run_float(tensor_type type, row_span w, const kernel_acts& p, std::size_t r
   std::size_t r = rb;
   for (; r + R <= re; r += R) tile.template operator()<R>(r);
   for (; r < re; ++r) tile.template operator()<1>(r);
+}
+
+template <int C>
+void run_float(tensor_type type, row_span w, const kernel_acts& p, std::size_t rb, std::size_t re, std::size_t t0,
+               float* y, std::size_t ys, prefetch_slice slice) noexcept {
+  if constexpr (C == 1 && half_decode_rows != float_rows(1))
+    if (type != tensor_type::f32) return run_float_rows<C, half_decode_rows>(type, w, p, rb, re, t0, y, ys, slice);
+  run_float_rows<C, float_rows(C)>(type, w, p, rb, re, t0, y, ys, slice);
 }
 
 template <int C>

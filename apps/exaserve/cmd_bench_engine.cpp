@@ -28,6 +28,7 @@
 #include "engine/kernel_table.hpp"
 #include "engine/roofline.hpp"
 #include "engine/thread_pool.hpp"
+#include "engine/weight_store.hpp"
 #include "gpu/cpu_memory_pool.hpp"
 #include "gpu/cuda_engine.hpp"
 #include "gpu/cuda_peak.hpp"
@@ -54,6 +55,9 @@ const std::vector<flag_spec> flags = {
     {"cuda-device", true, "with --device cuda: the device index (default 0)"},
     {"check-cpu", true, "N: with --device cuda, generate N greedy tokens of one prompt on the CPU engine and the "
                         "CUDA engine and report where they first differ (0: skip, the default)"},
+    {"mapped-weights", false,
+     "CPU: the kernels read f16, f32 and other unpacked weights from the file's mapping instead of the engine's "
+     "own copy in huge pages (the default; q8_0 is packed either way)"},
     {"json", false, "print one JSON object instead of a table"},
     {"help", false, "show this help"},
 };
@@ -87,6 +91,7 @@ struct bench_env {
   engine::thread_pool* threads = nullptr;
   std::shared_ptr<const model::llama_model> draft;  // speculative decoding when set
   std::uint32_t draft_tokens = engine::default_draft_tokens;
+  engine::resident_options weights;  // where the CPU engine's forward reads its weights
   bool cuda = false;  // the CUDA engine on cuda_device instead of the CPU engine
   int cuda_device = 0;
 };
@@ -116,6 +121,7 @@ expected<bench_engine> make_engine(const bench_env& env, std::uint32_t kv_tokens
   b.pool = std::move(*pool);
   ec.draft = env.draft;
   ec.draft_tokens = env.draft_tokens;
+  ec.weights = env.weights;
   b.engine = std::make_unique<engine::cpu_engine>(env.model, *b.pool, *env.threads, ec);
   return b;
 }
@@ -125,6 +131,9 @@ struct prefill_result {
   /// CUDA: the host's mean time to launch a stage of the prefill's steps,
   /// which run stage by stage (they may stop for an arrival); 0 elsewhere.
   double stage_launch_us = 0;
+  /// The engine's weight copies (CPU: weight_store.hpp).
+  std::uint64_t weight_copy_bytes = 0;
+  bool huge_pages = false;
 };
 
 expected<prefill_result> prefill_tok_s(const bench_env& env, std::uint32_t tokens, int repeat) {
@@ -149,7 +158,7 @@ expected<prefill_result> prefill_tok_s(const bench_env& env, std::uint32_t token
     if (auto f = eng.fault()) return make_error(errc::unavailable, *f);
     best = std::max(best, tokens / seconds_since(t0));
   }
-  prefill_result out{best, 0};
+  prefill_result out{best, 0, eng.stats().weight_copy_bytes, eng.stats().weight_huge_pages};
   if (const auto c = gpu::cuda_counters(eng)) {
     const std::uint64_t stages = c->stages_launched - (warm ? warm->stages_launched : 0);
     const double secs = c->stage_launch_s - (warm ? warm->stage_launch_s : 0);
@@ -300,6 +309,7 @@ int cmd_bench_engine(int argc, char** argv) {
   bench_env env;
   env.model = *model;
   env.threads = &threads;
+  env.weights.copy_unpacked = !a->has("mapped-weights");
   const std::string device = a->get_or("device", "cpu");
   if (device != "cpu" && device != "cuda")
     return fail("bench-engine", {errc::invalid_argument, "--device must be cpu or cuda, got '" + device + "'"});
@@ -358,6 +368,10 @@ int cmd_bench_engine(int argc, char** argv) {
   };
   auto prefill = prefill_tok_s(env, static_cast<std::uint32_t>(*prefill_n), rep);
   if (!prefill) return fail("bench-engine", prefill.error());
+  if (!env.cuda)
+    spdlog::info("event=bench_weights unpacked={} copy_bytes={} huge_pages={} thp={}",
+                 env.weights.copy_unpacked ? "copied" : "mapped", prefill->weight_copy_bytes, prefill->huge_pages,
+                 engine::thp_mode());
   std::vector<decode_result> dec;
   for (const auto b : *batches) {
     if (b == 0) return fail("bench-engine", {errc::invalid_argument, "batch sizes must be >= 1"});
@@ -369,10 +383,12 @@ int cmd_bench_engine(int argc, char** argv) {
 
   if (a->has("json")) {
     std::printf("{\"model\":%s,\"device\":%s,\"isa\":%s,\"threads\":%zu,\"weight_bytes\":%llu,\"%s\":%.3f,"
-                "\"prefill_tok_s\":%.2f,\"stage_launch_us\":%.2f,\"decode\":[",
+                "\"prefill_tok_s\":%.2f,\"stage_launch_us\":%.2f,\"weight_copy_bytes\":%llu,\"huge_pages\":%s,"
+                "\"decode\":[",
                 json_string(*path).c_str(), json_string(device_name).c_str(), json_string(std::string(isa)).c_str(),
                 threads.size(), static_cast<unsigned long long>((*model)->weights().total_bytes()),
-                env.cuda ? "peak_gbps" : "copy_gbps", reference_gbps, prefill->tok_s, prefill->stage_launch_us);
+                env.cuda ? "peak_gbps" : "copy_gbps", reference_gbps, prefill->tok_s, prefill->stage_launch_us,
+                static_cast<unsigned long long>(prefill->weight_copy_bytes), prefill->huge_pages ? "true" : "false");
     for (std::size_t i = 0; i < dec.size(); ++i)
       std::printf("%s{\"batch\":%u,\"tok_s\":%.2f,\"weight_gbps\":%.3f,\"matmul_gmacs\":%.2f,"
                   "\"roofline_tok_s\":%.1f}",
@@ -397,6 +413,11 @@ int cmd_bench_engine(int argc, char** argv) {
                 "%.1f M multiply-adds and %.1f MB of matrices per token\n",
                 static_cast<int>(isa.size()), isa.data(), threads.size(), peaks.read_bytes_per_s / 1e9, int8 ? "int8" : "f32", mac_peak / 1e9,
                 static_cast<double>(macs_per_token) / 1e6, static_cast<double>(matmul_bytes) / 1e6);
+  if (!env.cuda)
+    std::printf("weights: %.1f MB copied or packed by the engine (%s); unpacked types %s\n",
+                static_cast<double>(prefill->weight_copy_bytes) / 1e6,
+                prefill->huge_pages ? "huge pages" : "4 KiB pages",
+                env.weights.copy_unpacked ? "copied" : "read from the file's mapping");
   std::printf("prefill: %.1f tok/s\n", prefill->tok_s);
   if (prefill->stage_launch_us > 0)
     std::printf("stage launch: %.1f us a stage (the host's time in the prefill's stage-by-stage steps; decode steps "

@@ -28,7 +28,7 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
       cache_(pool, kv_layout{model_->config().n_layers, model_->config().kv_dim(), config.kv_block_tokens},
              config.kv_max_blocks, config.prefix_cache, config.kv_block_copy),
       scheduler_(config.scheduler, cache_),
-      forward_(std::make_unique<llama_forward>(model_->config(), model_->weights(), cache_, threads)) {
+      forward_(std::make_unique<llama_forward>(model_->config(), model_->weights(), cache_, threads, config.weights)) {
   if (config_.draft) {  // speculative decoding (speculative.hpp)
     EXA_ASSERT_MSG(check_draft(*model_, *config_.draft, config_.draft_tokens).has_value(),
                    "a draft model that check_draft() refuses");
@@ -326,6 +326,9 @@ engine_stats cpu_engine::stats() const {
   s.prefix_lookup_tokens = scheduler_.prefix_lookup_tokens();
   s.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
   s.prefix_cached_blocks = cache_.cached_blocks();
+  const resident_memory w = forward_->weights_memory();
+  s.weight_copy_bytes = w.bytes;
+  s.weight_huge_pages = w.huge_pages;
   if (spec_) {
     s.draft_proposed_tokens = spec_->stats().proposed;
     s.draft_accepted_tokens = spec_->stats().accepted;

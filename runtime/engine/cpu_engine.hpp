@@ -40,6 +40,9 @@ struct cpu_engine_config {
   /// sequence; none without a draft. Check the pair with check_draft() first.
   std::shared_ptr<const model::llama_model> draft;
   std::uint32_t draft_tokens = default_draft_tokens;
+  /// Where the engine's forward pass reads its weights (weight_store.hpp):
+  /// copies of its own in huge pages by default.
+  resident_options weights;
 };
 
 class cpu_engine final : public inference_engine {

@@ -32,17 +32,17 @@ void add_bias(float* x, const std::vector<float>& b) noexcept {
 
 llama_forward::llama_forward(const model::llama_config& config,
                              const model::llama_weights& weights, kv_cache& cache,
-                             thread_pool& pool)
-    : llama_forward(config, weights, cache.pages(), pool, nullptr) {}
+                             thread_pool& pool, resident_options resident)
+    : llama_forward(config, weights, cache.pages(), pool, nullptr, resident) {}
 
 llama_forward::llama_forward(const model::llama_config& config, const model::llama_weights& weights,
-                             kv_pages pages, thread_pool& pool, communicator& comm)
-    : llama_forward(config, weights, pages, pool, &comm) {}
+                             kv_pages pages, thread_pool& pool, communicator& comm, resident_options resident)
+    : llama_forward(config, weights, pages, pool, &comm, resident) {}
 
 llama_forward::llama_forward(const model::llama_config& config,
                              const model::llama_weights& weights, kv_pages pages,
-                             thread_pool& pool, communicator* comm)
-    : config_(config), weights_(weights), cache_(pages), pool_(pool), comm_(comm) {
+                             thread_pool& pool, communicator* comm, resident_options resident)
+    : config_(config), weights_(weights), resident_(resident), cache_(pages), pool_(pool), comm_(comm) {
   const std::size_t members = comm_ == nullptr ? 1 : static_cast<std::size_t>(comm_->size());
   EXA_ASSERT(members >= 1 && config_.n_heads % members == 0 && config_.n_kv_heads % members == 0 &&
              config_.ff_dim % members == 0);
@@ -66,13 +66,13 @@ llama_forward::llama_forward(const model::llama_config& config,
     bv_.push_back(dequantize_optional(l.bv));
     bo_.push_back(dequantize_optional(l.bo));
   }
-  for (const auto& l : weights_.layers) {
-    model::llama_layer_weights p = l;
-    for (model::weight_view* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down})
-      *v = packed_.pack(*v, &pool_);
-    layers_.push_back(std::move(p));
-  }
-  output_ = packed_.pack(weights_.output, &pool_);
+  layers_ = weights_.layers;
+  output_ = weights_.output;
+  std::vector<model::weight_view*> matrices;
+  for (auto& l : layers_)
+    for (model::weight_view* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(v);
+  matrices.push_back(&output_);
+  resident_.place(matrices, &pool_);
   output_norm_ = dequantize_vector(weights_.output_norm);
   rope_factors_ = dequantize_optional(weights_.rope_freqs);
   EXA_ASSERT(rope_factors_.empty() || rope_factors_.size() == config_.rope_dim / 2);

@@ -31,9 +31,9 @@
 #include "engine/kv_pages.hpp"
 #include "engine/matmul.hpp"
 #include "engine/ops.hpp"
+#include "engine/weight_store.hpp"
 #include "model/llama_config.hpp"
 #include "model/llama_weights.hpp"
-#include "engine/q8_pack.hpp"
 #include "model/tokenizer.hpp"
 
 namespace exa::engine {
@@ -77,6 +77,8 @@ class forward_executor {
   virtual expected<void> execute(const forward_batch& batch, std::vector<float>& logits) = 0;
   /// Whether execute_yielding can stop part way (otherwise it runs whole).
   virtual bool can_yield() const noexcept { return false; }
+  /// Memory of its own its weights occupy (weight_store.hpp); none by default.
+  virtual resident_memory weights_memory() const noexcept { return {}; }
   /// execute(), stopping part way when asked: before each stage (a layer's
   /// attention or its MLP) after the first one it runs, `should_yield()` is
   /// asked, and when it says yes the pass keeps the batch's hidden state in
@@ -97,13 +99,13 @@ class llama_forward final : public forward_executor {
  public:
   /// The whole model on one device.
   llama_forward(const model::llama_config& config, const model::llama_weights& weights,
-                kv_cache& cache, thread_pool& pool);
+                kv_cache& cache, thread_pool& pool, resident_options resident = {});
   /// Member `comm.rank()` of a tensor-parallel group of comm.size(): `weights`
   /// is its shard (tp_weights.hpp), `pages` its own KV blocks, n_kv_heads /
   /// comm.size() heads wide. Only rank 0 returns logits; the others return
   /// none. `comm` must outlive this forward.
   llama_forward(const model::llama_config& config, const model::llama_weights& weights, kv_pages pages,
-                thread_pool& pool, communicator& comm);
+                thread_pool& pool, communicator& comm, resident_options resident = {});
 
   /// execute() on one device, where nothing can fail.
   void run(const forward_batch& batch, std::vector<float>& logits);
@@ -111,6 +113,7 @@ class llama_forward final : public forward_executor {
   /// On one device only: a tensor-parallel member's layers are collectives
   /// its group runs together.
   bool can_yield() const noexcept override { return comm_ == nullptr; }
+  resident_memory weights_memory() const noexcept override { return resident_.memory(); }
   expected<bool> execute_yielding(const forward_batch& batch, std::vector<float>& logits,
                                   forward_suspension& state, const std::function<bool()>& should_yield) override;
 
@@ -118,7 +121,7 @@ class llama_forward final : public forward_executor {
 
  private:
   llama_forward(const model::llama_config& config, const model::llama_weights& weights, kv_pages pages,
-                thread_pool& pool, communicator* comm);
+                thread_pool& pool, communicator* comm, resident_options resident);
   // The pass behind execute() and execute_yielding(); `state` and
   // `should_yield` null when it may not stop.
   expected<bool> run_layers(const forward_batch& batch, std::vector<float>& logits, forward_suspension* state,
@@ -136,9 +139,10 @@ class llama_forward final : public forward_executor {
 
   model::llama_config config_;
   const model::llama_weights& weights_;
-  // The matmul weights: weights_'s, with the q8_0 ones packed once for the
-  // kernels (q8_pack.hpp; a copy as large as those tensors).
-  q8p_store packed_;
+  // The matmul weights: weights_'s, pointing at copies of this forward's
+  // own (weight_store.hpp: q8_0 packed for the kernels, the other types
+  // copied unless the options keep them in the file's mapping).
+  weight_store resident_;
   std::vector<model::llama_layer_weights> layers_;
   model::weight_view output_;
   kv_pages cache_;

@@ -2,19 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <new>
 #include <vector>
 
 #include "common/assert.hpp"
-#include "engine/thread_pool.hpp"
 #include "model/legacy_quants.hpp"
 #include "model/quantize.hpp"
 
 namespace exa::engine {
-
-namespace {
-constexpr std::align_val_t pack_alignment{64};
-}
 
 void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size_t row_end,
                    std::byte* out) noexcept {
@@ -51,26 +45,6 @@ const std::byte* q8p_rows(const model::weight_view& w, std::size_t row_begin, st
   scratch.resize((row_end - row_begin + q8p_group_rows - 1) / q8p_group_rows * q8p_group_bytes(w.cols));
   q8p_pack_rows(w, row_begin, row_end, scratch.data());
   return scratch.data();
-}
-
-void q8p_store::aligned_free::operator()(std::byte* p) const noexcept { ::operator delete[](p, pack_alignment); }
-
-model::weight_view q8p_store::pack(const model::weight_view& w, thread_pool* pool) {
-  if (w.type != model::tensor_type::q8_0 || w.rows == 0) return w;
-  const std::size_t groups = (w.rows + q8p_group_rows - 1) / q8p_group_rows;
-  const std::size_t gbytes = q8p_group_bytes(w.cols);
-  const std::size_t bytes = groups * gbytes;
-  std::unique_ptr<std::byte[], aligned_free> buf(static_cast<std::byte*>(::operator new[](bytes, pack_alignment)));
-  const auto pack_groups = [&](std::size_t g0, std::size_t g1) {
-    q8p_pack_rows(w, g0 * q8p_group_rows, std::min<std::size_t>(g1 * q8p_group_rows, w.rows), buf.get() + g0 * gbytes);
-  };
-  if (pool != nullptr) pool->parallel_for(groups, 1, pack_groups);
-  else pack_groups(0, groups);
-  model::weight_view out = w;
-  out.packed = buf.get();
-  owned_.push_back(std::move(buf));
-  bytes_ += bytes;
-  return out;
 }
 
 }  // namespace exa::engine

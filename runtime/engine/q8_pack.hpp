@@ -14,8 +14,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <vector>
 
 #include "model/llama_weights.hpp"
 
@@ -38,24 +36,6 @@ void q8p_pack_rows(const model::weight_view& w, std::size_t row_begin, std::size
 /// thread's scratch (valid until the thread's next call).
 const std::byte* q8p_rows(const model::weight_view& w, std::size_t row_begin, std::size_t row_end);
 
-class thread_pool;
-
-/// Owns packed copies. pack() returns `w` with `packed` pointing at its
-/// copy for q8_0 (whole rows, 16-row groups from row 0), `w` unchanged for
-/// any other type; across `pool` when given. Copies stay valid while this
-/// lives, also when it moves.
-class q8p_store {
- public:
-  model::weight_view pack(const model::weight_view& w, thread_pool* pool = nullptr);
-  /// Bytes held by the copies.
-  std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  struct aligned_free {
-    void operator()(std::byte* p) const noexcept;
-  };
-  std::vector<std::unique_ptr<std::byte[], aligned_free>> owned_;
-  std::size_t bytes_ = 0;
-};
+/// Copies packed once per forward: weight_store (weight_store.hpp).
 
 }  // namespace exa::engine

@@ -248,7 +248,8 @@ TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
   REQUIRE(r.exit_code == 0);
   for (const char* field : {"\"copy_gbps\":", "\"prefill_tok_s\":", "\"stage_launch_us\":0.00", "\"decode\":[", "\"batch\":1", "\"batch\":4",
                             "\"tok_s\":", "\"weight_gbps\":", "\"matmul_gmacs\":", "\"roofline_tok_s\":",
-                            "\"roofline\":{", "\"matmul_macs_per_token\":", "\"peak\":\"f32\"", "\"read_gbps\":"})
+                            "\"roofline\":{", "\"matmul_macs_per_token\":", "\"peak\":\"f32\"", "\"read_gbps\":",
+                            "\"weight_copy_bytes\":", "\"huge_pages\":"})
     CHECK_THAT(r.out, Catch::Contains(field));
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one JSON object on one line
   CHECK_THAT(r.out, !Catch::Contains("\"peak_gmacs\":0.00"));  // measured
@@ -260,4 +261,13 @@ TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
   REQUIRE(quick.exit_code == 0);
   CHECK_THAT(quick.out, Catch::Contains("\"peak_gmacs\":0.00"));
   CHECK_THAT(quick.out, Catch::Contains("\"roofline_tok_s\":0.0"));
+  // The tiny model is f32: its matrices are copied by default (under 2 MiB:
+  // not worth a huge page), read from the file's mapping when asked.
+  CHECK_THAT(quick.out, !Catch::Contains("\"weight_copy_bytes\":0,"));
+  CHECK_THAT(quick.out, Catch::Contains("\"huge_pages\":false"));
+  const auto mapped = run({"bench-engine", "--model", tiny_model(), "--json", "--batches", "1", "--prefill-tokens",
+                           "8", "--decode-steps", "2", "--repeat", "1", "--threads", "1", "--no-copy-bandwidth",
+                           "--mapped-weights"});
+  REQUIRE(mapped.exit_code == 0);
+  CHECK_THAT(mapped.out, Catch::Contains("\"weight_copy_bytes\":0,"));
 }

@@ -17,6 +17,7 @@
 #include "engine/matmul.hpp"
 #include "engine/ops.hpp"
 #include "engine/q8_pack.hpp"
+#include "engine/weight_store.hpp"
 #include "fixtures.hpp"
 #include "model/half.hpp"
 #include "model/quantize.hpp"
@@ -216,10 +217,14 @@ TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-
   const auto sh = GENERATE(shape{53, 160}, shape{40, 64}, shape{16, 96});
   CAPTURE(sh.rows, sh.cols);
   const weight_buffer w(model::tensor_type::q8_0, sh.rows, sh.cols, 5 + sh.rows);
-  engine::q8p_store store;
-  const model::weight_view packed = store.pack(w.view);
+  engine::weight_store store;
+  model::weight_view placed = w.view;
+  model::weight_view* const one[] = {&placed};
+  store.place(one);
+  const model::weight_view& packed = placed;
   REQUIRE(packed.packed != nullptr);
-  CHECK(store.bytes() == (sh.rows + 15) / 16 * engine::q8p_group_bytes(sh.cols));
+  CHECK(packed.data == w.view.data);  // the kernels pack off-group ranges from the rows
+  CHECK(store.memory().bytes == (sh.rows + 15) / 16 * engine::q8p_group_bytes(sh.cols));
   // Splits on group boundaries (the packed copy is read) and off them (the
   // kernels pack the range themselves).
   const std::vector<std::vector<std::size_t>> cuts = {{}, {16}, {5, 37}, {20}, {1, 2, 32}};
@@ -452,6 +457,98 @@ TEST_CASE("a model's logits are bitwise the same on every ISA variant", "[engine
     CAPTURE(engine::to_string(v));
     CHECK(same_bits(logits_on(v), reference));
   }
+}
+
+TEST_CASE("a forward's weight copies hold the file's bytes and give the mapping's logits bitwise", "[engine][weights]") {
+  const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
+                             model::tensor_type::q4_0, model::tensor_type::q4_K);
+  CAPTURE(model::to_string(type));
+  auto spec = test::tiny_spec(type);
+  if (model::block_elems(type) == model::qk_k) {
+    spec.dim = 256;
+    spec.ff_dim = 512;
+    spec.mix = model::quant_mix::k_m;
+  }
+  spec.n_layers = 2;
+  auto m = test::make_model(spec);
+  const auto prompt = test::test_prompt(24, m->config().vocab_size, 5);
+  std::size_t matrices = 1, packed = m->weights().output.type == model::tensor_type::q8_0 ? 1 : 0;
+  for (const auto& l : m->weights().layers)
+    for (const model::weight_view* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      ++matrices;
+      packed += v->type == model::tensor_type::q8_0 ? 1 : 0;
+    }
+
+  const auto run = [&](engine::resident_options o, engine::resident_memory& mem) {
+    auto pool = test::make_pool(*m, 64);
+    engine::kv_cache cache(*pool, {m->config().n_layers, m->config().kv_dim(), 16});
+    engine::thread_pool threads(2);
+    engine::llama_forward fwd(m->config(), m->weights(), cache, threads, o);
+    mem = fwd.weights_memory();
+    REQUIRE(cache.reserve(1, 24));
+    engine::forward_batch batch;
+    batch.tables.push_back(&cache.table(1));
+    for (std::uint32_t p = 0; p < 24; ++p) batch.tokens.push_back({prompt[p], p, 0, p % 5 == 0 || p == 23});
+    std::vector<float> logits;
+    fwd.run(batch, logits);
+    return logits;
+  };
+  engine::resident_memory copied, mapped;
+  const auto from_copies = run({}, copied);
+  engine::resident_options keep_mapping;
+  keep_mapping.copy_unpacked = false;
+  const auto from_mapping = run(keep_mapping, mapped);
+  REQUIRE_FALSE(from_copies.empty());
+  CHECK(same_bits(from_copies, from_mapping));
+  CHECK(copied.copies == matrices);  // every matrix: q8_0 packed, the others copied
+  CHECK(mapped.copies == packed);    // q8_0 is packed either way
+  CHECK((copied.bytes > mapped.bytes) == (packed < matrices));
+}
+
+TEST_CASE("the weight store copies into huge pages where the kernel allows them and leaves what it is told to",
+          "[engine][weights]") {
+  // 3 MiB of f16 (over one huge page), a small f32 matrix and a q8_0 one.
+  const weight_buffer big(model::tensor_type::f16, 1536, 1024, 1);
+  const weight_buffer small(model::tensor_type::f32, 8, 64, 2);
+  const weight_buffer q8(model::tensor_type::q8_0, 20, 64, 3);
+  model::weight_view a = big.view, b = small.view, c = q8.view;
+  model::weight_view* const views[] = {&a, &b, &c};
+  engine::resident_memory mem;
+  {
+    engine::weight_store store;
+    store.place(views);
+    mem = store.memory();
+    engine::weight_store moved = std::move(store);  // the copies move with it
+    CHECK(a.data != big.view.data);
+    CHECK(b.data != small.view.data);
+    CHECK(std::memcmp(a.data, big.bytes.data(), big.bytes.size()) == 0);
+    CHECK(std::memcmp(b.data, small.bytes.data(), small.bytes.size()) == 0);
+    CHECK(c.data == q8.view.data);
+    REQUIRE(c.packed != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(a.data) % 64 == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(b.data) % 64 == 0);
+    CHECK(moved.memory().copies == 3);
+  }
+  CHECK(mem.bytes == big.bytes.size() + small.bytes.size() + 2 * engine::q8p_group_bytes(64));
+  const std::string thp = engine::thp_mode();
+  CAPTURE(thp);
+  CHECK(mem.huge_pages == (thp == "always" || thp == "madvise"));
+
+  // Told to keep the mapping: only q8_0 is packed; told not to ask for huge
+  // pages: none are asked for.
+  model::weight_view a2 = big.view, c2 = q8.view;
+  model::weight_view* const two[] = {&a2, &c2};
+  engine::weight_store mapped_store({.copy_unpacked = false, .huge_pages = true});
+  mapped_store.place(two);
+  CHECK(a2.data == big.view.data);
+  CHECK(c2.packed != nullptr);
+  CHECK(mapped_store.memory().copies == 1);
+  model::weight_view a3 = big.view;
+  model::weight_view* const three[] = {&a3};
+  engine::weight_store small_pages({.copy_unpacked = true, .huge_pages = false});
+  small_pages.place(three);
+  CHECK(std::memcmp(a3.data, big.bytes.data(), big.bytes.size()) == 0);
+  CHECK_FALSE(small_pages.memory().huge_pages);
 }
 
 TEST_CASE("our exp, log, sin and cos are accurate where the engine uses them", "[engine][isa][math]") {

@@ -393,6 +393,11 @@ void warm_up(self_ptr self) {
 
 void start_engine(self_ptr self, std::shared_ptr<engine::inference_engine> eng) {
   self->state.engine = std::move(eng);
+  // A CPU engine's own copy of its weights (engine/weight_store.hpp): memory
+  // this replica holds beside the file's page cache.
+  if (const auto s = self->state.engine->stats(); s.weight_copy_bytes > 0)
+    spdlog::info("event=replica_weights replica={} node={} copy_bytes={} huge_pages={}", self->state.ctx.spec.id,
+                 self->state.ctx.node, s.weight_copy_bytes, s.weight_huge_pages);
   warm_up(self);
 }
 

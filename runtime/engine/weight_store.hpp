@@ -4,11 +4,11 @@
 // for byte out of the file's mapping, all in one anonymous buffer for which
 // the kernel is asked for 2 MiB pages (transparent huge pages, madvise).
 //
-// Why copy what the file's mapping already holds: on the Zen 5 host, one-
-// thread decode read f16 and f32 weights 28-39 % faster from such a copy
-// than from the mapping's page-cache pages, and 13-15 % faster from a copy
-// in ordinary 4 KiB pages (docs/PERFORMANCE.md, "Weights in memory of their
-// own"). The cost is memory: each forward holds its copy instead of sharing
+// Why copy what the file's mapping already holds: on the Zen 5 host, against
+// the mapping's page-cache pages, f16 ran one-thread decode 1.44x and prefill
+// 1.42x as fast from such a copy, f32 prefill 1.55x (its decode within the
+// noise), and a copy in ordinary 4 KiB pages gave f16 decode 1.08-1.17x
+// (docs/PERFORMANCE.md, "Weights in memory of their own"). The cost is memory: each forward holds its copy instead of sharing
 // the page cache with every process that maps the file (the placement
 // ledger already counts a replica's weights as its own), and the copy is
 // made at load, not during a request. `copy_unpacked = false` keeps reading

@@ -104,8 +104,9 @@ expected<group_engine> make_group_engine(std::vector<std::shared_ptr<device>> me
   }
   std::unique_ptr<engine::tp_engine> inner;
   {
-    // Sharding reads the model and touches no device thread, but the members'
-    // pools are shared: hold the others as a step would.
+    // Sharding reads the model, and each member's forward copies its shard
+    // on that member's thread pool (engine/weight_store.hpp): pools that
+    // steps share, so hold the others as a step would.
     std::vector<std::unique_lock<std::mutex>> locks;
     for (std::size_t r = 1; r < cpus.size(); ++r) locks.emplace_back(cpus[r]->compute_mutex());
     auto made = engine::tp_engine::create(std::move(model), std::move(tm), *ec);

@@ -33,7 +33,7 @@ cpu_engine::cpu_engine(std::shared_ptr<const model::llama_model> model, block_po
     EXA_ASSERT_MSG(check_draft(*model_, *config_.draft, config_.draft_tokens).has_value(),
                    "a draft model that check_draft() refuses");
     spec_ = std::make_unique<speculator>(config_.draft, config_.draft_tokens, config_.kv_block_tokens,
-                                         cache_.capacity_tokens() / config_.kv_block_tokens, threads);
+                                         cache_.capacity_tokens() / config_.kv_block_tokens, threads, config_.weights);
   }
 }
 
@@ -329,6 +329,7 @@ engine_stats cpu_engine::stats() const {
   const resident_memory w = forward_->weights_memory();
   s.weight_copy_bytes = w.bytes;
   s.weight_huge_pages = w.huge_pages;
+  if (spec_) s.weight_copy_bytes += spec_->weights_memory().bytes;  // the draft's copies are this engine's too
   if (spec_) {
     s.draft_proposed_tokens = spec_->stats().proposed;
     s.draft_accepted_tokens = spec_->stats().accepted;

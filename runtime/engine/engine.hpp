@@ -100,8 +100,9 @@ struct engine_stats {
   /// them it accepted (acceptance rate = accepted / proposed).
   std::uint64_t draft_proposed_tokens = 0;
   std::uint64_t draft_accepted_tokens = 0;
-  /// Bytes of the weight copies the engine's forward holds (CPU engine:
-  /// weight_store.hpp), and whether they were asked into huge pages.
+  /// Bytes of the weight copies the engine holds (CPU engine: its forward's,
+  /// a tensor-parallel group's members', a draft model's; weight_store.hpp),
+  /// and whether the forward's were asked into huge pages.
   std::uint64_t weight_copy_bytes = 0;
   bool weight_huge_pages = false;
 };

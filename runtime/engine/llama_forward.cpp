@@ -71,7 +71,7 @@ llama_forward::llama_forward(const model::llama_config& config,
   std::vector<model::weight_view*> matrices;
   for (auto& l : layers_)
     for (model::weight_view* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(v);
-  matrices.push_back(&output_);
+  if (comm_ == nullptr || comm_->rank() == 0) matrices.push_back(&output_);  // the others compute no logits
   resident_.place(matrices, &pool_);
   output_norm_ = dequantize_vector(weights_.output_norm);
   rope_factors_ = dequantize_optional(weights_.rope_freqs);

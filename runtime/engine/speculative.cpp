@@ -191,18 +191,21 @@ struct speculator::draft_seq {
 };
 
 speculator::speculator(std::shared_ptr<const model::llama_model> draft, std::uint32_t draft_tokens,
-                       std::uint32_t block_tokens, std::uint32_t capacity_blocks, thread_pool& threads)
+                       std::uint32_t block_tokens, std::uint32_t capacity_blocks, thread_pool& threads,
+                       resident_options resident)
     : draft_(std::move(draft)), draft_tokens_(draft_tokens), vocab_(draft_->config().vocab_size) {
   EXA_ASSERT(draft_tokens_ >= 1 && draft_tokens_ <= max_draft_tokens && capacity_blocks > 0);
   const kv_layout layout{draft_->config().n_layers, draft_->config().kv_dim(), block_tokens};
   pool_ = std::make_unique<host_block_pool>(layout.block_bytes(), capacity_blocks);
   cache_ = std::make_unique<kv_cache>(*pool_, layout);
-  forward_ = std::make_unique<llama_forward>(draft_->config(), draft_->weights(), *cache_, threads);
+  forward_ = std::make_unique<llama_forward>(draft_->config(), draft_->weights(), *cache_, threads, resident);
 }
 
 speculator::~speculator() = default;
 
 const kv_cache& speculator::cache() const noexcept { return *cache_; }
+
+resident_memory speculator::weights_memory() const noexcept { return forward_->weights_memory(); }
 
 void speculator::forget(seq_id id) {
   cache_->release(id);

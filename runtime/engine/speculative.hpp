@@ -109,7 +109,8 @@ class speculator {
  public:
   /// `capacity_blocks` of `block_tokens` positions: the target's share.
   speculator(std::shared_ptr<const model::llama_model> draft, std::uint32_t draft_tokens,
-             std::uint32_t block_tokens, std::uint32_t capacity_blocks, thread_pool& threads);
+             std::uint32_t block_tokens, std::uint32_t capacity_blocks, thread_pool& threads,
+             resident_options resident = {});
   ~speculator();
   speculator(const speculator&) = delete;
   speculator& operator=(const speculator&) = delete;
@@ -141,6 +142,8 @@ class speculator {
 
   const speculation_stats& stats() const noexcept { return stats_; }
   const kv_cache& cache() const noexcept;
+  /// The draft forward's weight copies (weight_store.hpp).
+  resident_memory weights_memory() const noexcept;
   std::uint32_t draft_tokens() const noexcept { return draft_tokens_; }
 
  private:

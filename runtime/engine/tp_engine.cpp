@@ -146,7 +146,7 @@ expected<std::unique_ptr<tp_engine>> tp_engine::create(std::shared_ptr<const mod
   }
   config.prefix_cache = false;
   e->inner_ = std::make_unique<cpu_engine>(model, *e->blocks_, layout.kv_dim,
-                                           std::make_unique<tp_group>(c, std::move(group)), config);
+                                           std::make_unique<tp_group>(c, std::move(group), config.weights), config);
   return e;
 }
 

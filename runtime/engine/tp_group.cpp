@@ -4,7 +4,7 @@
 
 namespace exa::engine {
 
-tp_group::tp_group(const model::llama_config& config, std::vector<member> members)
+tp_group::tp_group(const model::llama_config& config, std::vector<member> members, resident_options resident)
     : members_(std::move(members)), errors_(members_.size()), scratch_(members_.size()) {
   EXA_ASSERT(!members_.empty());
   for (std::size_t r = 0; r < members_.size(); ++r) {
@@ -15,7 +15,8 @@ tp_group::tp_group(const model::llama_config& config, std::vector<member> member
     EXA_ASSERT(m.weights.rank() == r && m.weights.size() == members_.size());
     for (std::size_t o = 0; o < r; ++o)
       EXA_ASSERT_MSG(members_[o].threads != m.threads, "two members share a thread_pool");
-    forwards_.push_back(std::make_unique<llama_forward>(config, m.weights.weights(), m.pages, *m.threads, *m.comm));
+    forwards_.push_back(
+        std::make_unique<llama_forward>(config, m.weights.weights(), m.pages, *m.threads, *m.comm, resident));
     comms_.push_back(m.comm);
   }
   start_drivers();
@@ -31,6 +32,19 @@ tp_group::tp_group(std::vector<std::unique_ptr<forward_executor>> forwards,
                    "a member's communicator rank or size differs from its place in the group");
   }
   start_drivers();
+}
+
+resident_memory tp_group::weights_memory() const noexcept {
+  resident_memory sum;
+  sum.huge_pages = true;
+  for (const auto& f : forwards_) {
+    const resident_memory m = f->weights_memory();
+    sum.bytes += m.bytes;
+    sum.copies += m.copies;
+    sum.huge_pages = sum.huge_pages && m.huge_pages;
+  }
+  sum.huge_pages = sum.huge_pages && sum.copies > 0;
+  return sum;
 }
 
 void tp_group::start_drivers() {

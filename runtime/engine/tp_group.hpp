@@ -46,7 +46,9 @@ class tp_group final : public forward_executor {
   /// Starts members.size() - 1 driver threads. Each member's communicator
   /// must have rank == its index and size == members.size(); each member its
   /// own thread_pool.
-  tp_group(const model::llama_config& config, std::vector<member> members);
+  /// `resident`: where each member's forward reads its weights
+  /// (weight_store.hpp).
+  tp_group(const model::llama_config& config, std::vector<member> members, resident_options resident = {});
   /// Members that are already forwards: `forwards[r]` is member r's, over its
   /// shard and KV blocks, all-reducing through `comms[r]` (rank r of
   /// forwards.size()); only member 0 returns logits.
@@ -60,6 +62,8 @@ class tp_group final : public forward_executor {
   expected<void> execute(const forward_batch& batch, std::vector<float>& logits) override;
 
   std::size_t size() const noexcept { return forwards_.size(); }
+  /// The members' weight copies together (huge_pages: every member's).
+  resident_memory weights_memory() const noexcept override;
 
  private:
   void drive(std::size_t r);  // a driver thread's loop, for member r

@@ -89,6 +89,7 @@ model::weight_view tp_weights::repack_cols(const model::weight_view& w, std::uin
   s.cols = count;
   s.data = b.get();
   s.packed = nullptr;
+  s.owned = true;
   EXA_ASSERT(s.row_bytes() == share);
   owned_bytes_ += bytes;
   owned_.push_back(std::move(b));

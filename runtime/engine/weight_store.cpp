@@ -26,7 +26,7 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 std::size_t copy_bytes(const model::weight_view& w, bool copy_unpacked) {
   if (w.rows == 0) return 0;
   if (w.type == model::tensor_type::q8_0) return (w.rows + q8p_group_rows - 1) / q8p_group_rows * q8p_group_bytes(w.cols);
-  return copy_unpacked ? static_cast<std::size_t>(w.bytes()) : 0;
+  return copy_unpacked && !w.owned ? static_cast<std::size_t>(w.bytes()) : 0;
 }
 
 }  // namespace
@@ -80,10 +80,14 @@ void weight_store::place(std::span<model::weight_view* const> views, thread_pool
     copies += n > 0 ? 1 : 0;
   }
   if (copies == 0) return;
+  buffers_.reserve(buffers_.size() + 1);
   buffer buf(total, options_.huge_pages);
   std::byte* const base = buf.data();
+  // Every copy made before any view changes: should one throw, the views
+  // still read the file and the buffer goes with the exception.
+  std::vector<model::weight_view> placed(views.size());
   for (std::size_t i = 0; i < views.size(); ++i) {
-    model::weight_view& w = *views[i];
+    model::weight_view& w = placed[i] = *views[i];
     const std::size_t n = copy_bytes(w, options_.copy_unpacked);
     if (n == 0) continue;
     std::byte* const out = base + offset[i];
@@ -106,6 +110,10 @@ void weight_store::place(std::span<model::weight_view* const> views, thread_pool
       else copy(0, chunks);
       w.data = out;
     }
+  }
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    views[i]->data = placed[i].data;
+    views[i]->packed = placed[i].packed;
   }
   memory_.bytes += payload;
   memory_.copies += copies;

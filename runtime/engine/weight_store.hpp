@@ -54,9 +54,10 @@ class weight_store {
 
   /// Gives each of `views` (distinct matrices) a copy in one new buffer and
   /// rewrites it to use it: q8_0 gets `packed` (whole rows, 16-row groups
-  /// from row 0), any other type, when copy_unpacked, `data` pointing at a
-  /// byte-for-byte copy; a view left alone is unchanged. Across `pool` when
-  /// given. Throws std::bad_alloc when the memory cannot be had.
+  /// from row 0), any other type, when copy_unpacked and the view is not
+  /// `owned` already, `data` pointing at a byte-for-byte copy; a view left
+  /// alone is unchanged. Across `pool` when given. Throws std::bad_alloc
+  /// when the memory cannot be had, leaving every view as it was.
   void place(std::span<model::weight_view* const> views, thread_pool* pool = nullptr);
 
   const resident_memory& memory() const noexcept { return memory_; }

@@ -29,6 +29,10 @@ struct weight_view {
   /// q8_0 only: the same rows repacked for the engine's kernels
   /// (engine/q8_pack.hpp), or null (the kernels then pack as they go).
   const std::byte* packed = nullptr;
+  /// `data` is memory of the process's own, not the file's mapping (a
+  /// tensor-parallel member's repacked columns, engine/tp_weights.hpp): the
+  /// engine's forward reads it where it is instead of copying it again.
+  bool owned = false;
 
   std::uint64_t row_bytes() const noexcept;
   const std::byte* row(std::uint64_t r) const noexcept { return data + r * row_bytes(); }

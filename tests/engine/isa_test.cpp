@@ -470,7 +470,12 @@ TEST_CASE("a forward's weight copies hold the file's bytes and give the mapping'
     spec.mix = model::quant_mix::k_m;
   }
   spec.n_layers = 2;
+  // Tied: the head is token_embd, copied for the head while the embedding
+  // lookups keep reading the file.
+  spec.tie_embeddings = GENERATE(false, true);
+  CAPTURE(spec.tie_embeddings);
   auto m = test::make_model(spec);
+  REQUIRE(m->weights().tied_output == spec.tie_embeddings);
   const auto prompt = test::test_prompt(24, m->config().vocab_size, 5);
   std::size_t matrices = 1, packed = m->weights().output.type == model::tensor_type::q8_0 ? 1 : 0;
   for (const auto& l : m->weights().layers)

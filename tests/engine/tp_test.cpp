@@ -451,6 +451,37 @@ T bounded(std::future<T>& f, int seconds, const char* what) {
 
 }  // namespace
 
+TEST_CASE("tp: members copy their column shards, not their repacked columns, and only rank 0 the output head",
+          "[tp][weights]") {
+  auto m = test::make_model(tp_spec(model::tensor_type::f16));
+  const std::uint32_t vocab = m->config().vocab_size;
+  // Column-parallel Q, K, V, gate and up are views of the file: copied, one
+  // share per member. O and down are the members' own repacked columns
+  // (tp_weights.hpp): read where they are. The head: rank 0's alone.
+  std::uint64_t want = m->weights().output.bytes();
+  for (const auto& l : m->weights().layers) want += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.w_gate.bytes() + l.w_up.bytes();
+  constexpr std::size_t n = 3;
+  const auto run = [&](engine::cpu_engine_config config, std::uint64_t& copied) {
+    devices dev(*m, 2, 1);
+    auto eng = engine::tp_engine::create(m, dev.members(), config);
+    REQUIRE(eng.has_value());
+    copied = (*eng)->stats().weight_copy_bytes;
+    for (std::uint64_t i = 0; i < n; ++i) REQUIRE((*eng)->submit(greedy_request(i, vocab)).has_value());
+    return generate_all(**eng, n);
+  };
+  std::uint64_t copied = 0, mapped = 0;
+  const auto from_copies = run({}, copied);
+  engine::cpu_engine_config keep;
+  keep.weights.copy_unpacked = false;
+  const auto from_mapping = run(keep, mapped);
+  CHECK(copied == want);
+  CHECK(mapped == 0);  // the option reaches the members
+  for (std::size_t i = 0; i < n; ++i) {
+    CHECK(from_copies[i].ids == from_mapping[i].ids);
+    CHECK(from_copies[i].margins == from_mapping[i].margins);
+  }
+}
+
 TEST_CASE("tp: a member aborted mid-step fails the step on every member, without a hang", "[tp]") {
   auto m = test::make_model(tp_spec(model::tensor_type::q8_0));
   const std::uint32_t vocab = m->config().vocab_size;

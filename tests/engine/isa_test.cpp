@@ -423,10 +423,10 @@ TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across vari
   }
 }
 
-TEST_CASE("a model's logits are bitwise the same on every ISA variant", "[engine][isa]") {
-  const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
-                             model::tensor_type::q4_0, model::tensor_type::q4_K);
-  CAPTURE(model::to_string(type));
+namespace {
+
+// A two-layer model of `type` (K-quants 256 wide, in llama.cpp's _K_M mix).
+model::model_spec two_layer_spec(model::tensor_type type) {
   auto spec = test::tiny_spec(type);
   if (model::block_elems(type) == model::qk_k) {
     spec.dim = 256;
@@ -434,22 +434,41 @@ TEST_CASE("a model's logits are bitwise the same on every ISA variant", "[engine
     spec.mix = model::quant_mix::k_m;
   }
   spec.n_layers = 2;
-  auto m = test::make_model(spec);
+  return spec;
+}
+
+// `prompt` through one forward pass of `m`, logits at every `every`-th
+// position and the last; `mem` gets the forward's weight copies.
+std::vector<float> prompt_logits(const model::llama_model& m, const std::vector<std::int32_t>& prompt,
+                                 std::uint32_t every, engine::resident_options o = {},
+                                 engine::resident_memory* mem = nullptr) {
+  const auto n = static_cast<std::uint32_t>(prompt.size());
+  auto pool = test::make_pool(m, 64);
+  engine::kv_cache cache(*pool, {m.config().n_layers, m.config().kv_dim(), 16});
+  engine::thread_pool threads(2);
+  engine::llama_forward fwd(m.config(), m.weights(), cache, threads, o);
+  if (mem != nullptr) *mem = fwd.weights_memory();
+  REQUIRE(cache.reserve(1, n));
+  engine::forward_batch batch;
+  batch.tables.push_back(&cache.table(1));
+  for (std::uint32_t p = 0; p < n; ++p) batch.tokens.push_back({prompt[p], p, 0, p % every == 0 || p + 1 == n});
+  std::vector<float> logits;
+  fwd.run(batch, logits);
+  return logits;
+}
+
+}  // namespace
+
+TEST_CASE("a model's logits are bitwise the same on every ISA variant", "[engine][isa]") {
+  const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
+                             model::tensor_type::q4_0, model::tensor_type::q4_K);
+  CAPTURE(model::to_string(type));
+  auto m = test::make_model(two_layer_spec(type));
   const auto prompt = test::test_prompt(40, m->config().vocab_size, 11);
 
   const auto logits_on = [&](isa v) {
     test::isa_scope scope(v);
-    auto pool = test::make_pool(*m, 64);
-    engine::kv_cache cache(*pool, {m->config().n_layers, m->config().kv_dim(), 16});
-    engine::thread_pool threads(2);
-    engine::llama_forward fwd(m->config(), m->weights(), cache, threads);
-    REQUIRE(cache.reserve(1, 40));
-    engine::forward_batch batch;
-    batch.tables.push_back(&cache.table(1));
-    for (std::uint32_t p = 0; p < 40; ++p) batch.tokens.push_back({prompt[p], p, 0, p % 3 == 0 || p == 39});
-    std::vector<float> logits;
-    fwd.run(batch, logits);
-    return logits;
+    return prompt_logits(*m, prompt, 3);
   };
   const auto reference = logits_on(isa::scalar);
   REQUIRE_FALSE(reference.empty());
@@ -463,13 +482,7 @@ TEST_CASE("a forward's weight copies hold the file's bytes and give the mapping'
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::q8_0,
                              model::tensor_type::q4_0, model::tensor_type::q4_K);
   CAPTURE(model::to_string(type));
-  auto spec = test::tiny_spec(type);
-  if (model::block_elems(type) == model::qk_k) {
-    spec.dim = 256;
-    spec.ff_dim = 512;
-    spec.mix = model::quant_mix::k_m;
-  }
-  spec.n_layers = 2;
+  auto spec = two_layer_spec(type);
   // Tied: the head is token_embd, copied for the head while the embedding
   // lookups keep reading the file.
   spec.tie_embeddings = GENERATE(false, true);
@@ -484,25 +497,11 @@ TEST_CASE("a forward's weight copies hold the file's bytes and give the mapping'
       packed += v->type == model::tensor_type::q8_0 ? 1 : 0;
     }
 
-  const auto run = [&](engine::resident_options o, engine::resident_memory& mem) {
-    auto pool = test::make_pool(*m, 64);
-    engine::kv_cache cache(*pool, {m->config().n_layers, m->config().kv_dim(), 16});
-    engine::thread_pool threads(2);
-    engine::llama_forward fwd(m->config(), m->weights(), cache, threads, o);
-    mem = fwd.weights_memory();
-    REQUIRE(cache.reserve(1, 24));
-    engine::forward_batch batch;
-    batch.tables.push_back(&cache.table(1));
-    for (std::uint32_t p = 0; p < 24; ++p) batch.tokens.push_back({prompt[p], p, 0, p % 5 == 0 || p == 23});
-    std::vector<float> logits;
-    fwd.run(batch, logits);
-    return logits;
-  };
   engine::resident_memory copied, mapped;
-  const auto from_copies = run({}, copied);
+  const auto from_copies = prompt_logits(*m, prompt, 5, {}, &copied);
   engine::resident_options keep_mapping;
   keep_mapping.copy_unpacked = false;
-  const auto from_mapping = run(keep_mapping, mapped);
+  const auto from_mapping = prompt_logits(*m, prompt, 5, keep_mapping, &mapped);
   REQUIRE_FALSE(from_copies.empty());
   CHECK(same_bits(from_copies, from_mapping));
   CHECK(copied.copies == matrices);  // every matrix: q8_0 packed, the others copied

@@ -329,8 +329,8 @@ engine_stats cpu_engine::stats() const {
   const resident_memory w = forward_->weights_memory();
   s.weight_copy_bytes = w.bytes;
   s.weight_huge_pages = w.huge_pages;
-  if (spec_) s.weight_copy_bytes += spec_->weights_memory().bytes;  // the draft's copies are this engine's too
   if (spec_) {
+    s.weight_copy_bytes += spec_->weights_memory().bytes;  // the draft's copies are this engine's too
     s.draft_proposed_tokens = spec_->stats().proposed;
     s.draft_accepted_tokens = spec_->stats().accepted;
   }

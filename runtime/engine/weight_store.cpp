@@ -43,7 +43,12 @@ std::string thp_mode() {
 weight_store::buffer::buffer(std::size_t bytes, bool huge) {
   // Huge pages only pay on a buffer of at least one: the mapping then starts
   // on a 2 MiB boundary and ends on one, so every page of it can be huge.
-  huge = huge && bytes >= huge_page && thp_mode() != "never" && thp_mode() != "unavailable";
+  if (huge && bytes >= huge_page) {
+    const std::string mode = thp_mode();
+    huge = mode != "never" && mode != "unavailable";
+  } else {
+    huge = false;
+  }
   const std::size_t align = huge ? huge_page : small_page;
   const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), align);
   map_bytes_ = size + (huge ? huge_page : 0);

@@ -158,7 +158,8 @@ expected<prefill_result> prefill_tok_s(const bench_env& env, std::uint32_t token
     if (auto f = eng.fault()) return make_error(errc::unavailable, *f);
     best = std::max(best, tokens / seconds_since(t0));
   }
-  prefill_result out{best, 0, eng.stats().weight_copy_bytes, eng.stats().weight_huge_pages};
+  const engine::engine_stats stats = eng.stats();
+  prefill_result out{best, 0, stats.weight_copy_bytes, stats.weight_huge_pages};
   if (const auto c = gpu::cuda_counters(eng)) {
     const std::uint64_t stages = c->stages_launched - (warm ? warm->stages_launched : 0);
     const double secs = c->stage_launch_s - (warm ? warm->stage_launch_s : 0);

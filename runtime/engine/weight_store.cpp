@@ -75,10 +75,10 @@ weight_store::buffer::~buffer() {
 }
 
 void weight_store::place(std::span<model::weight_view* const> views, thread_pool* pool) {
-  std::vector<std::size_t> offset(views.size());
+  std::vector<std::size_t> offset(views.size()), size(views.size());
   std::size_t total = 0, copies = 0, payload = 0;
   for (std::size_t i = 0; i < views.size(); ++i) {
-    const std::size_t n = copy_bytes(*views[i], options_.copy_unpacked);
+    const std::size_t n = size[i] = copy_bytes(*views[i], options_.copy_unpacked);
     offset[i] = total;
     total += round_up(n, copy_alignment);
     payload += n;
@@ -93,7 +93,7 @@ void weight_store::place(std::span<model::weight_view* const> views, thread_pool
   std::vector<model::weight_view> placed(views.size());
   for (std::size_t i = 0; i < views.size(); ++i) {
     model::weight_view& w = placed[i] = *views[i];
-    const std::size_t n = copy_bytes(w, options_.copy_unpacked);
+    const std::size_t n = size[i];
     if (n == 0) continue;
     std::byte* const out = base + offset[i];
     if (w.type == model::tensor_type::q8_0) {

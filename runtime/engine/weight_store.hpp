@@ -8,10 +8,11 @@
 // the mapping's page-cache pages, f16 ran one-thread decode 1.44x and prefill
 // 1.42x as fast from such a copy, f32 prefill 1.55x (its decode within the
 // noise), and a copy in ordinary 4 KiB pages gave f16 decode 1.08-1.17x
-// (docs/PERFORMANCE.md, "Weights in memory of their own"). The cost is memory: each forward holds its copy instead of sharing
-// the page cache with every process that maps the file (the placement
-// ledger already counts a replica's weights as its own), and the copy is
-// made at load, not during a request. `copy_unpacked = false` keeps reading
+// (docs/PERFORMANCE.md, "Weights in memory of their own"). The cost is
+// memory: each forward holds its copy instead of sharing the page cache with
+// every process that maps the file (the placement ledger counts a replica's
+// weights as its own; docs/MODELS.md says where it does not), and the copy
+// is made at load, not during a request. `copy_unpacked = false` keeps reading
 // the mapping (q8_0 is packed either way, as before).
 
 #include <cstddef>

@@ -1302,14 +1302,20 @@ inline void row_tokens(tensor_type type, const std::byte* row, const void* x, st
 
 // Tile heights per token count: what fits in the registers next to the loads.
 #if defined(EXA_K_AVX512)
-// 4 × 6 leaves 3 of the 32 registers: each f16 weight vector's conversion
-// (two uops on the FMA ports) then serves 6 FMAs instead of 4.
-constexpr int float_rows(int c) { return c == 1 ? 12 : c == 2 ? 8 : 4; }
+// Up to 6 tokens 4 rows, 7 or 8 tokens 3 rows: 24 accumulators either way,
+// and a batch of 32 runs four 3 × 8 tiles instead of five 4 × 6 and an 8 × 2
+// whose 10 loads served only 16 FMAs (7 % of a batch-32 f32 step). On the
+// Zen 5 host, alternated pairs against 4 × 6: batch 32 1.04× (f32, 1
+// thread, six pairs), 1.05× (2 threads), 1.03× (f16); prefill 0.99-1.05×.
+// Each f16 weight vector's conversion (two uops on the FMA ports) serves 8
+// FMAs. The loads bound the tile: 11 a step cost it about a quarter of the
+// core's FMA rate even from L1 (bench/matmul_probe).
+constexpr int float_rows(int c) { return c == 1 ? 12 : c == 2 ? 8 : c <= 6 ? 4 : 3; }
 // One token over 2-byte weights (f16, bf16): 6 rows, not 12. On the Zen 5
 // host 12 row streams of 32 bytes a step read 6-13 % slower than 6 (f16
 // decode, one and two threads, alternated runs); f32's 64-byte steps keep 12.
 constexpr int half_decode_rows = 6;
-constexpr int max_float_tokens = 6;
+constexpr int max_float_tokens = 8;
 // One token runs the 256-bit kernel with 32 ymm registers.
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)

@@ -1,0 +1,162 @@
+// matmul_probe: the float tiles' multiply-add rate, matrix by matrix, against
+// the core's measured f32 peak (kernel_table::peak): which shape of the small
+// preset's matrices keeps batch 32 under the roof. One thread, f32 weights
+// in huge-page memory, activations 64-byte aligned. On AVX-512 it also
+// measures the ceiling the tile's loads leave it: the batch tile's 24 fused
+// multiply-adds a step from registers alone, and with the 11 loads (3 weight
+// rows, 8 tokens) it issues per step, all from L1. Run by hand
+// (docs/PERFORMANCE.md, batch 32 against batch 1).
+//
+//   build/bin/matmul_probe [tokens] [seconds per shape] [ROWSxCOLS ...]
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "engine/kernel_table.hpp"
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge
+// operand, and -W(maybe-)uninitialized fires inside them (as in
+// q8_step_probe.cpp).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+void* huge_alloc(std::size_t bytes) {
+  const std::size_t align = std::size_t{2} << 20;
+  bytes = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, bytes);
+  if (p == nullptr) {
+    std::fprintf(stderr, "matmul_probe: out of memory (%zu bytes)\n", bytes);
+    std::exit(1);
+  }
+  madvise(p, bytes, MADV_HUGEPAGE);
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+// 24 accumulator chains (a 3 × 8 tile), `Loads` vector loads a step from a
+// 64 KiB buffer that stays in L1/L2 (the tile's 3 weight and 8 token loads
+// when 11); multiply-adds per second.
+template <int Loads>
+__attribute__((target("avx512f"), noinline)) double tile_steps(const float* buf, long n) {
+  __m512 acc[24];
+  __m512 v[11];
+#pragma GCC unroll 24
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 11
+  for (int i = 0; i < 11; ++i) v[i] = _mm512_set1_ps(1.0f + float(i) / 1024);
+  const auto t0 = clock_type::now();
+  for (long it = 0; it < n; ++it) {
+    const float* p = buf + (it & 63) * 16;
+#pragma GCC unroll 11
+    for (int i = 0; i < Loads; ++i) {
+      v[i] = _mm512_loadu_ps(p + i * 1024);
+      asm("" : "+v"(v[i]));  // held for its multiply-adds, as the tile does
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < 3; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) acc[r * 8 + c] = _mm512_fmadd_ps(v[r], v[3 + c], acc[r * 8 + c]);
+  }
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  float keep = 0;
+#pragma GCC unroll 24
+  for (int i = 0; i < 24; ++i) keep += _mm512_reduce_add_ps(acc[i]);
+  if (keep == 0.5f) std::puts("");  // keeps every chain live
+  return double(n) * 24 * 16 / s / 1e9;
+}
+
+void tile_ceiling() {
+  auto* buf = static_cast<float*>(std::aligned_alloc(64, 16 * 1024 * sizeof(float)));
+  if (buf == nullptr) return;
+  for (std::size_t i = 0; i < 16 * 1024; ++i) buf[i] = 1.0f / 4096;
+  const long n = 50'000'000;
+  double alone = 0, loaded = 0;
+  for (int r = 0; r < 3; ++r) {  // alternated, best of each
+    alone = std::max(alone, tile_steps<0>(buf, n));
+    loaded = std::max(loaded, tile_steps<11>(buf, n));
+  }
+  std::printf("3 x 8 tile from L1: %.1f GMAC/s from registers, %.1f with its 11 loads a step (%.0f %%)\n", alone,
+              loaded, 100 * loaded / alone);
+  std::free(buf);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace exa;
+  const std::size_t tokens = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 32;
+  const double seconds = argc > 2 ? std::strtod(argv[2], nullptr) : 0.5;
+  if (tokens == 0 || tokens > 512 || !(seconds > 0)) {
+    std::fprintf(stderr, "usage: matmul_probe [tokens 1-512] [seconds per shape]\n");
+    return 2;
+  }
+  const engine::kernel_table& k = engine::active_kernels();
+  const auto t0 = clock_type::now();
+  const std::uint64_t peak_macs = k.peak(engine::peak_op::f32_fma, 20'000'000);
+  const double peak = double(peak_macs) / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e9;
+  const std::string isa_name(engine::to_string(k.id));
+  std::printf("isa %s, %zu tokens, f32 peak %.1f GMAC/s\n", isa_name.c_str(), tokens, peak);
+  if (engine::supports(engine::detect_cpu(), engine::isa::avx512)) tile_ceiling();
+  struct shape {
+    const char* name;
+    std::size_t rows, cols;
+  };
+  std::vector<shape> shapes = {{"q/o 768x768", 768, 768}, {"k/v 256x768", 256, 768},
+                                {"gate/up 2048x768", 2048, 768}, {"down 768x2048", 768, 2048}};
+  // More shapes as ROWSxCOLS arguments (e.g. 48x256: one row block in L1).
+  std::vector<std::string> names;
+  for (int i = 3; i < argc; ++i) names.emplace_back(argv[i]);
+  for (const std::string& n : names) {
+    std::size_t r = 0, c = 0;
+    if (std::sscanf(n.c_str(), "%zux%zu", &r, &c) != 2 || r == 0 || c == 0 || r > 65536 || c > 65536) {
+      std::fprintf(stderr, "matmul_probe: shape '%s' is not ROWSxCOLS\n", n.c_str());
+      return 2;
+    }
+    shapes.push_back({n.c_str(), r, c});
+  }
+  for (const shape& s : shapes) {
+    auto* w = static_cast<float*>(huge_alloc(s.rows * s.cols * sizeof(float)));
+    auto* x = static_cast<float*>(huge_alloc(tokens * s.cols * sizeof(float)));
+    auto* y = static_cast<float*>(huge_alloc(tokens * s.rows * sizeof(float)));
+    for (std::size_t i = 0; i < s.rows * s.cols; ++i) w[i] = float(int(i % 97) - 48) / 64.0f;
+    for (std::size_t i = 0; i < tokens * s.cols; ++i) x[i] = float(int(i % 89) - 44) / 32.0f;
+    model::weight_view view;
+    view.type = model::tensor_type::f32;
+    view.rows = s.rows;
+    view.cols = s.cols;
+    view.data = reinterpret_cast<const std::byte*>(w);
+    engine::kernel_acts a;
+    a.xf = x;
+    a.xf_stride = s.cols;
+    k.rows(view, a, tokens, y, s.rows, 0, s.rows);  // warm
+    std::uint64_t calls = 0;
+    const auto b = clock_type::now();
+    double took = 0;
+    while (took < seconds) {
+      k.rows(view, a, tokens, y, s.rows, 0, s.rows);
+      ++calls;
+      took = std::chrono::duration<double>(clock_type::now() - b).count();
+    }
+    const double gmacs = double(calls) * double(s.rows * s.cols * tokens) / took / 1e9;
+    std::printf("%-18s %7.1f GMAC/s %5.1f %% of peak  (y[0] %.3f)\n", s.name, gmacs, 100 * gmacs / peak, y[0]);
+    std::free(w);
+    std::free(x);
+    std::free(y);
+  }
+  return 0;
+}

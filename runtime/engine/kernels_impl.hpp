@@ -1348,9 +1348,9 @@ inline void row_tokens(tensor_type type, const std::byte* row, const void* x, st
 #if defined(EXA_K_AVX512)
 // Up to 6 tokens 4 rows, 7 or 8 tokens 3 rows: 24 accumulators either way,
 // and a batch of 32 runs four 3 × 8 tiles instead of five 4 × 6 and an 8 × 2
-// whose 10 loads served only 16 FMAs (7 % of a batch-32 f32 step). On the
-// Zen 5 host, alternated pairs against 4 × 6: batch 32 1.04× (f32, 1
-// thread, six pairs), 1.05× (2 threads), 1.03× (f16); prefill 0.99-1.05×.
+// whose 10 loads served only 16 FMAs (7 % of a batch-32 f32 step). On an
+// Emerald Rapids host, alternated pairs against 4 × 6: batch 32 1.04× (f32,
+// 1 thread, six pairs), 1.05× (2 threads), 1.03× (f16); prefill 0.99-1.05×.
 // Each f16 weight vector's conversion (two uops on the FMA ports) serves 8
 // FMAs. The loads bound the tile: 11 a step cost it about a quarter of the
 // core's FMA rate even from L1 (bench/matmul_probe).

@@ -260,9 +260,7 @@ class loadgen {
     std::exponential_distribution<double> gap(opts_.rate);
     next_due_ += std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(gap(rng_)));
     if (next_due_ >= measure_end_) return kj::READY_NOW;
-    const auto wait = std::max(clock_type::duration::zero(), next_due_ - clock_type::now());
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
-    return io_.provider->getTimer().afterDelay(ns * kj::NANOSECONDS).then([this] {
+    return until(next_due_).then([this] {
       if (in_flight_ >= opts_.concurrency) {
         if (next_due_ >= measure_start_) ++results_.skipped;
       } else {
@@ -277,6 +275,18 @@ class loadgen {
       }
       return arrivals();
     });
+  }
+
+  /// Resolves once clock_type's now has reached `due`. A KJ timer counts from
+  /// the event loop's last look at its clock, which is stale by as long as the
+  /// loop has been busy, so one wait can end early: the call then started
+  /// before it was due and its TTFT, measured from the due time, came out
+  /// negative. Waiting again for what is left fixes that.
+  kj::Promise<void> until(clock_type::time_point due) {
+    const auto wait = due - clock_type::now();
+    if (wait <= clock_type::duration::zero()) return kj::READY_NOW;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+    return io_.provider->getTimer().afterDelay(ns * kj::NANOSECONDS).then([this, due] { return until(due); });
   }
 
   void call_done() {

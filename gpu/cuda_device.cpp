@@ -126,7 +126,11 @@ void cuda_device::record_fault(const std::string& why) {
 }
 
 // On the executor's thread after each task: a CUDA error fails the task (and
-// marks the device); otherwise the completion waits for the stream.
+// marks the device). Every completion, a failed one too, waits for the stream,
+// so tasks complete in the order they were submitted: a task that threw is
+// not reported before the tasks ahead of it, still running on the device
+// (seen on an H200: the throwing 101st task came back first). Only where the
+// stream cannot take the callback (a broken context) is it reported at once.
 void cuda_device::finish(task_outcome outcome, executor::completion done) {
   if (!outcome.failure) {
     if (auto rc = cudaGetLastError(); rc != cudaSuccess) {
@@ -134,7 +138,6 @@ void cuda_device::finish(task_outcome outcome, executor::completion done) {
       outcome.failure = error{errc::unavailable, "CUDA device " + std::to_string(index_) + ": " + cuda_message("after a task", rc)};
     }
   }
-  if (outcome.failure) return done(std::move(outcome));
   const auto started = std::chrono::steady_clock::now() -
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            std::chrono::duration<double>(outcome.seconds));
@@ -142,7 +145,7 @@ void cuda_device::finish(task_outcome outcome, executor::completion done) {
   if (auto rc = cudaLaunchHostFunc(stream_, on_stream_reached, c); rc != cudaSuccess) {
     std::unique_ptr<stream_completion> own(c);
     record_fault(cuda_message("cudaLaunchHostFunc", rc));
-    own->outcome.failure = error{errc::unavailable, cuda_message("cudaLaunchHostFunc", rc)};
+    if (!own->outcome.failure) own->outcome.failure = error{errc::unavailable, cuda_message("cudaLaunchHostFunc", rc)};
     own->done(std::move(own->outcome));
   }
 }

@@ -8,7 +8,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "engine/kv_cache.hpp"
@@ -122,6 +124,17 @@ TEST_CASE("the CUDA engine gives the CPU engine's greedy ids at every step that 
     auto gpu_engine = cuda_engine(m);
     const auto got = run(*gpu_engine, requests(*m, 8, 2));
 
+    // The engines round the activations to the weights' type before each
+    // matrix product (f16: 11 significant bits; bf16: 8; q8_0: steps of
+    // 1/127 of a block's largest value) but sum in different orders, so an
+    // element whose f32 value differs in its last bits can round to the
+    // neighbouring value on one of them: a whole rounding step, amplified
+    // through the layers. The bound is about 8 f16 steps, or 4 of bf16's or
+    // q8_0's. First run on a GPU (an H200, 4 Dec 2026): at most 2.1e-3 on the
+    // f16 models, 6.0e-3 on bf16, 5.1e-3 on q8_0; 2e-3 for all had been a
+    // guess. A wrong kernel gives other greedy ids long before this.
+    const float bound = spec.type == tensor_type::f16 ? 4e-3f : 1.6e-2f;
+    float worst = 0.0f;
     std::size_t compared = 0;
     for (const auto& [id, w] : want) {
       CAPTURE(id);
@@ -133,10 +146,14 @@ TEST_CASE("the CUDA engine gives the CPU engine's greedy ids at every step that 
         const bool near_tie = lp.top_logprobs[0] - lp.top_logprobs[1] < 1e-3f;
         if (near_tie) break;  // the engines may fairly choose differently from here on
         REQUIRE(g.ids[i] == w.ids[i]);
-        CHECK(std::fabs(g.logprobs[i].logprob - lp.logprob) < 2e-3f);
+        const float diff = std::fabs(g.logprobs[i].logprob - lp.logprob);
+        worst = std::max(worst, diff);
+        CHECK(diff < bound);
         ++compared;
       }
     }
+    std::printf("%s: %zu clear steps compared, log-probabilities within %.2e of the CPU engine's (bound %.1e)\n",
+                spec.name.c_str(), compared, static_cast<double>(worst), static_cast<double>(bound));
     CHECK(compared >= 40);  // most of the 8 × 12 steps are clear choices
   }
 }

@@ -36,15 +36,17 @@ __device__ __forceinline__ double warp_sum(double v) {
 
 __device__ __forceinline__ float f16_round(float v) { return __half2float(__float2half_rn(v)); }
 
-/// Writes value(i) for i in [0, n) of one row, converted to `act` (row `row`),
+/// store_groups: the 32-element groups [g_begin, g_end) of one row;
+/// store_row: all of it. Writes value(i) for i in [0, n) of one row, converted to `act` (row `row`),
 /// and to `f32_out` when given. n % 32 == 0; each warp of the block takes
 /// whole 32-element groups, so a Q8_0 block is one warp's: lane l holds
 /// element l, the scale is amax / 127 and q = round(x / scale) as in ggml's
 /// quantize_row_q8_0 (model/quantize.cpp).
 template <class Value>
-__device__ __forceinline__ void store_row(int n, Value value, float* f32_out, const act_view& act, int row) {
+__device__ __forceinline__ void store_groups(int g_begin, int g_end, Value value, float* f32_out, const act_view& act,
+                                             int row) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int g = warp; g < n / 32; g += warps) {
+  for (int g = g_begin + warp; g < g_end; g += warps) {
     const int i = g * 32 + lane;
     const float v = value(i);
     if (f32_out != nullptr) f32_out[i] = v;
@@ -67,6 +69,24 @@ __device__ __forceinline__ void store_row(int n, Value value, float* f32_out, co
       }
     }
   }
+}
+
+template <class Value>
+__device__ __forceinline__ void store_row(int n, Value value, float* f32_out, const act_view& act, int row) {
+  store_groups(0, n / 32, value, f32_out, act, row);
+}
+
+/// Elementwise rows over many blocks: a block of `warps_per_block` warps
+/// takes that many 32-element groups of row blockIdx.x, starting at group
+/// blockIdx.y * warps_per_block (one group a warp), so a single token's row
+/// is spread over the multiprocessors instead of looping on one. Each
+/// element (and each Q8_0 group's scale) is computed exactly as store_row
+/// computes it.
+constexpr int groups_per_block = 8;  // with 256 threads
+template <class Value>
+__device__ __forceinline__ void store_row_slice(int n, Value value, float* f32_out, const act_view& act, int row) {
+  const int g0 = static_cast<int>(blockIdx.y) * groups_per_block;
+  store_groups(g0, min(g0 + groups_per_block, n / 32), value, f32_out, act, row);
 }
 
 }  // namespace exa::gpu::ops::detail

@@ -4,7 +4,10 @@
 namespace exa::gpu::ops {
 namespace {
 
-constexpr int threads = 256;
+// A row is one block's (its sum of squares is one fixed tree), so a token's
+// norm runs on one multiprocessor: 1024 threads take a 2048-wide row in 2
+// strided steps instead of 8 (8.9 us a call on an H200 with 256).
+constexpr int threads = 1024;
 
 // Σ x² over a row in double: each thread sums its strided elements in
 // order, then a fixed tree (warp butterfly, then warps in order). The same

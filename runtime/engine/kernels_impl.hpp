@@ -302,10 +302,13 @@ struct line_prefetch {
   const char* p = nullptr;
   const char* stop = nullptr;
   std::size_t lines = 0, steps = 0, due = 0;  // line j goes at the step where due passes (j + 1) · steps
-  line_prefetch(const row_span& w, const std::byte* from, std::size_t bytes, std::size_t k_steps) noexcept {
+  line_prefetch(const row_span& w, const std::byte* from, std::size_t bytes, std::size_t k_steps) noexcept
+      : line_prefetch(from, bytes, k_steps, w.end) {}
+  /// [from, from + bytes), never past `end` when given.
+  line_prefetch(const std::byte* from, std::size_t bytes, std::size_t k_steps, const std::byte* end = nullptr) noexcept {
     if (from == nullptr || k_steps == 0) return;
     p = reinterpret_cast<const char*>(from);
-    stop = std::min(p + bytes, reinterpret_cast<const char*>(w.end ? w.end : from + bytes));
+    stop = std::min(p + bytes, reinterpret_cast<const char*>(end ? end : from + bytes));
     lines = (bytes + 63) / 64;
     steps = k_steps;
   }
@@ -787,10 +790,16 @@ struct token_rows {
 
 // G groups of 16 rows × C tokens. `grp[g]` is group g's first block; `valid`
 // its rows that exist (16 but in a matrix's last group).
+//
+// `pf`, `pf_bytes`: this token tile's share of the next G groups' bytes,
+// prefetched a few lines a block (line_prefetch) while its own weights come
+// from cache; none when pf is null.
 template <int G, int C>
 void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, const kernel_acts& a,
-          std::size_t t0, float* y, std::size_t ys, std::size_t r0, const std::byte* next = nullptr) noexcept {
+          std::size_t t0, float* y, std::size_t ys, std::size_t r0, const std::byte* pf = nullptr,
+          std::size_t pf_bytes = 0) noexcept {
   const token_rows<C> tok(a, t0);
+  line_prefetch ahead(pf, pf_bytes, nb);
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
@@ -800,11 +809,10 @@ void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, co
       const __m512i sd = _mm512_set1_epi32(tok.seed[c][b]);
       for (int g = 0; g < G; ++g) is[g][c] = sd;
     }
-    if constexpr (C == 1) prefetch_block(grp[0] + b * q8p_block_bytes, decode_prefetch_blocks);
-    // The first token tile of a few tokens asks for the next G groups (after
-    // these in memory), G blocks per block, while the weights of these come in.
-    if (next != nullptr)
-      for (int g = 0; g < G; ++g) prefetch_block(next + (b * G + static_cast<std::size_t>(g)) * q8p_block_bytes, 0);
+    if constexpr (C == 1)
+      prefetch_block(grp[0] + b * q8p_block_bytes, decode_prefetch_blocks);
+    else
+      ahead.step();
     for (int j = 0; j < 8; ++j) {
       __m512i wv[G];
       for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(grp[g] + b * q8p_block_bytes + 64 * j);
@@ -829,6 +837,7 @@ void tile(const std::byte* const* grp, const unsigned* valid, std::size_t nb, co
 
 constexpr int max_groups = 2;
 constexpr int max_tokens = 6;
+constexpr std::size_t prefetch_shares = 6;  // token tiles that prefetch the next groups: a batch of 32's all
 constexpr int decode_groups = 1;
 
 #else  // AVX2, AVX-VNNI: 8 rows per register, half h of a group at bytes 32h
@@ -918,10 +927,21 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
   const std::size_t r0 = rb + g0 * q8p_group_rows;
 #if defined(EXA_K_AVX512)
   // With few token tiles per group (batched decode) the weights stream from
-  // memory once per step: prefetch the next groups while the first tile runs.
+  // memory once per step: the next G groups (after these in memory) are
+  // prefetched while these run, each token tile taking an even share of
+  // their bytes, spread over its blocks. (All of it in the first tile, 18
+  // prefetches a block, stalled on full miss buffers: a fifth of the batch-32
+  // tile's samples sat on its prefetch instructions.)
   const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
   const std::byte* next = n_tokens > 1 && g0 + 2 * G <= n_groups ? grp[G - 1] + gbytes : nullptr;
-  const auto run = [&]<int C>(std::size_t t) { tile<G, C>(grp, valid, nb, a, t, y, ys, r0, t == 0 ? next : nullptr); };
+  // A prefill's many tiles: the first few share it.
+  const std::size_t span = G * gbytes,
+                    shares = std::min<std::size_t>((n_tokens + max_tokens - 1) / max_tokens, prefetch_shares);
+  const auto run = [&]<int C>(std::size_t t) {
+    const std::size_t k = t / max_tokens;
+    const std::size_t from = k < shares ? span * k / shares : 0, to = k < shares ? span * (k + 1) / shares : 0;
+    tile<G, C>(grp, valid, nb, a, t, y, ys, r0, next != nullptr && to > from ? next + from : nullptr, to - from);
+  };
 #else
   static_assert(G == 1);
   const auto run = [&]<int C>(std::size_t t) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -239,8 +240,11 @@ struct streamed {
 };
 
 // Streams a greedy completion; `after_event(n)` runs after the n-th event.
-inline streamed stream_completion(std::uint16_t port, const std::string& model, unsigned max_tokens,
-                           const std::function<void(std::size_t)>& after_event = {}) {
+// Empty when the stream could not be read at all. No Catch macro: safe on a
+// client thread (Catch2 v2's assertions are not thread-safe).
+inline std::optional<streamed> try_stream_completion(std::uint16_t port, const std::string& model,
+                                                     unsigned max_tokens,
+                                                     const std::function<void(std::size_t)>& after_event = {}) {
   const std::string body = nlohmann::json{{"model", model},       {"prompt", "Hello"},  {"max_tokens", max_tokens},
                                           {"temperature", 0},     {"ignore_eos", true}, {"stream", true}}
                                .dump();
@@ -260,10 +264,17 @@ inline streamed stream_completion(std::uint16_t port, const std::string& model, 
         if (after_event) after_event(s.events);
       },
       60s);
-  REQUIRE(r.has_value());
+  if (!r) return std::nullopt;
   s.status = r->status;
   if (s.status != 200) s.error += r->body;
   return s;
+}
+
+inline streamed stream_completion(std::uint16_t port, const std::string& model, unsigned max_tokens,
+                                  const std::function<void(std::size_t)>& after_event = {}) {
+  auto s = try_stream_completion(port, model, max_tokens, after_event);
+  REQUIRE(s.has_value());
+  return *s;
 }
 
 

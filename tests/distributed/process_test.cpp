@@ -259,7 +259,7 @@ TEST_CASE("kill -9 of a gateway: another keeps serving, and the dead one's reque
   std::atomic<bool> streaming{false};
   std::thread client([&] {
     try {
-      (void)stream_completion(c.http_port(0), "slow", 600, [&](std::size_t n) {
+      (void)try_stream_completion(c.http_port(0), "slow", 600, [&](std::size_t n) {
         if (n == 4) streaming = true;
       });
     } catch (...) {

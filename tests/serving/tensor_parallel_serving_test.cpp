@@ -47,9 +47,19 @@ struct tp_server {
     cluster->stop();
   }
 
-  std::string complete(const std::string& prompt, std::uint32_t max_tokens) {
+  // No Catch macro here: client threads call it (Catch2 v2's assertions and
+  // INFO are not thread-safe; from threads they corrupted its message stack,
+  // a "double free or corruption" about 1 run in 60).
+  test::http_response request(const std::string& prompt, std::uint32_t max_tokens) {
     const auto body = json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens}}.dump();
-    const auto r = test::http_request(door->http_port(), "POST", "/v1/completions", body);
+    return test::http_request(door->http_port(), "POST", "/v1/completions", body);
+  }
+
+  std::string complete(const std::string& prompt, std::uint32_t max_tokens) {
+    return text_of(request(prompt, max_tokens));
+  }
+
+  static std::string text_of(const test::http_response& r) {
     INFO(r.body);
     REQUIRE(r.status == 200);
     const auto j = json::parse(r.body);
@@ -77,11 +87,13 @@ TEST_CASE("a tensor_parallel 2 deployment serves on both devices, the same text 
     std::vector<std::string> texts;
     for (int i = 0; i < 3; ++i) texts.push_back(s.complete("tensor parallel " + std::to_string(i), 32));
     // Concurrent requests batch together on the group and keep their text.
-    std::vector<std::string> concurrent(3);
+    std::vector<test::http_response> responses(3);
     std::vector<std::thread> clients;
     for (int i = 0; i < 3; ++i)
-      clients.emplace_back([&, i] { concurrent[i] = s.complete("tensor parallel " + std::to_string(i), 32); });
+      clients.emplace_back([&, i] { responses[i] = s.request("tensor parallel " + std::to_string(i), 32); });
     for (auto& t : clients) t.join();
+    std::vector<std::string> concurrent;
+    for (const auto& r : responses) concurrent.push_back(tp_server::text_of(r));
     CHECK(concurrent == texts);
     const auto st = s.status();
     REQUIRE(st.replicas.size() == 1);

@@ -166,6 +166,8 @@ class llama_forward final : public forward_executor {
   activations other_acts_;  // for a weight whose type needs another conversion
   // y = xn · Wᵀ, reusing xn_acts_ when it already serves w.
   void project(const model::weight_view& w, std::size_t n_tok, float* y, std::size_t y_stride);
+  // Several projections of xn_ (Q, K, V; gate, up).
+  void project_all(std::span<const matmul_target> targets, std::size_t n_tok);
   // fn(t) for every token of the batch, across the pool.
   template <class Fn>
   void for_tokens(std::size_t n_tok, Fn&& fn);

@@ -190,36 +190,63 @@ void matmul_rows(const model::weight_view& w, const activations& a, float* y, st
   activations_access::table(a).rows(w, activations_access::view(a), a.tokens(), y, y_stride, row_begin, row_end);
 }
 
+namespace {
+
+// Threads take chunks of whole tiles: units of 24 rows, which every tile
+// height divides, so only a matrix's last rows fall to 1-row tiles. Units
+// of 96 rows split 256 rows 160 : 96 between two threads, 25 % over an even
+// share. Q8_0 runs 16-row groups (q8_pack.hpp): units of 16 keep each chunk
+// on whole groups of the packed copy.
+std::size_t row_unit(const model::weight_view& w) noexcept {
+  return w.type == tensor_type::q8_0 ? q8p_group_rows : row_multiple / 2;
+}
+
+// How many chunks a thread's share is cut into: a prefill's many tokens
+// make each unit a lot of work, so small chunks (16 a thread) cost little
+// and even out an uneven core. A batch of decodes (4-64 tokens) streams
+// each chunk's weights from memory once, and the tiles prefetch the next
+// rows only within a chunk (q8p: the next pair of groups; float tiles: the
+// next row block): 2 a thread keep those streams long. Alternated pairs on
+// the Emerald Rapids host, 2 threads, batch 32 against 16 a thread: q8_0
+// 1.15x, f32 1.11x, f16 1.16x; against 4 a thread, q8_0 1.16x, f32 1.04x;
+// 8 a thread was slower than 4 (0.93x). One or two tokens: 4 a thread.
+// (One thread runs the whole matrix as one chunk whatever this says.)
+std::size_t chunks_per_thread(std::size_t tokens) noexcept { return tokens < 4 ? 4 : tokens <= 64 ? 2 : 16; }
+
+}  // namespace
+
 void matmul(const model::weight_view& w, const activations& a, float* y, std::size_t y_stride,
             thread_pool& pool) {
-  if (a.tokens() == 0) return;
-  EXA_ASSERT_MSG(a.serves(w.type, w.cols), "activations converted for another weight");
+  const matmul_target one{&w, y, y_stride};
+  matmul_many(std::span<const matmul_target>(&one, 1), a, pool);
+}
+
+void matmul_many(std::span<const matmul_target> targets, const activations& a, thread_pool& pool) {
+  if (a.tokens() == 0 || targets.empty()) return;
   const kernel_acts p = activations_access::view(a);
   const kernel_table& k = activations_access::table(a);
-  // Threads take chunks of whole tiles: units of 24 rows, which every tile
-  // height divides, so only a matrix's last rows fall to 1-row tiles. Units
-  // of 96 rows split 256 rows 160 : 96 between two threads, 25 % over an even
-  // share. Q8_0 runs 16-row groups (q8_pack.hpp): units of 16 keep each chunk
-  // on whole groups of the packed copy.
-  //
-  // How many chunks a thread's share is cut into: a prefill's many tokens
-  // make each unit a lot of work, so small chunks (16 a thread) cost little
-  // and even out an uneven core. A batch of decodes (4-64 tokens) streams
-  // each chunk's weights from memory once, and the tiles prefetch the next
-  // rows only within a chunk (q8p: the next pair of groups; float tiles: the
-  // next row block): 2 a thread keep those streams long. Alternated pairs on
-  // the Emerald Rapids host, 2 threads, batch 32 against 16 a thread: q8_0
-  // 1.15x, f32 1.11x, f16 1.16x; against 4 a thread, q8_0 1.16x, f32 1.04x;
-  // 8 a thread was slower than 4 (0.93x). One or two tokens: 4 a thread.
-  // (One thread runs the whole matrix as one chunk whatever this says.)
-  const std::size_t unit = w.type == tensor_type::q8_0 ? q8p_group_rows : row_multiple / 2;
-  const std::size_t chunks_per_thread = a.tokens() < 4 ? 4 : a.tokens() <= 64 ? 2 : 16;
+  // Each target's units, numbered one after another.
+  constexpr std::size_t max_targets = 4;
+  EXA_ASSERT_MSG(targets.size() <= max_targets, "matmul_many takes at most 4 matrices");
+  std::size_t first[max_targets + 1] = {};
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const model::weight_view& w = *targets[i].w;
+    EXA_ASSERT_MSG(a.serves(w.type, w.cols), "activations converted for another weight");
+    first[i + 1] = first[i] + (w.rows + row_unit(w) - 1) / row_unit(w);
+  }
   pool.parallel_for(
-      (w.rows + unit - 1) / unit, 1,
+      first[targets.size()], 1,
       [&](std::size_t begin, std::size_t end) {
-        k.rows(w, p, a.tokens(), y, y_stride, begin * unit, std::min<std::size_t>(end * unit, w.rows));
+        for (std::size_t i = 0; i < targets.size(); ++i) {
+          const std::size_t b = std::max(begin, first[i]), e = std::min(end, first[i + 1]);
+          if (b >= e) continue;
+          const model::weight_view& w = *targets[i].w;
+          const std::size_t unit = row_unit(w);
+          k.rows(w, p, a.tokens(), targets[i].y, targets[i].y_stride, (b - first[i]) * unit,
+                 std::min<std::size_t>((e - first[i]) * unit, w.rows));
+        }
       },
-      chunks_per_thread);
+      chunks_per_thread(a.tokens()));
 }
 
 void matmul(const model::weight_view& w, const float* x, std::size_t x_stride, std::size_t n_tokens,

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/aligned_vector.hpp"
@@ -70,6 +71,19 @@ class activations {
 /// y[t * y_stride + r] = Σ_k W[r][k] · x_t[k], rows split across the pool.
 void matmul(const model::weight_view& w, const activations& a, float* y, std::size_t y_stride,
             thread_pool& pool);
+
+/// One matrix product of several on the same activations.
+struct matmul_target {
+  const model::weight_view* w = nullptr;
+  float* y = nullptr;
+  std::size_t y_stride = 0;
+};
+
+/// The products of several matrices (of one type and width, say a layer's
+/// Q, K and V) on the same activations in one parallel_for: one hand-out of
+/// rows and one wait instead of one per matrix, each matrix's rows split as
+/// in matmul (the same results: a row's kernel never depends on the split).
+void matmul_many(std::span<const matmul_target> targets, const activations& a, thread_pool& pool);
 
 /// Same for weight rows [row_begin, row_end) only, on the calling thread (for
 /// callers that split work themselves, and for tile/thread invariance tests).

@@ -169,6 +169,41 @@ TEST_CASE("matmul output does not depend on batch size, tile or row split", "[en
   }
 }
 
+TEST_CASE("several matrices in one hand-out of rows give each one's own product", "[engine][invariance]") {
+  // matmul_many (a layer's Q, K and V in one parallel_for) against one
+  // matmul_rows per matrix, bitwise, on 1 and 2 threads, for a batch of
+  // decodes (2 chunks a thread) and a prefill (16).
+  const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::q8_0);
+  const std::size_t threads = GENERATE(1, 2);
+  const std::size_t n_tok = GENERATE(1, 32, 70);
+  CAPTURE(model::to_string(type), threads, n_tok);
+  auto spec = spec_for(type);
+  spec.mix = model::quant_mix::uniform;
+  auto m = test::make_model(spec);
+  const auto& l = m->weights().layers[0];
+  const model::weight_view* ws[] = {&l.wq, &l.wk, &l.wv};
+  const std::size_t k = l.wq.cols;
+  std::vector<float> x(n_tok * k);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 6151 % 1000) / 500.0 - 1.0);
+  engine::activations acts;
+  acts.convert(type, x.data(), k, n_tok, k, nullptr);
+  engine::thread_pool pool(threads);
+  std::vector<std::vector<float>> want(3), got(3);
+  std::vector<engine::matmul_target> targets;
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(acts.serves(ws[i]->type, ws[i]->cols));
+    want[i].assign(n_tok * ws[i]->rows, 0.0f);
+    got[i].assign(n_tok * ws[i]->rows, -1.0f);
+    engine::matmul_rows(*ws[i], acts, want[i].data(), ws[i]->rows, 0, ws[i]->rows);
+    targets.push_back({ws[i], got[i].data(), ws[i]->rows});
+  }
+  engine::matmul_many(targets, acts, pool);
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i, ws[i]->rows);
+    CHECK(std::memcmp(want[i].data(), got[i].data(), want[i].size() * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("fast activation quantization equals ggml's reference bit for bit", "[engine][quantize]") {
   const auto variant = GENERATE(from_range(test::runnable_isas()));
   test::isa_scope scope(variant);

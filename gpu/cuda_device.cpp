@@ -138,6 +138,15 @@ void cuda_device::finish(task_outcome outcome, executor::completion done) {
       outcome.failure = error{errc::unavailable, "CUDA device " + std::to_string(index_) + ": " + cuda_message("after a task", rc)};
     }
   }
+  // A stream still capturing a graph (a task that failed mid-capture) would
+  // record the callback instead of running it: report at once.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+    record_fault("the stream was left capturing a graph after a task");
+    if (!outcome.failure) outcome.failure = error{errc::unavailable, "CUDA device " + std::to_string(index_) +
+                                                                         ": the stream was left capturing a graph"};
+    return done(std::move(outcome));
+  }
   const auto started = std::chrono::steady_clock::now() -
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            std::chrono::duration<double>(outcome.seconds));

@@ -567,7 +567,17 @@ expected<void> cuda_forward::impl::capture(graph_key key, cudaGraphExec_t& exec)
   // Thread-local capture: other engines' threads keep using CUDA meanwhile.
   if (auto ok = check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"); !ok)
     return ok;
-  enqueue(key.n_tokens, key.n_logits);
+  try {
+    enqueue(key.n_tokens, key.n_logits);
+  } catch (...) {
+    // The stream leaves capture mode before the error goes on: otherwise the
+    // device's completion callback for this task would be captured into a
+    // graph never launched, and the task would never complete.
+    cudaGraph_t discarded = nullptr;
+    cudaStreamEndCapture(stream, &discarded);
+    if (discarded != nullptr) cudaGraphDestroy(discarded);
+    throw;
+  }
   cudaGraph_t graph = nullptr;
   if (auto ok = check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture"); !ok) return ok;
   const cudaError_t rc = cudaGraphInstantiate(&exec, graph, 0);

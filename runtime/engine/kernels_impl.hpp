@@ -935,8 +935,10 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
   const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
   const std::byte* next = n_tokens > 1 && g0 + 2 * G <= n_groups ? grp[G - 1] + gbytes : nullptr;
   // A prefill's many tiles: the first few share it.
-  const std::size_t span = G * gbytes,
-                    shares = std::min<std::size_t>((n_tokens + max_tokens - 1) / max_tokens, prefetch_shares);
+  // (A last tile of one token runs the decode tile, which does not prefetch
+  // the next groups: it takes no share.)
+  const std::size_t tiles = (n_tokens + max_tokens - 1) / max_tokens - (n_tokens % max_tokens == 1 ? 1 : 0);
+  const std::size_t span = G * gbytes, shares = std::max<std::size_t>(1, std::min(tiles, prefetch_shares));
   const auto run = [&]<int C>(std::size_t t) {
     const std::size_t k = t / max_tokens;
     const std::size_t from = k < shares ? span * k / shares : 0, to = k < shares ? span * (k + 1) / shares : 0;

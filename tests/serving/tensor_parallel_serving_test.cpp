@@ -88,10 +88,18 @@ TEST_CASE("a tensor_parallel 2 deployment serves on both devices, the same text 
     for (int i = 0; i < 3; ++i) texts.push_back(s.complete("tensor parallel " + std::to_string(i), 32));
     // Concurrent requests batch together on the group and keep their text.
     std::vector<test::http_response> responses(3);
+    std::vector<std::string> errors(3);
     std::vector<std::thread> clients;
     for (int i = 0; i < 3; ++i)
-      clients.emplace_back([&, i] { responses[i] = s.request("tensor parallel " + std::to_string(i), 32); });
+      clients.emplace_back([&, i] {
+        try {  // a failure must reach the test, not terminate the process
+          responses[i] = s.request("tensor parallel " + std::to_string(i), 32);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
     for (auto& t : clients) t.join();
+    CHECK(errors == std::vector<std::string>(3));
     std::vector<std::string> concurrent;
     for (const auto& r : responses) concurrent.push_back(tp_server::text_of(r));
     CHECK(concurrent == texts);

@@ -842,17 +842,23 @@ constexpr int decode_groups = 1;
 
 #else  // AVX2, AVX-VNNI: 8 rows per register, half h of a group at bytes 32h
 
-// H halves (1 or 2, of one group) × C tokens.
+// H halves (1 or 2, of one group) × C tokens. `pf`, `pf_bytes`: a share of
+// the next group's bytes to prefetch over the blocks, as on AVX-512.
 template <int H, int C>
 void tile(const std::byte* grp, int h0, const unsigned* valid, std::size_t nb, const kernel_acts& a,
-          std::size_t t0, float* y, std::size_t ys, std::size_t r0) noexcept {
+          std::size_t t0, float* y, std::size_t ys, std::size_t r0, const std::byte* pf = nullptr,
+          std::size_t pf_bytes = 0) noexcept {
   const token_rows<C> tok(a, t0);
+  line_prefetch ahead(pf, pf_bytes, nb);
   __m256 acc[H][C];
   for (int h = 0; h < H; ++h)
     for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
   for (std::size_t b = 0; b < nb; ++b) {
     const std::byte* blk = grp + b * q8p_block_bytes;
-    if constexpr (C == 1) prefetch_block(blk, decode_prefetch_blocks);
+    if constexpr (C == 1)
+      prefetch_block(blk, decode_prefetch_blocks);
+    else
+      ahead.step();
     __m256i is[H][C];
     for (int c = 0; c < C; ++c) {
 #if defined(EXA_K_AVXVNNI)
@@ -910,6 +916,7 @@ void tile(const std::byte* grp, int h0, const unsigned* valid, std::size_t nb, c
 }
 
 constexpr int max_tokens = 4;
+constexpr std::size_t prefetch_shares = 8;  // a batch of 32's token tiles
 
 #endif
 
@@ -946,11 +953,20 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
   };
 #else
   static_assert(G == 1);
+  // A batch's token tiles prefetch the next group in shares, as on AVX-512
+  // (the first half's pass of each token tile takes its share).
+  const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
+  const std::byte* next = n_tokens > 1 && g0 + 2 <= n_groups ? grp[0] + gbytes : nullptr;
+  const std::size_t tiles = (n_tokens + max_tokens - 1) / max_tokens - (n_tokens % max_tokens == 1 ? 1 : 0);
+  const std::size_t shares = std::max<std::size_t>(1, std::min(tiles, prefetch_shares));
   const auto run = [&]<int C>(std::size_t t) {
     if constexpr (C == 1) {
       tile<2, 1>(grp[0], 0, valid, nb, a, t, y, ys, r0);  // one token: each weight byte read once
     } else {
-      tile<1, C>(grp[0], 0, valid, nb, a, t, y, ys, r0);
+      const std::size_t k = t / max_tokens;
+      const std::size_t from = k < shares ? gbytes * k / shares : 0, to = k < shares ? gbytes * (k + 1) / shares : 0;
+      tile<1, C>(grp[0], 0, valid, nb, a, t, y, ys, r0, next != nullptr && to > from ? next + from : nullptr,
+                 to - from);
       if (valid[0] > 8) tile<1, C>(grp[0], 1, valid, nb, a, t, y, ys, r0);
     }
   };

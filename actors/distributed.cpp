@@ -525,6 +525,7 @@ expected<std::unique_ptr<gateway_process>> gateway_process::start(gateway_option
   const welcome_msg& w = joined->second;
   auto metrics = cluster_metrics::create();
   router_config rc;
+  rc.await_controller = true;  // a request sent before the controller's list arrives waits for it
   rc.table.default_policy = o.default_routing;
   rc.region = o.region;
   rc.admission.queued_per_model_max = o.queued_per_model_max;

@@ -59,6 +59,10 @@ void refuse(const route_request& m, error e, std::uint32_t retry_after_ms = 0) {
 
 bool is_starting(self_ptr self, const std::string& model) { return self->state.starting.count(model) != 0; }
 
+// Model names a router that has not had the controller's list yet holds
+// requests for (await_controller): beyond them it refuses at once.
+constexpr std::size_t unheard_models_max = 64;
+
 // The gateway opens the deployment's file itself (no pointer crosses from
 // the controller). A simulated model (preset reference) has no tokenizer.
 std::shared_ptr<const model::llama_model> open_tokenizer(const deployment_announce& d) {
@@ -353,6 +357,14 @@ void on_route(self_ptr self, const route_request& m) {
   // Another tenant's deployment is answered exactly like one that does not exist.
   if (dep != st.deployments.end() && !auth::visible_to(m.request.tenant, dep->second.info.tenant)) dep = st.deployments.end();
   const bool hidden = dep == st.deployments.end() && st.deployments.count(m.request.model) > 0;
+  if (dep == st.deployments.end() && !hidden && !is_starting(self, m.request.model) && !st.view_complete) {
+    // The controller's list has not come yet: wait for it as for a starting
+    // deployment. Bounded: so many unheard-of names are refused at once.
+    if (st.starting.size() >= unheard_models_max)
+      return refuse(m, {errc::unavailable, "model '" + m.request.model +
+                                               "' is not known yet: this gateway has not heard from the controller"});
+    st.starting.insert(m.request.model);
+  }
   if (dep == st.deployments.end() && !hidden && is_starting(self, m.request.model)) {
     auto& waiting = st.waiting_for_start[m.request.model];
     if (waiting.size() >= st.config.admission.queued_per_model_max)
@@ -735,6 +747,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
   st.config = std::move(config);
   st.metrics = std::move(metrics);
   st.starting.insert(st.config.starting.begin(), st.config.starting.end());
+  st.view_complete = !st.config.await_controller;
   auto table = cluster::replica_table::create(st.config.table);
   auto admission = cluster::admission_controller::create(st.config.admission);
   if (!table || !admission) {
@@ -779,6 +792,7 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
       },
       [=](const deployment_set& m) {
         auto& s = self->state;
+        s.view_complete = true;  // from now on an unknown model is refused at once
         const std::set<std::string> known(m.names.begin(), m.names.end());
         std::vector<std::string> gone;
         for (const auto& [name, d] : s.deployments)

@@ -35,6 +35,14 @@ struct router_config {
   /// for deployment_starting) instead of being refused as unknown before the
   /// controller's first announcement reaches this router.
   std::vector<std::string> starting;
+  /// A gateway process's router: until the controller's first full list of
+  /// deployments (deployment_set, sent when the gateway joins), a request to
+  /// a model it has not heard of waits (as for a starting deployment, bounded
+  /// by the queue limits and the deadline) instead of being refused as
+  /// unknown; the list then answers those the controller does not have.
+  /// (Without it a request sent just as a gateway started got 404 for a
+  /// configured model.)
+  bool await_controller = false;
   cluster::replica_table_config table;
   cluster::admission_config admission;
   std::uint32_t request_deadline_ms = 120000;
@@ -134,6 +142,8 @@ struct router_state {
   /// their announce): a request for one waits for it, bounded, instead of
   /// being told it does not exist.
   std::set<std::string> starting;
+  /// False until the controller's first deployment_set when await_controller.
+  bool view_complete = true;
   /// Deployments scaled to zero (deployment_cold), and those woken by a
   /// request whose first replica is not ready yet: requests wait for them
   /// (in waiting_for_start, bounded by the queue limit and the deadline).

@@ -6,6 +6,12 @@
 #include <map>
 #include <optional>
 
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/router_actor.hpp"
 #include "cluster_fixture.hpp"
 
 using namespace exa;
@@ -178,4 +184,55 @@ TEST_CASE("a gateway of a region uses its region's replicas and spills over when
   for (const auto& r : f.status().replicas)
     if (r.id == spilled->result->replica) served_on = r.node;
   CHECK(served_on == 0);
+}
+
+TEST_CASE("a gateway's router holds requests for unheard-of models until the controller's list comes", "[actors][routing]") {
+  // A gateway process's router (await_controller) before the controller's
+  // first deployment_set: a request to a model it has not heard of waits
+  // instead of 404 (a configured model's request could arrive first); the
+  // list then refuses those the controller does not have, and from then on
+  // an unknown model is refused at once. The embedded cluster's router
+  // (without it) refuses at once from the start.
+  auto o = test::cluster_fixture::defaults(1);
+  o.deployments.clear();
+  test::cluster_fixture f(o);
+  f.run();
+  const auto spawn = [&](bool await) {
+    actors::router_config rc;
+    rc.await_controller = await;
+    return f.system().spawn(actors::router_actor, rc, std::shared_ptr<actors::cluster_metrics>{});
+  };
+  const auto send = [&](const caf::actor& router, std::string id, std::string model) {
+    auto r = request(std::move(id));
+    r.model = std::move(model);
+    auto sink = std::make_shared<test::recording_sink>();
+    caf::anon_send(router, actors::route_request{r, sink});
+    return sink;
+  };
+  auto gateway = spawn(true);
+  auto early = send(gateway, "early", "tiny");
+  auto stray = send(gateway, "stray", "nope");
+  f.run();
+  CHECK_FALSE(early->result.has_value());
+  CHECK_FALSE(stray->result.has_value());
+  caf::anon_send(gateway, actors::deployment_set{{"tiny"}});  // the controller has "tiny", still starting
+  f.run();
+  REQUIRE(stray->result.has_value());
+  REQUIRE(stray->result->err.has_value());
+  CHECK(stray->result->err->code == errc::not_found);
+  CHECK_FALSE(early->result.has_value());  // waits for tiny's start, as a starting deployment's requests do
+  auto late = send(gateway, "late", "nope");
+  f.run();
+  REQUIRE(late->result.has_value());
+  REQUIRE(late->result->err.has_value());
+  CHECK(late->result->err->code == errc::not_found);
+
+  auto embedded = spawn(false);
+  auto at_once = send(embedded, "at-once", "tiny");
+  f.run();
+  REQUIRE(at_once->result.has_value());
+  REQUIRE(at_once->result->err.has_value());
+  CHECK(at_once->result->err->code == errc::not_found);
+  for (const auto& r : {gateway, embedded}) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  f.run();
 }

@@ -920,6 +920,34 @@ constexpr std::size_t prefetch_shares = 8;  // a batch of 32's token tiles
 
 #endif
 
+// With few token tiles per group (batched decode) the weights stream from
+// memory once per step: the next groups (after these in memory, `span`
+// bytes) are prefetched while these run, each token tile taking an even
+// share of their bytes, spread over its blocks (line_prefetch). All of it in
+// the first tile, 18 prefetches a block on AVX-512, stalled on full miss
+// buffers: a fifth of the batch-32 tile's samples sat on its prefetch
+// instructions. A prefill's many tiles: the first few share it. A last tile
+// of one token runs the decode tile, which does not prefetch the next
+// groups: it takes no share.
+struct next_groups {
+  const std::byte* next = nullptr;
+  std::size_t span = 0, shares = 1;
+  next_groups(const std::byte* after, std::size_t span_bytes, std::size_t n_tokens) noexcept
+      : next(n_tokens > 1 ? after : nullptr), span(span_bytes) {
+    const std::size_t tiles =
+        (n_tokens + max_tokens - 1) / max_tokens - (n_tokens % max_tokens == 1 ? 1 : 0);
+    shares = std::max<std::size_t>(1, std::min(tiles, prefetch_shares));
+  }
+  /// The share of the token tile that starts at token t: its first byte
+  /// (null for none) and its length.
+  std::pair<const std::byte*, std::size_t> share(std::size_t t) const noexcept {
+    const std::size_t k = t / max_tokens;
+    if (next == nullptr || k >= shares) return {nullptr, 0};
+    const std::size_t from = span * k / shares, to = span * (k + 1) / shares;
+    return {next + from, to - from};
+  }
+};
+
 // Runs token tiles of C, then the remainder, over groups [g0, g0 + G).
 template <int G>
 void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size_t n_rows, std::size_t nb,
@@ -932,41 +960,21 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
     valid[g] = static_cast<unsigned>(std::min<std::size_t>(q8p_group_rows, n_rows - first));
   }
   const std::size_t r0 = rb + g0 * q8p_group_rows;
-#if defined(EXA_K_AVX512)
-  // With few token tiles per group (batched decode) the weights stream from
-  // memory once per step: the next G groups (after these in memory) are
-  // prefetched while these run, each token tile taking an even share of
-  // their bytes, spread over its blocks. (All of it in the first tile, 18
-  // prefetches a block, stalled on full miss buffers: a fifth of the batch-32
-  // tile's samples sat on its prefetch instructions.)
   const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
-  const std::byte* next = n_tokens > 1 && g0 + 2 * G <= n_groups ? grp[G - 1] + gbytes : nullptr;
-  // A prefill's many tiles: the first few share it.
-  // (A last tile of one token runs the decode tile, which does not prefetch
-  // the next groups: it takes no share.)
-  const std::size_t tiles = (n_tokens + max_tokens - 1) / max_tokens - (n_tokens % max_tokens == 1 ? 1 : 0);
-  const std::size_t span = G * gbytes, shares = std::max<std::size_t>(1, std::min(tiles, prefetch_shares));
+  const next_groups ahead(g0 + 2 * G <= n_groups ? grp[G - 1] + gbytes : nullptr, G * gbytes, n_tokens);
+#if defined(EXA_K_AVX512)
   const auto run = [&]<int C>(std::size_t t) {
-    const std::size_t k = t / max_tokens;
-    const std::size_t from = k < shares ? span * k / shares : 0, to = k < shares ? span * (k + 1) / shares : 0;
-    tile<G, C>(grp, valid, nb, a, t, y, ys, r0, next != nullptr && to > from ? next + from : nullptr, to - from);
+    const auto [pf, pf_bytes] = ahead.share(t);
+    tile<G, C>(grp, valid, nb, a, t, y, ys, r0, pf, pf_bytes);
   };
 #else
   static_assert(G == 1);
-  // A batch's token tiles prefetch the next group in shares, as on AVX-512
-  // (the first half's pass of each token tile takes its share).
-  const std::size_t n_groups = (n_rows + q8p_group_rows - 1) / q8p_group_rows;
-  const std::byte* next = n_tokens > 1 && g0 + 2 <= n_groups ? grp[0] + gbytes : nullptr;
-  const std::size_t tiles = (n_tokens + max_tokens - 1) / max_tokens - (n_tokens % max_tokens == 1 ? 1 : 0);
-  const std::size_t shares = std::max<std::size_t>(1, std::min(tiles, prefetch_shares));
   const auto run = [&]<int C>(std::size_t t) {
     if constexpr (C == 1) {
       tile<2, 1>(grp[0], 0, valid, nb, a, t, y, ys, r0);  // one token: each weight byte read once
     } else {
-      const std::size_t k = t / max_tokens;
-      const std::size_t from = k < shares ? gbytes * k / shares : 0, to = k < shares ? gbytes * (k + 1) / shares : 0;
-      tile<1, C>(grp[0], 0, valid, nb, a, t, y, ys, r0, next != nullptr && to > from ? next + from : nullptr,
-                 to - from);
+      const auto [pf, pf_bytes] = ahead.share(t);  // the first half's pass takes the tile's share
+      tile<1, C>(grp[0], 0, valid, nb, a, t, y, ys, r0, pf, pf_bytes);
       if (valid[0] > 8) tile<1, C>(grp[0], 1, valid, nb, a, t, y, ys, r0);
     }
   };

@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include <immintrin.h>

@@ -203,6 +203,8 @@ inline float vhsum(v16 a) noexcept {
                          _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0xee));
   return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
 }
+/// The lane of vhsum16's result that holds register v's sum.
+constexpr int vhsum16_lane(int v) noexcept { return 4 * (v % 4) + v / 4; }
 #endif
 
 // fn.template operator()<K>(i) for i = 0, Max, 2·Max, ... over whole chunks
@@ -369,7 +371,7 @@ void float_tile(row_span w, std::size_t r0, const float* x, std::size_t x_stride
       for (int i = 0; i < 16; ++i) {
         if (g + i >= n) break;
         const int r = (g + i) / C, c = (g + i) % C;
-        float s = sums[4 * (i % 4) + i / 4];
+        float s = sums[vhsum16_lane(i)];
         for (std::size_t k = k_full; k < w.cols; ++k) s = fma1(Row::at(rows[r], k), xs[c][k], s);
         y[(t0 + c) * y_stride + r0 + r] = s;
       }
@@ -1819,7 +1821,7 @@ void dot_f16_heads16(const float* q, std::size_t q_stride, const std::uint16_t* 
   _mm512_store_ps(sums, vhsum16(acc));
   for (std::size_t v = 0; v < R * H; ++v) {
     const std::size_t r = v / H, h = v % H;
-    float s = sums[4 * (v % 4) + v / 4];
+    float s = sums[vhsum16_lane(static_cast<int>(v))];
     for (std::size_t t = e; t < n; ++t) s = fma1(q[h * q_stride + t], h2f(k[r * stride + t]), s);
     out[h * out_stride + r] = s;
   }

@@ -115,7 +115,9 @@ if [ -n "$prebuilt" ]; then
     note "the bundle's programs cannot load here (above): glibc $(ldd --version | head -1 | awk '{print $NF}'), bundle needs $(grep -s glibc_needed "$prebuilt/BUILD_INFO" | cut -d= -f2)"
     exit 1
   fi
-  if command -v cuobjdump >/dev/null 2>&1 && ! cuobjdump --list-elf "$bin/cuda_gpu_test" 2>/dev/null | grep -q "sm_$arch"; then
+  # The listing is read whole before grep: with pipefail, `grep -q` leaving
+  # early kills cuobjdump with SIGPIPE and the pipeline reads as "not found".
+  if command -v cuobjdump >/dev/null 2>&1 && ! grep -q "sm_$arch" <<<"$(cuobjdump --list-elf "$bin/cuda_gpu_test" 2>/dev/null)"; then
     note "warning: the bundle has no sm_$arch machine code; the driver will compile its PTX (slow first launch)"
   fi
 else
@@ -158,8 +160,9 @@ else
     grep -q "building the CUDA device" "$logs/configure.log" || { note "CMake did not enable CUDA (see configure.log)"; exit 1; }
   fi
   targets=(exaserve cuda_gpu_test)
+  help="$(cmake --build "$build" --target help 2>/dev/null)"  # whole: see the cuobjdump note
   for t in cuda_device_test nccl_test cuda_tp_gpu_test; do
-    cmake --build "$build" --target help 2>/dev/null | grep -q "^${t}[: ]" && targets+=("$t")
+    grep -q "^${t}[: ]" <<<"$help" && targets+=("$t")
   done
   note "targets: ${targets[*]}"
   if ! timeout 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
@@ -173,7 +176,7 @@ fi
 
 # NCCL is loaded at run time (dlopen libnccl.so.2): where the system has none,
 # the one of the Python NCCL wheel, if any, will do.
-if ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2'; then
+if ! grep -q 'libnccl.so.2' <<<"$(ldconfig -p 2>/dev/null)"; then
   wheels="$(timeout 30 env -u LD_LIBRARY_PATH python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)"
   nccl_dir=""
   [ -n "$wheels" ] && nccl_dir="$(dirname "$(find "$wheels" -name 'libnccl.so.2' 2>/dev/null | head -1)")"

@@ -112,22 +112,31 @@ void llama_forward::project_all(std::span<const matmul_target> targets, std::siz
   for (const matmul_target& t : targets) project(*t.w, n_tok, t.y, t.y_stride);
 }
 
-void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std::size_t t, std::size_t kv_head,
+void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, attend_run run, std::size_t kv_head,
                            attend_scratch& s) {
-  const forward_token& tok = batch.tokens[t];
-  const std::vector<block_id>& table = *batch.tables[tok.seq_index];
+  const forward_token& first = batch.tokens[run.first];
+  const std::vector<block_id>& table = *batch.tables[first.seq_index];
   const std::size_t hd = config_.head_dim();
-  // The query heads that share this KV head, each against every position:
-  // per head the same operations as one head at a time.
+  // The query heads that share this KV head, of each token of the run, each
+  // against every position it sees: per head the same operations as one
+  // head of one token at a time. Head i of the run is token i / group's
+  // head head0 + i % group.
   const std::size_t group = n_heads_ / n_kv_heads_;
   const std::size_t head0 = kv_head * group;
+  const std::size_t heads = run.count * group;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  s.q.resize(group * hd);
-  // The group's heads are adjacent: round them to f16 in one call.
-  kernels_->round_f16(q_.data() + t * q_dim_ + head0 * hd, s.q.data(), group * hd);
+  s.q.resize(heads * hd);
+  // A token's heads of the group are adjacent: round them to f16 in one call.
+  for (std::size_t i = 0; i < run.count; ++i)
+    kernels_->round_f16(q_.data() + (run.first + i) * q_dim_ + head0 * hd, s.q.data() + i * group * hd, group * hd);
 
-  const std::size_t n = std::size_t{tok.pos} + 1;
-  s.scores.resize(group * n);
+  // The run's first token sees positions [0, n_first), its i-th [0, n_first + i).
+  const std::size_t n_first = std::size_t{first.pos} + 1;
+  const std::size_t n = n_first + run.count - 1;
+  // Every head's scores against all n positions, rows n apart: the last
+  // tokens' positions are scored for the earlier tokens too (they are in the
+  // cache: the batch stored its K and V first) and not used.
+  s.scores.resize(heads * n);
   float* scores = s.scores.data();
   // One KV block at a time: its positions' K (and V) vectors are kv_dim apart.
   const std::uint32_t bt = cache_.layout().block_tokens;
@@ -144,21 +153,40 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, std:
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
     if (j0 + bt < n) fetch(cache_.k(table, layer, j0 + bt) + kv_head * hd, std::min<std::size_t>(bt, n - j0 - bt));
     else fetch(cache_.v(table, layer, 0) + kv_head * hd, std::min<std::size_t>(bt, n));
-    kernels_->dot_f16_rows(s.q.data(), hd, group, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd,
+    kernels_->dot_f16_rows(s.q.data(), hd, heads, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd,
                            scores + j0, n);
   }
-  for (std::size_t h = 0; h < group; ++h) {
-    for (std::size_t j = 0; j < n; ++j) scores[h * n + j] *= scale;
-    kernels_->softmax(scores + h * n, n);
+  for (std::size_t h = 0; h < heads; ++h) {
+    const std::size_t seen = n_first + h / group;
+    for (std::size_t j = 0; j < seen; ++j) scores[h * n + j] *= scale;
+    kernels_->softmax(scores + h * n, seen);
   }
-  float* out = att_.data() + t * q_dim_ + head0 * hd;  // the group's heads are adjacent
-  for (std::size_t i = 0; i < group * hd; ++i) out[i] = 0.0f;
+  // One token: its group's heads are adjacent in att_, summed there. More:
+  // summed in s.out, head after head, then copied.
+  float* out = att_.data() + run.first * q_dim_ + head0 * hd;
+  if (run.count > 1) {
+    s.out.resize(heads * hd);
+    out = s.out.data();
+  }
+  for (std::size_t i = 0; i < heads * hd; ++i) out[i] = 0.0f;
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
     if (j0 + bt < n) fetch(cache_.v(table, layer, j0 + bt) + kv_head * hd, std::min<std::size_t>(bt, n - j0 - bt));
-    kernels_->axpy_f16_rows(scores + j0, n, group, cache_.v(table, layer, j0) + kv_head * hd, stride, m, hd, out,
-                            hd);
+    const std::uint16_t* v = cache_.v(table, layer, j0) + kv_head * hd;
+    // The positions every token sees, for all heads; then each later
+    // position for the tokens that see it (the run's last ones), in order:
+    // every head still adds its positions one by one, first to last.
+    const std::size_t shared = j0 < n_first ? std::min(m, n_first - j0) : 0;
+    if (shared > 0) kernels_->axpy_f16_rows(scores + j0, n, heads, v, stride, shared, hd, out, hd);
+    for (std::size_t r = shared; r < m; ++r) {
+      const std::size_t h = (j0 + r - n_first + 1) * group;  // the first head that sees position j0 + r
+      kernels_->axpy_f16_rows(scores + h * n + j0 + r, n, heads - h, v + r * stride, stride, 1, hd, out + h * hd,
+                              hd);
+    }
   }
+  if (run.count > 1)
+    for (std::size_t i = 0; i < run.count; ++i)
+      std::copy_n(out + i * group * hd, group * hd, att_.data() + (run.first + i) * q_dim_ + head0 * hd);
 }
 
 expected<void> llama_forward::attention_layer(const forward_batch& batch, std::uint32_t layer) {
@@ -191,11 +219,24 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
 
   // A token's attention costs in proportion to its position, so the last
   // chunks of a prompt are the heaviest: small chunks keep the threads even.
+  // Runs of one sequence's consecutive tokens share each K and V row's load,
+  // up to 16 query heads a KV head (the AVX-512 dot kernel's accumulators).
+  const std::size_t group = n_heads_ / n_kv_heads_;
+  const std::size_t max_run = std::max<std::size_t>(1, 16 / group);
+  attend_runs_.clear();
+  for (std::size_t t = 0; t < n_tok;) {
+    std::size_t e = t + 1;
+    while (e < n_tok && e - t < max_run && batch.tokens[e].seq_index == batch.tokens[t].seq_index &&
+           batch.tokens[e].pos == batch.tokens[e - 1].pos + 1)
+      ++e;
+    attend_runs_.push_back({static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(e - t)});
+    t = e;
+  }
   pool_.parallel_for(
-      n_tok * n_kv_heads_, 1,
+      attend_runs_.size() * n_kv_heads_, 1,
       [&](std::size_t begin, std::size_t end) {
         attend_scratch s;
-        for (std::size_t i = begin; i < end; ++i) attend(batch, layer, i / n_kv_heads_, i % n_kv_heads_, s);
+        for (std::size_t i = begin; i < end; ++i) attend(batch, layer, attend_runs_[i / n_kv_heads_], i % n_kv_heads_, s);
       },
       16);
   matmul(w.wo, att_.data(), q_dim, n_tok, proj_.data(), dim, pool_, other_acts_);

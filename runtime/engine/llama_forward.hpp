@@ -131,10 +131,17 @@ class llama_forward final : public forward_executor {
   // Sums `n` floats over the group in place; nothing on one device.
   expected<void> all_reduce(float* data, std::size_t n);
   struct attend_scratch {
-    std::vector<float> q, scores;  // the group's queries, rounded; their scores
+    std::vector<float> q, scores, out;  // the run's queries, rounded; their scores; their sums
   };
-  // Token t's query heads that share KV head `kv_head`.
-  void attend(const forward_batch& batch, std::uint32_t layer, std::size_t t, std::size_t kv_head,
+  /// A run of the batch's tokens [first, first + count): one sequence at
+  /// consecutive positions (a prompt's chunk, a speculative step).
+  struct attend_run {
+    std::uint32_t first = 0, count = 0;
+  };
+  // The query heads that share KV head `kv_head`, of every token of the run:
+  // each K and V row is loaded and converted once for all of them. Per head
+  // the same operations as one head of one token at a time.
+  void attend(const forward_batch& batch, std::uint32_t layer, attend_run run, std::size_t kv_head,
               attend_scratch& s);
 
   model::llama_config config_;
@@ -164,6 +171,7 @@ class llama_forward final : public forward_executor {
   aligned_vector<float> rope_cs_;  // per token: rope_dim / 2 cosines, then as many sines
   activations xn_acts_;     // xn_ converted once for several weights
   activations other_acts_;  // for a weight whose type needs another conversion
+  std::vector<attend_run> attend_runs_;  // this layer's runs, reused across runs
   // y = xn · Wᵀ, reusing xn_acts_ when it already serves w.
   void project(const model::weight_view& w, std::size_t n_tok, float* y, std::size_t y_stride);
   // Several projections of xn_ (Q, K, V; gate, up).

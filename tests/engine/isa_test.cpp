@@ -293,11 +293,13 @@ TEST_CASE("attention over a KV block for the heads sharing it equals one head at
   // dot_f16_rows / axpy_f16_rows take every query head of a KV group at once
   // (each k and v converted once, and on AVX-512 16 dot products summed by
   // one shuffled tree); per head and row they must give dot_f16 / axpy_f16's
-  // bits, on every variant. Head counts cover every grouping (1-9), rows a
-  // partial last group, widths a 16-lane tail (100) and no full lane (7).
+  // bits, on every variant. Head counts cover every grouping (1-9) and the
+  // runs of several tokens' heads (12-16), rows two whole blocks of 16 (the
+  // AVX-512 transposed path) and a partial last group, widths a 16-lane tail
+  // (100) and no full lane (7).
   const auto& ref = engine::kernels_for(isa::scalar);
-  for (const std::size_t n : {64, 100, 7}) {
-    for (const std::size_t heads : {1, 2, 3, 4, 5, 8, 9}) {
+  for (const std::size_t n : {64, 128, 100, 7}) {
+    for (const std::size_t heads : {1, 2, 3, 4, 5, 8, 9, 12, 15, 16}) {
       const std::size_t rows = 37, stride = n + 3;
       const auto q = random_floats(heads * n, heads * 10 + n, 2.0f);
       const auto kf = random_floats(rows * stride, n + 1, 2.0f);

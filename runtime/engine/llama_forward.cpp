@@ -219,8 +219,9 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
 
   // A token's attention costs in proportion to its position, so the last
   // chunks of a prompt are the heaviest: small chunks keep the threads even.
-  // Runs of one sequence's consecutive tokens share each K and V row's load,
-  // up to 16 query heads a KV head (the AVX-512 dot kernel's accumulators).
+  // Runs of one sequence's consecutive tokens (a prompt's chunk) share each
+  // K and V row's load and conversion, and the dot kernels' transpose of 16
+  // rows, up to 16 query heads a KV head (a run's scores: 16 rows).
   const std::size_t group = n_heads_ / n_kv_heads_;
   const std::size_t max_run = std::max<std::size_t>(1, 16 / group);
   attend_runs_.clear();

@@ -5,7 +5,9 @@
 // (the per-row path with its shuffled sums), for each count of query heads a
 // call takes (a KV head's group, times the tokens of a prompt run). It prints
 // nanoseconds per (head, row) for both and their ratio: where the transposed
-// path pays for its transpose. Run by hand (docs/PERFORMANCE.md, "Attention:
+// path pays for its transpose. On AVX2 (8 rows at a time) the 15-row calls
+// take their first 8 rows transposed too wherever that path runs, so there
+// the ratio understates it; compare two builds instead. Run by hand (docs/PERFORMANCE.md, "Attention:
 // a prompt's tokens together, and dot products without horizontal sums").
 //
 //   build/bin/attn_probe [head_dim]

@@ -219,20 +219,7 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
 
   // A token's attention costs in proportion to its position, so the last
   // chunks of a prompt are the heaviest: small chunks keep the threads even.
-  // Runs of one sequence's consecutive tokens (a prompt's chunk) share each
-  // K and V row's load and conversion, and the dot kernels' transpose of 16
-  // rows, up to 16 query heads a KV head (a run's scores: 16 rows).
-  const std::size_t group = n_heads_ / n_kv_heads_;
-  const std::size_t max_run = std::max<std::size_t>(1, 16 / group);
-  attend_runs_.clear();
-  for (std::size_t t = 0; t < n_tok;) {
-    std::size_t e = t + 1;
-    while (e < n_tok && e - t < max_run && batch.tokens[e].seq_index == batch.tokens[t].seq_index &&
-           batch.tokens[e].pos == batch.tokens[e - 1].pos + 1)
-      ++e;
-    attend_runs_.push_back({static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(e - t)});
-    t = e;
-  }
+  // The runs (run_layers) go out with each KV head.
   pool_.parallel_for(
       attend_runs_.size() * n_kv_heads_, 1,
       [&](std::size_t begin, std::size_t end) {
@@ -330,6 +317,21 @@ expected<bool> llama_forward::run_layers(const forward_batch& batch, std::vector
     float* cos_t = rope_cs_.data() + t * rope_.rope_dim;
     rope_table(batch.tokens[t].pos, rope_, cos_t, cos_t + rope_.rope_dim / 2);
   });
+
+  // Attention's runs, once for all the layers: one sequence's consecutive
+  // tokens (a prompt's chunk) share each K and V row's load and conversion,
+  // and the dot kernels' transpose of 16 rows, up to 16 query heads a KV
+  // head (a run's scores: 16 rows).
+  const std::size_t max_run = std::max<std::size_t>(1, 16 / (n_heads_ / n_kv_heads_));
+  attend_runs_.clear();
+  for (std::size_t t = 0; t < n_tok;) {
+    std::size_t e = t + 1;
+    while (e < n_tok && e - t < max_run && batch.tokens[e].seq_index == batch.tokens[t].seq_index &&
+           batch.tokens[e].pos == batch.tokens[e - 1].pos + 1)
+      ++e;
+    attend_runs_.push_back({static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(e - t)});
+    t = e;
+  }
 
   // Stage 2l is layer l's attention, 2l + 1 its MLP.
   for (std::uint32_t stage = first_stage; stage < 2 * config_.n_layers; ++stage) {

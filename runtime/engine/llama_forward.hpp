@@ -171,7 +171,7 @@ class llama_forward final : public forward_executor {
   aligned_vector<float> rope_cs_;  // per token: rope_dim / 2 cosines, then as many sines
   activations xn_acts_;     // xn_ converted once for several weights
   activations other_acts_;  // for a weight whose type needs another conversion
-  std::vector<attend_run> attend_runs_;  // this layer's runs, reused across runs
+  std::vector<attend_run> attend_runs_;  // the batch's, set by run_layers for all its layers
   // y = xn · Wᵀ, reusing xn_acts_ when it already serves w.
   void project(const model::weight_view& w, std::size_t n_tok, float* y, std::size_t y_stride);
   // Several projections of xn_ (Q, K, V; gate, up).

@@ -54,8 +54,9 @@ struct step_meta {
 };
 
 /// The KV pages of one layer: page b starts at base + b * page_bytes; inside
-/// a page the layout is the CPU engine's (engine/kv_pages.hpp):
-/// [layer][K, V][slot][kv_dim] in fp16.
+/// a page the layout is engine/kv_pages.hpp's by slot:
+/// [layer][K, V][slot][kv_dim] in fp16 (the CPU forward pass keeps K
+/// transposed in its own pools; no pool is shared between them).
 struct kv_view {
   void* base = nullptr;
   long long page_bytes = 0;

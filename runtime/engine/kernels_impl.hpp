@@ -2033,6 +2033,87 @@ inline void dot_f16_rows(const float* q, std::size_t q_stride, std::size_t heads
   });
 }
 
+// Scores against a KV block whose K is stored transposed (kv_layout's
+// k_transposed): element e of row r at kt[e · kt_stride + r]. out[h ·
+// out_stride + r] = dot_f16(q_h, row r, n) bit for bit: with the rows as
+// lanes, lane l of dot_f16's accumulator for all of them is one register fed
+// the same fused multiply-adds from zero, vhsum's tree is additions of whole
+// registers and the tail lane-wise fused multiply-adds. The rows come
+// already as lanes, so this is dot_f16_rows16_t without its transpose (most
+// of that kernel's time for a decode's few heads). Each element's rows are
+// converted once for all heads. kt_stride: a multiple of 16; the rows up to
+// the next multiple of 16 must be readable (their lanes are dropped); n at
+// most dot_kt_max_n.
+constexpr std::size_t dot_kt_max_n = 256;
+inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* kt,
+                       std::size_t kt_stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
+  const std::size_t full = n / 16 * 16;
+#if defined(EXA_K_AVX512)
+  alignas(64) float kf[16 * dot_kt_max_n];
+  for (std::size_t r0 = 0; r0 < rows; r0 += 16) {
+    const std::size_t live = std::min<std::size_t>(16, rows - r0);
+    const auto mask = static_cast<__mmask16>((1u << live) - 1u);
+    for (std::size_t e = 0; e < n; ++e)
+      _mm512_store_ps(kf + 16 * e,
+                      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + e * kt_stride + r0))));
+    for (std::size_t h = 0; h < heads; ++h) {
+      const float* qh = q + h * q_stride;
+      __m512 y[8];
+      for (std::size_t l = 0; l < 8; ++l) {  // lanes l and l + 8, then l + l+8
+        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+        for (std::size_t c = 0; c < full; c += 16) {
+          a = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + l]), _mm512_load_ps(kf + 16 * (c + l)), a);
+          b = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + 8 + l]), _mm512_load_ps(kf + 16 * (c + 8 + l)), b);
+        }
+        y[l] = _mm512_add_ps(a, b);
+      }
+      for (int w = 4; w > 0; w /= 2)
+        for (int l = 0; l < w; ++l) y[l] = _mm512_add_ps(y[l], y[l + w]);
+      for (std::size_t t = full; t < n; ++t) y[0] = _mm512_fmadd_ps(_mm512_set1_ps(qh[t]), _mm512_load_ps(kf + 16 * t), y[0]);
+      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, y[0]);
+    }
+  }
+#elif defined(EXA_K_AVX2)
+  alignas(32) float kf[8 * dot_kt_max_n];
+  for (std::size_t r0 = 0; r0 < rows; r0 += 8) {
+    const std::size_t live = std::min<std::size_t>(8, rows - r0);
+    const __m256i mask =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(live)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (std::size_t e = 0; e < n; ++e)
+      _mm256_store_ps(kf + 8 * e, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kt + e * kt_stride + r0))));
+    for (std::size_t h = 0; h < heads; ++h) {
+      const float* qh = q + h * q_stride;
+      __m256 y[8];
+      for (std::size_t l = 0; l < 8; ++l) {  // lanes l (lo) and l + 8 (hi), then lo + hi as vhsum
+        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        for (std::size_t c = 0; c < full; c += 16) {
+          a = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + l]), _mm256_load_ps(kf + 8 * (c + l)), a);
+          b = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + 8 + l]), _mm256_load_ps(kf + 8 * (c + 8 + l)), b);
+        }
+        y[l] = _mm256_add_ps(a, b);
+      }
+      for (int w = 4; w > 0; w /= 2)
+        for (int l = 0; l < w; ++l) y[l] = _mm256_add_ps(y[l], y[l + w]);
+      for (std::size_t t = full; t < n; ++t) y[0] = _mm256_fmadd_ps(_mm256_set1_ps(qh[t]), _mm256_load_ps(kf + 8 * t), y[0]);
+      _mm256_maskstore_ps(out + h * out_stride + r0, mask, y[0]);
+    }
+  }
+#else
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t h = 0; h < heads; ++h) {
+      const float* qh = q + h * q_stride;
+      float t[16] = {};
+      for (std::size_t c = 0; c < full; c += 16)
+        for (std::size_t l = 0; l < 16; ++l) t[l] = fma1(qh[c + l], h2f(kt[(c + l) * kt_stride + r]), t[l]);
+      for (std::size_t width = 8; width > 0; width /= 2)
+        for (std::size_t l = 0; l < width; ++l) t[l] = t[l] + t[l + width];
+      float s = t[0];
+      for (std::size_t e = full; e < n; ++e) s = fma1(qh[e], h2f(kt[e * kt_stride + r]), s);
+      out[h * out_stride + r] = s;
+    }
+#endif
+}
+
 inline void axpy_f16_rows(const float* w, std::size_t w_stride, std::size_t heads, const std::uint16_t* v,
                           std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
   in_chunks<attn_heads>(heads, [&]<int H>(std::size_t h) {
@@ -2054,6 +2135,10 @@ void kquant_fn(tensor_type type, const std::byte* row, const block_q8_K* x, std:
 void dot_f16_rows_fn(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
                      std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
   dot_f16_rows(q, q_stride, heads, k, stride, rows, n, out, out_stride);
+}
+void dot_f16_kt_fn(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* kt,
+                   std::size_t kt_stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
+  dot_f16_kt(q, q_stride, heads, kt, kt_stride, rows, n, out, out_stride);
 }
 void axpy_f16_rows_fn(const float* w, std::size_t w_stride, std::size_t heads, const std::uint16_t* v,
                       std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {

@@ -54,6 +54,7 @@ llama_forward::llama_forward(const model::llama_config& config,
   EXA_ASSERT(weights_.layers.size() == config_.n_layers);
   EXA_ASSERT(cache_.layout().n_layers == config_.n_layers);
   EXA_ASSERT(cache_.layout().kv_dim == kv_dim_);
+  k_transposed_ = cache_.layout().block_tokens % 16 == 0 && config_.head_dim() <= 256;
   for (const auto& l : weights_.layers) {
     // A member's shard must be the share its group size implies (tp_weights.hpp).
     EXA_ASSERT_MSG(l.wq.rows == q_dim_ && l.wk.rows == kv_dim_ && l.wv.rows == kv_dim_ && l.wo.cols == q_dim_ &&
@@ -149,12 +150,22 @@ void llama_forward::attend(const forward_batch& batch, std::uint32_t layer, atte
       for (std::size_t b = 0; b < hd * sizeof(std::uint16_t); b += 64)
         __builtin_prefetch(reinterpret_cast<const char*>(rows + r * stride) + b);
   };
+  // Transposed, this head's K in a block is one span: hd rows of bt positions.
+  const auto fetch_kt = [&](const std::uint16_t* kt) {
+    for (std::size_t b = 0; b < hd * bt * sizeof(std::uint16_t); b += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(kt) + b);
+  };
   for (std::uint32_t j0 = 0; j0 < n; j0 += bt) {
     const std::size_t m = std::min<std::size_t>(bt, n - j0);
-    if (j0 + bt < n) fetch(cache_.k(table, layer, j0 + bt) + kv_head * hd, std::min<std::size_t>(bt, n - j0 - bt));
-    else fetch(cache_.v(table, layer, 0) + kv_head * hd, std::min<std::size_t>(bt, n));
-    kernels_->dot_f16_rows(s.q.data(), hd, heads, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd,
+    if (j0 + bt >= n) fetch(cache_.v(table, layer, 0) + kv_head * hd, std::min<std::size_t>(bt, n));
+    else if (k_transposed_) fetch_kt(cache_.k_block(table, layer, j0 + bt) + kv_head * hd * bt);
+    else fetch(cache_.k(table, layer, j0 + bt) + kv_head * hd, std::min<std::size_t>(bt, n - j0 - bt));
+    if (k_transposed_)
+      kernels_->dot_f16_kt(s.q.data(), hd, heads, cache_.k_block(table, layer, j0) + kv_head * hd * bt, bt, m, hd,
                            scores + j0, n);
+    else
+      kernels_->dot_f16_rows(s.q.data(), hd, heads, cache_.k(table, layer, j0) + kv_head * hd, stride, m, hd,
+                             scores + j0, n);
   }
   for (std::size_t h = 0; h < heads; ++h) {
     const std::size_t seen = n_first + h / group;
@@ -209,11 +220,15 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
     rope_rotate(q_.data() + t * q_dim, n_heads_, hd, cos_t, sin_t, rope_);
     rope_rotate(k_.data() + t * kv_dim, n_kv_heads_, hd, cos_t, sin_t, rope_);
     const std::vector<block_id>& table = *batch.tables[tok.seq_index];
-    std::uint16_t* kd = cache_.k(table, layer, tok.pos);
     std::uint16_t* vd = cache_.v(table, layer, tok.pos);
-    for (std::size_t i = 0; i < kv_dim; ++i) {
-      kd[i] = model::float_to_f16(k_[t * kv_dim + i]);
-      vd[i] = model::float_to_f16(v_[t * kv_dim + i]);
+    for (std::size_t i = 0; i < kv_dim; ++i) vd[i] = model::float_to_f16(v_[t * kv_dim + i]);
+    if (k_transposed_) {  // element i of this position at kt[i · bt + slot]
+      const std::uint32_t bt = cache_.layout().block_tokens;
+      std::uint16_t* kt = cache_.k_block(table, layer, tok.pos) + tok.pos % bt;
+      for (std::size_t i = 0; i < kv_dim; ++i) kt[i * bt] = model::float_to_f16(k_[t * kv_dim + i]);
+    } else {
+      std::uint16_t* kd = cache_.k(table, layer, tok.pos);
+      for (std::size_t i = 0; i < kv_dim; ++i) kd[i] = model::float_to_f16(k_[t * kv_dim + i]);
     }
   });
 

@@ -296,7 +296,8 @@ TEST_CASE("attention over a KV block for the heads sharing it equals one head at
   // bits, on every variant. Head counts cover every grouping (1-9) and the
   // runs of several tokens' heads (12-16), rows two whole blocks of 16 (the
   // AVX-512 transposed path) and a partial last group, widths a 16-lane tail
-  // (100) and no full lane (7).
+  // (100) and no full lane (7). dot_f16_kt, on the same rows stored
+  // transposed, must give the same bits.
   const auto& ref = engine::kernels_for(isa::scalar);
   for (const std::size_t n : {64, 128, 100, 7}) {
     for (const std::size_t heads : {1, 2, 3, 4, 5, 8, 9, 12, 15, 16}) {
@@ -305,6 +306,12 @@ TEST_CASE("attention over a KV block for the heads sharing it equals one head at
       const auto kf = random_floats(rows * stride, n + 1, 2.0f);
       std::vector<std::uint16_t> k(kf.size());
       for (std::size_t i = 0; i < k.size(); ++i) k[i] = model::float_to_f16(kf[i]);
+      // The same rows stored transposed (kv_layout::k_transposed): element
+      // e of row i at kt[e · 48 + i], the 11 slots past row 36 padding.
+      const std::size_t kt_stride = 48;
+      std::vector<std::uint16_t> kt(n * kt_stride, model::float_to_f16(1e4f));
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t e = 0; e < n; ++e) kt[e * kt_stride + i] = k[i * stride + e];
       const auto w = random_floats(heads * rows, heads + 7, 1.0f);
       std::vector<float> dot_expect(heads * rows), axpy_expect(heads * n, 0.25f);
       for (std::size_t h = 0; h < heads; ++h)
@@ -320,6 +327,12 @@ TEST_CASE("attention over a KV block for the heads sharing it equals one head at
         t.axpy_f16_rows(w.data(), rows, heads, k.data(), stride, rows, n, acc.data(), n);
         CHECK(same_bits(dots, dot_expect));
         CHECK(same_bits(acc, axpy_expect));
+        // Transposed: whole sets of 16 rows and the partial last one; the
+        // padding's lanes are not written (out is rows apart: they would land
+        // on the next head's scores).
+        std::vector<float> dots_t(heads * rows, -1.0f);
+        t.dot_f16_kt(q.data(), n, heads, kt.data(), kt_stride, rows, n, dots_t.data(), rows);
+        CHECK(same_bits(dots_t, dot_expect));
       }
     }
   }

@@ -7,8 +7,12 @@
 // nanoseconds per (head, row) for both and their ratio: where the transposed
 // path pays for its transpose. On AVX2 (8 rows at a time) the 15-row calls
 // take their first 8 rows transposed too wherever that path runs, so there
-// the ratio understates it; compare two builds instead. Run by hand (docs/PERFORMANCE.md, "Attention:
-// a prompt's tokens together, and dot products without horizontal sums").
+// the ratio understates it; compare two builds instead. Last, the same rows
+// as the CPU forward pass now keeps K (kv_pages::k_block: each block of 16
+// transposed, the 4 KV heads' parts one after another) scored a block a call
+// by dot_f16_kt, and its ratio to the 16-row calls. Run by hand
+// (docs/PERFORMANCE.md, "Attention: a prompt's tokens together, and dot
+// products without horizontal sums", and "K stored transposed").
 //
 //   build/bin/attn_probe [head_dim]
 
@@ -51,8 +55,14 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<std::uint16_t> kv(rows * kv_dim);
   for (auto& x : kv) x = model::float_to_f16(u(rng));
+  // The same rows in blocks of 16, each block's K transposed: element e of
+  // row r at [e · 16 + r], KV head 0's part first (the one scored).
+  std::vector<std::uint16_t> kt(rows * kv_dim);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t e = 0; e < kv_dim; ++e) kt[r / 16 * 16 * kv_dim + e * 16 + r % 16] = kv[r * kv_dim + e];
   std::printf("kernels: %s, head_dim %zu, %zu rows kv_dim apart\n", std::string(engine::to_string(v)).c_str(), hd, rows);
-  std::printf("%6s %16s %16s %8s\n", "heads", "by 16 ns/dot", "by 15 ns/dot", "ratio");
+  std::printf("%6s %16s %16s %8s %16s %8s\n", "heads", "by 16 ns/dot", "by 15 ns/dot", "ratio", "K^T ns/dot",
+              "ratio");
   for (const std::size_t heads : {1, 2, 3, 4, 6, 8, 12, 15, 16}) {
     std::vector<float> q(heads * hd), out(heads * rows);
     for (auto& x : q) x = u(rng);
@@ -71,8 +81,16 @@ int main(int argc, char** argv) {
           sink = sink + out[0];
         },
         reps);
+    const double by_kt = best(
+        [&] {
+          for (std::size_t r = 0; r < rows; r += 16)
+            k.dot_f16_kt(q.data(), hd, heads, kt.data() + r * kv_dim, 16, 16, hd, out.data() + r, rows);
+          sink = sink + out[0];
+        },
+        reps);
     const double per = 1e9 / double(heads * rows);
-    std::printf("%6zu %16.2f %16.2f %8.2f\n", heads, by16 * per, by15 * per, by15 / by16);
+    std::printf("%6zu %16.2f %16.2f %8.2f %16.2f %8.2f\n", heads, by16 * per, by15 * per, by15 / by16, by_kt * per,
+                by16 / by_kt);
   }
   return 0;
 }

@@ -54,7 +54,10 @@ llama_forward::llama_forward(const model::llama_config& config,
   EXA_ASSERT(weights_.layers.size() == config_.n_layers);
   EXA_ASSERT(cache_.layout().n_layers == config_.n_layers);
   EXA_ASSERT(cache_.layout().kv_dim == kv_dim_);
-  k_transposed_ = cache_.layout().block_tokens % 16 == 0 && config_.head_dim() <= 256;
+  // Decided once: a pass that finds another variant active (tests switch)
+  // reads the same layout, every variant having both kernels.
+  k_transposed_ = active_kernels().k_transposed && cache_.layout().block_tokens % 16 == 0 &&
+                  config_.head_dim() <= 256;
   for (const auto& l : weights_.layers) {
     // A member's shard must be the share its group size implies (tp_weights.hpp).
     EXA_ASSERT_MSG(l.wq.rows == q_dim_ && l.wk.rows == kv_dim_ && l.wv.rows == kv_dim_ && l.wo.cols == q_dim_ &&

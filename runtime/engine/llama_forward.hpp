@@ -158,7 +158,8 @@ class llama_forward final : public forward_executor {
   // This member's share (the whole model on one device): query and KV heads,
   // their widths, MLP rows.
   std::size_t n_heads_ = 0, n_kv_heads_ = 0, q_dim_ = 0, kv_dim_ = 0, ff_ = 0;
-  // K stored transposed inside each block (kv_pages.hpp): when a block's
+  // K stored transposed inside each block (kv_pages.hpp): where the variant
+  // active at construction prefers it (kernel_table::k_transposed), a block's
   // positions fill whole sets of 16 and a head is at most 256 wide.
   bool k_transposed_ = false;
   const kernel_table* kernels_ = nullptr;  // the active ISA's, taken at each run()

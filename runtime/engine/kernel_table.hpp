@@ -55,8 +55,9 @@ struct kernel_table {
   /// that measured faster: AVX-512 (bench/attn_probe: 1.07-1.59x per dot at
   /// head dim 64). On AVX2 it measured 0.55-0.95x for 1-4 heads (a broadcast
   /// per multiply-add of 8 lanes), so those keep K by slot. The scalar
-  /// variant, whose speed does not matter, takes it too, so that the engine
-  /// tests run both layouts on every host. Either way the same bits.
+  /// variant (hosts without AVX2, and the reference) takes it too, so that
+  /// the engine tests, which run every variant a host has, cover both layouts
+  /// on every host. Either way the same bits.
   bool k_transposed;
   /// y[t · y_stride + r] for weight rows [row_begin, row_end) and every token.
   void (*rows)(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,

@@ -4,7 +4,7 @@
 // position p to block table[p / block_tokens], slot p % block_tokens. Inside a
 // block the layout is [layer][K, V][slot][kv_dim] in fp16 (as llama.cpp keeps
 // its cache), so one block holds every layer of its positions; the CPU forward
-// pass keeps each layer's K transposed, [kv_dim][slot] (kv_pages::k_block).
+// pass may keep each layer's K transposed, [kv_dim][slot] (kv_pages::k_block).
 //
 // Prefix caching (when enabled): a full block whose positions are all
 // computed is published under its chained hash (prefix_cache.hpp) and from

@@ -44,13 +44,14 @@ class kv_pages {
     return slot(table, layer, 1, pos);
   }
   /// The K part of `layer` in the block holding position `pos`: block_tokens
-  /// × kv_dim values. The CPU forward pass keeps it transposed when
-  /// block_tokens is a multiple of 16 (and a head at most 256 wide): element
-  /// e of the block's slot s at [e · block_tokens + s], so that one KV head's
-  /// keys for a block are one span and a slot's elements are the lanes its
-  /// score kernel wants (kernel_table::dot_f16_kt); else by slot, as k()
-  /// addresses it. The CUDA engine keeps its own pools by slot. Whole blocks
-  /// are copied and shared (prefix caching) the same either way.
+  /// × kv_dim values. The CPU forward pass keeps it transposed where its
+  /// kernel variant prefers that (kernel_table::k_transposed), block_tokens
+  /// is a multiple of 16 and a head at most 256 wide: element e of the
+  /// block's slot s at [e · block_tokens + s], so that one KV head's keys for
+  /// a block are one span and a slot's elements are the lanes its score
+  /// kernel wants (kernel_table::dot_f16_kt); else by slot, as k() addresses
+  /// it. The CUDA engine keeps its own pools by slot. Whole blocks are copied
+  /// and shared (prefix caching, within one engine) the same either way.
   std::uint16_t* k_block(const std::vector<block_id>& table, std::uint32_t layer, std::uint32_t pos) const noexcept {
     return slot(table, layer, 0, pos - pos % layout_.block_tokens);
   }

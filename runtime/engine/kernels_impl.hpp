@@ -2053,25 +2053,32 @@ inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, 
   for (std::size_t r0 = 0; r0 < rows; r0 += 16) {
     const std::size_t live = std::min<std::size_t>(16, rows - r0);
     const auto mask = static_cast<__mmask16>((1u << live) - 1u);
-    for (std::size_t e = 0; e < n; ++e)
-      _mm512_store_ps(kf + 16 * e,
-                      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + e * kt_stride + r0))));
-    for (std::size_t h = 0; h < heads; ++h) {
-      const float* qh = q + h * q_stride;
+    const auto converted = [&](std::size_t e) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + e * kt_stride + r0)));
+    };
+    const auto head = [&](const float* qh, auto&& rows_of) {
       __m512 y[8];
       for (std::size_t l = 0; l < 8; ++l) {  // lanes l and l + 8, then l + l+8
         __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
         for (std::size_t c = 0; c < full; c += 16) {
-          a = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + l]), _mm512_load_ps(kf + 16 * (c + l)), a);
-          b = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + 8 + l]), _mm512_load_ps(kf + 16 * (c + 8 + l)), b);
+          a = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + l]), rows_of(c + l), a);
+          b = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
         }
         y[l] = _mm512_add_ps(a, b);
       }
       for (int w = 4; w > 0; w /= 2)
         for (int l = 0; l < w; ++l) y[l] = _mm512_add_ps(y[l], y[l + w]);
-      for (std::size_t t = full; t < n; ++t) y[0] = _mm512_fmadd_ps(_mm512_set1_ps(qh[t]), _mm512_load_ps(kf + 16 * t), y[0]);
-      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, y[0]);
+      for (std::size_t t = full; t < n; ++t) y[0] = _mm512_fmadd_ps(_mm512_set1_ps(qh[t]), rows_of(t), y[0]);
+      return y[0];
+    };
+    if (heads == 1) {  // nothing to share a conversion with: converted as used (1.1x at head dim 128)
+      _mm512_mask_storeu_ps(out + r0, mask, head(q, converted));
+      continue;
     }
+    for (std::size_t e = 0; e < n; ++e) _mm512_store_ps(kf + 16 * e, converted(e));
+    const auto buffered = [&](std::size_t e) { return _mm512_load_ps(kf + 16 * e); };
+    for (std::size_t h = 0; h < heads; ++h)
+      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, head(q + h * q_stride, buffered));
   }
 #elif defined(EXA_K_AVX2)
   alignas(32) float kf[8 * dot_kt_max_n];
@@ -2079,24 +2086,32 @@ inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, 
     const std::size_t live = std::min<std::size_t>(8, rows - r0);
     const __m256i mask =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(live)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (std::size_t e = 0; e < n; ++e)
-      _mm256_store_ps(kf + 8 * e, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kt + e * kt_stride + r0))));
-    for (std::size_t h = 0; h < heads; ++h) {
-      const float* qh = q + h * q_stride;
+    const auto converted = [&](std::size_t e) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kt + e * kt_stride + r0)));
+    };
+    const auto head = [&](const float* qh, auto&& rows_of) {
       __m256 y[8];
       for (std::size_t l = 0; l < 8; ++l) {  // lanes l (lo) and l + 8 (hi), then lo + hi as vhsum
         __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
         for (std::size_t c = 0; c < full; c += 16) {
-          a = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + l]), _mm256_load_ps(kf + 8 * (c + l)), a);
-          b = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + 8 + l]), _mm256_load_ps(kf + 8 * (c + 8 + l)), b);
+          a = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + l]), rows_of(c + l), a);
+          b = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
         }
         y[l] = _mm256_add_ps(a, b);
       }
       for (int w = 4; w > 0; w /= 2)
         for (int l = 0; l < w; ++l) y[l] = _mm256_add_ps(y[l], y[l + w]);
-      for (std::size_t t = full; t < n; ++t) y[0] = _mm256_fmadd_ps(_mm256_set1_ps(qh[t]), _mm256_load_ps(kf + 8 * t), y[0]);
-      _mm256_maskstore_ps(out + h * out_stride + r0, mask, y[0]);
+      for (std::size_t t = full; t < n; ++t) y[0] = _mm256_fmadd_ps(_mm256_set1_ps(qh[t]), rows_of(t), y[0]);
+      return y[0];
+    };
+    if (heads == 1) {  // nothing to share a conversion with: converted as used
+      _mm256_maskstore_ps(out + r0, mask, head(q, converted));
+      continue;
     }
+    for (std::size_t e = 0; e < n; ++e) _mm256_store_ps(kf + 8 * e, converted(e));
+    const auto buffered = [&](std::size_t e) { return _mm256_load_ps(kf + 8 * e); };
+    for (std::size_t h = 0; h < heads; ++h)
+      _mm256_maskstore_ps(out + h * out_stride + r0, mask, head(q + h * q_stride, buffered));
   }
 #else
   for (std::size_t r = 0; r < rows; ++r)

@@ -52,12 +52,13 @@ struct kernel_table {
   bool q8_0_unsigned_layout;
   /// A forward pass made while this variant is active keeps each KV block's
   /// K transposed and scores it with dot_f16_kt (kv_pages::k_block), where
-  /// that measured faster: AVX-512 (bench/attn_probe: 1.07-1.59x per dot at
-  /// head dim 64). On AVX2 it measured 0.55-0.95x for 1-4 heads (a broadcast
-  /// per multiply-add of 8 lanes), so those keep K by slot. The scalar
-  /// variant (hosts without AVX2, and the reference) takes it too, so that
-  /// the engine tests, which run every variant a host has, cover both layouts
-  /// on every host. Either way the same bits.
+  /// that measured faster: AVX-512 (bench/attn_probe: 1.5-2.1x per dot for a
+  /// decode's 3 heads at head dim 64, 0.95-2.4x over 1-16 heads at 64 and
+  /// 128). On AVX2 it measured 0.71-0.88x for 2-4 heads (a broadcast per
+  /// multiply-add of 8 lanes), so those keep K by slot. The scalar variant
+  /// (hosts without AVX2, and the reference) takes it too, so that the engine
+  /// tests, which run every variant a host has, cover both layouts on every
+  /// host. Either way the same bits.
   bool k_transposed;
   /// y[t · y_stride + r] for weight rows [row_begin, row_end) and every token.
   void (*rows)(const model::weight_view& w, const kernel_acts& a, std::size_t n_tokens, float* y,

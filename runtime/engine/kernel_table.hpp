@@ -82,7 +82,7 @@ struct kernel_table {
   /// share it (grouped-query attention), each k converted once for all.
   void (*dot_f16_rows)(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
                        std::size_t stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride);
-  /// dot_f16_rows for a K block stored transposed (kv_layout::k_transposed):
+  /// dot_f16_rows for a K block stored transposed (kv_pages::k_block):
   /// element e of row i at kt[e · kt_stride + i]. kt_stride a multiple of
   /// 16, rows ≤ kt_stride (the rest of the 16 are read, not written), n at
   /// most 256. The same bits as dot_f16_rows on the same rows.

@@ -2033,17 +2033,17 @@ inline void dot_f16_rows(const float* q, std::size_t q_stride, std::size_t heads
   });
 }
 
-// Scores against a KV block whose K is stored transposed (kv_layout's
-// k_transposed): element e of row r at kt[e · kt_stride + r]. out[h ·
-// out_stride + r] = dot_f16(q_h, row r, n) bit for bit: with the rows as
-// lanes, lane l of dot_f16's accumulator for all of them is one register fed
-// the same fused multiply-adds from zero, vhsum's tree is additions of whole
-// registers and the tail lane-wise fused multiply-adds. The rows come
-// already as lanes, so this is dot_f16_rows16_t without its transpose (most
-// of that kernel's time for a decode's few heads). Each element's rows are
-// converted once for all heads. kt_stride: a multiple of 16; the rows up to
-// the next multiple of 16 must be readable (their lanes are dropped); n at
-// most dot_kt_max_n.
+// Scores against a KV block whose K is stored transposed (kv_pages::k_block):
+// element e of row r at kt[e · kt_stride + r]. out[h · out_stride + r] =
+// dot_f16(q_h, row r, n) bit for bit: with the rows as lanes, lane l of
+// dot_f16's accumulator for all of them is one register fed the same fused
+// multiply-adds from zero, vhsum's tree is additions of whole registers and
+// the tail lane-wise fused multiply-adds. The rows come already as lanes, so
+// this is dot_f16_rows16_t without its transpose (most of that kernel's time
+// for a decode's few heads). Each element's rows are converted once for all
+// heads (one head: as they are used). kt_stride: a multiple of 16; the rows
+// up to the next multiple of 16 must be readable (their lanes are dropped);
+// n at most dot_kt_max_n.
 constexpr std::size_t dot_kt_max_n = 256;
 inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* kt,
                        std::size_t kt_stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {

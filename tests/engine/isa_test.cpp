@@ -306,7 +306,7 @@ TEST_CASE("attention over a KV block for the heads sharing it equals one head at
       const auto kf = random_floats(rows * stride, n + 1, 2.0f);
       std::vector<std::uint16_t> k(kf.size());
       for (std::size_t i = 0; i < k.size(); ++i) k[i] = model::float_to_f16(kf[i]);
-      // The same rows stored transposed (kv_layout::k_transposed): element
+      // The same rows stored transposed (kv_pages::k_block): element
       // e of row i at kt[e · 48 + i], the 11 slots past row 36 padding.
       const std::size_t kt_stride = 48;
       std::vector<std::uint16_t> kt(n * kt_stride, model::float_to_f16(1e4f));

@@ -1905,16 +1905,37 @@ void axpy_f16_heads(const float* w, std::size_t w_stride, const std::uint16_t* v
   }
 }
 
+// One head's dot products for 16 rows held as lanes (rows_of(e): element e
+// of the 16 rows as one register): lane l of dot_f16's accumulator for all
+// of them is one register fed the same fused multiply-adds in the same order
+// from zero (taken as lanes l and l + 8 together), vhsum's tree (l + l+8,
+// + 4, + 2, + 1) is additions of whole registers, and the tail lane-wise
+// fused multiply-adds: lane j is row j's dot_f16, bit for bit. No
+// horizontal step: for short heads (64) that step, not the multiply-adds,
+// was most of the per-row kernel's cost.
+template <class RowsOf>
+[[gnu::always_inline]] inline __m512 lanes_dot16(const float* qh, std::size_t n, RowsOf&& rows_of) noexcept {
+  const std::size_t full = n / 16 * 16;
+  __m512 y[8];
+  for (std::size_t l = 0; l < 8; ++l) {
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    for (std::size_t c = 0; c < full; c += 16) {
+      a = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + l]), rows_of(c + l), a);
+      b = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
+    }
+    y[l] = _mm512_add_ps(a, b);
+  }
+  for (int w = 4; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) y[l] = _mm512_add_ps(y[l], y[l + w]);
+  for (std::size_t t = full; t < n; ++t) y[0] = _mm512_fmadd_ps(_mm512_set1_ps(qh[t]), rows_of(t), y[0]);
+  return y[0];
+}
+
 constexpr std::size_t dot_t16_max_n = 256;  // kt's size: 16 KiB
 // 16 rows against every head with the lanes as rows: the 16 rows' elements
 // are transposed once (kt[16c + l]'s lane j: row j's element 16c + l), then
-// per head lane l of dot_f16's accumulator for all 16 rows is one register,
-// x[l], fed the same fused multiply-adds in the same order from zero, and
-// vhsum's tree (l + l+8, + 4, + 2, + 1) becomes additions of whole
-// registers: x[0]'s lane j is row j's dot product, bit for bit, and the 16
-// land in out with one store. No horizontal step: for short heads (64) that
-// step, not the multiply-adds, was most of the cost. n: a multiple of 16, at
-// most dot_t16_max_n.
+// each head is lanes_dot16 over them, its 16 dot products stored at once. n:
+// a multiple of 16, at most dot_t16_max_n.
 inline void dot_f16_rows16_t(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
                              std::size_t stride, std::size_t n, float* out, std::size_t out_stride) noexcept {
   alignas(64) float kt[16 * dot_t16_max_n];
@@ -1925,17 +1946,8 @@ inline void dot_f16_rows16_t(const float* q, std::size_t q_stride, std::size_t h
     transpose16(r);
     for (std::size_t l = 0; l < 16; ++l) _mm512_store_ps(kt + (16 * c + l) * 16, r[l]);
   }
-  for (std::size_t h = 0; h < heads; ++h) {
-    const float* qh = q + h * q_stride;
-    __m512 x[16];
-    for (auto& v : x) v = _mm512_setzero_ps();
-    for (std::size_t c = 0; c < chunks; ++c)
-      for (std::size_t l = 0; l < 16; ++l)
-        x[l] = _mm512_fmadd_ps(_mm512_set1_ps(qh[16 * c + l]), _mm512_load_ps(kt + (16 * c + l) * 16), x[l]);
-    for (int w = 8; w > 0; w /= 2)
-      for (int l = 0; l < w; ++l) x[l] = _mm512_add_ps(x[l], x[l + w]);
-    _mm512_storeu_ps(out + h * out_stride, x[0]);
-  }
+  const auto transposed = [&](std::size_t e) { return _mm512_load_ps(kt + 16 * e); };
+  for (std::size_t h = 0; h < heads; ++h) _mm512_storeu_ps(out + h * out_stride, lanes_dot16(q + h * q_stride, n, transposed));
 }
 #endif
 
@@ -1958,6 +1970,28 @@ inline void dot_f16_rows16_t(const float* q, std::size_t q_stride, std::size_t h
     r[s] = _mm256_permute2f128_ps(b[s], b[4 + s], 0x20);
     r[4 + s] = _mm256_permute2f128_ps(b[s], b[4 + s], 0x31);
   }
+}
+
+// lanes_dot16 on 8-wide registers, for 8 rows held as lanes: lanes l and
+// l + 8 of dot_f16's accumulator (its .lo and .hi) are two registers, added
+// first as vhsum does (lo + hi), then hsum8's tree (l + l+4, + 2, + 1) as
+// additions of whole registers, then the tail: lane j is row j's dot_f16.
+template <class RowsOf>
+[[gnu::always_inline]] inline __m256 lanes_dot8(const float* qh, std::size_t n, RowsOf&& rows_of) noexcept {
+  const std::size_t full = n / 16 * 16;
+  __m256 y[8];
+  for (std::size_t l = 0; l < 8; ++l) {
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (std::size_t c = 0; c < full; c += 16) {
+      a = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + l]), rows_of(c + l), a);
+      b = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
+    }
+    y[l] = _mm256_add_ps(a, b);
+  }
+  for (int w = 4; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) y[l] = _mm256_add_ps(y[l], y[l + w]);
+  for (std::size_t t = full; t < n; ++t) y[0] = _mm256_fmadd_ps(_mm256_set1_ps(qh[t]), rows_of(t), y[0]);
+  return y[0];
 }
 
 constexpr std::size_t dot_t8_max_n = 256;  // kt's size: 8 KiB
@@ -1984,21 +2018,8 @@ inline void dot_f16_rows8_t(const float* q, std::size_t q_stride, std::size_t he
       _mm256_store_ps(kt + (16 * c + 8 + l) * 8, hi[l]);
     }
   }
-  for (std::size_t h = 0; h < heads; ++h) {
-    const float* qh = q + h * q_stride;
-    __m256 y[8];
-    for (std::size_t l = 0; l < 8; ++l) {
-      __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-      for (std::size_t c = 0; c < chunks; ++c) {
-        a = _mm256_fmadd_ps(_mm256_set1_ps(qh[16 * c + l]), _mm256_load_ps(kt + (16 * c + l) * 8), a);
-        b = _mm256_fmadd_ps(_mm256_set1_ps(qh[16 * c + 8 + l]), _mm256_load_ps(kt + (16 * c + 8 + l) * 8), b);
-      }
-      y[l] = _mm256_add_ps(a, b);
-    }
-    for (int w = 4; w > 0; w /= 2)
-      for (int l = 0; l < w; ++l) y[l] = _mm256_add_ps(y[l], y[l + w]);
-    _mm256_storeu_ps(out + h * out_stride, y[0]);
-  }
+  const auto transposed = [&](std::size_t e) { return _mm256_load_ps(kt + 8 * e); };
+  for (std::size_t h = 0; h < heads; ++h) _mm256_storeu_ps(out + h * out_stride, lanes_dot8(q + h * q_stride, n, transposed));
 }
 #endif
 
@@ -2035,19 +2056,16 @@ inline void dot_f16_rows(const float* q, std::size_t q_stride, std::size_t heads
 
 // Scores against a KV block whose K is stored transposed (kv_pages::k_block):
 // element e of row r at kt[e · kt_stride + r]. out[h · out_stride + r] =
-// dot_f16(q_h, row r, n) bit for bit: with the rows as lanes, lane l of
-// dot_f16's accumulator for all of them is one register fed the same fused
-// multiply-adds from zero, vhsum's tree is additions of whole registers and
-// the tail lane-wise fused multiply-adds. The rows come already as lanes, so
-// this is dot_f16_rows16_t without its transpose (most of that kernel's time
-// for a decode's few heads). Each element's rows are converted once for all
-// heads (one head: as they are used). kt_stride: a multiple of 16; the rows
+// dot_f16(q_h, row r, n) bit for bit, by lanes_dot16 (lanes_dot8 on AVX2):
+// the rows come already as lanes, so this is dot_f16_rows16_t without its
+// transpose (most of that kernel's time for a decode's few heads). Each
+// element's rows are converted once for all heads (one head: as they are
+// used). kt_stride: a multiple of 16; the rows
 // up to the next multiple of 16 must be readable (their lanes are dropped);
 // n at most dot_kt_max_n.
 constexpr std::size_t dot_kt_max_n = 256;
 inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* kt,
                        std::size_t kt_stride, std::size_t rows, std::size_t n, float* out, std::size_t out_stride) {
-  const std::size_t full = n / 16 * 16;
 #if defined(EXA_K_AVX512)
   alignas(64) float kf[16 * dot_kt_max_n];
   for (std::size_t r0 = 0; r0 < rows; r0 += 16) {
@@ -2056,29 +2074,14 @@ inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, 
     const auto converted = [&](std::size_t e) {
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + e * kt_stride + r0)));
     };
-    const auto head = [&](const float* qh, auto&& rows_of) {
-      __m512 y[8];
-      for (std::size_t l = 0; l < 8; ++l) {  // lanes l and l + 8, then l + l+8
-        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-        for (std::size_t c = 0; c < full; c += 16) {
-          a = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + l]), rows_of(c + l), a);
-          b = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
-        }
-        y[l] = _mm512_add_ps(a, b);
-      }
-      for (int w = 4; w > 0; w /= 2)
-        for (int l = 0; l < w; ++l) y[l] = _mm512_add_ps(y[l], y[l + w]);
-      for (std::size_t t = full; t < n; ++t) y[0] = _mm512_fmadd_ps(_mm512_set1_ps(qh[t]), rows_of(t), y[0]);
-      return y[0];
-    };
     if (heads == 1) {  // nothing to share a conversion with: converted as used (1.1x at head dim 128)
-      _mm512_mask_storeu_ps(out + r0, mask, head(q, converted));
+      _mm512_mask_storeu_ps(out + r0, mask, lanes_dot16(q, n, converted));
       continue;
     }
     for (std::size_t e = 0; e < n; ++e) _mm512_store_ps(kf + 16 * e, converted(e));
     const auto buffered = [&](std::size_t e) { return _mm512_load_ps(kf + 16 * e); };
     for (std::size_t h = 0; h < heads; ++h)
-      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, head(q + h * q_stride, buffered));
+      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, lanes_dot16(q + h * q_stride, n, buffered));
   }
 #elif defined(EXA_K_AVX2)
   alignas(32) float kf[8 * dot_kt_max_n];
@@ -2089,31 +2092,17 @@ inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, 
     const auto converted = [&](std::size_t e) {
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kt + e * kt_stride + r0)));
     };
-    const auto head = [&](const float* qh, auto&& rows_of) {
-      __m256 y[8];
-      for (std::size_t l = 0; l < 8; ++l) {  // lanes l (lo) and l + 8 (hi), then lo + hi as vhsum
-        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-        for (std::size_t c = 0; c < full; c += 16) {
-          a = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + l]), rows_of(c + l), a);
-          b = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
-        }
-        y[l] = _mm256_add_ps(a, b);
-      }
-      for (int w = 4; w > 0; w /= 2)
-        for (int l = 0; l < w; ++l) y[l] = _mm256_add_ps(y[l], y[l + w]);
-      for (std::size_t t = full; t < n; ++t) y[0] = _mm256_fmadd_ps(_mm256_set1_ps(qh[t]), rows_of(t), y[0]);
-      return y[0];
-    };
     if (heads == 1) {  // nothing to share a conversion with: converted as used
-      _mm256_maskstore_ps(out + r0, mask, head(q, converted));
+      _mm256_maskstore_ps(out + r0, mask, lanes_dot8(q, n, converted));
       continue;
     }
     for (std::size_t e = 0; e < n; ++e) _mm256_store_ps(kf + 8 * e, converted(e));
     const auto buffered = [&](std::size_t e) { return _mm256_load_ps(kf + 8 * e); };
     for (std::size_t h = 0; h < heads; ++h)
-      _mm256_maskstore_ps(out + h * out_stride + r0, mask, head(q + h * q_stride, buffered));
+      _mm256_maskstore_ps(out + h * out_stride + r0, mask, lanes_dot8(q + h * q_stride, n, buffered));
   }
 #else
+  const std::size_t full = n / 16 * 16;
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t h = 0; h < heads; ++h) {
       const float* qh = q + h * q_stride;

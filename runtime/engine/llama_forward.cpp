@@ -337,9 +337,9 @@ expected<bool> llama_forward::run_layers(const forward_batch& batch, std::vector
   });
 
   // Attention's runs, once for all the layers: one sequence's consecutive
-  // tokens (a prompt's chunk) share each K and V row's load and conversion,
-  // and the dot kernels' transpose of 16 rows, up to 16 query heads a KV
-  // head (a run's scores: 16 rows).
+  // tokens (a prompt's chunk) share each K and V row's load and conversion
+  // (and, with K by slot, the dot kernels' transpose of 16 rows), up to 16
+  // query heads a KV head (a run's scores: 16 rows).
   const std::size_t max_run = std::max<std::size_t>(1, 16 / (n_heads_ / n_kv_heads_));
   attend_runs_.clear();
   for (std::size_t t = 0; t < n_tok;) {

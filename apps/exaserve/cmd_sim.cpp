@@ -46,7 +46,7 @@ int cmd_sim(int argc, char** argv) {
   if (a->has("help") || a->positional().size() != 1) {
     std::printf("usage: exaserve sim SCENARIO [--seed N] [--rate-multiplier X] [--duration-s S] "
                 "[--report-json FILE] [--plot FILE] [--consolidate]\n%sScenarios: chaos/scenarios/*.json (reference, "
-                "ci, diurnal, cold_start, rollout)\n",
+                "ci, diurnal, cold_start, rollout, prefix, prefix_many)\n",
                 describe_flags(flags).c_str());
     return a->has("help") ? 0 : 2;
   }

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "probe_args.hpp"
 #include "engine/isa.hpp"
 #include "engine/kernel_table.hpp"
 #include "model/half.hpp"
@@ -46,7 +47,9 @@ double best(Fn&& fn, int reps) {
 
 int main(int argc, char** argv) {
   using namespace exa;
-  const std::size_t hd = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 64;
+  const char* usage = "usage: attn_probe [head_dim 1-256]";
+  if (exa::bench::wants_help(argc, argv)) return std::puts(usage), 0;
+  const std::size_t hd = exa::bench::count_arg(argc, argv, 1, 64, 1, 256, "attn_probe: head_dim", usage);
   const std::size_t kv_dim = 4 * hd;  // 4 KV heads: a head's part of a row is hd of kv_dim
   const std::size_t rows = 240;       // 15 blocks of 16, 16 calls of 15
   const engine::isa v = engine::active_isa();  // EXA_ENGINE_ISA may pick another

@@ -22,6 +22,7 @@
 #include <immintrin.h>
 
 #include "engine/kernel_table.hpp"
+#include "probe_args.hpp"
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge
 // operand, and -W(maybe-)uninitialized fires inside them (as in
@@ -99,19 +100,15 @@ void tile_ceiling() {
 
 int main(int argc, char** argv) {
   using namespace exa;
-  const std::size_t tokens = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 32;
-  const double seconds = argc > 2 ? std::strtod(argv[2], nullptr) : 0.5;
-  if (tokens == 0 || tokens > 512 || !(seconds > 0)) {
-    std::fprintf(stderr, "usage: matmul_probe [tokens 1-512] [seconds per shape]\n");
+  const char* usage = "usage: matmul_probe [tokens 1-512] [seconds per shape] [ROWSxCOLS ...]";
+  if (exa::bench::wants_help(argc, argv)) return std::puts(usage), 0;
+  const std::size_t tokens = exa::bench::count_arg(argc, argv, 1, 32, 1, 512, "matmul_probe: tokens", usage);
+  char* end = nullptr;
+  const double seconds = argc > 2 ? std::strtod(argv[2], &end) : 0.5;
+  if (argc > 2 && (*end != '\0' || !(seconds > 0) || seconds > 600)) {
+    std::fprintf(stderr, "matmul_probe: seconds per shape must be a number in (0, 600], got '%s'\n%s\n", argv[2], usage);
     return 2;
   }
-  const engine::kernel_table& k = engine::active_kernels();
-  const auto t0 = clock_type::now();
-  const std::uint64_t peak_macs = k.peak(engine::peak_op::f32_fma, 20'000'000);
-  const double peak = double(peak_macs) / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e9;
-  const std::string isa_name(engine::to_string(k.id));
-  std::printf("isa %s, %zu tokens, f32 peak %.1f GMAC/s\n", isa_name.c_str(), tokens, peak);
-  if (engine::supports(engine::detect_cpu(), engine::isa::avx512)) tile_ceiling();
   struct shape {
     const char* name;
     std::size_t rows, cols;
@@ -129,6 +126,13 @@ int main(int argc, char** argv) {
     }
     shapes.push_back({n.c_str(), r, c});
   }
+  const engine::kernel_table& k = engine::active_kernels();
+  const auto t0 = clock_type::now();
+  const std::uint64_t peak_macs = k.peak(engine::peak_op::f32_fma, 20'000'000);
+  const double peak = double(peak_macs) / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e9;
+  const std::string isa_name(engine::to_string(k.id));
+  std::printf("isa %s, %zu tokens, f32 peak %.1f GMAC/s\n", isa_name.c_str(), tokens, peak);
+  if (engine::supports(engine::detect_cpu(), engine::isa::avx512)) tile_ceiling();
   for (const shape& s : shapes) {
     auto* w = static_cast<float*>(huge_alloc(s.rows * s.cols * sizeof(float)));
     auto* x = static_cast<float*>(huge_alloc(tokens * s.cols * sizeof(float)));

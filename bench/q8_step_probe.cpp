@@ -18,6 +18,7 @@
 #include <cstdlib>
 
 #include "engine/isa.hpp"
+#include "probe_args.hpp"
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge
 // operand, and -W(maybe-)uninitialized fires inside them (a known false
@@ -64,11 +65,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), noinline)) double
 }  // namespace
 
 int main(int argc, char** argv) {
-  const long rounds = argc > 1 ? std::atol(argv[1]) : 5;
-  if (rounds <= 0) {
-    std::fprintf(stderr, "q8_step_probe: rounds must be a positive integer\n");
-    return 2;
-  }
+  const char* usage = "usage: q8_step_probe [rounds 1-1000]";
+  if (exa::bench::wants_help(argc, argv)) return std::puts(usage), 0;
+  const long rounds = static_cast<long>(exa::bench::count_arg(argc, argv, 1, 5, 1, 1000, "q8_step_probe: rounds", usage));
   const exa::engine::cpu_caps caps = exa::engine::detect_cpu();
   if (!exa::engine::supports(caps, exa::engine::isa::avx512)) {
     std::printf("q8_step_probe: this CPU has no AVX-512 VNNI (%s); nothing to measure\n",

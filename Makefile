@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all setup configure build run test bench clean help
+.PHONY: all setup configure build run test bench bench-llamacpp bench-speculative bench-prefix bench-all clean help
 
 all: build
 
@@ -15,6 +15,10 @@ help:
 	@echo "make test   - set up, build and run every test"
 	@echo "make build  - build into $(BUILD_DIR)/bin"
 	@echo "make bench  - engine benchmark on the small preset (see docs/PERFORMANCE.md)"
+	@echo "make bench-llamacpp    - batch-1 decode and prefill against llama.cpp, same files, one run"
+	@echo "make bench-speculative - speculative decoding: acceptance and speedup by draft agreement and k"
+	@echo "make bench-prefix      - prefix caching and routing: the simulator's two scenarios, then the embedded cluster"
+	@echo "make bench-all         - every benchmark above, in that order (long: see each script's header for a shorter run)"
 
 setup:
 	@scripts/bootstrap.sh
@@ -35,6 +39,21 @@ test: build
 
 bench: build
 	@scripts/bench_engine.sh
+
+# The other sections of docs/PERFORMANCE.md, each with its own script; the
+# scripts take options for the variants the document names.
+bench-llamacpp: build
+	@bench/vs_llamacpp.sh
+
+bench-speculative: build
+	@scripts/bench_speculative.sh
+
+bench-prefix: build
+	@$(BUILD_DIR)/bin/exaserve sim prefix
+	@$(BUILD_DIR)/bin/exaserve sim prefix_many
+	@bench/prefix_replay.sh
+
+bench-all: bench bench-llamacpp bench-speculative bench-prefix
 
 clean:
 	@rm -rf $(BUILD_DIR)

@@ -99,6 +99,9 @@ struct kernel_table {
   /// out[i] = f16_to_float(float_to_f16(x[i])) (model/half.hpp): the
   /// activations of f16 weights; a NaN becomes its sign and 0x7fc00000.
   void (*round_f16)(const float* x, float* out, std::size_t n);
+  /// out[i] = float_to_f16(x[i]) (model/half.hpp), bit for bit, NaNs
+  /// included: the K and V a forward pass stores in its cache.
+  void (*to_f16)(const float* x, std::uint16_t* out, std::size_t n);
   /// `rounds` rounds of 16 independent chains of `op` on the calling
   /// thread: as many as one core can issue, for the compute roofline.
   /// Returns the multiply-adds done (int8 products or float lanes).

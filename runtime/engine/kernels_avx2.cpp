@@ -37,7 +37,7 @@ namespace exa::engine::kernels_avx2 {
 extern const kernel_table table;
 const kernel_table table{isa::avx2, false, false, rows_fn, quantize_fn, dot_f16_fn, axpy_f16_fn, kquant_fn, legacy_fn,
                          dot_f16_rows_fn, dot_f16_kt_fn, axpy_f16_rows_fn, silu_mul_fn, softmax_fn,
-                         round_f16_fn, peak_fn, read_sum_fn};
+                         round_f16_fn, to_f16_fn, peak_fn, read_sum_fn};
 }  // namespace exa::engine::kernels_avx2
 
 #pragma GCC pop_options

@@ -2271,6 +2271,22 @@ void round_f16_fn(const float* x, float* out, std::size_t n) {
 #endif
   for (; i < n; ++i) out[i] = model::f16_to_float(model::float_to_f16(x[i]));
 }
+void to_f16_fn(const float* x, std::uint16_t* out, std::size_t n) {
+  std::size_t i = 0;
+#if defined(EXA_K_HAS_AVX2)
+  // F16C rounds as float_to_f16 does (round_f16_fn above); a NaN's payload
+  // could differ, so a group with a NaN takes float_to_f16 for those lanes.
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (const int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)); nan != 0) [[unlikely]]
+      for (int l = 0; l < 8; ++l)
+        if (nan & (1 << l)) out[i + l] = model::float_to_f16(x[i + l]);
+  }
+#endif
+  for (; i < n; ++i) out[i] = model::float_to_f16(x[i]);
+}
 void softmax_fn(float* x, std::size_t n) { softmax(x, n); }
 // ------------------------------------------------ roofline probes (bench-engine)
 // 16 independent chains acc = step(acc, w, x), more than each instruction's

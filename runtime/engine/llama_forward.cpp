@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "common/assert.hpp"
 #include "engine/communicator.hpp"
 #include "engine/kernel_table.hpp"
 #include "engine/ops.hpp"
 #include "engine/thread_pool.hpp"
-#include "model/half.hpp"
 
 namespace exa::engine {
 namespace {
@@ -223,15 +223,18 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
     rope_rotate(q_.data() + t * q_dim, n_heads_, hd, cos_t, sin_t, rope_);
     rope_rotate(k_.data() + t * kv_dim, n_kv_heads_, hd, cos_t, sin_t, rope_);
     const std::vector<block_id>& table = *batch.tables[tok.seq_index];
-    std::uint16_t* vd = cache_.v(table, layer, tok.pos);
-    for (std::size_t i = 0; i < kv_dim; ++i) vd[i] = model::float_to_f16(v_[t * kv_dim + i]);
+    kernels_->to_f16(v_.data() + t * kv_dim, cache_.v(table, layer, tok.pos), kv_dim);
     if (k_transposed_) {  // element i of this position at kt[i · bt + slot]
       const std::uint32_t bt = cache_.layout().block_tokens;
       std::uint16_t* kt = cache_.k_block(table, layer, tok.pos) + tok.pos % bt;
-      for (std::size_t i = 0; i < kv_dim; ++i) kt[i * bt] = model::float_to_f16(k_[t * kv_dim + i]);
+      std::uint16_t bits[256];  // converted a piece at a time, then spread
+      for (std::size_t i0 = 0; i0 < kv_dim; i0 += std::size(bits)) {
+        const std::size_t m = std::min(std::size(bits), kv_dim - i0);
+        kernels_->to_f16(k_.data() + t * kv_dim + i0, bits, m);
+        for (std::size_t i = 0; i < m; ++i) kt[(i0 + i) * bt] = bits[i];
+      }
     } else {
-      std::uint16_t* kd = cache_.k(table, layer, tok.pos);
-      for (std::size_t i = 0; i < kv_dim; ++i) kd[i] = model::float_to_f16(k_[t * kv_dim + i]);
+      kernels_->to_f16(k_.data() + t * kv_dim, cache_.k(table, layer, tok.pos), kv_dim);
     }
   });
 

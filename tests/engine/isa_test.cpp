@@ -270,7 +270,7 @@ TEST_CASE("q8_0 activations fill the AVX-512 q4_0 layout only for q4_0 weights, 
   }
 }
 
-TEST_CASE("f16 activation rounding agrees with float_to_f16 on every variant, edge values included",
+TEST_CASE("f16 rounding and the cache's f16 bits agree with float_to_f16 on every variant, edge values included",
           "[engine][isa]") {
   std::vector<float> x = random_floats(203, 17, 70000.0f);  // beyond f16's range, and a tail of 3
   const auto tiny = random_floats(40, 18, 1e-4f);           // f16 subnormals and underflow
@@ -281,11 +281,21 @@ TEST_CASE("f16 activation rounding agrees with float_to_f16 on every variant, ed
     x.push_back(std::bit_cast<float>(bits));  // halfway cases, zeros, infinities, NaNs with payloads
   std::vector<float> expect(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) expect[i] = model::f16_to_float(model::float_to_f16(x[i]));
+  // And the cache's f16 bits themselves (to_f16), NaN payloads included.
+  std::vector<std::uint16_t> expect_bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) expect_bits[i] = model::float_to_f16(x[i]);
   for (const isa v : test::runnable_isas()) {
     CAPTURE(engine::to_string(v));
     std::vector<float> got(x.size(), 1.0f);
     engine::kernels_for(v).round_f16(x.data(), got.data(), x.size());
     CHECK(same_bits(got, expect));
+    for (const std::size_t n : {x.size(), std::size_t{5}, std::size_t{8}, std::size_t{0}}) {
+      std::vector<std::uint16_t> bits(n + 1, 0xabcd);  // one past: must stay
+      engine::kernels_for(v).to_f16(x.data() + x.size() - n, bits.data(), n);
+      CAPTURE(n);
+      CHECK(std::equal(bits.begin(), bits.begin() + static_cast<std::ptrdiff_t>(n), expect_bits.end() - static_cast<std::ptrdiff_t>(n)));
+      CHECK(bits[n] == 0xabcd);
+    }
   }
 }
 

@@ -99,6 +99,16 @@ void llama_forward::for_tokens(std::size_t n_tok, Fn&& fn) {
   });
 }
 
+void llama_forward::norm_tokens(const float* w, std::size_t n_tok) {
+  // Tokens in runs of up to 8 (rms_norm_rows): each norm's double sum is a
+  // chain of dependent additions, and 8 chains side by side overlap.
+  const std::size_t dim = config_.dim;
+  pool_.parallel_for((n_tok + 7) / 8, 1, [&](std::size_t b, std::size_t e) {
+    const std::size_t t0 = b * 8, t1 = std::min(n_tok, e * 8);
+    rms_norm_rows(x_.data() + t0 * dim, dim, w, dim, config_.rms_eps, xn_.data() + t0 * dim, dim, t1 - t0);
+  });
+}
+
 void llama_forward::project(const model::weight_view& w, std::size_t n_tok, float* y,
                             std::size_t y_stride) {
   if (xn_acts_.serves(w.type, w.cols)) return matmul(w, xn_acts_, y, y_stride, pool_);
@@ -262,9 +272,7 @@ expected<void> llama_forward::attention_layer(const forward_batch& batch, std::u
 expected<void> llama_forward::mlp_layer(std::uint32_t layer, std::size_t n_tok) {
   const std::size_t dim = config_.dim, ff = ff_;
   const auto& w = layers_[layer];
-  for_tokens(n_tok, [&](std::size_t t) {
-    rms_norm(x_.data() + t * dim, ffn_norm_[layer].data(), dim, config_.rms_eps, xn_.data() + t * dim);
-  });
+  norm_tokens(ffn_norm_[layer].data(), n_tok);
   xn_acts_.convert(w.w_gate.type, xn_.data(), dim, n_tok, dim, &pool_);
   const matmul_target gate_up[] = {{&w.w_gate, gate_.data(), ff}, {&w.w_up, up_.data(), ff}};
   project_all(gate_up, n_tok);
@@ -368,9 +376,7 @@ expected<bool> llama_forward::run_layers(const forward_batch& batch, std::vector
       if (auto ok = mlp_layer(l, n_tok); !ok) return std::unexpected(ok.error());
       continue;
     }
-    for_tokens(n_tok, [&](std::size_t t) {
-      rms_norm(x_.data() + t * dim, attn_norm_[l].data(), dim, config_.rms_eps, xn_.data() + t * dim);
-    });
+    norm_tokens(attn_norm_[l].data(), n_tok);
     if (auto ok = attention_layer(batch, l); !ok) return std::unexpected(ok.error());
   }
   // Every member holds the same hidden state now: rank 0 alone computes logits.

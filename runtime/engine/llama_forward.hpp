@@ -183,6 +183,9 @@ class llama_forward final : public forward_executor {
   // fn(t) for every token of the batch, across the pool.
   template <class Fn>
   void for_tokens(std::size_t n_tok, Fn&& fn);
+  // xn_ = rms_norm(x_, w) for the batch's n_tok tokens, 8 side by side
+  // (ops.hpp's rms_norm_rows), the runs spread over the pool.
+  void norm_tokens(const float* w, std::size_t n_tok);
 };
 
 }  // namespace exa::engine

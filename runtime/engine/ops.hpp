@@ -12,6 +12,13 @@ namespace exa::engine {
 /// double in index order, as ggml_rms_norm does.
 void rms_norm(const float* x, const float* w, std::size_t n, float eps, float* out) noexcept;
 
+/// rms_norm of `rows` vectors (row r at x + r · x_stride, its result at
+/// out + r · out_stride), each bit for bit as rms_norm alone. Up to 8 rows'
+/// sums run side by side: one row's double sum in index order is a chain of
+/// dependent additions the core otherwise waits on.
+void rms_norm_rows(const float* x, std::size_t x_stride, const float* w, std::size_t n, float eps, float* out,
+                   std::size_t out_stride, std::size_t rows) noexcept;
+
 /// How one token's heads are rotated (see model::llama_config).
 struct rope_params {
   std::size_t rope_dim = 0;       // leading elements of each head that rotate

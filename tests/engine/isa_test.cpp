@@ -376,6 +376,29 @@ TEST_CASE("attention's fp16 dot and axpy and the Q8_0 quantizer agree across var
   }
 }
 
+TEST_CASE("RMS norms of several rows side by side equal one row at a time, bit for bit", "[engine][isa][math]") {
+  // rms_norm_rows runs up to 8 rows' double sums together (the forward
+  // pass's norms); each row must be rms_norm's, for every count of rows in a
+  // run and past it, widths with no whole group, and strides wider than a row.
+  for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{768}, std::size_t{1001}}) {
+    const std::size_t rows = 19, x_stride = n + 3, out_stride = n + 5;
+    // Magnitudes 1e-6 to 1e6. (The double sum's order itself hardly shows:
+    // rounded to a float mean, sums in other orders nearly always give the
+    // same bits. What this pins is each row's own result, in its place.)
+    auto x = random_floats(rows * x_stride, 40 + n, 1.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, static_cast<float>(static_cast<int>(i % 13) - 6));
+    const auto w = random_floats(n, 41 + n, 2.0f);
+    for (std::size_t count = 0; count <= rows; ++count) {
+      std::vector<float> got(rows * out_stride, -7.0f), want(rows * out_stride, -7.0f);
+      engine::rms_norm_rows(x.data(), x_stride, w.data(), n, 1e-5f, got.data(), out_stride, count);
+      for (std::size_t r = 0; r < count; ++r)
+        engine::rms_norm(x.data() + r * x_stride, w.data(), n, 1e-5f, want.data() + r * out_stride);
+      CAPTURE(n, count);
+      CHECK(same_bits(got, want));  // the gaps between rows and the rows past count untouched too
+    }
+  }
+}
+
 TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across variants", "[engine][isa][math]") {
   const auto variants = test::runnable_isas();
   const auto& ref = engine::kernels_for(isa::scalar);

@@ -1568,55 +1568,79 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
 inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
 #if defined(EXA_K_AVX512)
   const __m512 sign_mask = _mm512_set1_ps(-0.0f);
-  for (std::size_t b = 0; b < n / 32; ++b) {
+  const auto block_amax = [&](std::size_t b) {  // max is exact in any order
     const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
-    const __m512 a = _mm512_max_ps(_mm512_andnot_ps(sign_mask, v0), _mm512_andnot_ps(sign_mask, v1));
-    const float amax = _mm512_reduce_max_ps(a);  // max is exact in any order
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b].d = model::float_to_f16(d);
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign_mask, v0), _mm512_andnot_ps(sign_mask, v1)));
+  };
+  const auto emit = [&](std::size_t b, float id) {
     for (int h = 0; h < 2; ++h) {
       // roundf exactly: trunc, then away from zero when the fraction is >= 0.5
       // (x - trunc(x) is exact for |x| < 2^23).
-      const __m512 s = _mm512_mul_ps(h ? v1 : v0, _mm512_set1_ps(id));
+      const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(x + b * 32 + 16 * h), _mm512_set1_ps(id));
       const __m512 t = _mm512_roundscale_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
       const __m512 frac = _mm512_andnot_ps(sign_mask, _mm512_sub_ps(s, t));
       const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
       const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(s, sign_mask));
       const __m512 r = _mm512_mask_add_ps(t, up, t, one);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs + 16 * h),
-                       _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(r)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs + 16 * h), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(r)));
     }
-  }
+  };
 #elif defined(EXA_K_AVX2)
-  // The AVX-512 loop above on 8 lanes: the same roundf, exactly.
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  // The AVX-512 steps on 8 lanes: the same roundf, exactly.
+  const __m256 sign8 = _mm256_set1_ps(-0.0f);
   const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-  for (std::size_t b = 0; b < n / 32; ++b) {
-    __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + b * 32 + 8 * i);
-    const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_mask, v[0]), _mm256_andnot_ps(sign_mask, v[1])),
-                                   _mm256_max_ps(_mm256_andnot_ps(sign_mask, v[2]), _mm256_andnot_ps(sign_mask, v[3])));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // max is exact in any order
+  const auto block_amax = [&](std::size_t b) {  // max is exact in any order
+    __m256 a = _mm256_andnot_ps(sign8, _mm256_loadu_ps(x + b * 32));
+    for (int i = 1; i < 4; ++i) a = _mm256_max_ps(a, _mm256_andnot_ps(sign8, _mm256_loadu_ps(x + b * 32 + 8 * i)));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    const float amax = _mm_cvtss_f32(m);
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b].d = model::float_to_f16(d);
+    return _mm_cvtss_f32(m);
+  };
+  const auto emit = [&](std::size_t b, float id) {
     __m256i q[4];
     for (int i = 0; i < 4; ++i) {
-      const __m256 sc = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+      const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(x + b * 32 + 8 * i), _mm256_set1_ps(id));
       const __m256 t = _mm256_round_ps(sc, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-      const __m256 frac = _mm256_andnot_ps(sign_mask, _mm256_sub_ps(sc, t));
+      const __m256 frac = _mm256_andnot_ps(sign8, _mm256_sub_ps(sc, t));
       const __m256 up = _mm256_cmp_ps(frac, half, _CMP_GE_OQ);
-      const __m256 step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(sc, sign_mask)));
+      const __m256 step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(sc, sign8)));
       q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, step));  // t + 0 where not rounding up: the same integer
     }
     // int32 → int8 (|q| ≤ 127: no saturation), then undo the packs' lane interleave.
     const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     const __m256i ordered = _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), ordered);
+  };
+#endif
+#if defined(EXA_K_HAS_AVX2)
+  // The scales of 8 blocks at once: d = amax / 127, id = 1 / d (0 for 0),
+  // d's f16 bits by F16C, as the scalar steps below give them (a NaN d takes
+  // float_to_f16's NaN). One block at a time, the two divisions and the
+  // conversion were a chain the core waited on for every block.
+  const std::size_t nb = n / 32;
+  std::size_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    alignas(32) float amax[8], d[8], id[8];
+    alignas(16) std::uint16_t dh[8];
+    for (int j = 0; j < 8; ++j) amax[j] = block_amax(b + j);
+    const __m256 dv = _mm256_div_ps(_mm256_load_ps(amax), _mm256_set1_ps(127.0f));
+    const __m256 nonzero = _mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_NEQ_UQ);  // d != 0, true for NaN
+    _mm256_store_ps(d, dv);
+    _mm256_store_ps(id, _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(1.0f), dv)));
+    _mm_store_si128(reinterpret_cast<__m128i*>(dh), _mm256_cvtps_ph(dv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(dv, dv, _CMP_UNORD_Q)) != 0) [[unlikely]]
+      for (int j = 0; j < 8; ++j) dh[j] = model::float_to_f16(d[j]);
+    for (int j = 0; j < 8; ++j) {
+      out[b + j].d = dh[j];
+      emit(b + j, id[j]);
+    }
+  }
+  for (; b < nb; ++b) {
+    const float d = block_amax(b) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = model::float_to_f16(d);
+    emit(b, id);
   }
 #else
   model::quantize_row_q8_0(x, out, n);

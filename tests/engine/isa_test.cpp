@@ -487,6 +487,29 @@ TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across vari
     engine::kernels_for(v).quantize_q8_0(x.data(), got.data(), x.size());
     CHECK(std::memcmp(expect.data(), got.data(), expect.size() * sizeof expect[0]) == 0);
   }
+  // Whole runs of 8 blocks (their scales computed together) and a rest, with
+  // blocks of every finite kind: all zeros, a scale in f16's subnormals, one
+  // beyond f16's range (d's f16 bits an infinity), the largest floats.
+  // (Non-finite activations are left out: the scalar reference converts
+  // their NaN products to int8, which C++ leaves undefined.)
+  std::vector<float> y = random_floats(19 * 32, 21, 40.0f);
+  for (const std::size_t blk : {std::size_t{0}, std::size_t{17}})
+    std::fill_n(y.begin() + static_cast<std::ptrdiff_t>(blk * 32), 32, 0.0f);
+  for (std::size_t i = 0; i < 32; ++i) y[3 * 32 + i] *= 1e-6f;
+  for (std::size_t i = 0; i < 32; ++i) y[5 * 32 + i] *= 1e6f;
+  y[9 * 32 + 4] = 3.4e38f;
+  y[18 * 32 + 1] = -3.4e38f;
+  std::vector<model::block_q8_0> want(19), have(19);
+  model::quantize_row_q8_0(y.data(), want.data(), y.size());
+  for (const isa v : variants) {
+    CAPTURE(engine::to_string(v));
+    engine::kernels_for(v).quantize_q8_0(y.data(), have.data(), y.size());
+    for (std::size_t blk = 0; blk < want.size(); ++blk) {
+      CAPTURE(blk);
+      CHECK(want[blk].d == have[blk].d);
+      CHECK(std::memcmp(want[blk].qs, have[blk].qs, sizeof want[blk].qs) == 0);
+    }
+  }
 }
 
 namespace {

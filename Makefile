@@ -43,7 +43,7 @@ bench: build
 # The other sections of docs/PERFORMANCE.md, each with its own script; the
 # scripts take options for the variants the document names.
 bench-llamacpp: build
-	@bench/vs_llamacpp.sh
+	@bench/vs_llamacpp.sh --exaserve $(BUILD_DIR)/bin/exaserve
 
 bench-speculative: build
 	@scripts/bench_speculative.sh
@@ -51,9 +51,15 @@ bench-speculative: build
 bench-prefix: build
 	@$(BUILD_DIR)/bin/exaserve sim prefix
 	@$(BUILD_DIR)/bin/exaserve sim prefix_many
-	@bench/prefix_replay.sh
+	@BIN_DIR=$(BUILD_DIR)/bin bench/prefix_replay.sh
 
-bench-all: bench bench-llamacpp bench-speculative bench-prefix
+# One after another even under make -j: benchmarks side by side would time
+# each other.
+bench-all: build
+	@$(MAKE) --no-print-directory bench
+	@$(MAKE) --no-print-directory bench-llamacpp
+	@$(MAKE) --no-print-directory bench-speculative
+	@$(MAKE) --no-print-directory bench-prefix
 
 clean:
 	@rm -rf $(BUILD_DIR)

@@ -31,12 +31,15 @@ set -euo pipefail
 rounds=4
 threads=1
 raw=""
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+value() {  # the value of option $1, which must have one
+  [[ $# -ge 2 && -n "$2" ]] || { echo "ab_pairs.sh: $1 needs a value" >&2; exit 2; }
+}
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --rounds) rounds="${2:-}"; shift 2 ;;
-    --threads) threads="${2:-}"; shift 2 ;;
-    --raw) raw="${2:-}"; shift 2 ;;
+    --rounds) value "$@"; rounds="$2"; shift 2 ;;
+    --threads) value "$@"; threads="$2"; shift 2 ;;
+    --raw) value "$@"; raw="$2"; shift 2 ;;
     -h|--help) usage 0 ;;
     --) break ;;
     -*) echo "ab_pairs.sh: unknown option '$1'" >&2; usage ;;
@@ -60,22 +63,24 @@ done
 [[ " $* " == *" --model "* ]] || { echo "ab_pairs.sh: the bench-engine arguments need --model FILE" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "ab_pairs.sh: python3 is needed for the summary" >&2; exit 1; }
 command -v taskset >/dev/null || { echo "ab_pairs.sh: taskset (util-linux) is needed to pin each side" >&2; exit 1; }
-cores=$(nproc)
-(( cores >= 2 * threads )) || { echo "ab_pairs.sh: $threads threads a side need $((2 * threads)) cores, this host has $cores" >&2; exit 2; }
+# The CPUs this process may use (a cpuset need not start at 0), the first
+# 2 × T of them split between the sides.
+mapfile -t cpus < <(python3 -c 'import os; print("\n".join(map(str, sorted(os.sched_getaffinity(0)))))')
+(( ${#cpus[@]} >= 2 * threads )) || {
+  echo "ab_pairs.sh: $threads threads a side need $((2 * threads)) CPUs, this process may use ${#cpus[@]}" >&2; exit 2; }
+join() { local IFS=,; echo "$*"; }
 
 work="$(mktemp -d)"
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if ((threads == 1)); then set_a=0; set_b=1; else
-  set_a="0-$((threads - 1))"
-  set_b="$threads-$((2 * threads - 1))"
-fi
+set_a="$(join "${cpus[@]:0:threads}")"
+set_b="$(join "${cpus[@]:threads:threads}")"
 : > "$work/rounds.jsonl"
 for ((r = 1; r <= rounds; r++)); do
   if ((r % 2)); then c_old="$set_a"; c_new="$set_b"; else c_old="$set_b"; c_new="$set_a"; fi
@@ -95,9 +100,14 @@ for ((r = 1; r <= rounds; r++)); do
   }
   if ((((r - 1) / 2) % 2 == 0)); then start_old "$@"; start_new "$@"; else start_new "$@"; start_old "$@"; fi
   pids=("$pid_old" "$pid_new")
+  # The first side to fail stops the other: no waiting out its timeout.
   status=0
-  wait "${pids[0]}" || status=$?
-  if ! wait "${pids[1]}"; then status=1; fi
+  first=""
+  if ! wait -n -p first "${pids[@]}"; then status=1; fi
+  other="${pids[0]}"
+  [[ "$first" == "$other" ]] && other="${pids[1]}"
+  if ((status != 0)); then kill "$other" 2>/dev/null || true; fi
+  wait "$other" || status=1
   pids=()
   if ((status != 0)); then
     echo "ab_pairs.sh: round $r failed; the last lines of each side's log:" >&2
@@ -111,9 +121,10 @@ for ((r = 1; r <= rounds; r++)); do
   python3 - "$work/old.json" "$work/new.json" "$r" "$c_new" >> "$work/rounds.jsonl" <<'EOF'
 import json, sys
 old, new = (json.load(open(p)) for p in sys.argv[1:3])
-ratios = {"prefill": new["prefill_tok_s"] / old["prefill_tok_s"]}
+ratio = lambda n, o: n / o if o > 0 else float("nan")  # a phase that measured nothing
+ratios = {"prefill": ratio(new["prefill_tok_s"], old["prefill_tok_s"])}
 for o, n in zip(old["decode"], new["decode"]):
-    ratios["batch %d" % o["batch"]] = n["tok_s"] / o["tok_s"]
+    ratios["batch %d" % o["batch"]] = ratio(n["tok_s"], o["tok_s"])
 print(json.dumps({"round": int(sys.argv[3]), "new_cores": sys.argv[4], "ratios": ratios,
                   "old": {"prefill": old["prefill_tok_s"], **{"batch %d" % d["batch"]: d["tok_s"] for d in old["decode"]}},
                   "new": {"prefill": new["prefill_tok_s"], **{"batch %d" % d["batch"]: d["tok_s"] for d in new["decode"]}}}))

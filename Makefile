@@ -38,7 +38,7 @@ test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
 
 bench: build
-	@scripts/bench_engine.sh
+	@BIN_DIR=$(BUILD_DIR)/bin scripts/bench_engine.sh
 
 # The other sections of docs/PERFORMANCE.md, each with its own script; the
 # scripts take options for the variants the document names.
@@ -46,7 +46,7 @@ bench-llamacpp: build
 	@bench/vs_llamacpp.sh --exaserve $(BUILD_DIR)/bin/exaserve
 
 bench-speculative: build
-	@scripts/bench_speculative.sh
+	@BIN_DIR=$(BUILD_DIR)/bin scripts/bench_speculative.sh
 
 bench-prefix: build
 	@$(BUILD_DIR)/bin/exaserve sim prefix

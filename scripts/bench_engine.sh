@@ -4,7 +4,7 @@
 # the cache directory on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=build/bin/exaserve
+bin="${BIN_DIR:-build/bin}/exaserve"  # BIN_DIR: where exaserve is (make passes $(BUILD_DIR)/bin)
 cache="${EXASERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve}/models"
 mkdir -p "$cache"
 for type in f32 q8_0; do

@@ -14,7 +14,7 @@
 #   usage: scripts/bench_speculative.sh [scales] [ks]   e.g. "1 0.15 0.05" "1 2 4 8"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=build/bin/exaserve
+bin="${BIN_DIR:-build/bin}/exaserve"  # BIN_DIR: where exaserve is (make passes $(BUILD_DIR)/bin)
 dir="${EXASERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve}/models/speculative"
 mkdir -p "$dir"
 scales="${1:-1 0.3 0.15 0.05 0.02}"

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${BIN_DIR:-build/bin}/exaserve"  # BIN_DIR: where exaserve is (make passes $(BUILD_DIR)/bin)
+[ -x "$bin" ] || { echo "bench_engine.sh: no exaserve at $bin (build it first: make build)" >&2; exit 1; }
 cache="${EXASERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve}/models"
 mkdir -p "$cache"
 for type in f32 q8_0; do

@@ -15,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${BIN_DIR:-build/bin}/exaserve"  # BIN_DIR: where exaserve is (make passes $(BUILD_DIR)/bin)
+[ -x "$bin" ] || { echo "bench_speculative.sh: no exaserve at $bin (build it first: make build)" >&2; exit 1; }
 dir="${EXASERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve}/models/speculative"
 mkdir -p "$dir"
 scales="${1:-1 0.3 0.15 0.05 0.02}"

@@ -2041,23 +2041,44 @@ void axpy_f16_heads(const float* w, std::size_t w_stride, const std::uint16_t* v
 // + 4, + 2, + 1) is additions of whole registers, and the tail lane-wise
 // fused multiply-adds: lane j is row j's dot_f16, bit for bit. No
 // horizontal step: for short heads (64) that step, not the multiply-adds,
-// was most of the per-row kernel's cost.
+// was most of the per-row kernel's cost. lanes_dot16_heads does it for H
+// heads over the same rows at once: each row register (rows_of) is loaded
+// once for all H, each head's accumulation unchanged. For several heads the
+// loads, not the multiply-adds, were the limit (a broadcast and a row for
+// every multiply-add).
+template <int H, class RowsOf>
+[[gnu::always_inline]] inline void lanes_dot16_heads(const float* const (&qh)[H], std::size_t n, RowsOf&& rows_of,
+                                                     __m512 (&res)[H]) noexcept {
+  const std::size_t full = n / 16 * 16;
+  __m512 y[H][8];
+  for (std::size_t l = 0; l < 8; ++l) {
+    __m512 a[H], b[H];
+    for (int h = 0; h < H; ++h) a[h] = b[h] = _mm512_setzero_ps();
+    for (std::size_t c = 0; c < full; c += 16) {
+      const __m512 lo = rows_of(c + l), hi = rows_of(c + 8 + l);
+      for (int h = 0; h < H; ++h) {
+        a[h] = _mm512_fmadd_ps(_mm512_set1_ps(qh[h][c + l]), lo, a[h]);
+        b[h] = _mm512_fmadd_ps(_mm512_set1_ps(qh[h][c + 8 + l]), hi, b[h]);
+      }
+    }
+    for (int h = 0; h < H; ++h) y[h][l] = _mm512_add_ps(a[h], b[h]);
+  }
+  for (int h = 0; h < H; ++h) {
+    for (int w = 4; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) y[h][l] = _mm512_add_ps(y[h][l], y[h][l + w]);
+    res[h] = y[h][0];
+  }
+  for (std::size_t t = full; t < n; ++t) {
+    const __m512 row = rows_of(t);
+    for (int h = 0; h < H; ++h) res[h] = _mm512_fmadd_ps(_mm512_set1_ps(qh[h][t]), row, res[h]);
+  }
+}
 template <class RowsOf>
 [[gnu::always_inline]] inline __m512 lanes_dot16(const float* qh, std::size_t n, RowsOf&& rows_of) noexcept {
-  const std::size_t full = n / 16 * 16;
-  __m512 y[8];
-  for (std::size_t l = 0; l < 8; ++l) {
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    for (std::size_t c = 0; c < full; c += 16) {
-      a = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + l]), rows_of(c + l), a);
-      b = _mm512_fmadd_ps(_mm512_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
-    }
-    y[l] = _mm512_add_ps(a, b);
-  }
-  for (int w = 4; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) y[l] = _mm512_add_ps(y[l], y[l + w]);
-  for (std::size_t t = full; t < n; ++t) y[0] = _mm512_fmadd_ps(_mm512_set1_ps(qh[t]), rows_of(t), y[0]);
-  return y[0];
+  const float* const q[1] = {qh};
+  __m512 res[1];
+  lanes_dot16_heads<1>(q, n, rows_of, res);
+  return res[0];
 }
 
 constexpr std::size_t dot_t16_max_n = 256;  // kt's size: 16 KiB
@@ -2209,8 +2230,15 @@ inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, 
     }
     for (std::size_t e = 0; e < n; ++e) _mm512_store_ps(kf + 16 * e, converted(e));
     const auto buffered = [&](std::size_t e) { return _mm512_load_ps(kf + 16 * e); };
-    for (std::size_t h = 0; h < heads; ++h)
-      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, lanes_dot16(q + h * q_stride, n, buffered));
+    std::size_t h = 0;
+    for (; h + 2 <= heads; h += 2) {  // two heads a pass: each row loaded once for both
+      const float* const qh[2] = {q + h * q_stride, q + (h + 1) * q_stride};
+      __m512 res[2];
+      lanes_dot16_heads<2>(qh, n, buffered, res);
+      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, res[0]);
+      _mm512_mask_storeu_ps(out + (h + 1) * out_stride + r0, mask, res[1]);
+    }
+    if (h < heads) _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, lanes_dot16(q + h * q_stride, n, buffered));
   }
 #elif defined(EXA_K_AVX2)
   alignas(32) float kf[8 * dot_kt_max_n];

@@ -1654,6 +1654,22 @@ inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
 // the rest in one call: in_chunks): exp_probe measured 8 groups faster than
 // 4 and 4 than 2 on both AVX-512 and AVX2 (Emerald Rapids).
 constexpr int vexpf_groups = 8;
+#if defined(EXA_K_HAS_AVX2)
+// det_math.cpp's expf steps on N vectors of doubles of either width
+// (__m256d, __m512d): the reduction k = round(x · 64/ln2), r = x − k·ln2/64
+// in two parts, and the polynomial p(r), each operator one IEEE operation
+// (GCC's vector operators; the build's -ffp-contract=off keeps them unfused).
+template <class VD, int N>
+[[gnu::always_inline]] inline void vexpf_steps(const VD (&x)[N], VD (&kd)[N], VD (&p)[N]) noexcept {
+  namespace e = det::expf_parts;
+  VD r[N];
+  for (int c = 0; c < N; ++c) kd[c] = (x[c] * e::scale + e::shifter) - e::shifter;
+  for (int c = 0; c < N; ++c) r[c] = (x[c] - kd[c] * e::ln2_64_hi) - kd[c] * e::ln2_64_lo;
+  for (int c = 0; c < N; ++c) p[c] = VD{} + 1.0 / 120.0;
+  for (const double k : {1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
+    for (int c = 0; c < N; ++c) p[c] = k + r[c] * p[c];
+}
+#endif
 #if defined(EXA_K_AVX512)
 // N independent groups of 8 lanes at once, each step written for all of
 // them together: one group's chain (about 80 cycles of dependent double
@@ -1663,7 +1679,7 @@ template <int N>
 [[gnu::always_inline]] inline void vexpf_n(const __m256 (&xf)[N], __m256 (&out)[N]) noexcept {
   namespace e = det::expf_parts;
   const double* tab = e::table();
-  __m512d x[N], kd[N], r[N], p[N];
+  __m512d x[N], kd[N], p[N];
   // Lanes in [lower, upper] take the steps below; the others (NaN, too big,
   // too small: rare in SiLU and softmax) are replaced at the end, and only
   // when there are any.
@@ -1677,14 +1693,7 @@ template <int N>
   }
   if (odd != 0) [[unlikely]]
     for (int c = 0; c < N; ++c) x[c] = _mm512_maskz_mov_pd(in[c], x[c]);  // the others: any finite value
-  const __m512d sh = _mm512_set1_pd(e::shifter);
-  for (int c = 0; c < N; ++c) kd[c] = _mm512_sub_pd(_mm512_add_pd(_mm512_mul_pd(x[c], _mm512_set1_pd(e::scale)), sh), sh);
-  for (int c = 0; c < N; ++c)
-    r[c] = _mm512_sub_pd(_mm512_sub_pd(x[c], _mm512_mul_pd(kd[c], _mm512_set1_pd(e::ln2_64_hi))),
-                         _mm512_mul_pd(kd[c], _mm512_set1_pd(e::ln2_64_lo)));
-  for (int c = 0; c < N; ++c) p[c] = _mm512_set1_pd(1.0 / 120.0);
-  for (const double k : {1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
-    for (int c = 0; c < N; ++c) p[c] = _mm512_add_pd(_mm512_set1_pd(k), _mm512_mul_pd(r[c], p[c]));
+  vexpf_steps(x, kd, p);
   for (int c = 0; c < N; ++c) {
     const __m256i n = _mm512_cvtpd_epi32(kd[c]);  // kd is an integer: exact
     const __m256i j = _mm256_and_si256(n, _mm256_set1_epi32(63));
@@ -1734,7 +1743,7 @@ inline void vexpf_minus_rest(float* x, float sub, std::size_t m) noexcept {  // 
 template <int N>
 [[gnu::always_inline]] inline void vexpf_n(const __m128 (&xf)[N], __m128 (&out)[N]) noexcept {
   namespace e = det::expf_parts;
-  __m256d x[N], kd[N], r[N], p[N], in[N];
+  __m256d x[N], kd[N], p[N], in[N];
   int odd = 0;
   for (int c = 0; c < N; ++c) {
     x[c] = _mm256_cvtps_pd(xf[c]);
@@ -1744,14 +1753,7 @@ template <int N>
   }
   if (odd != 0) [[unlikely]]
     for (int c = 0; c < N; ++c) x[c] = _mm256_and_pd(in[c], x[c]);  // the others compute e^0, replaced below
-  const __m256d sh = _mm256_set1_pd(e::shifter);
-  for (int c = 0; c < N; ++c) kd[c] = _mm256_sub_pd(_mm256_add_pd(_mm256_mul_pd(x[c], _mm256_set1_pd(e::scale)), sh), sh);
-  for (int c = 0; c < N; ++c)
-    r[c] = _mm256_sub_pd(_mm256_sub_pd(x[c], _mm256_mul_pd(kd[c], _mm256_set1_pd(e::ln2_64_hi))),
-                         _mm256_mul_pd(kd[c], _mm256_set1_pd(e::ln2_64_lo)));
-  for (int c = 0; c < N; ++c) p[c] = _mm256_set1_pd(1.0 / 120.0);
-  for (const double k : {1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
-    for (int c = 0; c < N; ++c) p[c] = _mm256_add_pd(_mm256_set1_pd(k), _mm256_mul_pd(r[c], p[c]));
+  vexpf_steps(x, kd, p);
   for (int c = 0; c < N; ++c) {
     const __m128i n = _mm256_cvtpd_epi32(kd[c]);  // kd is an integer: exact
     const __m128i j = _mm_and_si128(n, _mm_set1_epi32(63));

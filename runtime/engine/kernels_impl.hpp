@@ -1568,9 +1568,11 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
 inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
 #if defined(EXA_K_AVX512)
   const __m512 sign_mask = _mm512_set1_ps(-0.0f);
-  const auto block_amax = [&](std::size_t b) {  // max is exact in any order
-    const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
-    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign_mask, v0), _mm512_andnot_ps(sign_mask, v1)));
+  const auto block_amax_bits = [&](std::size_t b) {  // as model::abs_max_bits
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    const __m512i v0 = _mm512_and_si512(_mm512_loadu_si512(x + b * 32), abs);
+    const __m512i v1 = _mm512_and_si512(_mm512_loadu_si512(x + b * 32 + 16), abs);
+    return static_cast<std::uint32_t>(_mm512_reduce_max_epi32(_mm512_max_epi32(v0, v1)));
   };
   const auto emit = [&](std::size_t b, float id) {
     for (int h = 0; h < 2; ++h) {
@@ -1589,13 +1591,16 @@ inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
   // The AVX-512 steps on 8 lanes: the same roundf, exactly.
   const __m256 sign8 = _mm256_set1_ps(-0.0f);
   const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-  const auto block_amax = [&](std::size_t b) {  // max is exact in any order
-    __m256 a = _mm256_andnot_ps(sign8, _mm256_loadu_ps(x + b * 32));
-    for (int i = 1; i < 4; ++i) a = _mm256_max_ps(a, _mm256_andnot_ps(sign8, _mm256_loadu_ps(x + b * 32 + 8 * i)));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
+  const auto block_amax_bits = [&](std::size_t b) {  // as model::abs_max_bits
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+    const auto load = [&](int i) {
+      return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * 32 + 8 * i)), abs);
+    };
+    const __m256i a = _mm256_max_epi32(_mm256_max_epi32(load(0), load(1)), _mm256_max_epi32(load(2), load(3)));
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
   };
   const auto emit = [&](std::size_t b, float id) {
     __m256i q[4];
@@ -1618,26 +1623,42 @@ inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
   // d's f16 bits by F16C, as the scalar steps below give them (a NaN d takes
   // float_to_f16's NaN). One block at a time, the two divisions and the
   // conversion were a chain the core waited on for every block.
+  // A block with a NaN or an infinity is written as the scalar steps write
+  // it: d = q8_nonfinite_scale, q = 0.
+  const auto nonfinite = [&](std::size_t b) {
+    out[b].d = model::q8_nonfinite_scale;
+    std::memset(out[b].qs, 0, sizeof out[b].qs);
+  };
   const std::size_t nb = n / 32;
   std::size_t b = 0;
   for (; b + 8 <= nb; b += 8) {
-    alignas(32) float amax[8], d[8], id[8];
+    alignas(32) std::uint32_t amax[8];
+    alignas(32) float id[8];
     alignas(16) std::uint16_t dh[8];
-    for (int j = 0; j < 8; ++j) amax[j] = block_amax(b + j);
-    const __m256 dv = _mm256_div_ps(_mm256_load_ps(amax), _mm256_set1_ps(127.0f));
-    const __m256 nonzero = _mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_NEQ_UQ);  // d != 0, true for NaN
-    _mm256_store_ps(d, dv);
+    for (int j = 0; j < 8; ++j) amax[j] = block_amax_bits(b + j);
+    const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(amax));
+    const int bad = _mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(static_cast<int>(model::f32_inf_bits - 1)))));
+    const __m256 dv = _mm256_div_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(127.0f));
+    const __m256 nonzero = _mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_NEQ_UQ);  // d != 0
     _mm256_store_ps(id, _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(1.0f), dv)));
     _mm_store_si128(reinterpret_cast<__m128i*>(dh), _mm256_cvtps_ph(dv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if (_mm256_movemask_ps(_mm256_cmp_ps(dv, dv, _CMP_UNORD_Q)) != 0) [[unlikely]]
-      for (int j = 0; j < 8; ++j) dh[j] = model::float_to_f16(d[j]);
     for (int j = 0; j < 8; ++j) {
+      if ((bad >> j) & 1) [[unlikely]] {
+        nonfinite(b + j);
+        continue;
+      }
       out[b + j].d = dh[j];
       emit(b + j, id[j]);
     }
   }
   for (; b < nb; ++b) {
-    const float d = block_amax(b) / 127.0f;
+    const std::uint32_t amax = block_amax_bits(b);
+    if (amax >= model::f32_inf_bits) [[unlikely]] {
+      nonfinite(b);
+      continue;
+    }
+    const float d = std::bit_cast<float>(amax) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     out[b].d = model::float_to_f16(d);
     emit(b, id);

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/assert.hpp"
 #include "model/half.hpp"
+#include "model/quantize.hpp"
 
 namespace exa::model {
 
@@ -266,6 +268,11 @@ void quantize_row_q6_K(const float* x, block_q6_K* y, std::size_t n) noexcept {
 void quantize_row_q8_K(const float* x, block_q8_K* y, std::size_t n) noexcept {
   EXA_ASSERT(n % qk_k == 0);
   for (std::size_t b = 0; b < n / qk_k; ++b, x += qk_k) {
+    if (abs_max_bits(x, qk_k) >= f32_inf_bits) {  // as q8_0: a NaN through every product
+      std::memset(&y[b], 0, sizeof y[b]);
+      y[b].d = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
     float max = 0;
     float amax = 0;
     for (std::size_t j = 0; j < qk_k; ++j) {

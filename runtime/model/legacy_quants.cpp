@@ -1,12 +1,14 @@
 #include "model/legacy_quants.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
 #include "common/assert.hpp"
 #include "model/half.hpp"
+#include "model/quantize.hpp"
 
 namespace exa::model {
 
@@ -100,9 +102,13 @@ void quantize_row_q5_1(const float* x, block_q5_1* y, std::size_t n) noexcept {
 void quantize_row_q8_1(const float* x, block_q8_1* y, std::size_t n) noexcept {
   EXA_ASSERT(n % legacy_block_elems == 0);
   for (std::size_t b = 0; b < n / legacy_block_elems; ++b, x += legacy_block_elems) {
-    float amax = 0.0f;
-    for (std::size_t j = 0; j < legacy_block_elems; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
+    const std::uint32_t amax_bits = abs_max_bits(x, legacy_block_elems);
+    if (amax_bits >= f32_inf_bits) {  // as q8_0: a NaN through every product
+      y[b].d = y[b].s = q8_nonfinite_scale;
+      std::memset(y[b].qs, 0, sizeof y[b].qs);
+      continue;
+    }
+    const float d = std::bit_cast<float>(amax_bits) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = float_to_f16(d);
     int sum = 0;

@@ -1,6 +1,7 @@
 #include "model/quantize.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,12 +13,23 @@
 
 namespace exa::model {
 
+std::uint32_t abs_max_bits(const float* x, std::size_t n) noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t j = 0; j < n; ++j) m = std::max(m, std::bit_cast<std::uint32_t>(x[j]) & 0x7fffffffu);
+  return m;
+}
+
 void quantize_row_q8_0(const float* x, block_q8_0* y, std::size_t n) noexcept {
   EXA_ASSERT(n % q8_0_block_elems == 0);
   for (std::size_t b = 0; b < n / q8_0_block_elems; ++b) {
     const float* xb = x + b * q8_0_block_elems;
-    float amax = 0.0f;
-    for (std::size_t j = 0; j < q8_0_block_elems; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const std::uint32_t amax_bits = abs_max_bits(xb, q8_0_block_elems);
+    if (amax_bits >= f32_inf_bits) {
+      y[b].d = q8_nonfinite_scale;
+      std::memset(y[b].qs, 0, sizeof y[b].qs);
+      continue;
+    }
+    const float amax = std::bit_cast<float>(amax_bits);
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = float_to_f16(d);

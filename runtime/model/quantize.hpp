@@ -4,6 +4,7 @@
 // so files we write quantize exactly as llama.cpp would quantize the same floats.
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "model/tensor_type.hpp"
@@ -11,8 +12,21 @@
 namespace exa::model {
 
 /// Q8_0: per block of 32, d = max|x| / 127, q = round(x / d). `n` must be a
-/// multiple of 32; `y` receives n / 32 blocks.
+/// multiple of 32; `y` receives n / 32 blocks. A block holding a NaN or an
+/// infinity becomes d = q8_nonfinite_scale and q = 0 (ggml leaves it to
+/// rounding a NaN into int8, which C++ does not define), so it stays a NaN
+/// through every product, and every kernel variant writes the same bits.
 void quantize_row_q8_0(const float* x, block_q8_0* y, std::size_t n) noexcept;
+
+/// The f16 scale (a quiet NaN) of a q8 block whose input was not finite.
+inline constexpr std::uint16_t q8_nonfinite_scale = 0x7e00;
+
+/// The largest |x| of n floats as its float bits (the sign cleared): for
+/// non-negative floats the bits order as the values, and a NaN's bits lie
+/// above infinity's, so the maximum is exact in any order and sees a NaN
+/// wherever it is. A result >= 0x7f800000 means a NaN or an infinity.
+std::uint32_t abs_max_bits(const float* x, std::size_t n) noexcept;
+inline constexpr std::uint32_t f32_inf_bits = 0x7f800000u;
 
 /// Q4_0: per block of 32, d = (the value of largest magnitude) / -8,
 /// q = min(15, trunc(x / d + 8.5)). `n` must be a multiple of 32.

@@ -5,10 +5,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <utility>
 
 #include "engine/det_math.hpp"
 #include "engine/isa.hpp"
@@ -490,8 +493,6 @@ TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across vari
   // Whole runs of 8 blocks (their scales computed together) and a rest, with
   // blocks of every finite kind: all zeros, a scale in f16's subnormals, one
   // beyond f16's range (d's f16 bits an infinity), the largest floats.
-  // (Non-finite activations are left out: the scalar reference converts
-  // their NaN products to int8, which C++ leaves undefined.)
   std::vector<float> y = random_floats(19 * 32, 21, 40.0f);
   for (const std::size_t blk : {std::size_t{0}, std::size_t{17}})
     std::fill_n(y.begin() + static_cast<std::ptrdiff_t>(blk * 32), 32, 0.0f);
@@ -508,6 +509,38 @@ TEST_CASE("SiLU, softmax and the Q8_0 quantizer's ties agree bitwise across vari
       CAPTURE(blk);
       CHECK(want[blk].d == have[blk].d);
       CHECK(std::memcmp(want[blk].qs, have[blk].qs, sizeof want[blk].qs) == 0);
+    }
+  }
+  // Blocks holding a NaN (either sign) or an infinity, in runs of 8 and in
+  // the rest, at lanes of each 16- and 8-lane part: every variant writes the
+  // scalar steps' NaN scale and zero quants, and their neighbours as before.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<std::size_t, float>> bad = {{2 * 32 + 0, nan},   {7 * 32 + 31, -inf},
+                                                          {8 * 32 + 16, inf},  {12 * 32 + 17, -nan},
+                                                          {20 * 32 + 9, nan},  {20 * 32 + 26, inf},
+                                                          {25 * 32 + 5, -nan}, {26 * 32 + 30, -inf}};
+  std::vector<float> z = random_floats(27 * 32, 23, 40.0f);
+  const std::vector<float> z_clean = z;
+  for (const auto& [at, v] : bad) z[at] = v;
+  std::vector<model::block_q8_0> nf_want(27), clean_want(27), nf_have(27);
+  model::quantize_row_q8_0(z.data(), nf_want.data(), z.size());
+  model::quantize_row_q8_0(z_clean.data(), clean_want.data(), z_clean.size());
+  for (std::size_t blk = 0; blk < nf_want.size(); ++blk) {
+    const bool hit = std::any_of(bad.begin(), bad.end(), [&](const auto& p) { return p.first / 32 == blk; });
+    CAPTURE(blk);
+    if (hit) {
+      CHECK(nf_want[blk].d == model::q8_nonfinite_scale);
+      CHECK(std::all_of(std::begin(nf_want[blk].qs), std::end(nf_want[blk].qs), [](std::int8_t q) { return q == 0; }));
+    } else {
+      CHECK(std::memcmp(&nf_want[blk], &clean_want[blk], sizeof nf_want[blk]) == 0);
+    }
+  }
+  for (const isa v : variants) {
+    CAPTURE(engine::to_string(v));
+    engine::kernels_for(v).quantize_q8_0(z.data(), nf_have.data(), z.size());
+    for (std::size_t blk = 0; blk < nf_want.size(); ++blk) {
+      CAPTURE(blk);
+      CHECK(std::memcmp(&nf_want[blk], &nf_have[blk], sizeof nf_want[blk]) == 0);
     }
   }
 }

@@ -3,9 +3,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -347,4 +349,55 @@ TEST_CASE("Q4_1, Q5_0 and Q5_1 follow ggml's layouts and bound the error", "[mod
   CHECK(e50 < 0.06);
   CHECK(e51 < 0.065);
   CHECK(e50 < 0.6 * relative_rms_error(tensor_type::q4_0, g));
+}
+
+TEST_CASE("q8 activation blocks holding a NaN or an infinity quantize to a NaN scale and zeros", "[model]") {
+  // ggml would round a NaN product into int8, which C++ leaves undefined;
+  // ours gives such a block a quiet-NaN scale and zero quants, so it stays
+  // a NaN through every product, and its finite neighbours are untouched.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (const float bad : {nan, -nan, inf, -inf}) {
+    for (const std::size_t at : {std::size_t{0}, std::size_t{17}, std::size_t{31}}) {
+      CAPTURE(bad, at);
+      std::vector<float> x(256 * 2);
+      for (float& v : x) v = dist(rng);
+      std::vector<float> clean = x;
+      x[32 + at] = bad;  // the second 32-block of the first 256-block
+      std::vector<block_q8_0> q0(x.size() / 32), c0(x.size() / 32);
+      quantize_row_q8_0(x.data(), q0.data(), x.size());
+      quantize_row_q8_0(clean.data(), c0.data(), clean.size());
+      CHECK(q0[1].d == q8_nonfinite_scale);
+      CHECK(std::all_of(std::begin(q0[1].qs), std::end(q0[1].qs), [](std::int8_t v) { return v == 0; }));
+      for (std::size_t b = 0; b < q0.size(); ++b)
+        if (b != 1) CHECK(std::memcmp(&q0[b], &c0[b], sizeof q0[b]) == 0);
+      std::vector<float> back(x.size());
+      dequantize_row_q8_0(q0.data(), back.data(), back.size());
+      CHECK(std::isnan(back[32 + at]));
+
+      std::vector<block_q8_1> q1(x.size() / 32), c1(x.size() / 32);
+      quantize_row_q8_1(x.data(), q1.data(), x.size());
+      quantize_row_q8_1(clean.data(), c1.data(), clean.size());
+      CHECK(q1[1].d == q8_nonfinite_scale);
+      CHECK(q1[1].s == q8_nonfinite_scale);
+      CHECK(std::all_of(std::begin(q1[1].qs), std::end(q1[1].qs), [](std::int8_t v) { return v == 0; }));
+      CHECK(std::memcmp(&q1[0], &c1[0], sizeof q1[0]) == 0);
+
+      std::vector<block_q8_K> qk(x.size() / qk_k), ck(x.size() / qk_k);
+      quantize_row_q8_K(x.data(), qk.data(), x.size());
+      quantize_row_q8_K(clean.data(), ck.data(), clean.size());
+      CHECK(std::isnan(qk[0].d));
+      CHECK(std::all_of(std::begin(qk[0].qs), std::end(qk[0].qs), [](std::int8_t v) { return v == 0; }));
+      CHECK(std::all_of(std::begin(qk[0].bsums), std::end(qk[0].bsums), [](std::int16_t v) { return v == 0; }));
+      CHECK(std::memcmp(&qk[1], &ck[1], sizeof qk[1]) == 0);
+    }
+  }
+  // The largest finite magnitude is still an ordinary block.
+  std::vector<float> big(32, 1.0f);
+  big[5] = -std::numeric_limits<float>::max();
+  block_q8_0 q;
+  quantize_row_q8_0(big.data(), &q, 32);
+  CHECK(q.d == float_to_f16(std::numeric_limits<float>::max() / 127.0f));
+  CHECK(q.qs[5] == -127);
 }

@@ -1,6 +1,7 @@
 #include "engine/cpu_engine.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -13,8 +14,15 @@ std::string_view to_string(finish_reason r) noexcept {
     case finish_reason::stop: return "stop";
     case finish_reason::length: return "length";
     case finish_reason::cancelled: return "cancelled";
+    case finish_reason::nonfinite_logits: return "nonfinite_logits";
   }
   return "unknown";
+}
+
+std::string nonfinite_logits_message(std::uint32_t generated) {
+  return "the model produced no finite logit for generated token " + std::to_string(generated) +
+         " (NaN or infinite values: its weights or activations overflow, or its device faulted); generation "
+         "stopped there";
 }
 
 std::size_t cpu_engine::kv_block_bytes(const model::llama_config& c, std::uint32_t block_tokens) {
@@ -138,6 +146,15 @@ bool cpu_engine::sample_and_advance(sequence& seq, const float* logits, step_res
   const auto& r = seq.request;
   const model::token_id next =
       decided ? *decided : sampler_.sample(logits, model_->config().vocab_size, r.sampling, seq.generated());
+  // The sampler passes over NaN logits and the speculative rule gives them
+  // no weight, so the chosen logit is NaN only when all are; an infinite one
+  // is an overflow. Either way the numbers are not the model's: stop.
+  if (!std::isfinite(logits[next])) [[unlikely]] {
+    out.finished.push_back({r.id, finish_reason::nonfinite_logits, seq.generated(), seq.cached_tokens});
+    ++stats_.nonfinite_logit_finishes;
+    scheduler_.finish(r.id);
+    return false;
+  }
   if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end()) {
     out.finished.push_back({r.id, finish_reason::stop, seq.generated(), seq.cached_tokens});
     scheduler_.finish(r.id);

@@ -44,8 +44,15 @@ struct generation_request {
   request_priority priority = request_priority::interactive;
 };
 
-enum class finish_reason { stop, length, cancelled };
+/// nonfinite_logits: the token the sampler chose has a NaN or infinite logit,
+/// which happens only when every logit is NaN or an infinity won: the model's
+/// weights or activations overflowed (a broken or badly converted file, or a
+/// faulty device). The sequence ends there; the token is not emitted.
+enum class finish_reason { stop, length, cancelled, nonfinite_logits };
 std::string_view to_string(finish_reason r) noexcept;
+/// What a caller is told when its request ended with nonfinite_logits after
+/// `generated` tokens.
+std::string nonfinite_logits_message(std::uint32_t generated);
 
 struct token_event {
   seq_id id = 0;
@@ -88,6 +95,8 @@ struct engine_stats {
   std::uint64_t generated_tokens = 0;
   std::uint64_t prefill_tokens = 0;
   std::uint64_t preemptions = 0;
+  /// Sequences ended with finish_reason::nonfinite_logits.
+  std::uint64_t nonfinite_logit_finishes = 0;
   /// Steps stopped at a layer boundary for a lighter arrival's prefill.
   std::uint64_t yielded_steps = 0;
   /// Prefix cache: prompt tokens looked up at admission, and how many of

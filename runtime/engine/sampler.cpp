@@ -11,11 +11,14 @@
 namespace exa::engine {
 namespace {
 
+// NaN logits never win (as sample() drops them), wherever they are; with
+// nothing but NaN, token 0.
 model::token_id argmax(const float* logits, std::size_t vocab) noexcept {
   std::size_t best = 0;
-  for (std::size_t i = 1; i < vocab; ++i)
+  while (best + 1 < vocab && std::isnan(logits[best])) ++best;
+  for (std::size_t i = best + 1; i < vocab; ++i)
     if (logits[i] > logits[best]) best = i;
-  return static_cast<model::token_id>(best);
+  return std::isnan(logits[best]) ? 0 : static_cast<model::token_id>(best);
 }
 
 }  // namespace

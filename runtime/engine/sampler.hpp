@@ -54,6 +54,7 @@ class sampler {
  public:
   /// Picks a token from `logits[0, vocab)` for generated-token number `index`.
   /// Greedy ties go to the lowest id; candidate order is (logit desc, id asc).
+  /// NaN logits are never chosen, unless every logit is NaN (token 0 then).
   model::token_id sample(const float* logits, std::size_t vocab, const sampling_params& p,
                          std::uint64_t index);
 

@@ -5,6 +5,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <optional>
+
 #include "fixtures.hpp"
 
 using namespace exa;
@@ -213,4 +216,64 @@ TEST_CASE("logprobs come with tokens only when asked, and do not change the toke
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code == errc::invalid_argument);
   CHECK_THAT(refused.error().message, Catch::Contains("top_logprobs must be at most 20"));
+}
+
+TEST_CASE("a model that overflows ends only the requests it reaches, with nonfinite_logits, emitting nothing after",
+          "[engine][errors]") {
+  const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::q8_0);
+  CAPTURE(model::to_string(type));
+  auto clean = test::make_model(test::tiny_spec(type));
+  const auto vocab = clean->config().vocab_size;
+  const auto a_prompt = test::test_prompt(9, vocab, 31), c_prompt = test::test_prompt(7, vocab, 32);
+  std::vector<std::vector<std::int32_t>> ref;
+  {
+    rig r(clean, 1024);
+    REQUIRE(r.eng->submit(request(0, a_prompt, 12)));
+    REQUIRE(r.eng->submit(request(1, c_prompt, 12)));
+    ref = test::run_to_completion(*r.eng, 2);
+  }
+  // The poisoned token: one C generates (at k >= 1) that nothing else reads.
+  const auto absent = [](const std::vector<std::int32_t>& v, std::int32_t t) {
+    return std::find(v.begin(), v.end(), t) == v.end();
+  };
+  std::size_t k = 1;
+  while (k < ref[1].size() &&
+         !(absent(a_prompt, ref[1][k]) && absent(ref[0], ref[1][k]) && absent(c_prompt, ref[1][k]) &&
+           absent({ref[1].begin(), ref[1].begin() + static_cast<std::ptrdiff_t>(k)}, ref[1][k])))
+    ++k;
+  REQUIRE(k < ref[1].size());
+  const std::int32_t poison = ref[1][k];
+  auto m = test::make_poisoned_model(test::tiny_spec(type), poison);
+
+  // A never sees the token; B has it in its prompt (and samples); C generates it.
+  auto b_prompt = a_prompt;
+  b_prompt.insert(b_prompt.begin() + 4, poison);
+  rig r(m, 1024);
+  REQUIRE(r.eng->submit(request(0, a_prompt, 12)));
+  REQUIRE(r.eng->submit(request(1, b_prompt, 12, engine::sampling_params{0.9f, 0.95f, 40, 99})));
+  REQUIRE(r.eng->submit(request(2, c_prompt, 12)));
+  std::vector<std::vector<std::int32_t>> got(3);
+  std::vector<std::optional<engine::finish_event>> fin(3);
+  for (int steps = 0; !r.eng->idle() && steps < 200; ++steps) {
+    const auto s = r.eng->step();
+    for (const auto& t : s.tokens) got[t.id].push_back(t.token);
+    for (const auto& f : s.finished) fin[f.id] = f;
+  }
+  REQUIRE(r.eng->idle());
+  REQUIRE(fin[0].has_value());
+  REQUIRE(fin[1].has_value());
+  REQUIRE(fin[2].has_value());
+  CHECK(got[0] == ref[0]);
+  CHECK(fin[0]->reason == engine::finish_reason::length);
+  CHECK(got[1].empty());
+  CHECK(fin[1]->reason == engine::finish_reason::nonfinite_logits);
+  CHECK(fin[1]->generated == 0);
+  CHECK(got[2] == std::vector<std::int32_t>(ref[1].begin(), ref[1].begin() + static_cast<std::ptrdiff_t>(k) + 1));
+  CHECK(fin[2]->reason == engine::finish_reason::nonfinite_logits);
+  CHECK(fin[2]->generated == k + 1);
+  const auto st = r.eng->stats();
+  CHECK(st.nonfinite_logit_finishes == 2);
+  CHECK(st.kv_free_tokens == st.kv_capacity_tokens);
+  CHECK(engine::to_string(engine::finish_reason::nonfinite_logits) == "nonfinite_logits");
+  CHECK(engine::nonfinite_logits_message(3).find("generated token 3") != std::string::npos);
 }

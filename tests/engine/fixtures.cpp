@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../common/poisoned_model.hpp"
+
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -33,6 +35,12 @@ std::shared_ptr<const model::llama_model> make_model(const model::model_spec& sp
   auto m = model::llama_model::load(path);
   if (!m) FAIL(to_string(m.error()));
   cache[key] = *m;
+  return *m;
+}
+
+std::shared_ptr<const model::llama_model> make_poisoned_model(const model::model_spec& spec, std::int32_t token) {
+  auto m = model::llama_model::load(write_poisoned_copy(make_model(spec)->path(), token));
+  if (!m) FAIL(to_string(m.error()));
   return *m;
 }
 

@@ -19,6 +19,12 @@ namespace exa::test {
 /// Generates (once per process and spec) and loads a model.
 std::shared_ptr<const model::llama_model> make_model(const model::model_spec& spec);
 
+/// `spec`'s model written again with token `token`'s embedding made
+/// infinite (an f32 or f16 element, or a block's f16 scale): the file an
+/// overflowing conversion would leave. Its hidden state, and every later
+/// position's through attention, is then NaN or infinite.
+std::shared_ptr<const model::llama_model> make_poisoned_model(const model::model_spec& spec, std::int32_t token);
+
 /// The tiny preset with a chosen weight type.
 model::model_spec tiny_spec(model::tensor_type type = model::tensor_type::f32);
 

@@ -563,13 +563,12 @@ model::model_spec two_layer_spec(model::tensor_type type) {
 // position and the last; `mem` gets the forward's weight copies.
 std::vector<float> prompt_logits(const model::llama_model& m, const std::vector<std::int32_t>& prompt,
                                  std::uint32_t every, engine::resident_options o = {},
-                                 engine::resident_memory* mem = nullptr,
-                                 const model::llama_weights* weights = nullptr) {
+                                 engine::resident_memory* mem = nullptr) {
   const auto n = static_cast<std::uint32_t>(prompt.size());
   auto pool = test::make_pool(m, 64);
   engine::kv_cache cache(*pool, {m.config().n_layers, m.config().kv_dim(), 16});
   engine::thread_pool threads(2);
-  engine::llama_forward fwd(m.config(), weights != nullptr ? *weights : m.weights(), cache, threads, o);
+  engine::llama_forward fwd(m.config(), m.weights(), cache, threads, o);
   if (mem != nullptr) *mem = fwd.weights_memory();
   REQUIRE(cache.reserve(1, n));
   engine::forward_batch batch;
@@ -617,23 +616,11 @@ TEST_CASE("a token whose embedding overflows gives the same NaN logits on every 
   for (std::size_t p = 0; p < 9; ++p)
     if (prompt[p] == poisoned) prompt[p] = poisoned == 3 ? 4 : 3;
 
-  model::llama_weights w = m->weights();
-  REQUIRE(w.token_embd.data != w.output.data);  // untied: only the lookup sees the poison
-  std::vector<std::byte> embd(w.token_embd.bytes());
-  std::memcpy(embd.data(), w.token_embd.data, embd.size());
-  std::byte* row = embd.data() + static_cast<std::size_t>(poisoned) * w.token_embd.row_bytes();
-  if (type == model::tensor_type::f32) {
-    const float inf = std::numeric_limits<float>::infinity();
-    std::memcpy(row + 4 * 5, &inf, sizeof inf);  // one element
-  } else {
-    const std::uint16_t inf16 = 0x7c00;  // f16's infinity: an element (f16), a block's scale d (q8_0, q4_0, q4_K)
-    std::memcpy(row, &inf16, sizeof inf16);
-  }
-  w.token_embd.data = embd.data();
+  m = test::make_poisoned_model(two_layer_spec(type), poisoned);
 
   const auto logits_on = [&](isa v) {
     test::isa_scope scope(v);
-    return prompt_logits(*m, prompt, 1, {}, nullptr, &w);
+    return prompt_logits(*m, prompt, 1);
   };
   const auto reference = logits_on(isa::scalar);
   const std::size_t vocab = m->config().vocab_size;

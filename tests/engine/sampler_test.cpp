@@ -18,6 +18,19 @@ TEST_CASE("greedy picks the largest logit, lowest id on ties", "[sampler]") {
   CHECK(s.sample(logits.data(), logits.size(), {1.0f, 1.0f, 1, 9}, 0) == 1);  // top_k 1 is greedy
 }
 
+TEST_CASE("greedy passes over NaN logits wherever they are; with nothing else, token 0", "[sampler]") {
+  engine::sampler s;
+  const std::vector<float> first_nan = {NAN, -3.0f, 1.0f, NAN, 0.5f};
+  CHECK(s.sample(first_nan.data(), first_nan.size(), {}, 0) == 2);
+  const std::vector<float> leading = {NAN, NAN, -7.0f};
+  CHECK(s.sample(leading.data(), leading.size(), {}, 0) == 2);
+  const std::vector<float> all_nan = {NAN, NAN, NAN};
+  CHECK(s.sample(all_nan.data(), all_nan.size(), {}, 0) == 0);
+  CHECK(s.sample(all_nan.data(), all_nan.size(), {0.8f, 1.0f, 0, 5}, 0) == 0);  // sampled: the same fallback
+  // Sampled draws never pick a NaN either.
+  for (int i = 0; i < 32; ++i) CHECK(s.sample(first_nan.data(), first_nan.size(), {1.0f, 1.0f, 0, 3}, i) % 3 != 0);
+}
+
 TEST_CASE("seeded draws repeat and depend on seed and index", "[sampler]") {
   engine::sampler s;
   std::vector<float> logits(50);

@@ -133,6 +133,11 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
       "Engine steps of a deployment's replicas stopped part way (at a layer boundary) so that a lighter tenant's "
       "arriving prompt ran first ([cluster] step_stop).",
       {"model"}));
+  m->nonfinite_logits = must(r.register_counter(
+      "exaserve_engine_nonfinite_logits_total",
+      "Requests a deployment's replicas stopped because the model produced no finite logit (NaN or infinite "
+      "values: weights or activations that overflow, or a faulty device); each one ended with an error.",
+      {"model"}));
   return m;
 }
 

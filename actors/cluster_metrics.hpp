@@ -47,6 +47,7 @@ struct cluster_metrics {
   metrics::counter_family* draft_proposed_tokens = nullptr;  // {model}: draft tokens the model verified
   metrics::counter_family* draft_accepted_tokens = nullptr;  // {model}: of them, accepted
   metrics::counter_family* stopped_steps = nullptr;          // {model}: engine steps stopped part way for an arrival
+  metrics::counter_family* nonfinite_logits = nullptr;       // {model}: requests stopped for non-finite logits
 
   /// Registers every family in `registry` (a fresh one when null).
   static std::shared_ptr<cluster_metrics> create(std::shared_ptr<metrics::registry> registry = nullptr);

@@ -113,6 +113,7 @@ void export_prefix_stats(replica_actor_state& st, const engine::engine_stats& s)
   grow(m.draft_proposed_tokens, s.draft_proposed_tokens, st.draft_proposed_exported);
   grow(m.draft_accepted_tokens, s.draft_accepted_tokens, st.draft_accepted_exported);
   grow(m.stopped_steps, s.yielded_steps, st.stopped_steps_exported);
+  grow(m.nonfinite_logits, s.nonfinite_logit_finishes, st.nonfinite_logits_exported);
 }
 
 void report_load(self_ptr self, bool force) {

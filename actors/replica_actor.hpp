@@ -84,6 +84,7 @@ struct replica_actor_state {
   std::uint64_t draft_proposed_exported = 0;  // the same for speculative decoding's counters
   std::uint64_t draft_accepted_exported = 0;
   std::uint64_t stopped_steps_exported = 0;
+  std::uint64_t nonfinite_logits_exported = 0;
   std::optional<cluster::degradation_detector> health;  // set at start from ctx.degradation
   bool probe_out = false;
   bool model_requested = false;  // acquire_model sent: released at the end even if the answer never came

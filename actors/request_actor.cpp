@@ -249,6 +249,13 @@ void on_finish(self_ptr self, const finish_msg& m) {
   emit(self, std::move(out));
   st.cached_tokens = m.cached_tokens;
   self->send(st.router, replica_outcome{st.replica_id, true});
+  if (reason == engine::finish_reason::nonfinite_logits) {
+    // The same file gives the same numbers on any replica: no resume.
+    spdlog::warn("event=request_nonfinite_logits request={} replica={} generated={}", st.ctx.request.request_id,
+                 st.replica_id, st.generated.size());
+    return finish(self, api::finish_reason::error,
+                  error{errc::internal, engine::nonfinite_logits_message(static_cast<std::uint32_t>(st.generated.size()))});
+  }
   finish(self, reason == engine::finish_reason::stop ? api::finish_reason::stop : api::finish_reason::length);
 }
 

@@ -303,6 +303,8 @@ int cmd_generate(int argc, char** argv) {
     emit(text.flush());
     std::printf("\n");
   }
+  if (reason == engine::finish_reason::nonfinite_logits)
+    return fail("generate", error{errc::internal, engine::nonfinite_logits_message(static_cast<std::uint32_t>(n))});
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("event=generate_done tokens={} finish={} seconds={:.3f} tok_s={:.1f}", n,
                engine::to_string(reason), secs, secs > 0 ? n / secs : 0.0);

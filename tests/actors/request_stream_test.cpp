@@ -59,6 +59,7 @@ caf::behavior scripted_router(caf::event_based_actor*, std::vector<caf::actor> r
       },
       [=](const actors::replica_outcome& o) { outcomes->push_back(o); },
       [=](const actors::adopt_request&) {},
+      [=](const actors::request_sample&) {},
   };
 }
 
@@ -127,10 +128,9 @@ struct fixture {
     caf::send_as(from, request, std::move(m));
     run();
   }
-  void finished(const caf::actor& from, std::uint32_t generated, std::uint32_t cached_tokens = 0) {
-    caf::send_as(from, request,
-                 actors::finish_msg{7, static_cast<std::uint8_t>(engine::finish_reason::length), generated,
-                                    cached_tokens});
+  void finished(const caf::actor& from, std::uint32_t generated, std::uint32_t cached_tokens = 0,
+                engine::finish_reason reason = engine::finish_reason::length) {
+    caf::send_as(from, request, actors::finish_msg{7, static_cast<std::uint8_t>(reason), generated, cached_tokens});
     run();
   }
 };
@@ -255,6 +255,25 @@ TEST_CASE("a replica that sends tokens without the logprobs asked for ends the r
   CHECK(f.sink->result->reason == api::finish_reason::error);
   REQUIRE(f.sink->result->err);
   CHECK(f.sink->result->err->code == errc::internal);
+}
+
+TEST_CASE("a replica whose model gave no finite logit ends the request with an error naming it, and no resume",
+          "[actors][request]") {
+  fixture f(8);
+  f.tokens(f.a, 0, {10, 11});
+  f.finished(f.a, 3, 0, engine::finish_reason::nonfinite_logits);  // overtook its last token: waits for it
+  CHECK_FALSE(f.sink->result);
+  f.tokens(f.a, 2, {12});
+  REQUIRE(f.sink->result);
+  CHECK(f.sink->result->reason == api::finish_reason::error);
+  REQUIRE(f.sink->result->err);
+  CHECK(f.sink->result->err->code == errc::internal);
+  CHECK(f.sink->result->err->message.find("no finite logit for generated token 3") != std::string::npos);
+  CHECK(f.sink->tokens() == std::vector<std::int32_t>{10, 11, 12});  // what came before is kept
+  CHECK(f.sink->result->usage.completion_tokens == 3);
+  CHECK(f.log_b->submits.empty());  // the same file would give the same NaNs elsewhere
+  REQUIRE(f.outcomes->size() == 1);
+  CHECK(f.outcomes->back().ok);  // the replica itself did not fail
 }
 
 TEST_CASE("every end-of-generation token of the file stops the request, not just eos", "[actors][request]") {

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 #include "model/gguf_writer.hpp"
 #include "model/llama_model.hpp"
 #include "run_command.hpp"
+#include "../common/poisoned_model.hpp"
 
 using namespace exa;
 
@@ -75,6 +77,28 @@ TEST_CASE("generate --ids prints the engine's greedy tokens", "[cli]") {
   while (!eng.idle())
     for (const auto& t : eng.step().tokens) expected.push_back(t.token);
   CHECK(ids == expected);
+}
+
+TEST_CASE("generate on a model file that overflows prints what came before and fails naming the problem", "[cli]") {
+  // Token 105 of the prompt has an infinite embedding: nothing can follow it.
+  const std::string poisoned = test::write_poisoned_copy(tiny_model(), 105);
+  auto r = run({"generate", "--model", poisoned, "--prompt-ids", "1,72,105,33", "--max-tokens", "12", "--ids",
+                "--ignore-eos", "--threads", "1"});
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("no finite logit for generated token 0"));
+  // A prompt without it generates as on the clean file.
+  const std::vector<std::string> clean_args = {"--prompt-ids", "1,72,104,33", "--max-tokens", "6", "--ids",
+                                               "--ignore-eos", "--threads", "1"};
+  auto args = clean_args;
+  args.insert(args.begin(), {"generate", "--model", tiny_model()});
+  const auto clean = run(args);
+  args[2] = poisoned;
+  const auto same = run(args);
+  REQUIRE(clean.exit_code == 0);
+  const auto ids = parse_ids(clean.out);
+  REQUIRE(std::find(ids.begin(), ids.end(), 105) == ids.end());  // nor does it generate the token
+  CHECK(same.exit_code == 0);
+  CHECK(same.out == clean.out);
 }
 
 TEST_CASE("generate --tp 2 runs over two CPU devices and prints one device's greedy tokens", "[cli][tp]") {

@@ -28,6 +28,7 @@
 #include "run_process.hpp"
 #include "serve_config.hpp"
 #include "serving_fixture.hpp"
+#include "../common/poisoned_model.hpp"
 
 using namespace exa;
 using json = nlohmann::json;
@@ -36,8 +37,8 @@ namespace {
 
 const std::string& model_path() { return test::tiny_model_path(); }
 
-// The engine's own greedy text for a prompt, as the server would stream it.
-std::string engine_text(const std::string& prompt, std::uint32_t max_tokens) {
+// The engine's own greedy tokens for a prompt, as the server would stream them.
+std::vector<std::int32_t> engine_ids(const std::string& prompt, std::uint32_t max_tokens) {
   auto m = model::llama_model::load(model_path());
   REQUIRE(m.has_value());
   auto pool = gpu::cpu_memory_pool::create(engine::cpu_engine::kv_block_bytes((*m)->config(), 16), 64);
@@ -51,8 +52,15 @@ std::string engine_text(const std::string& prompt, std::uint32_t max_tokens) {
   std::vector<std::int32_t> ids;
   while (!eng.idle())
     for (const auto& t : eng.step().tokens) ids.push_back(t.token);
+  return ids;
+}
+
+// The same as text.
+std::string engine_text(const std::string& prompt, std::uint32_t max_tokens) {
+  auto m = model::llama_model::load(model_path());
+  REQUIRE(m.has_value());
   std::string bytes;
-  for (auto id : ids) bytes += (*m)->tokenizer().decode_token(id);
+  for (auto id : engine_ids(prompt, max_tokens)) bytes += (*m)->tokenizer().decode_token(id);
   return model::sanitize_utf8(bytes);
 }
 
@@ -60,13 +68,14 @@ struct server {
   std::unique_ptr<actors::embedded_cluster> cluster;
   std::unique_ptr<frontdoor> door;
 
-  explicit server(const std::string& engine = "cpu", std::uint32_t replicas = 2) {
+  explicit server(const std::string& engine = "cpu", std::uint32_t replicas = 2,
+                  const std::string& model_file = model_path()) {
     actors::cluster_options o;
     o.engine = engine;
     o.nodes = 1;
     o.devices_per_node = 2;
     o.device_memory_bytes = 64ull << 20;
-    o.default_model_file = model_path();
+    o.default_model_file = model_file;
     o.scheduler_threads = 2;
     api::deploy_request d;
     d.name = "tiny";
@@ -492,4 +501,69 @@ TEST_CASE("serve config: a deployment's prefix_slack_tokens and prefix_slack_rat
     CHECK(r.error().code == errc::invalid_argument);
     CHECK_THAT(r.error().message, Contains(words));
   }
+}
+
+TEST_CASE("a model file that overflows: the requests it reaches end with an error naming it, the rest are served",
+          "[serving][http]") {
+  auto clean = model::llama_model::load(model_path());
+  REQUIRE(clean.has_value());
+  const auto& tok = (*clean)->tokenizer();
+  const std::string good = "The quick brown fox", story = "Once upon a time";
+  const auto good_prompt = tok.encode(good, true), story_prompt = tok.encode(story, true);
+  REQUIRE(good_prompt.has_value());
+  REQUIRE(story_prompt.has_value());
+  const auto good_ids = engine_ids(good, 6), story_ids = engine_ids(story, 8);
+  // Poison a token the story's completion reaches at k >= 1 and nothing
+  // else holds: the good request never meets it.
+  const auto absent = [](const std::vector<std::int32_t>& v, std::int32_t t) {
+    return std::find(v.begin(), v.end(), t) == v.end();
+  };
+  std::size_t k = 1;
+  while (k < story_ids.size() &&
+         !(absent(*good_prompt, story_ids[k]) && absent(good_ids, story_ids[k]) && absent(*story_prompt, story_ids[k]) &&
+           absent({story_ids.begin(), story_ids.begin() + static_cast<std::ptrdiff_t>(k)}, story_ids[k])))
+    ++k;
+  REQUIRE(k < story_ids.size());
+  const std::int32_t poison = story_ids[k];
+  server s("cpu", 1, test::write_poisoned_copy(model_path(), poison));
+  const auto port = s.door->http_port();
+
+  // The token in the prompt, not streamed: a 500 whose message names the problem.
+  auto in_prompt = *good_prompt;
+  in_prompt.insert(in_prompt.begin() + 2, poison);
+  const json body = {{"model", "tiny"}, {"prompt", in_prompt}, {"max_tokens", 6}};
+  auto r = test::http_request(port, "POST", "/v1/completions", body.dump());
+  INFO(r.body);
+  CHECK(r.status == 500);
+  CHECK_THAT(r.body, Catch::Contains("no finite logit for generated token 0"));
+
+  // Generated mid-stream: the tokens up to it (itself included) stream, then an error event.
+  r = stream_request(port, story, 8);
+  REQUIRE(r.status == 200);
+  const auto events = test::sse_events(r.body);
+  REQUIRE(events.size() >= 2);
+  std::string text;
+  bool error_seen = false;
+  for (const auto& e : events) {
+    if (e == "[DONE]") continue;
+    const auto j = json::parse(e);
+    if (j.contains("error")) {
+      error_seen = true;
+      CHECK_THAT(j["error"]["message"].get<std::string>(),
+                 Catch::Contains("no finite logit for generated token " + std::to_string(k + 1)));
+    } else if (!j["choices"].empty()) {
+      text += j["choices"][0]["text"].get<std::string>();
+    }
+  }
+  CHECK(error_seen);
+  std::string expected;
+  for (std::size_t i = 0; i <= k; ++i) expected += tok.decode_token(story_ids[i]);
+  CHECK(text == model::sanitize_utf8(expected));
+
+  // The same replica goes on serving what the poison does not reach, exactly.
+  CHECK(streamed_text(port, good, 6) == engine_text(good, 6));
+  const auto m = test::http_request(port, "GET", "/metrics");
+  REQUIRE(m.status == 200);
+  INFO(m.body);
+  CHECK(metric_value(m.body, "exaserve_engine_nonfinite_logits_total{model=\"tiny\"}") == 2.0);
 }

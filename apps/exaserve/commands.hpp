@@ -7,6 +7,7 @@ namespace exa::app {
 int cmd_gen_model(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_detokenize(int argc, char** argv);
+int cmd_check_model(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_chat_template(int argc, char** argv);
 int cmd_bench_engine(int argc, char** argv);

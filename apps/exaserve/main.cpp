@@ -25,6 +25,7 @@ commands:
   gen-model      write a Llama-architecture GGUF model with deterministic random weights
   tokenize       print a text's token ids with a model file's tokenizer (as llama.cpp tokenizes)
   detokenize     print the text of token ids with a model file's tokenizer
+  check-model    load a model file and find NaN or infinite values in its tensors
   bench-engine   measure prefill and decode throughput of the CPU engine
   plan           print the memory ledger: how many replicas of a model fit a GPU and a node
   chaos          run a fault plan under load (one process, or --processes) and check invariants
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   if (cmd == "gen-model") return exa::app::cmd_gen_model(argc, argv);
   if (cmd == "tokenize") return exa::app::cmd_tokenize(argc, argv);
   if (cmd == "detokenize") return exa::app::cmd_detokenize(argc, argv);
+  if (cmd == "check-model") return exa::app::cmd_check_model(argc, argv);
   if (cmd == "bench-engine") return exa::app::cmd_bench_engine(argc, argv);
   if (cmd == "plan") return exa::app::cmd_plan(argc, argv);
   if (cmd == "chaos") return exa::app::cmd_chaos(argc, argv);

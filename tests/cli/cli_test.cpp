@@ -101,6 +101,29 @@ TEST_CASE("generate on a model file that overflows prints what came before and f
   CHECK(same.out == clean.out);
 }
 
+TEST_CASE("check-model passes a clean file and names the tensor, row and column of a non-finite value",
+          "[cli]") {
+  auto r = run({"check-model", "--model", tiny_model()});
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("OK: every value is finite"));
+  const std::string poisoned = test::write_poisoned_copy(tiny_model(), 105);
+  r = run({"check-model", "--model", poisoned});
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Catch::Contains("token_embd.weight: 1 of "));
+  CHECK_THAT(r.out, Catch::Contains("the first at row 105, column 0"));
+  CHECK_THAT(r.out, Catch::Contains("FAIL: 1 non-finite value in 1 tensor;"));
+  r = run({"check-model", "--model", poisoned, "--json"});
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Catch::Contains(R"("nonfinite":1,"nonfinite_tensors":[{"tensor":"token_embd.weight","nonfinite":1,"first_row":105,"first_col":0}])"));
+  // Not a model, no file, no --model: errors that name the problem.
+  r = run({"check-model", "--model", tmp("no-such.gguf")});
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("no-such.gguf"));
+  r = run({"check-model"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("--model FILE is required"));
+}
+
 TEST_CASE("generate --tp 2 runs over two CPU devices and prints one device's greedy tokens", "[cli][tp]") {
   const std::vector<std::string> base = {"generate", "--model", tiny_model(), "--prompt-ids", "1,72,105,33",
                                          "--max-tokens", "12", "--ids", "--ignore-eos"};

@@ -1,0 +1,64 @@
+#include "model/value_scan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "model/quantize.hpp"
+#include "model/tensor_type.hpp"
+
+namespace exa::model {
+
+std::uint64_t value_scan::nonfinite() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& t : read) n += t.nonfinite;
+  return n;
+}
+
+value_scan scan_values(const gguf_file& f, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  value_scan out;
+  std::uint64_t total = 0;
+  for (const auto& t : f.tensors())
+    if (t.type) total += t.size_bytes;
+  constexpr std::uint64_t report_every = 64ull << 20;
+  std::uint64_t done = 0, next_report = report_every;
+  std::vector<float> row;
+  for (const auto& t : f.tensors()) {
+    if (!t.type || t.shape.empty() || t.shape[0] == 0) {
+      out.skipped.push_back(t.name);
+      continue;
+    }
+    const std::uint64_t cols = t.shape[0];
+    const std::uint64_t rows = t.elements() / cols;
+    const std::size_t pitch = row_bytes(*t.type, static_cast<std::size_t>(cols));
+    tensor_values tv;
+    tv.name = t.name;
+    tv.values = rows * cols;
+    row.resize(static_cast<std::size_t>(cols));
+    for (std::uint64_t r = 0; r < rows; ++r) {
+      dequantize_row(*t.type, t.data + r * pitch, row);
+      for (std::size_t c = 0; c < row.size(); ++c) {
+        const float v = std::fabs(row[c]);
+        if (std::isfinite(v)) {
+          tv.max_abs = std::max(tv.max_abs, v);
+        } else if (tv.nonfinite++ == 0) {
+          tv.first_row = r;
+          tv.first_col = c;
+        }
+      }
+      done += pitch;
+      if (progress && done >= next_report) {
+        progress(done, total);
+        next_report = done + report_every;
+      }
+    }
+    ++out.tensors;
+    out.values += tv.values;
+    out.bytes += t.size_bytes;
+    out.read.push_back(std::move(tv));
+    if (progress) progress(done, total);
+  }
+  return out;
+}
+
+}  // namespace exa::model

@@ -1,0 +1,65 @@
+// Reading every value of a model file: a clean one has none that is not
+// finite; a copy with one token's embedding made infinite is found at that
+// tensor, row and column, whatever the weight type.
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "../common/poisoned_model.hpp"
+#include "model/gguf.hpp"
+#include "model/model_gen.hpp"
+#include "model/value_scan.hpp"
+
+using namespace exa;
+using namespace exa::model;
+
+TEST_CASE("scan_values finds the non-finite values of a file by tensor, row and column", "[model]") {
+  const auto type = GENERATE(tensor_type::f32, tensor_type::f16, tensor_type::q8_0, tensor_type::q4_0);
+  CAPTURE(to_string(type));
+  auto spec = *preset_spec("tiny");
+  spec.type = type;
+  std::filesystem::create_directories(EXA_TEST_TMPDIR);
+  const std::string path = std::string(EXA_TEST_TMPDIR) + "/scan-" + std::string(to_string(type)) + ".gguf";
+  REQUIRE(generate_model(spec, path));
+
+  auto clean = gguf_file::open(path);
+  REQUIRE(clean);
+  std::uint64_t calls = 0, last_done = 0, last_total = 0;
+  const value_scan ok = scan_values(*clean, [&](std::uint64_t done, std::uint64_t total) {
+    CHECK(done >= last_done);
+    ++calls, last_done = done, last_total = total;
+  });
+  CHECK(ok.nonfinite() == 0);
+  CHECK(ok.tensors == clean->tensors().size());
+  CHECK(ok.skipped.empty());
+  std::uint64_t values = 0, bytes = 0;
+  for (const auto& t : clean->tensors()) values += t.elements(), bytes += t.size_bytes;
+  CHECK(ok.values == values);
+  CHECK(ok.bytes == bytes);
+  CHECK(calls >= ok.tensors);  // after each tensor at least
+  CHECK(last_done == last_total);
+  CHECK(last_total == bytes);
+  for (const auto& t : ok.read) {
+    CAPTURE(t.name);
+    CHECK(t.max_abs > 0.0f);  // random weights, norms of ones
+  }
+
+  const std::int32_t token = 77;
+  auto bad = gguf_file::open(test::write_poisoned_copy(path, token));
+  REQUIRE(bad);
+  const value_scan found = scan_values(*bad);
+  const tensor_values* embd = nullptr;
+  for (const auto& t : found.read)
+    if (t.name == "token_embd.weight") embd = &t;
+  REQUIRE(embd != nullptr);
+  // An infinite element alone (f32, f16); an infinite scale makes its whole
+  // block of 32 so (q = 0 gives NaN, the rest infinities).
+  const bool block = type == tensor_type::q8_0 || type == tensor_type::q4_0;
+  CHECK(embd->nonfinite == (block ? 32u : 1u));
+  CHECK(embd->first_row == static_cast<std::uint64_t>(token));
+  CHECK(embd->first_col == 0);
+  CHECK(found.nonfinite() == embd->nonfinite);  // no other tensor
+  CHECK(embd->max_abs <= ok.read[static_cast<std::size_t>(embd - found.read.data())].max_abs);  // of fewer values
+}

@@ -23,6 +23,13 @@ model::token_id argmax(const float* logits, std::size_t vocab) noexcept {
 
 }  // namespace
 
+model::token_id first_holding(const std::vector<std::pair<float, model::token_id>>& candidates, double logit) {
+  const auto it = std::find_if(candidates.begin(), candidates.end(),
+                               [&](const auto& c) { return static_cast<double>(c.first) == logit; });
+  EXA_ASSERT(it != candidates.end());
+  return it->second;
+}
+
 expected<void> validate(const sampling_params& p) {
   if (!std::isfinite(p.temperature) || p.temperature < 0.0f || p.temperature > max_temperature)
     return make_error(errc::invalid_argument,
@@ -111,6 +118,10 @@ model::token_id sampler::sample(const float* logits, std::size_t vocab, const sa
   const double max_logit =
       std::max_element(candidates_.begin(), candidates_.end(),
                        [](const auto& a, const auto& b) { return a.first < b.first; })->first;
+  // An infinite maximum leaves no distribution (inf − inf is NaN): the first
+  // candidate holding it is the token, and the engine, finding its logit not
+  // finite, stops the sequence there (cpu_engine::sample_and_advance).
+  if (std::isinf(max_logit)) return first_holding(candidates_, max_logit);
   probs_.resize(keep);
   double total = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {

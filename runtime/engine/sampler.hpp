@@ -50,6 +50,9 @@ struct token_logprobs {
 token_logprobs compute_logprobs(const float* logits, std::size_t vocab, model::token_id chosen,
                                 std::uint32_t top_n);
 
+/// The first of `candidates` (logit, id) whose logit is `logit`.
+model::token_id first_holding(const std::vector<std::pair<float, model::token_id>>& candidates, double logit);
+
 class sampler {
  public:
   /// Picks a token from `logits[0, vocab)` for generated-token number `index`.

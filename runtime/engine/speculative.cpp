@@ -108,6 +108,10 @@ void sampling_distribution(const float* logits, std::size_t vocab, const samplin
   cand.resize(keep);
   double max_logit = -INFINITY;
   for (const auto& c : cand) max_logit = std::max(max_logit, static_cast<double>(c.first));
+  if (std::isinf(max_logit)) {  // as sample(): all of it on the first candidate holding the maximum
+    probs[static_cast<std::size_t>(first_holding(cand, max_logit))] = 1.0f;
+    return;
+  }
   std::vector<double> w(keep);
   double total = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {

@@ -18,7 +18,7 @@ TEST_CASE("greedy picks the largest logit, lowest id on ties", "[sampler]") {
   CHECK(s.sample(logits.data(), logits.size(), {1.0f, 1.0f, 1, 9}, 0) == 1);  // top_k 1 is greedy
 }
 
-TEST_CASE("greedy passes over NaN logits wherever they are; with nothing else, token 0", "[sampler]") {
+TEST_CASE("greedy passes over NaN logits wherever they are, and takes token 0 when all are NaN", "[sampler]") {
   engine::sampler s;
   const std::vector<float> first_nan = {NAN, -3.0f, 1.0f, NAN, 0.5f};
   CHECK(s.sample(first_nan.data(), first_nan.size(), {}, 0) == 2);

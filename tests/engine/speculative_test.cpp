@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 
 #include "engine/speculative.hpp"
@@ -157,6 +158,28 @@ TEST_CASE("sampling_distribution is what the sampler draws from", "[speculative]
       if (probs[t] == 0.0f) CHECK(counts[t] == 0);  // the same support, exactly
       CHECK(std::abs(counts[t] / double(n) - probs[t]) < 0.012);
     }
+  }
+}
+
+TEST_CASE("an infinite logit takes all of the distribution, as the sampler takes it", "[speculative][sampler]") {
+  // inf − inf leaves no distribution: the sampler picks the first candidate
+  // holding the infinite maximum (and the engine then stops the sequence);
+  // sampling_distribution puts everything there too.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> logits{1.0f, inf, -0.5f, inf, NAN, 2.0f};
+  const std::vector<float> all_minus{-inf, -inf, NAN, -inf};
+  for (const engine::sampling_params p : {engine::sampling_params{0.8f, 1.0f, 0, 3},
+                                          engine::sampling_params{1.3f, 1.0f, 3, 3},
+                                          engine::sampling_params{0.7f, 0.6f, 0, 3}}) {
+    CAPTURE(p.temperature, p.top_p, p.top_k);
+    engine::sampler s;
+    std::vector<float> probs;
+    engine::sampling_distribution(logits.data(), logits.size(), p, probs);
+    CHECK(probs == std::vector<float>{0, 1, 0, 0, 0, 0});
+    for (int i = 0; i < 16; ++i) CHECK(s.sample(logits.data(), logits.size(), p, i) == 1);
+    engine::sampling_distribution(all_minus.data(), all_minus.size(), p, probs);
+    CHECK(probs == std::vector<float>{1, 0, 0, 0});
+    for (int i = 0; i < 16; ++i) CHECK(s.sample(all_minus.data(), all_minus.size(), p, i) == 0);
   }
 }
 

@@ -23,6 +23,15 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+/// The largest |v| over the warp as float bits, sign cleared: for non-negative
+/// floats the bits order as the values and a NaN's lie above infinity's, so
+/// the maximum is exact and sees a NaN in any lane (model::abs_max_bits).
+__device__ __forceinline__ unsigned warp_abs_max_bits(float v) {
+  unsigned m = __float_as_uint(v) & 0x7fffffffu;
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(full_mask, m, o));
+  return m;
+}
+
 /// Sum over the warp by a fixed butterfly (o = 16, 8, 4, 2, 1): every lane
 /// gets the same value, and the tree never depends on the data or the launch.
 __device__ __forceinline__ float warp_sum(float v) {
@@ -41,7 +50,8 @@ __device__ __forceinline__ float f16_round(float v) { return __half2float(__floa
 /// and to `f32_out` when given. n % 32 == 0; each warp of the block takes
 /// whole 32-element groups, so a Q8_0 block is one warp's: lane l holds
 /// element l, the scale is amax / 127 and q = round(x / scale) as in ggml's
-/// quantize_row_q8_0 (model/quantize.cpp).
+/// quantize_row_q8_0 (model/quantize.cpp), and as there a block holding a NaN
+/// or an infinity gets a NaN scale (q8_nonfinite_scale's) and zero quants.
 template <class Value>
 __device__ __forceinline__ void store_groups(int g_begin, int g_end, Value value, float* f32_out, const act_view& act,
                                              int row) {
@@ -60,11 +70,14 @@ __device__ __forceinline__ void store_groups(int g_begin, int g_end, Value value
         static_cast<__nv_bfloat16*>(act.data)[at] = __float2bfloat16_rn(v);
         break;
       case act_type::q8_0: {
-        const float amax = warp_max(fabsf(v));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        static_cast<std::int8_t*>(act.data)[at] = static_cast<std::int8_t>(roundf(v * id));
-        if (lane == 0) act.scales[static_cast<long long>(row) * (act.k / 32) + g] = __half2float(__float2half_rn(d));
+        const unsigned amax = warp_abs_max_bits(v);
+        const bool finite = amax < 0x7f800000u;
+        const float d = __uint_as_float(amax) / 127.0f;
+        const float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
+        static_cast<std::int8_t*>(act.data)[at] = finite ? static_cast<std::int8_t>(roundf(v * id)) : 0;
+        if (lane == 0)
+          act.scales[static_cast<long long>(row) * (act.k / 32) + g] =
+              finite ? __half2float(__float2half_rn(d)) : __uint_as_float(0xffc00000u);
         break;
       }
     }

@@ -1620,9 +1620,10 @@ inline void quantize_q8_0(const float* x, block_q8_0* out, std::size_t n) {
 #endif
 #if defined(EXA_K_HAS_AVX2)
   // The scales of 8 blocks at once: d = amax / 127, id = 1 / d (0 for 0),
-  // d's f16 bits by F16C, as the scalar steps below give them (a NaN d takes
-  // float_to_f16's NaN). One block at a time, the two divisions and the
-  // conversion were a chain the core waited on for every block.
+  // d's f16 bits by F16C, as the scalar steps below give them (d is never a
+  // NaN here: non-finite blocks are written apart). One block at a time, the
+  // two divisions and the conversion were a chain the core waited on for
+  // every block.
   // A block with a NaN or an infinity is written as the scalar steps write
   // it: d = q8_nonfinite_scale, q = 0.
   const auto nonfinite = [&](std::size_t b) {

@@ -1,9 +1,9 @@
 #include "model/kquants.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "common/assert.hpp"
 #include "model/half.hpp"
@@ -270,7 +270,7 @@ void quantize_row_q8_K(const float* x, block_q8_K* y, std::size_t n) noexcept {
   for (std::size_t b = 0; b < n / qk_k; ++b, x += qk_k) {
     if (abs_max_bits(x, qk_k) >= f32_inf_bits) {  // as q8_0: a NaN through every product
       std::memset(&y[b], 0, sizeof y[b]);
-      y[b].d = std::numeric_limits<float>::quiet_NaN();
+      y[b].d = std::bit_cast<float>(f32_default_nan_bits);  // as q8_nonfinite_scale
       continue;
     }
     float max = 0;

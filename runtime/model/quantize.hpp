@@ -15,11 +15,16 @@ namespace exa::model {
 /// multiple of 32; `y` receives n / 32 blocks. A block holding a NaN or an
 /// infinity becomes d = q8_nonfinite_scale and q = 0 (ggml leaves it to
 /// rounding a NaN into int8, which C++ does not define), so it stays a NaN
-/// through every product, and every kernel variant writes the same bits.
+/// through every product, and every kernel variant (and the CUDA one,
+/// gpu/ops/common.cuh) writes the same.
 void quantize_row_q8_0(const float* x, block_q8_0* y, std::size_t n) noexcept;
 
-/// The f16 scale (a quiet NaN) of a q8 block whose input was not finite.
-inline constexpr std::uint16_t q8_nonfinite_scale = 0x7e00;
+/// The f16 scale of a q8 block whose input was not finite: a quiet NaN with
+/// the sign set, in f32 0xffc00000, the NaN x86 makes for inf − inf or 0 · inf.
+/// Every NaN a forward then holds has the same bits, so which operand an
+/// operation takes a NaN from (an order the compiler may swap) cannot show.
+inline constexpr std::uint16_t q8_nonfinite_scale = 0xfe00;
+inline constexpr std::uint32_t f32_default_nan_bits = 0xffc00000u;
 
 /// The largest |x| of n floats as its float bits (the sign cleared): for
 /// non-negative floats the bits order as the values, and a NaN's bits lie

@@ -236,11 +236,17 @@ void on_step_done(self_ptr self, const step_done& done) {
   }
   for (const auto& f : r.finished) {
     if (f.id == warmup_request_id) {
-      if (st.probe_out) {  // a probe of a degraded replica: it served
+      const bool nonfinite = f.reason == engine::finish_reason::nonfinite_logits;
+      if (st.probe_out) {  // a probe of a degraded replica: it served, or its numbers are not finite
         st.probe_out = false;
-        if (st.health) st.health->observe_request(false);
+        if (st.health) st.health->observe_request(nonfinite);
         continue;
       }
+      // Every request would end the same way: the replica does not become
+      // ready (its supervisor restarts it, then gives the slot up).
+      if (nonfinite)
+        return fail(self, "warm-up: " + engine::nonfinite_logits_message(f.generated) +
+                              " (exaserve check-model --model FILE names the tensor)");
       if (move_to(self, st.ctx.spec.standby ? replica_state::standby : replica_state::ready)) report_load(self, true);
       continue;
     }

@@ -10,6 +10,7 @@
 
 #include "actors/cluster_supervisor.hpp"
 #include "actors/messages.hpp"
+#include "../common/poisoned_model.hpp"
 #include "cluster_fixture.hpp"
 #include "engine/cpu_engine.hpp"
 #include "engine/thread_pool.hpp"
@@ -139,6 +140,34 @@ TEST_CASE("a crash-looping replica is quarantined and placed on another node", "
   CHECK(s.replicas[0].epoch == 2);                      // under a new epoch
   CHECK(s.replicas[0].state == "ready");
   CHECK(f.ready());
+}
+
+TEST_CASE("a replica whose warm-up gives no finite logit never becomes ready, and a clean deployment serves",
+          "[actors][errors]") {
+  auto o = test::cluster_fixture::defaults(1);
+  api::deploy_request bad;
+  bad.name = "overflowing";
+  bad.replicas = 1;
+  bad.model_file = test::write_poisoned_copy(test::tiny_model_path(), 2);  // in the warm-up prompt {1, 2, 3, 4}
+  o.deployments.push_back(bad);
+  test::cluster_fixture f(o);
+  f.advance(std::chrono::milliseconds(2000));
+  std::size_t clean_up = 0, bad_up = 0;
+  for (const auto& r : f.status().replicas) {
+    const bool up = r.state == "ready" || r.state == "serving";
+    if (r.deployment == "tiny") clean_up += up;
+    if (r.deployment == "overflowing") bad_up += up;
+  }
+  CHECK(clean_up == 1);
+  CHECK(bad_up == 0);  // restarted, moved, given up: never serving
+  api::generate_request g;
+  g.model = "tiny";
+  g.prompt_text = "Hello";
+  g.max_tokens = 4;
+  auto sink = f.generate(g);
+  f.run();
+  REQUIRE(sink->result);
+  CHECK_FALSE(sink->result->err);
 }
 
 TEST_CASE("a request in flight survives its replica being killed", "[actors][resume]") {

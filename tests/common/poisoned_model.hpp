@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "model/gguf.hpp"
 
@@ -61,11 +64,18 @@ inline std::string write_poisoned_copy(const std::string& path, std::int32_t tok
     }
     default: FAIL("write_poisoned_copy: token_embd is " << model::to_string(*t->type) << ", not handled");
   }
-  const std::string out_path = path + ".poisoned-" + std::to_string(token) + ".gguf";
-  std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  REQUIRE(out.good());
+  // This process's own name, written whole and then renamed: ctest runs test
+  // cases as processes side by side, and another may have its copy mapped.
+  const std::string out_path =
+      path + ".poisoned-" + std::to_string(token) + "-" + std::to_string(::getpid()) + ".gguf";
+  const std::string tmp_path = out_path + ".tmp";
+  {
+    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    REQUIRE(out.good());
+  }
+  REQUIRE(std::rename(tmp_path.c_str(), out_path.c_str()) == 0);
   return out_path;
 }
 

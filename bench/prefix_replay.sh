@@ -13,7 +13,18 @@
 #   BIN_DIR          where exaserve and prefix_replay are (default build/bin)
 #   POLICIES         routing policies (default "least_outstanding prefix_aware round_robin")
 #   NODES, DEVICES   embedded cluster shape (default 2 x 2); one replica per device
-#   REPLICAS         replicas of tiny (default NODES x DEVICES)
+#   REPLICAS         replicas of the model (default NODES x DEVICES)
+#   MODEL_FILE       GGUF to serve (default: the generated tiny model); with
+#                    it, KV_TOKEN_BYTES = its KV bytes a token (layers x KV
+#                    dim x 2 x 2: 16384 for the small preset) and REPLAY_ARGS
+#                    sized to its context (small: 2048)
+#   KV_TOKEN_BYTES   KV bytes per token (default 256: tiny), for the block size
+#   DEVICE_THREADS   engine threads per device ([cluster] device_threads;
+#                    default the server's)
+#   PREFIX_SLACK_TOKENS, PREFIX_SLACK_RATIO
+#                    prefix_aware's load slack (the deployment's
+#                    prefix_slack_tokens / prefix_slack_ratio; default the
+#                    server's, 2048 and 0.25)
 #   KV_PAGE_KB       KV page (default 4: 16-token blocks for tiny, whose token
 #                    takes 256 bytes; the server's default 32 KiB gives 128)
 #   KV_TOKENS        KV tokens per replica (default 2048: room for the
@@ -36,7 +47,16 @@ devices="${DEVICES:-2}"
 replicas="${REPLICAS:-$((nodes * devices))}"
 kv_page_kb="${KV_PAGE_KB:-4}"
 kv_tokens="${KV_TOKENS:-2048}"
-block_tokens=$((kv_page_kb * 1024 / 256))
+model_file="${MODEL_FILE:-}"
+kv_token_bytes="${KV_TOKEN_BYTES:-256}"
+device_threads="${DEVICE_THREADS:-}"
+model_name=tiny
+if [ -n "$model_file" ]; then
+  [ -f "$model_file" ] || { echo "prefix_replay: MODEL_FILE $model_file not found" >&2; exit 2; }
+  model_name=replay
+fi
+block_tokens=$((kv_page_kb * 1024 / kv_token_bytes))
+[ "$block_tokens" -ge 1 ] || { echo "prefix_replay: KV_PAGE_KB $kv_page_kb holds no token of $kv_token_bytes bytes" >&2; exit 2; }
 [ "$block_tokens" -le 256 ] || block_tokens=256
 export EXASERVE_CACHE="${EXASERVE_CACHE:-/tmp/exacache}"
 export EXASERVE_LOG="${EXASERVE_LOG:-warn}"
@@ -74,10 +94,14 @@ for policy in $policies; do
 nodes = $nodes
 devices_per_node = $devices
 kv_page_kb = $kv_page_kb
-[deployment tiny]
+${device_threads:+device_threads = $device_threads}
+[deployment $model_name]
+${model_file:+model = $model_file}
 replicas = $replicas
 kv_tokens = $kv_tokens
 routing = $policy
+${PREFIX_SLACK_TOKENS:+prefix_slack_tokens = $PREFIX_SLACK_TOKENS}
+${PREFIX_SLACK_RATIO:+prefix_slack_ratio = $PREFIX_SLACK_RATIO}
 EOF
   "$bin_dir/exaserve" serve --config "$work/$policy.conf" --http-port 0 --rpc-port 0 \
     >"$work/$policy.banner" 2>"$work/$policy.server.log" </dev/null &
@@ -99,23 +123,24 @@ EOF
     [ "$(metric "$work/$policy.metrics" 'exaserve_replicas{state="ready"}')" = "$replicas" ] && break
     sleep 0.2
   done
-  echo "== $policy: $replicas replicas of tiny on $nodes x $devices, ${block_tokens}-token KV blocks, kv_tokens $kv_tokens" >&2
+  echo "== $policy: $replicas replicas of ${model_file:-tiny} on $nodes x $devices, ${block_tokens}-token KV blocks, kv_tokens $kv_tokens" >&2
   # shellcheck disable=SC2086 # REPLAY_ARGS is a list of flags
   "$bin_dir/prefix_replay" --connect "$rpc_addr" --replicas "$replicas" --block-tokens "$block_tokens" \
+    --model "$model_name" \
     ${REPLAY_ARGS:-} --json >"$work/$policy.json"
   cat "$work/$policy.json" >&2
   # The replicas add their engines' counters at each load report.
   sleep 1
   curl -sf --max-time 5 "$http_url/metrics" >"$work/$policy.metrics"
-  lookup="$(metric "$work/$policy.metrics" 'exaserve_prefix_cache_lookup_tokens_total{model="tiny"}')"
-  hit="$(metric "$work/$policy.metrics" 'exaserve_prefix_cache_hit_tokens_total{model="tiny"}')"
+  lookup="$(metric "$work/$policy.metrics" "exaserve_prefix_cache_lookup_tokens_total{model=\"$model_name\"}")"
+  hit="$(metric "$work/$policy.metrics" "exaserve_prefix_cache_hit_tokens_total{model=\"$model_name\"}")"
   stop_server
   echo "$policy $lookup $hit $(cat "$work/$policy.json")" >>"$rows"
 done
 
 field() { grep -o "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2 | tr -d '"'; }
 echo
-echo "Prefix replay: $replicas replicas of tiny ($nodes nodes x $devices devices), ${block_tokens}-token blocks, kv_tokens $kv_tokens"
+echo "Prefix replay: $replicas replicas of ${model_file:-tiny} ($nodes nodes x $devices devices), ${block_tokens}-token blocks, kv_tokens $kv_tokens"
 echo "replay: ${REPLAY_ARGS:-defaults}   (TTFT: client, sent -> first token)"
 printf '%-18s %5s %8s %8s %7s %9s %8s %9s %9s %12s %s\n' policy req prompt cached 'hit %' reusable prefill \
   'ttft p50' 'ttft p99' 'max/mean' 'metrics hit/lookup'

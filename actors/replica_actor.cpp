@@ -242,11 +242,12 @@ void on_step_done(self_ptr self, const step_done& done) {
         if (st.health) st.health->observe_request(nonfinite);
         continue;
       }
-      // Every request would end the same way: the replica does not become
-      // ready (its supervisor restarts it, then gives the slot up).
+      // A model that cannot run four tokens to a finite logit is not fit to
+      // serve (requests may end the same way): the replica does not become
+      // ready; its supervisor restarts it, then gives the slot up.
       if (nonfinite)
         return fail(self, "warm-up: " + engine::nonfinite_logits_message(f.generated) +
-                              " (exaserve check-model --model FILE names the tensor)");
+                              " (exaserve check-model --model FILE finds non-finite weights, if that is the cause)");
       if (move_to(self, st.ctx.spec.standby ? replica_state::standby : replica_state::ready)) report_load(self, true);
       continue;
     }

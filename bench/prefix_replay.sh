@@ -18,7 +18,8 @@
 #                    it, KV_TOKEN_BYTES = its KV bytes a token (layers x KV
 #                    dim x 2 x 2: 16384 for the small preset) and REPLAY_ARGS
 #                    sized to its context (small: 2048)
-#   KV_TOKEN_BYTES   KV bytes per token (default 256: tiny), for the block size
+#   KV_TOKEN_BYTES   KV bytes per token (default 256: tiny; required with
+#                    MODEL_FILE), for the block size
 #   DEVICE_THREADS   engine threads per device ([cluster] device_threads;
 #                    default the server's)
 #   PREFIX_SLACK_TOKENS, PREFIX_SLACK_RATIO
@@ -38,6 +39,13 @@
 # The server and the replay share the machine's cores; with 2 cores and 4
 # replicas the engines time-share, so TTFT includes waiting for a core.
 set -euo pipefail
+# MODEL_FILE as given, before the cd below (a relative path is the caller's).
+if [ -n "${MODEL_FILE:-}" ]; then
+  [ -f "$MODEL_FILE" ] || { echo "prefix_replay: MODEL_FILE $MODEL_FILE not found" >&2; exit 2; }
+  MODEL_FILE="$(realpath "$MODEL_FILE")"
+  case "$MODEL_FILE" in *'#'*) echo "prefix_replay: MODEL_FILE $MODEL_FILE holds '#', which the server's config reads as a comment" >&2; exit 2 ;; esac
+  [ -n "${KV_TOKEN_BYTES:-}" ] || { echo "prefix_replay: with MODEL_FILE, give KV_TOKEN_BYTES (layers x KV dim x 2 x 2; small: 16384)" >&2; exit 2; }
+fi
 cd "$(dirname "$0")/.."
 
 bin_dir="${BIN_DIR:-build/bin}"
@@ -51,10 +59,8 @@ model_file="${MODEL_FILE:-}"
 kv_token_bytes="${KV_TOKEN_BYTES:-256}"
 device_threads="${DEVICE_THREADS:-}"
 model_name=tiny
-if [ -n "$model_file" ]; then
-  [ -f "$model_file" ] || { echo "prefix_replay: MODEL_FILE $model_file not found" >&2; exit 2; }
-  model_name=replay
-fi
+[ -z "$model_file" ] || model_name=replay
+[[ "$kv_token_bytes" =~ ^[1-9][0-9]*$ ]] || { echo "prefix_replay: KV_TOKEN_BYTES must be a positive integer, got '$kv_token_bytes'" >&2; exit 2; }
 block_tokens=$((kv_page_kb * 1024 / kv_token_bytes))
 [ "$block_tokens" -ge 1 ] || { echo "prefix_replay: KV_PAGE_KB $kv_page_kb holds no token of $kv_token_bytes bytes" >&2; exit 2; }
 [ "$block_tokens" -le 256 ] || block_tokens=256

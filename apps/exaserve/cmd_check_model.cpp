@@ -56,7 +56,10 @@ int cmd_check_model(int argc, char** argv) {
   const auto path = a->get("model");
   if (!path) return fail("check-model", {errc::invalid_argument, "--model FILE is required"});
   auto m = model::llama_model::load(*path);
-  if (!m) return fail("check-model", m.error());
+  if (!m) {  // not loadable is 1, whatever the loader's code (a bad shape is invalid_argument, not usage)
+    fail("check-model", m.error());
+    return 1;
+  }
   progress_lines progress;
   const model::value_scan scan = model::scan_values((*m)->file(), std::ref(progress));
 

@@ -9,6 +9,10 @@
 
 namespace exa::model {
 
+namespace {
+constexpr std::uint64_t chunk = 1u << 16;  // values a piece; 256 | chunk, and 256 is the largest block
+}  // namespace
+
 std::uint64_t value_scan::nonfinite() const noexcept {
   std::uint64_t n = 0;
   for (const auto& t : read) n += t.nonfinite;
@@ -34,16 +38,23 @@ value_scan scan_values(const gguf_file& f, const std::function<void(std::uint64_
     tensor_values tv;
     tv.name = t.name;
     tv.values = rows * cols;
-    row.resize(static_cast<std::size_t>(cols));
+    // A row in pieces of at most `chunk` values (a multiple of every block
+    // size): a file may hold one row of billions.
+    const std::uint64_t piece = std::min<std::uint64_t>(cols, chunk);
+    row.resize(static_cast<std::size_t>(piece));
     for (std::uint64_t r = 0; r < rows; ++r) {
-      dequantize_row(*t.type, t.data + r * pitch, row);
-      for (std::size_t c = 0; c < row.size(); ++c) {
-        const float v = std::fabs(row[c]);
-        if (std::isfinite(v)) {
-          tv.max_abs = std::max(tv.max_abs, v);
-        } else if (tv.nonfinite++ == 0) {
-          tv.first_row = r;
-          tv.first_col = c;
+      for (std::uint64_t c0 = 0; c0 < cols; c0 += piece) {
+        const std::size_t n = static_cast<std::size_t>(std::min(piece, cols - c0));
+        dequantize_row(*t.type, t.data + r * pitch + row_bytes(*t.type, static_cast<std::size_t>(c0)),
+                       std::span<float>(row.data(), n));
+        for (std::size_t c = 0; c < n; ++c) {
+          const float v = std::fabs(row[c]);
+          if (std::isfinite(v)) {
+            tv.max_abs = std::max(tv.max_abs, v);
+          } else if (tv.nonfinite++ == 0) {
+            tv.first_row = r;
+            tv.first_col = c0 + c;
+          }
         }
       }
       done += pitch;

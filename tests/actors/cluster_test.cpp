@@ -149,6 +149,7 @@ TEST_CASE("a replica whose warm-up gives no finite logit never becomes ready, an
   bad.name = "overflowing";
   bad.replicas = 1;
   bad.model_file = test::write_poisoned_copy(test::tiny_model_path(), 2);  // in the warm-up prompt {1, 2, 3, 4}
+  REQUIRE(model::llama_model::load(bad.model_file));  // it loads: only its values are at fault
   o.deployments.push_back(bad);
   test::cluster_fixture f(o);
   f.advance(std::chrono::milliseconds(2000));

@@ -64,11 +64,11 @@ inline std::string write_poisoned_copy(const std::string& path, std::int32_t tok
     }
     default: FAIL("write_poisoned_copy: token_embd is " << model::to_string(*t->type) << ", not handled");
   }
-  // This process's own name, written whole and then renamed: ctest runs test
-  // cases as processes side by side, and another may have its copy mapped.
-  const std::string out_path =
-      path + ".poisoned-" + std::to_string(token) + "-" + std::to_string(::getpid()) + ".gguf";
-  const std::string tmp_path = out_path + ".tmp";
+  // Written whole under this process's own name, then renamed into place:
+  // ctest runs test cases as processes side by side, and another may have
+  // the copy mapped (a rename leaves its mapping as it was).
+  const std::string out_path = path + ".poisoned-" + std::to_string(token) + ".gguf";
+  const std::string tmp_path = out_path + ".tmp-" + std::to_string(::getpid());
   {
     std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));

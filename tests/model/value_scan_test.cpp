@@ -5,11 +5,15 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <limits>
+#include <span>
 #include <string>
 
 #include "../common/poisoned_model.hpp"
 #include "model/gguf.hpp"
+#include "model/gguf_writer.hpp"
 #include "model/model_gen.hpp"
+#include "model/quantize.hpp"
 #include "model/value_scan.hpp"
 
 using namespace exa;
@@ -62,4 +66,36 @@ TEST_CASE("scan_values finds the non-finite values of a file by tensor, row and 
   CHECK(embd->first_col == 0);
   CHECK(found.nonfinite() == embd->nonfinite);  // no other tensor
   CHECK(embd->max_abs <= ok.read[static_cast<std::size_t>(embd - found.read.data())].max_abs);  // of fewer values
+}
+
+TEST_CASE("scan_values reads a long row in pieces and places its values by their own column", "[model]") {
+  // One row of 2^17 + 32 values, longer than the scan's 2^16-value piece:
+  // the infinities and the largest value sit in the second and third piece.
+  std::vector<float> v(131104, 0.5f);
+  v[70000] = std::numeric_limits<float>::infinity();
+  v[131100] = -std::numeric_limits<float>::infinity();
+  v[131101] = -9.0f;
+  gguf_writer w;
+  w.add_tensor("long", {v.size()}, tensor_type::f32, std::as_bytes(std::span<const float>(v)));
+  std::vector<float> q(4096, 1.0f);
+  q[4000] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::byte> q8(row_bytes(tensor_type::q8_0, q.size()));
+  convert_row(q, tensor_type::q8_0, q8.data());
+  w.add_tensor("blocks", {2048, 2}, tensor_type::q8_0, std::move(q8));
+  std::filesystem::create_directories(EXA_TEST_TMPDIR);
+  const std::string path = std::string(EXA_TEST_TMPDIR) + "/scan-long.gguf";
+  REQUIRE(w.write(path));
+  auto f = gguf_file::open(path);
+  REQUIRE(f);
+  const value_scan s = scan_values(*f);
+  REQUIRE(s.read.size() == 2);
+  CHECK(s.read[0].nonfinite == 2);
+  CHECK(s.read[0].first_row == 0);
+  CHECK(s.read[0].first_col == 70000);
+  CHECK(s.read[0].max_abs == 9.0f);
+  // A NaN in row 1 (values 2048-4095), block 60: its whole block of 32.
+  CHECK(s.read[1].nonfinite == 32);
+  CHECK(s.read[1].first_row == 1);
+  CHECK(s.read[1].first_col == (4000 - 2048) / 32 * 32);
+  CHECK(s.values == v.size() + q.size());
 }

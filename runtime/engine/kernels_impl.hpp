@@ -2150,9 +2150,9 @@ inline void dot_f16_rows16_t(const float* q, std::size_t q_stride, std::size_t h
 // l + 8 of dot_f16's accumulator (its .lo and .hi) are two registers, added
 // first as vhsum does (lo + hi), then hsum8's tree (l + l+4, + 2, + 1) as
 // additions of whole registers, then the tail: lane j is row j's dot_f16.
-// H heads over the same rows (lanes_dot16_heads on 8-wide registers): each
-// row register is loaded once for all of them, each head's operations and
-// their order as for one head alone.
+// This for H heads over the same rows (lanes_dot16_heads on 8-wide
+// registers): each row register is loaded once for all of them, each head's
+// operations and their order as for one head alone (lanes_dot8).
 template <int H, class RowsOf>
 [[gnu::always_inline]] inline void lanes_dot8_heads(const float* const (&qh)[H], std::size_t n, RowsOf&& rows_of,
                                                     __m256 (&res)[H]) noexcept {
@@ -2180,8 +2180,8 @@ template <int H, class RowsOf>
     for (int h = 0; h < H; ++h) res[h] = _mm256_fmadd_ps(_mm256_set1_ps(qh[h][t]), row, res[h]);
   }
 }
-// One head, written out: through lanes_dot8_heads<1> the one-head K^T dot
-// measured 0.92x (attn_probe 64, AVX2).
+// One head, written out rather than lanes_dot8_heads<1>, through which the
+// one-head K^T dot measured 0.92x (attn_probe 64, AVX2).
 template <class RowsOf>
 [[gnu::always_inline]] inline __m256 lanes_dot8(const float* qh, std::size_t n, RowsOf&& rows_of) noexcept {
   const std::size_t full = n / 16 * 16;

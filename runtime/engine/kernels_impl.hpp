@@ -2030,6 +2030,88 @@ void axpy_f16_heads(const float* w, std::size_t w_stride, const std::uint16_t* v
         out[h * out_stride + e] = fma1(w[h * w_stride + i], h2f(v[i * stride + e]), out[h * out_stride + e]);
 }
 
+#if defined(EXA_K_HAS_AVX2)
+// Dot products for the rows held as lanes (rows_of(e): element e of 8 or 16
+// rows as one register, __m256 or __m512): lane l of dot_f16's accumulator
+// for all of them is one register fed the same fused multiply-adds in the
+// same order from zero (lanes l and l + 8 taken together, as dot_f16's .lo
+// and .hi on 8-wide registers), vhsum's tree (l + l+8, + 4, + 2, + 1) is
+// additions of whole registers, and the tail lane-wise fused multiply-adds:
+// lane j is row j's dot_f16, bit for bit, on either width. No horizontal
+// step: for short heads (64) that step, not the multiply-adds, was most of
+// the per-row kernel's cost. lanes_dot_heads does it for H heads over the
+// same rows at once: each row register is loaded once for all H, each head's
+// accumulation unchanged. For several heads the loads, not the
+// multiply-adds, were the limit (a broadcast and a row for every
+// multiply-add).
+[[gnu::always_inline]] inline __m256 lanes_fma(__m256 a, __m256 b, __m256 c) noexcept { return _mm256_fmadd_ps(a, b, c); }
+[[gnu::always_inline]] inline __m256 lanes_add(__m256 a, __m256 b) noexcept { return _mm256_add_ps(a, b); }
+[[gnu::always_inline]] inline void lanes_set1(float x, __m256& v) noexcept { v = _mm256_set1_ps(x); }
+#if defined(EXA_K_AVX512)
+[[gnu::always_inline]] inline __m512 lanes_fma(__m512 a, __m512 b, __m512 c) noexcept { return _mm512_fmadd_ps(a, b, c); }
+[[gnu::always_inline]] inline __m512 lanes_add(__m512 a, __m512 b) noexcept { return _mm512_add_ps(a, b); }
+[[gnu::always_inline]] inline void lanes_set1(float x, __m512& v) noexcept { v = _mm512_set1_ps(x); }
+#endif
+template <class V>
+[[gnu::always_inline]] inline V lanes_bcast(float x) noexcept {
+  V v;
+  lanes_set1(x, v);
+  return v;
+}
+
+template <int H, class V, class RowsOf>
+[[gnu::always_inline]] inline void lanes_dot_heads(const float* const (&qh)[H], std::size_t n, RowsOf&& rows_of,
+                                                   V (&res)[H]) noexcept {
+  const std::size_t full = n / 16 * 16;
+  V y[H][8];
+  for (std::size_t l = 0; l < 8; ++l) {
+    V a[H], b[H];
+    for (int h = 0; h < H; ++h) a[h] = b[h] = lanes_bcast<V>(0.0f);
+    for (std::size_t c = 0; c < full; c += 16) {
+      const V lo = rows_of(c + l), hi = rows_of(c + 8 + l);
+      for (int h = 0; h < H; ++h) {
+        a[h] = lanes_fma(lanes_bcast<V>(qh[h][c + l]), lo, a[h]);
+        b[h] = lanes_fma(lanes_bcast<V>(qh[h][c + 8 + l]), hi, b[h]);
+      }
+    }
+    for (int h = 0; h < H; ++h) y[h][l] = lanes_add(a[h], b[h]);
+  }
+  for (int h = 0; h < H; ++h) {
+    for (int w = 4; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) y[h][l] = lanes_add(y[h][l], y[h][l + w]);
+    res[h] = y[h][0];
+  }
+  for (std::size_t t = full; t < n; ++t) {
+    const V row = rows_of(t);
+    for (int h = 0; h < H; ++h) res[h] = lanes_fma(lanes_bcast<V>(qh[h][t]), row, res[h]);
+  }
+}
+template <class RowsOf>
+[[gnu::always_inline]] inline auto lanes_dot(const float* qh, std::size_t n, RowsOf&& rows_of) noexcept {
+  using V = std::decay_t<decltype(rows_of(std::size_t{0}))>;
+  const float* const q[1] = {qh};
+  V res[1];
+  lanes_dot_heads<1>(q, n, rows_of, res);
+  return res[0];
+}
+// Every head (q + h · q_stride) over the same rows, two heads a pass; head
+// h's result goes to store(h, register).
+template <class RowsOf, class Store>
+[[gnu::always_inline]] inline void lanes_dot_each_head(const float* q, std::size_t q_stride, std::size_t heads,
+                                                       std::size_t n, RowsOf&& rows_of, Store&& store) noexcept {
+  using V = std::decay_t<decltype(rows_of(std::size_t{0}))>;
+  std::size_t h = 0;
+  for (; h + 2 <= heads; h += 2) {
+    const float* const qh[2] = {q + h * q_stride, q + (h + 1) * q_stride};
+    V res[2];
+    lanes_dot_heads<2>(qh, n, rows_of, res);
+    store(h, res[0]);
+    store(h + 1, res[1]);
+  }
+  if (h < heads) store(h, lanes_dot(q + h * q_stride, n, rows_of));
+}
+#endif
+
 #if defined(EXA_K_AVX512)
 // r[j]'s element i to r[i]'s lane j (a 16 × 16 transpose of floats):
 // pairs of rows interleaved, then pairs of pairs, then 128-bit blocks.
@@ -2058,57 +2140,11 @@ void axpy_f16_heads(const float* w, std::size_t w_stride, const std::uint16_t* v
   }
 }
 
-// One head's dot products for 16 rows held as lanes (rows_of(e): element e
-// of the 16 rows as one register): lane l of dot_f16's accumulator for all
-// of them is one register fed the same fused multiply-adds in the same order
-// from zero (taken as lanes l and l + 8 together), vhsum's tree (l + l+8,
-// + 4, + 2, + 1) is additions of whole registers, and the tail lane-wise
-// fused multiply-adds: lane j is row j's dot_f16, bit for bit. No
-// horizontal step: for short heads (64) that step, not the multiply-adds,
-// was most of the per-row kernel's cost. lanes_dot16_heads does it for H
-// heads over the same rows at once: each row register (rows_of) is loaded
-// once for all H, each head's accumulation unchanged. For several heads the
-// loads, not the multiply-adds, were the limit (a broadcast and a row for
-// every multiply-add).
-template <int H, class RowsOf>
-[[gnu::always_inline]] inline void lanes_dot16_heads(const float* const (&qh)[H], std::size_t n, RowsOf&& rows_of,
-                                                     __m512 (&res)[H]) noexcept {
-  const std::size_t full = n / 16 * 16;
-  __m512 y[H][8];
-  for (std::size_t l = 0; l < 8; ++l) {
-    __m512 a[H], b[H];
-    for (int h = 0; h < H; ++h) a[h] = b[h] = _mm512_setzero_ps();
-    for (std::size_t c = 0; c < full; c += 16) {
-      const __m512 lo = rows_of(c + l), hi = rows_of(c + 8 + l);
-      for (int h = 0; h < H; ++h) {
-        a[h] = _mm512_fmadd_ps(_mm512_set1_ps(qh[h][c + l]), lo, a[h]);
-        b[h] = _mm512_fmadd_ps(_mm512_set1_ps(qh[h][c + 8 + l]), hi, b[h]);
-      }
-    }
-    for (int h = 0; h < H; ++h) y[h][l] = _mm512_add_ps(a[h], b[h]);
-  }
-  for (int h = 0; h < H; ++h) {
-    for (int w = 4; w > 0; w /= 2)
-      for (int l = 0; l < w; ++l) y[h][l] = _mm512_add_ps(y[h][l], y[h][l + w]);
-    res[h] = y[h][0];
-  }
-  for (std::size_t t = full; t < n; ++t) {
-    const __m512 row = rows_of(t);
-    for (int h = 0; h < H; ++h) res[h] = _mm512_fmadd_ps(_mm512_set1_ps(qh[h][t]), row, res[h]);
-  }
-}
-template <class RowsOf>
-[[gnu::always_inline]] inline __m512 lanes_dot16(const float* qh, std::size_t n, RowsOf&& rows_of) noexcept {
-  const float* const q[1] = {qh};
-  __m512 res[1];
-  lanes_dot16_heads<1>(q, n, rows_of, res);
-  return res[0];
-}
 
 constexpr std::size_t dot_t16_max_n = 256;  // kt's size: 16 KiB
 // 16 rows against every head with the lanes as rows: the 16 rows' elements
 // are transposed once (kt[16c + l]'s lane j: row j's element 16c + l), then
-// each head is lanes_dot16 over them, its 16 dot products stored at once. n:
+// each head is lanes_dot over them, its 16 dot products stored at once. n:
 // a multiple of 16, at most dot_t16_max_n.
 inline void dot_f16_rows16_t(const float* q, std::size_t q_stride, std::size_t heads, const std::uint16_t* k,
                              std::size_t stride, std::size_t n, float* out, std::size_t out_stride) noexcept {
@@ -2121,7 +2157,8 @@ inline void dot_f16_rows16_t(const float* q, std::size_t q_stride, std::size_t h
     for (std::size_t l = 0; l < 16; ++l) _mm512_store_ps(kt + (16 * c + l) * 16, r[l]);
   }
   const auto transposed = [&](std::size_t e) { return _mm512_load_ps(kt + 16 * e); };
-  for (std::size_t h = 0; h < heads; ++h) _mm512_storeu_ps(out + h * out_stride, lanes_dot16(q + h * q_stride, n, transposed));
+  lanes_dot_each_head(q, q_stride, heads, n, transposed,
+                      [&](std::size_t h, __m512 r) { _mm512_storeu_ps(out + h * out_stride, r); });
 }
 #endif
 
@@ -2146,59 +2183,6 @@ inline void dot_f16_rows16_t(const float* q, std::size_t q_stride, std::size_t h
   }
 }
 
-// lanes_dot16 on 8-wide registers, for 8 rows held as lanes: lanes l and
-// l + 8 of dot_f16's accumulator (its .lo and .hi) are two registers, added
-// first as vhsum does (lo + hi), then hsum8's tree (l + l+4, + 2, + 1) as
-// additions of whole registers, then the tail: lane j is row j's dot_f16.
-// This for H heads over the same rows (lanes_dot16_heads on 8-wide
-// registers): each row register is loaded once for all of them, each head's
-// operations and their order as for one head alone (lanes_dot8).
-template <int H, class RowsOf>
-[[gnu::always_inline]] inline void lanes_dot8_heads(const float* const (&qh)[H], std::size_t n, RowsOf&& rows_of,
-                                                    __m256 (&res)[H]) noexcept {
-  const std::size_t full = n / 16 * 16;
-  __m256 y[H][8];
-  for (std::size_t l = 0; l < 8; ++l) {
-    __m256 a[H], b[H];
-    for (int h = 0; h < H; ++h) a[h] = b[h] = _mm256_setzero_ps();
-    for (std::size_t c = 0; c < full; c += 16) {
-      const __m256 lo = rows_of(c + l), hi = rows_of(c + 8 + l);
-      for (int h = 0; h < H; ++h) {
-        a[h] = _mm256_fmadd_ps(_mm256_set1_ps(qh[h][c + l]), lo, a[h]);
-        b[h] = _mm256_fmadd_ps(_mm256_set1_ps(qh[h][c + 8 + l]), hi, b[h]);
-      }
-    }
-    for (int h = 0; h < H; ++h) y[h][l] = _mm256_add_ps(a[h], b[h]);
-  }
-  for (int h = 0; h < H; ++h) {
-    for (int w = 4; w > 0; w /= 2)
-      for (int l = 0; l < w; ++l) y[h][l] = _mm256_add_ps(y[h][l], y[h][l + w]);
-    res[h] = y[h][0];
-  }
-  for (std::size_t t = full; t < n; ++t) {
-    const __m256 row = rows_of(t);
-    for (int h = 0; h < H; ++h) res[h] = _mm256_fmadd_ps(_mm256_set1_ps(qh[h][t]), row, res[h]);
-  }
-}
-// One head, written out rather than lanes_dot8_heads<1>, through which the
-// one-head K^T dot measured 0.92x (attn_probe 64, AVX2).
-template <class RowsOf>
-[[gnu::always_inline]] inline __m256 lanes_dot8(const float* qh, std::size_t n, RowsOf&& rows_of) noexcept {
-  const std::size_t full = n / 16 * 16;
-  __m256 y[8];
-  for (std::size_t l = 0; l < 8; ++l) {
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-    for (std::size_t c = 0; c < full; c += 16) {
-      a = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + l]), rows_of(c + l), a);
-      b = _mm256_fmadd_ps(_mm256_set1_ps(qh[c + 8 + l]), rows_of(c + 8 + l), b);
-    }
-    y[l] = _mm256_add_ps(a, b);
-  }
-  for (int w = 4; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) y[l] = _mm256_add_ps(y[l], y[l + w]);
-  for (std::size_t t = full; t < n; ++t) y[0] = _mm256_fmadd_ps(_mm256_set1_ps(qh[t]), rows_of(t), y[0]);
-  return y[0];
-}
 
 constexpr std::size_t dot_t8_max_n = 256;  // kt's size: 8 KiB
 // dot_f16_rows16_t's idea on 8-wide registers, 8 rows at a time: lanes l and
@@ -2225,15 +2209,8 @@ inline void dot_f16_rows8_t(const float* q, std::size_t q_stride, std::size_t he
     }
   }
   const auto transposed = [&](std::size_t e) { return _mm256_load_ps(kt + 8 * e); };
-  std::size_t h = 0;
-  for (; h + 2 <= heads; h += 2) {  // two heads a pass: each transposed row loaded once for both
-    const float* const qh[2] = {q + h * q_stride, q + (h + 1) * q_stride};
-    __m256 res[2];
-    lanes_dot8_heads<2>(qh, n, transposed, res);
-    _mm256_storeu_ps(out + h * out_stride, res[0]);
-    _mm256_storeu_ps(out + (h + 1) * out_stride, res[1]);
-  }
-  if (h < heads) _mm256_storeu_ps(out + h * out_stride, lanes_dot8(q + h * q_stride, n, transposed));
+  lanes_dot_each_head(q, q_stride, heads, n, transposed,
+                      [&](std::size_t h, __m256 r) { _mm256_storeu_ps(out + h * out_stride, r); });
 }
 #endif
 
@@ -2270,7 +2247,7 @@ inline void dot_f16_rows(const float* q, std::size_t q_stride, std::size_t heads
 
 // Scores against a KV block whose K is stored transposed (kv_pages::k_block):
 // element e of row r at kt[e · kt_stride + r]. out[h · out_stride + r] =
-// dot_f16(q_h, row r, n) bit for bit, by lanes_dot16 (lanes_dot8 on AVX2):
+// dot_f16(q_h, row r, n) bit for bit, by lanes_dot (8-wide on AVX2):
 // the rows come already as lanes, so this is dot_f16_rows16_t without its
 // transpose (most of that kernel's time for a decode's few heads). Each
 // element's rows are converted once for all heads (one head: as they are
@@ -2289,20 +2266,13 @@ inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, 
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + e * kt_stride + r0)));
     };
     if (heads == 1) {  // nothing to share a conversion with: converted as used (1.1x at head dim 128)
-      _mm512_mask_storeu_ps(out + r0, mask, lanes_dot16(q, n, converted));
+      _mm512_mask_storeu_ps(out + r0, mask, lanes_dot(q, n, converted));
       continue;
     }
     for (std::size_t e = 0; e < n; ++e) _mm512_store_ps(kf + 16 * e, converted(e));
     const auto buffered = [&](std::size_t e) { return _mm512_load_ps(kf + 16 * e); };
-    std::size_t h = 0;
-    for (; h + 2 <= heads; h += 2) {  // two heads a pass: each row loaded once for both
-      const float* const qh[2] = {q + h * q_stride, q + (h + 1) * q_stride};
-      __m512 res[2];
-      lanes_dot16_heads<2>(qh, n, buffered, res);
-      _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, res[0]);
-      _mm512_mask_storeu_ps(out + (h + 1) * out_stride + r0, mask, res[1]);
-    }
-    if (h < heads) _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, lanes_dot16(q + h * q_stride, n, buffered));
+    lanes_dot_each_head(q, q_stride, heads, n, buffered,
+                        [&](std::size_t h, __m512 r) { _mm512_mask_storeu_ps(out + h * out_stride + r0, mask, r); });
   }
 #elif defined(EXA_K_AVX2)
   alignas(32) float kf[8 * dot_kt_max_n];
@@ -2314,20 +2284,13 @@ inline void dot_f16_kt(const float* q, std::size_t q_stride, std::size_t heads, 
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kt + e * kt_stride + r0)));
     };
     if (heads == 1) {  // nothing to share a conversion with: converted as used
-      _mm256_maskstore_ps(out + r0, mask, lanes_dot8(q, n, converted));
+      _mm256_maskstore_ps(out + r0, mask, lanes_dot(q, n, converted));
       continue;
     }
     for (std::size_t e = 0; e < n; ++e) _mm256_store_ps(kf + 8 * e, converted(e));
     const auto buffered = [&](std::size_t e) { return _mm256_load_ps(kf + 8 * e); };
-    std::size_t h = 0;
-    for (; h + 2 <= heads; h += 2) {  // two heads a pass, as on AVX-512
-      const float* const qh[2] = {q + h * q_stride, q + (h + 1) * q_stride};
-      __m256 res[2];
-      lanes_dot8_heads<2>(qh, n, buffered, res);
-      _mm256_maskstore_ps(out + h * out_stride + r0, mask, res[0]);
-      _mm256_maskstore_ps(out + (h + 1) * out_stride + r0, mask, res[1]);
-    }
-    if (h < heads) _mm256_maskstore_ps(out + h * out_stride + r0, mask, lanes_dot8(q + h * q_stride, n, buffered));
+    lanes_dot_each_head(q, q_stride, heads, n, buffered,
+                        [&](std::size_t h, __m256 r) { _mm256_maskstore_ps(out + h * out_stride + r0, mask, r); });
   }
 #else
   const std::size_t full = n / 16 * 16;

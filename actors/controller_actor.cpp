@@ -187,8 +187,8 @@ void admit_loads(self_ptr self) {
 
 deployment_announce announce(const std::string& name, const controller_state::deployment& dep) {
   return {name,        dep.model_file,          dep.spec.model.vocab_size, dep.spec.model.context_length,
-          dep.routing, dep.prefix_slack_tokens, dep.prefix_slack_ratio,    dep.tenant,
-          dep.autoscale.enabled(), dep.chat_template};
+          dep.routing, dep.prefix_slack_tokens, dep.prefix_slack_ratio,    dep.prefix_slack_s,
+          dep.tenant,  dep.autoscale.enabled(), dep.chat_template};
 }
 
 void remember(self_ptr self, const api::deploy_request& req) {
@@ -884,9 +884,10 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   const std::string routing = req.routing.empty() ? st.config.default_routing : req.routing;
   if (auto policy = cluster::make_routing_policy(routing); !policy) return std::unexpected(policy.error());
   static_assert(api::deploy_request{}.prefix_slack_tokens == cluster::prefix_aware_config{}.load_slack_tokens &&
-                    api::deploy_request{}.prefix_slack_ratio == cluster::prefix_aware_config{}.load_slack_ratio,
+                    api::deploy_request{}.prefix_slack_ratio == cluster::prefix_aware_config{}.load_slack_ratio &&
+                    api::deploy_request{}.prefix_slack_s == cluster::prefix_aware_config{}.load_slack_s,
                 "a deployment's default prefix slack is the router's");
-  if (auto ok = cluster::check_prefix_slack(req.prefix_slack_tokens, req.prefix_slack_ratio); !ok)
+  if (auto ok = cluster::check_prefix_slack(req.prefix_slack_tokens, req.prefix_slack_ratio, req.prefix_slack_s); !ok)
     return make_error(ok.error().code, "deployment '" + req.name + "': " + ok.error().message);
   const std::string file = req.model_file.empty() ? st.config.default_model_file : req.model_file;
   auto ref = cluster::parse_model_ref(file);
@@ -931,6 +932,7 @@ expected<controller_state::deployment> make_deployment(self_ptr self, const api:
   dep.routing = routing;
   dep.prefix_slack_tokens = req.prefix_slack_tokens;
   dep.prefix_slack_ratio = req.prefix_slack_ratio;
+  dep.prefix_slack_s = req.prefix_slack_s;
   dep.spec.name = req.name;
   dep.serving = req.replicas;
   dep.warm_percent = std::min(req.warm_pool_percent, cluster::max_warm_pool_percent);
@@ -1737,6 +1739,7 @@ expected<std::string> start_rollout(self_ptr self, const api::rollout_request& r
   dreq.routing = old->second.routing;
   dreq.prefix_slack_tokens = old->second.prefix_slack_tokens;
   dreq.prefix_slack_ratio = old->second.prefix_slack_ratio;
+  dreq.prefix_slack_s = old->second.prefix_slack_s;
   dreq.tenant = old->second.tenant;
   auto dep = make_deployment(self, dreq);
   if (!dep) return std::unexpected(dep.error());

@@ -163,6 +163,7 @@ struct controller_state {
     std::string routing;
     std::uint64_t prefix_slack_tokens = 2048;  // api::deploy_request::prefix_slack_tokens
     double prefix_slack_ratio = 0.25;          // api::deploy_request::prefix_slack_ratio
+    double prefix_slack_s = 0.2;               // api::deploy_request::prefix_slack_s
     std::string tenant;  // "" = shared
     std::string chat_template;  // api::deploy_request::chat_template (text; "" = none)
     std::string draft_model;    // api::deploy_request::draft_model ("" = none), checked against the model

@@ -79,7 +79,7 @@ typename Inspector::result_type inspect(Inspector& f, deploy_request& x) {
            x.max_replicas_per_node, x.model_sha256, x.tenant, x.chat_template, x.warm_pool_percent,
            x.autoscale_min, x.autoscale_max, x.autoscale_metric, x.autoscale_target, x.idle_to_zero_s,
            x.draft_model, x.draft_sha256, x.draft_tokens, x.tensor_parallel, x.prefix_slack_tokens,
-           x.prefix_slack_ratio);
+           x.prefix_slack_ratio, x.prefix_slack_s);
 }
 
 }  // namespace exa::api
@@ -503,6 +503,7 @@ struct deployment_announce {
   std::string routing;  // policy name
   std::uint64_t prefix_slack_tokens = 2048;  // api::deploy_request::prefix_slack_tokens
   double prefix_slack_ratio = 0.25;          // api::deploy_request::prefix_slack_ratio
+  double prefix_slack_s = 0.2;               // api::deploy_request::prefix_slack_s
   std::string tenant;   // "": shared (api::deploy_request::tenant)
   bool autoscaled = false;  // routers report its load to the controller (deployment_loads)
   /// The deployment's own chat template text (api::deploy_request::
@@ -512,7 +513,8 @@ struct deployment_announce {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, deployment_announce& x) {
   return f(caf::meta::type_name("exa.deployment_announce"), x.name, x.model_file, x.vocab_size, x.context_length,
-           x.routing, x.prefix_slack_tokens, x.prefix_slack_ratio, x.tenant, x.autoscaled, x.chat_template);
+           x.routing, x.prefix_slack_tokens, x.prefix_slack_ratio, x.prefix_slack_s, x.tenant, x.autoscaled,
+           x.chat_template);
 }
 
 /// controller -> routers: a deployment is gone.

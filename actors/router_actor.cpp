@@ -775,7 +775,9 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_confi
         if (file_changed || entry.info.chat_template != d.chat_template) open_chat(entry, d, s.config.chat_template);
         entry.info = d;
         arm_load_report(self);
-        if (auto ok = s.table->set_policy(d.name, d.routing, d.prefix_slack_tokens, d.prefix_slack_ratio); !ok)
+        if (auto ok = s.table->set_policy(d.name, d.routing, d.prefix_slack_tokens, d.prefix_slack_ratio,
+                                               d.prefix_slack_s);
+            !ok)
           spdlog::warn("event=routing_policy_refused deployment={} error=\"{}\"", d.name, to_string(ok.error()));
         s.starting.erase(d.name);
         auto waiting = std::move(s.waiting_for_start[d.name]);

@@ -22,10 +22,10 @@
 #                    MODEL_FILE), for the block size
 #   DEVICE_THREADS   engine threads per device ([cluster] device_threads;
 #                    default the server's)
-#   PREFIX_SLACK_TOKENS, PREFIX_SLACK_RATIO
+#   PREFIX_SLACK_TOKENS, PREFIX_SLACK_RATIO, PREFIX_SLACK_S
 #                    prefix_aware's load slack (the deployment's
-#                    prefix_slack_tokens / prefix_slack_ratio; default the
-#                    server's, 2048 and 0.25)
+#                    prefix_slack_tokens / prefix_slack_ratio / prefix_slack_s;
+#                    default the server's, 2048, 0.25 and 0.2)
 #   KV_PAGE_KB       KV page (default 4: 16-token blocks for tiny, whose token
 #                    takes 256 bytes; the server's default 32 KiB gives 128)
 #   KV_TOKENS        KV tokens per replica (default 2048: room for the
@@ -108,6 +108,7 @@ kv_tokens = $kv_tokens
 routing = $policy
 ${PREFIX_SLACK_TOKENS:+prefix_slack_tokens = $PREFIX_SLACK_TOKENS}
 ${PREFIX_SLACK_RATIO:+prefix_slack_ratio = $PREFIX_SLACK_RATIO}
+${PREFIX_SLACK_S:+prefix_slack_s = $PREFIX_SLACK_S}
 EOF
   "$bin_dir/exaserve" serve --config "$work/$policy.conf" --http-port 0 --rpc-port 0 \
     >"$work/$policy.banner" 2>"$work/$policy.server.log" </dev/null &

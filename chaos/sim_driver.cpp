@@ -95,6 +95,7 @@ actors::cluster_options options_for(const scenario& s, const std::string& policy
     r.routing = policy.empty() ? d.routing : policy;
     r.prefix_slack_tokens = d.prefix_slack_tokens;
     r.prefix_slack_ratio = d.prefix_slack_ratio;
+    r.prefix_slack_s = d.prefix_slack_s;
     r.max_replicas_per_node = d.max_replicas_per_node.value_or(0);
     // The fixed fleet, sized for the peak, keeps no pool: its replica-hours
     // are its `replicas`, the baseline the autoscaled run is held against.

@@ -141,7 +141,8 @@ void check_fit(const object_reader& r, const sim_topology& t, const sim_deployme
 
 void parse_deployment(const object_reader& r, const sim_topology& t, sim_deployment& d) {
   r.known_keys({"name", "model", "precision", "replicas", "kv_tokens", "context_length", "max_replicas_per_node",
-                "routing", "prefix_slack_tokens", "prefix_slack_ratio", "warm_pool_percent", "autoscale"});
+                "routing", "prefix_slack_tokens", "prefix_slack_ratio", "prefix_slack_s", "warm_pool_percent",
+                "autoscale"});
   r.u32("warm_pool_percent", 0, 50, d.warm_pool_percent);
   if (is_object_field(r, "autoscale")) {
     const object_reader a(r.at("autoscale"), r.field("autoscale"), r.errors());
@@ -196,6 +197,7 @@ void parse_deployment(const object_reader& r, const sim_topology& t, sim_deploym
     r.errors().fail(r.field("routing"), fmt::format("must be one of {} (got \"{}\")", name_list(policies), d.routing));
   r.u64("prefix_slack_tokens", 0, cluster::prefix_slack_tokens_max, d.prefix_slack_tokens);
   r.number("prefix_slack_ratio", 0, false, cluster::prefix_slack_ratio_max, d.prefix_slack_ratio);
+  r.number("prefix_slack_s", 0, false, cluster::prefix_slack_s_max, d.prefix_slack_s);
   check_fit(r, t, d);
 }
 

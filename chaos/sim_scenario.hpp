@@ -10,7 +10,8 @@
 //   "deployments": [ { "name": "llama-13b", "model": "llama-2-13b", "precision": "int4",
 //                      "replicas": 3072, "kv_tokens": 32768, "context_length": 16384,
 //                      "max_replicas_per_node": 12, "routing": "least_outstanding",
-//                      "prefix_slack_tokens": 2048, "prefix_slack_ratio": 0.25 } ],
+//                      "prefix_slack_tokens": 2048, "prefix_slack_ratio": 0.25,
+//                      "prefix_slack_s": 0.2 } ],
 //   "workload": { "trace": "chaos/traces/azure_llm_2023_conv.csv", "rate_multiplier": 20,
 //                 "conversations": { "apps": 8, "system_prompt_tokens": 1024 } }
 //            or { "kind": "poisson" | "bursty", "rate_per_s": 100, "prompt_tokens": 1000,
@@ -67,10 +68,11 @@ struct sim_deployment {
   std::optional<std::uint32_t> max_replicas_per_node;
   std::string routing = "least_outstanding";
   /// prefix_aware's load bound (api::deploy_request::prefix_slack_tokens /
-  /// prefix_slack_ratio; cluster::check_prefix_slack's ranges). Read only by
-  /// prefix_aware, including when compare_policies runs it.
+  /// prefix_slack_ratio / prefix_slack_s; cluster::check_prefix_slack's
+  /// ranges). Read only by prefix_aware, including when compare_policies runs it.
   std::uint64_t prefix_slack_tokens = 2048;
   double prefix_slack_ratio = 0.25;
+  double prefix_slack_s = 0.2;
   /// Replicas standing by, as in api::deploy_request (default 10 %).
   std::uint32_t warm_pool_percent = 10;
   /// "autoscale": {"min": 4, "max": 64, "metric": "queue_depth", "target": 8,

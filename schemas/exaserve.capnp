@@ -443,7 +443,12 @@ struct DeployRequest {
   # plus max(prefixSlackTokens, prefixSlackRatio x that queue). 0 to 2^32.
 
   prefixSlackRatio @19 :Float64 = 0.25;
-  # The relative part of that bound, 0 to 100. Both are read only by prefix_aware.
+  # The relative part of that bound, 0 to 100. All three are read only by prefix_aware.
+
+  prefixSlackS @20 :Float64 = 0.2;
+  # The same bound in time, 0 to 3600 seconds: a replica's prefixSlackTokens
+  # is lowered to what it prefills in this long (its measured prefill speed),
+  # so slow replicas get a smaller slack. 0 means tokens alone.
 }
 
 interface Admin {

@@ -51,9 +51,11 @@ commands:
                                         draft GGUF on the server with the model's vocabulary
                                         proposes K tokens per step, 1-8, default 4)
          [--tp N]   (each replica tensor-parallel over N devices of one node: 1, 2, 4 or 8)
-         [--prefix-slack-tokens T] [--prefix-slack-ratio X]   (prefix_aware's load bound: a cached
-                                        prefix wins while its replica's queue is within
-                                        max(T, X x least) of the least loaded; default 2048, 0.25)
+         [--prefix-slack-tokens T] [--prefix-slack-ratio X] [--prefix-slack-s S]   (prefix_aware's
+                                        load bound: a cached prefix wins while its replica's
+                                        queue is within max(min(T, what it prefills in S
+                                        seconds), X x least) of the least loaded; default 2048,
+                                        0.25, 0.2; S 0: T alone)
   undeploy NAME
   scale NAME REPLICAS   (0: cold -- kept, and started again by its next request, which waits)
   drain node N | replica ID [--deadline-s S]
@@ -281,6 +283,13 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
     if (t.empty() || end != t.c_str() + t.size())
       return usage_fail("deploy", {"--prefix-slack-ratio: expected a number, got '" + t + "'"});
   }
+  if (args.has("prefix-slack-s")) {
+    const std::string t = args.get("prefix-slack-s");
+    char* end = nullptr;
+    req.prefix_slack_s = std::strtod(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size())
+      return usage_fail("deploy", {"--prefix-slack-s: expected a number of seconds, got '" + t + "'"});
+  }
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -429,7 +438,8 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"generate", {"model", "max-tokens", "temperature", "seed", "priority"}},
     {"deploy", {"name", "model-file", "replicas", "kv-tokens", "routing", "sha256", "tenant", "warm-pool-percent",
                 "autoscale-min", "autoscale-max", "autoscale-metric", "autoscale-target", "idle-to-zero-s", "chat-template",
-                "draft-model", "draft-sha256", "draft-tokens", "tp", "prefix-slack-tokens", "prefix-slack-ratio"}},
+                "draft-model", "draft-sha256", "draft-tokens", "tp", "prefix-slack-tokens", "prefix-slack-ratio",
+                "prefix-slack-s"}},
     {"undeploy", {}},
     {"scale", {}},
     {"drain", {"deadline-s"}},

@@ -296,6 +296,7 @@ expected<void> rpc_client::deploy(const api::deploy_request& request) {
         d.setTensorParallel(request.tensor_parallel);
         d.setPrefixSlackTokens(request.prefix_slack_tokens);
         d.setPrefixSlackRatio(request.prefix_slack_ratio);
+        d.setPrefixSlackS(request.prefix_slack_s);
         return req.send().then([](auto) { return true; });
       },
       true);

@@ -72,6 +72,20 @@ setter prefix_slack_ratio_setter(double& dst) {
   };
 }
 
+// prefix_aware's load_slack_s: seconds, range-checked by the router's check.
+setter prefix_slack_s_setter(double& dst) {
+  return [&dst](const std::string& v, const std::string& what) -> expected<void> {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !cluster::check_prefix_slack(0, 0, x))
+      return make_error(errc::invalid_argument, what + " must be a number of seconds in [0, " +
+                                                    fmt::format("{}", cluster::prefix_slack_s_max) + "], got '" +
+                                                    v + "'");
+    dst = x;
+    return {};
+  };
+}
+
 setter bool_setter(bool& dst) {
   return [&dst](const std::string& v, const std::string& what) -> expected<void> {
     if (v != "true" && v != "false") return make_error(errc::invalid_argument, what + ": must be true or false, got '" + v + "'");
@@ -186,6 +200,7 @@ std::map<std::string, setter> deployment_keys(api::deploy_request& d) {
           {"routing", string_setter(d.routing)},
           {"prefix_slack_tokens", uint_setter(d.prefix_slack_tokens, 0, cluster::prefix_slack_tokens_max)},
           {"prefix_slack_ratio", prefix_slack_ratio_setter(d.prefix_slack_ratio)},
+          {"prefix_slack_s", prefix_slack_s_setter(d.prefix_slack_s)},
           {"sha256", string_setter(d.model_sha256)},
           {"tenant", string_setter(d.tenant)},
           {"warm_pool_percent", uint_setter(d.warm_pool_percent, 0, 50)},

@@ -12,9 +12,9 @@
 //                             chat_template (built-in name or file)
 //   [server]                  host, http_port, rpc_port, max_body_kb
 //   [deployment NAME]         model (GGUF path; empty = the default model),
-//                             replicas, kv_tokens, routing, prefix_slack_tokens
-//                             and prefix_slack_ratio (prefix_aware's load
-//                             bound), sha256, tenant,
+//                             replicas, kv_tokens, routing, prefix_slack_tokens,
+//                             prefix_slack_ratio and prefix_slack_s
+//                             (prefix_aware's load bound), sha256, tenant,
 //                             warm_pool_percent, autoscale_*, idle_to_zero_s,
 //                             chat_template (built-in name or file, read and
 //                             compiled while parsing: the deployment carries

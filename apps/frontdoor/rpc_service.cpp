@@ -345,6 +345,7 @@ class admin_impl final : public rpc::Admin::Server {
     req.tensor_parallel = r.getTensorParallel();
     req.prefix_slack_tokens = r.getPrefixSlackTokens();
     req.prefix_slack_ratio = r.getPrefixSlackRatio();
+    req.prefix_slack_s = r.getPrefixSlackS();
     if (req.name.empty()) return to_rpc_exception(error{errc::invalid_argument, "deployment name must be given"});
     auto cb = make_cross_thread_callback<expected<void>>();
     ctx_->backend->deploy(std::move(req), std::move(cb.callback));

@@ -233,10 +233,12 @@ struct deploy_request {
   std::uint32_t max_replicas_per_node = 0;  // anti-affinity; 0 = spread evenly
   /// prefix_aware routing's load bound (cluster::prefix_aware_config): a
   /// replica holding a longer cached prefix is preferred while its queue is
-  /// at most the least loaded one's + max(tokens, ratio x that queue).
-  /// Read only by prefix_aware; the defaults are the config's.
+  /// at most the least loaded one's + max(slack, ratio x that queue), slack
+  /// being min(tokens, what the replica prefills in prefix_slack_s seconds;
+  /// 0 = tokens alone). Read only by prefix_aware; the defaults are the config's.
   std::uint64_t prefix_slack_tokens = 2048;
   double prefix_slack_ratio = 0.25;
+  double prefix_slack_s = 0.2;
   /// SHA-256 (hex) the model file must have; "" = not pinned. Nodes check it
   /// before loading, find the file in their --model-dir by it when the path
   /// is missing, and share one load among deployments of the same content.

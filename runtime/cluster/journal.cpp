@@ -35,7 +35,7 @@ json to_json(const api::deploy_request& d) {
           {"idle_to_zero_s", d.idle_to_zero_s}, {"chat_template", d.chat_template},
           {"draft_model", d.draft_model}, {"draft_sha256", d.draft_sha256}, {"draft_tokens", d.draft_tokens},
           {"tensor_parallel", d.tensor_parallel}, {"prefix_slack_tokens", d.prefix_slack_tokens},
-          {"prefix_slack_ratio", d.prefix_slack_ratio}};
+          {"prefix_slack_ratio", d.prefix_slack_ratio}, {"prefix_slack_s", d.prefix_slack_s}};
 }
 
 api::deploy_request deploy_from(const json& j) {
@@ -63,6 +63,8 @@ api::deploy_request deploy_from(const json& j) {
   // Journals before per-deployment slack: the defaults, as they ran with.
   d.prefix_slack_tokens = j.value("prefix_slack_tokens", d.prefix_slack_tokens);
   d.prefix_slack_ratio = j.value("prefix_slack_ratio", d.prefix_slack_ratio);
+  // Journals before the slack in time ran without it: they keep tokens alone.
+  d.prefix_slack_s = j.value("prefix_slack_s", 0.0);
   return d;
 }
 

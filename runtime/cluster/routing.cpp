@@ -525,6 +525,7 @@ std::optional<candidate_pool::position> predictive_policy::choose_in(const reque
 prefix_aware_policy::prefix_aware_policy(prefix_aware_config config)
     : config_(config), index_(config.index) {
   EXA_ASSERT(config_.load_slack_ratio >= 0 && std::isfinite(config_.load_slack_ratio));
+  EXA_ASSERT(config_.load_slack_s >= 0 && std::isfinite(config_.load_slack_s));
 }
 
 void prefix_aware_policy::observe_load(replica_id id, const load_report& report) {
@@ -558,16 +559,31 @@ candidate_pool::position prefix_aware_policy::choose_near_least(const request_co
     return p >= start ? p - start : p + pool.size() - start;
   };
   const std::uint64_t min_load = pool.at(least).outstanding_tokens;
-  const double relative = config_.load_slack_ratio * static_cast<double>(min_load);
-  const std::uint64_t slack =
-      std::max(config_.load_slack_tokens,
-               relative >= static_cast<double>(key_max) ? key_max : static_cast<std::uint64_t>(relative));
-  const std::uint64_t bound = saturating_add(min_load, slack);
+  const auto clamp_tokens = [](double t) {
+    return t >= static_cast<double>(key_max) ? key_max : static_cast<std::uint64_t>(t);
+  };
+  const std::uint64_t relative = clamp_tokens(config_.load_slack_ratio * static_cast<double>(min_load));
+  // The token slack, capped by what the replica prefills in load_slack_s;
+  // an unknown speed is the pool's median known one (computed only when needed).
+  const bool timed = config_.load_slack_s > 0;
+  double median_prefill = -1;
+  const auto bound_of = [&](const routing_candidate& c) {
+    std::uint64_t fixed = config_.load_slack_tokens;
+    if (timed) {
+      double speed = c.prefill_tokens_per_s;
+      if (!(speed > 0)) {
+        if (median_prefill < 0) median_prefill = pool.median_prefill_tokens_per_s();
+        speed = median_prefill;
+      }
+      if (speed > 0) fixed = std::min(fixed, clamp_tokens(config_.load_slack_s * speed));
+    }
+    return saturating_add(min_load, std::max(fixed, relative));
+  };
   candidate_pool::position best = least;
   std::uint64_t best_tokens = 0;
   for (const candidate_pool::position p : pool.eligible_positions()) {
     const routing_candidate& c = pool.at(p);
-    if (c.outstanding_tokens > bound) continue;
+    if (c.outstanding_tokens > bound_of(c)) continue;
     const std::uint64_t tokens =
         std::uint64_t{cost.prefix_block_tokens} * index_.matched_blocks(c.id, cost.prefix_block_tokens, cost.prefix_hashes);
     if (tokens == 0 || tokens < config_.min_match_tokens || tokens < best_tokens) continue;
@@ -590,7 +606,7 @@ constexpr std::array<std::string_view, 5> policy_names = {"round_robin", "least_
 
 std::span<const std::string_view> routing_policy_names() noexcept { return policy_names; }
 
-expected<void> check_prefix_slack(std::uint64_t tokens, double ratio) {
+expected<void> check_prefix_slack(std::uint64_t tokens, double ratio, double seconds) {
   if (tokens > prefix_slack_tokens_max)
     return make_error(errc::invalid_argument, "prefix_slack_tokens must be in [0, " +
                                                   std::to_string(prefix_slack_tokens_max) + "], got " +
@@ -598,6 +614,9 @@ expected<void> check_prefix_slack(std::uint64_t tokens, double ratio) {
   if (!std::isfinite(ratio) || ratio < 0 || ratio > prefix_slack_ratio_max)
     return make_error(errc::invalid_argument, fmt::format("prefix_slack_ratio must be a number in [0, {}], got {}",
                                                           prefix_slack_ratio_max, ratio));
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > prefix_slack_s_max)
+    return make_error(errc::invalid_argument, fmt::format("prefix_slack_s must be a number of seconds in [0, {}], got {}",
+                                                          prefix_slack_s_max, seconds));
   return {};
 }
 
@@ -637,9 +656,10 @@ expected<std::unique_ptr<routing_policy>> make_routing_policy(std::string_view n
     return std::make_unique<predictive_policy>(config);
   }
   if (name == "prefix_aware") {
-    if (!(prefix.load_slack_ratio >= 0) || !std::isfinite(prefix.load_slack_ratio) || prefix.index.reported_max == 0)
+    if (!(prefix.load_slack_ratio >= 0) || !std::isfinite(prefix.load_slack_ratio) || !(prefix.load_slack_s >= 0) ||
+        !std::isfinite(prefix.load_slack_s) || prefix.index.reported_max == 0)
       return make_error(errc::invalid_argument,
-                        "prefix_aware routing needs a finite load_slack_ratio >= 0 and reported_max > 0");
+                        "prefix_aware routing needs finite load_slack_ratio and load_slack_s >= 0 and reported_max > 0");
     return std::make_unique<prefix_aware_policy>(prefix);
   }
   std::string message = "unknown routing policy '" + std::string(name) + "'; valid policies: ";
@@ -883,11 +903,13 @@ expected<void> replica_table::fence(const slot_ref& slot, epoch_t epoch) {
 }
 
 expected<void> replica_table::set_policy(std::string_view model, std::string_view policy_name,
-                                         std::uint64_t prefix_slack_tokens, double prefix_slack_ratio) {
-  if (auto ok = check_prefix_slack(prefix_slack_tokens, prefix_slack_ratio); !ok) return ok;
+                                         std::uint64_t prefix_slack_tokens, double prefix_slack_ratio,
+                                         double prefix_slack_s) {
+  if (auto ok = check_prefix_slack(prefix_slack_tokens, prefix_slack_ratio, prefix_slack_s); !ok) return ok;
   prefix_aware_config prefix = config_.prefix_aware;
   prefix.load_slack_tokens = prefix_slack_tokens;
   prefix.load_slack_ratio = prefix_slack_ratio;
+  prefix.load_slack_s = prefix_slack_s;
   auto policy = make_routing_policy(policy_name, config_.predictive, prefix);
   if (!policy) return std::unexpected(policy.error());
   auto entry = model_for_insert(std::string(model));

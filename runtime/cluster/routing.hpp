@@ -171,6 +171,16 @@ struct prefix_aware_config {
   /// a hot prefix spreads to other replicas instead of piling onto one.
   std::uint64_t load_slack_tokens = 2048;
   double load_slack_ratio = 0.25;
+  /// The same slack in time: a replica's token slack is at most what it
+  /// prefills in this many seconds (its smoothed prefill speed, else the
+  /// pool's median one), so the wait a cached prefix may cost is about the
+  /// same on a GPU as on a CPU replica 30x slower. load_slack_tokens stays
+  /// the cap, and the whole of it while no replica has reported a prefill
+  /// speed; 0 turns the time bound off. The default came from one fleet
+  /// each way: 2,048 tokens (~50 ms of prefill) kept TTFT level on simulated
+  /// H100 replicas, 256 (~0.2 s) on CPU replicas where 2,048 (~1.6 s) made
+  /// the p99 20 % worse (docs/PERFORMANCE.md, "Prefix caching").
+  double load_slack_s = 0.2;
   /// Matched prefixes shorter than this (tokens) count as none (a match is
   /// at least one block in any case).
   std::uint32_t min_match_tokens = 1;
@@ -179,17 +189,19 @@ struct prefix_aware_config {
 
 /// Bounds of a deployment's prefix_aware slack: tokens up to 2^32 (a queue
 /// far past any replica's), the ratio up to 100 (a bound of 101x the least
-/// loaded replica's queue already ignores load).
+/// loaded replica's queue already ignores load), seconds up to an hour.
 inline constexpr std::uint64_t prefix_slack_tokens_max = std::uint64_t{1} << 32;
 inline constexpr double prefix_slack_ratio_max = 100;
+inline constexpr double prefix_slack_s_max = 3600;
 
-/// A deployment's prefix_slack_tokens / prefix_slack_ratio (prefix_aware_config's
-/// load_slack_tokens / load_slack_ratio): invalid_argument naming the key and
-/// the accepted range when out of bounds or not finite.
-expected<void> check_prefix_slack(std::uint64_t tokens, double ratio);
+/// A deployment's prefix_slack_tokens / prefix_slack_ratio / prefix_slack_s
+/// (prefix_aware_config's load_slack_tokens / load_slack_ratio / load_slack_s):
+/// invalid_argument naming the key and the accepted range when out of bounds
+/// or not finite.
+expected<void> check_prefix_slack(std::uint64_t tokens, double ratio, double seconds = 0);
 
 /// Longest cached prefix among the replicas near the least loaded (see
-/// prefix_aware_config), ties to the lower load, then to the first in id
+/// prefix_aware_config; each replica's bound from its own prefill speed), ties to the lower load, then to the first in id
 /// order after the replica this policy chose last (as least_outstanding's
 /// cursor, so idle replicas share the requests that match nothing); the
 /// least loaded replica when no replica within the bound holds any of the
@@ -283,10 +295,10 @@ class replica_table {
   /// Sets a model's policy by name (declaring the model if new).
   expected<void> set_policy(std::string_view model, std::string_view policy_name);
   /// The same with the model's own prefix_aware slack (the deployment's
-  /// prefix_slack_tokens / prefix_slack_ratio) over the table's configuration;
-  /// invalid_argument (check_prefix_slack) for bad values.
+  /// prefix_slack_tokens / prefix_slack_ratio / prefix_slack_s) over the
+  /// table's configuration; invalid_argument (check_prefix_slack) for bad values.
   expected<void> set_policy(std::string_view model, std::string_view policy_name, std::uint64_t prefix_slack_tokens,
-                            double prefix_slack_ratio);
+                            double prefix_slack_ratio, double prefix_slack_s);
 
   /// Chooses a replica of `model` (`version`, or the model's only version
   /// when empty) and charges the request to it until its next load report,

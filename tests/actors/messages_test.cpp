@@ -114,16 +114,19 @@ TEST_CASE("a deploy request and its announce keep the prefix slack across proces
   d.routing = "prefix_aware";
   d.prefix_slack_tokens = 777;
   d.prefix_slack_ratio = 1.25;
+  d.prefix_slack_s = 0.75;
   CHECK(round_trip(sys, d) == d);
   actors::deployment_announce a;
   a.name = "chat";
   a.routing = "prefix_aware";
   a.prefix_slack_tokens = 777;
   a.prefix_slack_ratio = 1.25;
+  a.prefix_slack_s = 0.75;
   a.tenant = "acme";
   const auto a2 = round_trip(sys, a);
   CHECK(a2.prefix_slack_tokens == 777);
   CHECK(a2.prefix_slack_ratio == 1.25);
+  CHECK(a2.prefix_slack_s == 0.75);
   CHECK(a2.tenant == "acme");
 }
 

@@ -209,12 +209,15 @@ TEST_CASE("a deployment's prefix slack parses, with the router's defaults when a
   REQUIRE(plain);
   CHECK(plain->deployments[0].prefix_slack_tokens == exa::cluster::prefix_aware_config{}.load_slack_tokens);
   CHECK(plain->deployments[0].prefix_slack_ratio == exa::cluster::prefix_aware_config{}.load_slack_ratio);
+  CHECK(plain->deployments[0].prefix_slack_s == exa::cluster::prefix_aware_config{}.load_slack_s);
   json j = with("/deployments/0/prefix_slack_tokens", 0);
   j["deployments"][0]["prefix_slack_ratio"] = 1.5;
+  j["deployments"][0]["prefix_slack_s"] = 0;
   const auto s = parse_scenario(j.dump());
   REQUIRE(s);
   CHECK(s->deployments[0].prefix_slack_tokens == 0);
   CHECK(s->deployments[0].prefix_slack_ratio == 1.5);
+  CHECK(s->deployments[0].prefix_slack_s == 0);
 }
 
 TEST_CASE("deployment fields are validated by name", "[sim]") {
@@ -226,6 +229,8 @@ TEST_CASE("deployment fields are validated by name", "[sim]") {
   require_field_error(with("/deployments/0/prefix_slack_ratio", -0.5), "deployments[0].prefix_slack_ratio", "[0, 100]");
   require_field_error(with("/deployments/0/prefix_slack_ratio", "lots"), "deployments[0].prefix_slack_ratio",
                       "a number");
+  require_field_error(with("/deployments/0/prefix_slack_s", 3601), "deployments[0].prefix_slack_s", "[0, 3600]");
+  require_field_error(with("/deployments/0/prefix_slack_s", "0.2s"), "deployments[0].prefix_slack_s", "a number");
   require_field_error(with("/deployments/0/prefix_slack_tokens", -1), "deployments[0].prefix_slack_tokens");
   require_field_error(with("/deployments/0/prefix_slack_tokens", 1.5), "deployments[0].prefix_slack_tokens",
                       "an integer");

@@ -316,12 +316,13 @@ TEST_CASE("a deployment's draft model survives the log and the snapshot, and old
   CHECK(old->state().deployments.at("old").draft_tokens == 0);
 }
 
-TEST_CASE("a deployment's prefix slack survives the log and the snapshot, and older journals load the defaults",
+TEST_CASE("a deployment's prefix slack survives the log and the snapshot, and older journals load what they ran with",
           "[journal][routing][prefix]") {
   api::deploy_request d = dep("slack", 2);
   d.routing = "prefix_aware";
   d.prefix_slack_tokens = 512;
   d.prefix_slack_ratio = 0.75;
+  d.prefix_slack_s = 1.5;
   const auto dir = fresh_dir("prefix-slack");
   {
     auto j = journal::open(dir);
@@ -336,6 +337,7 @@ TEST_CASE("a deployment's prefix slack survives the log and the snapshot, and ol
   REQUIRE(from_snapshot);
   CHECK(from_snapshot->state().deployments.at("slack").prefix_slack_tokens == 512);
   CHECK(from_snapshot->state().deployments.at("slack").prefix_slack_ratio == 0.75);
+  CHECK(from_snapshot->state().deployments.at("slack").prefix_slack_s == 1.5);
 
   const auto old_dir = fresh_dir("prefix-slack-old");
   std::filesystem::create_directories(old_dir);
@@ -350,4 +352,6 @@ TEST_CASE("a deployment's prefix slack survives the log and the snapshot, and ol
   REQUIRE(old);
   CHECK(old->state().deployments.at("old").prefix_slack_tokens == cluster::prefix_aware_config{}.load_slack_tokens);
   CHECK(old->state().deployments.at("old").prefix_slack_ratio == cluster::prefix_aware_config{}.load_slack_ratio);
+  // Written before the slack in time: tokens alone, as it ran.
+  CHECK(old->state().deployments.at("old").prefix_slack_s == 0);
 }

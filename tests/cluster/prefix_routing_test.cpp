@@ -48,9 +48,11 @@ routing_candidate candidate(replica_id id, std::uint64_t tokens = 0) {
   return c;
 }
 
-load_report report(std::uint64_t outstanding, std::vector<std::uint64_t> held, std::uint32_t block_tokens = block) {
+load_report report(std::uint64_t outstanding, std::vector<std::uint64_t> held, std::uint32_t block_tokens = block,
+                   double prefill_tokens_per_s = 0) {
   load_report r;
   r.outstanding_tokens = outstanding;
+  r.prefill_tokens_per_s = prefill_tokens_per_s;
   r.prefix_block_tokens = block_tokens;
   r.prefix_hashes = std::move(held);
   return r;
@@ -176,6 +178,55 @@ TEST_CASE("prefix_aware leaves a cached prefix when its replica is past the load
   CHECK(choose(10, 0) == 2);
 }
 
+TEST_CASE("prefix_aware's slack in time: a replica's token slack is what it prefills in load_slack_s",
+          "[routing][prefix]") {
+  const auto conv = hashes(prompt(1, 256, 1, 256));
+  // Replica 1 holds nothing at load1, replica 2 the conversation at load2;
+  // each reports the prefill speed given (0: none yet).
+  const auto choose = [&](prefix_aware_config config, std::uint64_t load1, double speed1, std::uint64_t load2,
+                          double speed2) {
+    auto table = prefix_table(2, config);
+    REQUIRE(table.update_load(1, report(load1, {}, block, speed1)));
+    REQUIRE(table.update_load(2, report(load2, conv, block, speed2)));
+    return (*table.route("m", "", cost_of(conv)))->id;
+  };
+  prefix_aware_config config;  // the defaults: 2048 tokens, ratio 0.25, 0.2 s
+  REQUIRE(config.load_slack_tokens == 2048);
+  REQUIRE(config.load_slack_s == 0.2);
+  // A CPU replica prefilling 1,000 tokens/s: 0.2 s is 200 tokens.
+  CHECK(choose(config, 0, 1000, 200, 1000) == 2);
+  CHECK(choose(config, 0, 1000, 201, 1000) == 1);
+  // A fast one: 0.2 s is 20,000 tokens, capped at the 2048.
+  CHECK(choose(config, 0, 1e5, 2048, 1e5) == 2);
+  CHECK(choose(config, 0, 1e5, 2049, 1e5) == 1);
+  // The bound is the holder's own speed, not the least loaded one's.
+  CHECK(choose(config, 0, 1e5, 201, 1000) == 1);
+  CHECK(choose(config, 0, 1000, 2000, 1e5) == 2);
+  // No speed reported by the holder: the pool's median known one (here
+  // replica 1's); none at all: the tokens alone.
+  CHECK(choose(config, 0, 1000, 201, 0) == 1);
+  CHECK(choose(config, 0, 1000, 200, 0) == 2);
+  CHECK(choose(config, 0, 0, 2048, 0) == 2);
+  CHECK(choose(config, 0, 0, 2049, 0) == 1);
+  // The ratio still applies over it: min 4,000 x 0.25 = 1,000 > 200.
+  CHECK(choose(config, 4000, 1000, 5000, 1000) == 2);
+  CHECK(choose(config, 4000, 1000, 5001, 1000) == 1);
+  // 0 s: the tokens alone, whatever the speed.
+  config.load_slack_s = 0;
+  CHECK(choose(config, 0, 1000, 2048, 1000) == 2);
+  CHECK(choose(config, 0, 1000, 2049, 1000) == 1);
+  // A model's own seconds through set_policy.
+  auto table = prefix_table(2);
+  REQUIRE(table.set_policy("m", "prefix_aware", 2048, 0, 1.5));
+  REQUIRE(table.update_load(1, report(0, {}, block, 1000)));
+  REQUIRE(table.update_load(2, report(1500, conv, block, 1000)));
+  CHECK((*table.route("m", "", cost_of(conv)))->id == 2);
+  REQUIRE(table.set_policy("m", "prefix_aware", 2048, 0, 1.0));
+  REQUIRE(table.update_load(1, report(0, {}, block, 1000)));
+  REQUIRE(table.update_load(2, report(1500, conv, block, 1000)));
+  CHECK((*table.route("m", "", cost_of(conv)))->id == 1);
+}
+
 TEST_CASE("a burst of one conversation sticks before any report, then spreads under load", "[routing][prefix]") {
   prefix_aware_config config;
   config.load_slack_tokens = 2048;
@@ -223,9 +274,30 @@ TEST_CASE("prefix_aware's choices match brute force under random reports", "[rou
     prefix_aware_config config;
     config.load_slack_tokens = 1500;
     config.load_slack_ratio = 0.2;
+    config.load_slack_s = 0.3;
     rng_state rng(seed);
     const std::uint32_t n = 2 + rng.below(7);
     auto table = prefix_table(n, config);
+    // Each replica's prefill speed, the same in every report (so smoothing
+    // keeps it): unknown (0) for about a third, else 500-20,000 tokens/s,
+    // which puts the slack in time on both sides of the 1500-token cap.
+    // Seeds 1-2: no speed at all, tokens alone.
+    std::map<replica_id, double> speed;
+    for (replica_id id = 1; id <= n; ++id)
+      speed[id] = seed <= 2 || rng.below(3) == 0 ? 0.0 : double(500 + rng.below(19501));
+    std::vector<double> known;
+    for (const auto& [id, v] : speed)
+      if (v > 0) known.push_back(v);
+    std::sort(known.begin(), known.end());
+    const double median = known.empty()                ? 0
+                          : known.size() % 2 == 1      ? known[known.size() / 2]
+                                                       : (known[known.size() / 2 - 1] + known[known.size() / 2]) / 2;
+    const auto slack_of = [&](replica_id id, std::uint64_t min) {
+      const double v = speed[id] > 0 ? speed[id] : median;
+      std::uint64_t fixed = 1500;
+      if (v > 0) fixed = std::min<std::uint64_t>(fixed, static_cast<std::uint64_t>(config.load_slack_s * v));
+      return std::max<std::uint64_t>(fixed, static_cast<std::uint64_t>(0.2 * double(min)));
+    };
     std::vector<std::vector<std::uint64_t>> convs;
     for (std::uint32_t c = 0; c < 6; ++c) convs.push_back(hashes(prompt(c % 2, 128, c, 64 + 32 * c)));
     std::map<replica_id, std::set<std::uint64_t>> held;
@@ -241,13 +313,12 @@ TEST_CASE("prefix_aware's choices match brute force under random reports", "[rou
         load[id] = rng.below(6000);
         held[id] = std::set<std::uint64_t>(h.begin(), h.end());
         if (id == last_chosen) held[id].insert(last_request.begin(), last_request.end());
-        REQUIRE(table.update_load(id, report(load[id], h)));
+        REQUIRE(table.update_load(id, report(load[id], h, block, speed[id])));
       }
       const auto& req = convs[rng.below(convs.size())];
       const std::uint64_t min = std::min_element(load.begin(), load.end(), [](auto& a, auto& b) {
                                   return a.second < b.second;
                                 })->second;
-      const std::uint64_t bound = min + std::max<std::uint64_t>(1500, static_cast<std::uint64_t>(0.2 * min));
       // Ties go to the first id after the last chosen, wrapping around: visit
       // the ids in that order and let only a strictly better one replace.
       std::vector<replica_id> order;
@@ -258,7 +329,7 @@ TEST_CASE("prefix_aware's choices match brute force under random reports", "[rou
         if (load[id] == min && expect == 0) expect = id;
       }
       for (const replica_id id : order) {
-        if (load[id] > bound) continue;
+        if (load[id] > min + slack_of(id, min)) continue;
         std::size_t m = 0;
         while (m < req.size() && held[id].count(req[m])) ++m;
         if (m == 0) continue;
@@ -284,7 +355,7 @@ TEST_CASE("a model's own prefix slack overrides the table's, and bad values are 
   // the default 2048, past a deployment's 1000.
   const auto choose = [&](std::optional<std::pair<std::uint64_t, double>> slack) {
     auto table = prefix_table(2);
-    if (slack) REQUIRE(table.set_policy("m", "prefix_aware", slack->first, slack->second));
+    if (slack) REQUIRE(table.set_policy("m", "prefix_aware", slack->first, slack->second, 0.2));
     REQUIRE(table.update_load(1, report(0, {})));
     REQUIRE(table.update_load(2, report(1500, conv)));
     return (*table.route("m", "", cost_of(conv)))->id;
@@ -294,22 +365,28 @@ TEST_CASE("a model's own prefix slack overrides the table's, and bad values are 
   CHECK(choose(std::pair<std::uint64_t, double>{1500, 0}) == 2);
 
   auto table = prefix_table(1);
-  for (const auto& [tokens, ratio, words] : std::vector<std::tuple<std::uint64_t, double, std::string>>{
-           {0, -0.1, "prefix_slack_ratio must be a number in [0, 100], got -0.1"},
-           {0, 100.5, "prefix_slack_ratio"},
-           {0, std::numeric_limits<double>::infinity(), "prefix_slack_ratio"},
-           {0, std::numeric_limits<double>::quiet_NaN(), "prefix_slack_ratio"},
-           {prefix_slack_tokens_max + 1, 0.25, "prefix_slack_tokens must be in [0, 4294967296], got 4294967297"}}) {
-    const auto ok = table.set_policy("m", "prefix_aware", tokens, ratio);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [tokens, ratio, seconds, words] : std::vector<std::tuple<std::uint64_t, double, double, std::string>>{
+           {0, -0.1, 0, "prefix_slack_ratio must be a number in [0, 100], got -0.1"},
+           {0, 100.5, 0, "prefix_slack_ratio"},
+           {0, inf, 0, "prefix_slack_ratio"},
+           {0, nan, 0, "prefix_slack_ratio"},
+           {prefix_slack_tokens_max + 1, 0.25, 0, "prefix_slack_tokens must be in [0, 4294967296], got 4294967297"},
+           {0, 0.25, -0.5, "prefix_slack_s must be a number of seconds in [0, 3600], got -0.5"},
+           {0, 0.25, 3600.5, "prefix_slack_s"},
+           {0, 0.25, inf, "prefix_slack_s"},
+           {0, 0.25, nan, "prefix_slack_s"}}) {
+    const auto ok = table.set_policy("m", "prefix_aware", tokens, ratio, seconds);
     INFO(words);
     REQUIRE_FALSE(ok);
     CHECK(ok.error().code == errc::invalid_argument);
     CHECK(ok.error().message.find(words) != std::string::npos);
-    CHECK_FALSE(check_prefix_slack(tokens, ratio));
+    CHECK_FALSE(check_prefix_slack(tokens, ratio, seconds));
   }
   CHECK(table.policy_name("m").value() == "prefix_aware");  // a refused change leaves the policy
-  CHECK(check_prefix_slack(0, 0));
-  CHECK(check_prefix_slack(prefix_slack_tokens_max, prefix_slack_ratio_max));
+  CHECK(check_prefix_slack(0, 0, 0));
+  CHECK(check_prefix_slack(prefix_slack_tokens_max, prefix_slack_ratio_max, prefix_slack_s_max));
 }
 
 TEST_CASE("prefix_aware refuses a bad configuration", "[routing][prefix]") {
@@ -317,6 +394,11 @@ TEST_CASE("prefix_aware refuses a bad configuration", "[routing][prefix]") {
   bad.load_slack_ratio = -1;
   CHECK_FALSE(make_routing_policy("prefix_aware", {}, bad));
   bad.load_slack_ratio = 0.5;
+  bad.load_slack_s = -1;
+  CHECK_FALSE(make_routing_policy("prefix_aware", {}, bad));
+  bad.load_slack_s = std::numeric_limits<double>::quiet_NaN();
+  CHECK_FALSE(make_routing_policy("prefix_aware", {}, bad));
+  bad.load_slack_s = 0.2;
   bad.index.reported_max = 0;
   CHECK_FALSE(make_routing_policy("prefix_aware", {}, bad));
   replica_table_config tc;

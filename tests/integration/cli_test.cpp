@@ -6,6 +6,9 @@
 #include <fstream>
 #include <string>
 
+#include <fmt/format.h>
+
+#include "cluster/routing.hpp"
 #include "run_process.hpp"
 #include "test_server.hpp"
 
@@ -222,6 +225,27 @@ TEST_CASE("cli deploy --chat-template reads the file where it runs and sends its
   r = run_cli(s.rpc_port(), {"deploy", "--name", "chat2", "--chat-template", "no-such-template"});
   CHECK(r.exit_code == 1);
   CHECK(r.err.find("chat template 'no-such-template' is neither a built-in") != std::string::npos);
+  CHECK(s.backend->admin_log().size() == before);
+}
+
+TEST_CASE("cli deploy sends prefix_aware's slack over RPC, its defaults when not given, and refuses a bad one",
+          "[cli][prefix]") {
+  test_server s;
+  auto r = run_cli(s.rpc_port(), {"deploy", "--name", "chat", "--routing", "prefix_aware", "--prefix-slack-tokens",
+                                  "512", "--prefix-slack-ratio", "0.5", "--prefix-slack-s", "0.05"});
+  CHECK(r.exit_code == 0);
+  CHECK(s.backend->admin_log().back().find(" prefix_slack=512/0.5/0.05") != std::string::npos);
+  // Not given: the schema's defaults, which are the router's.
+  r = run_cli(s.rpc_port(), {"deploy", "--name", "chat2", "--routing", "prefix_aware"});
+  CHECK(r.exit_code == 0);
+  const cluster::prefix_aware_config router;
+  CHECK(s.backend->admin_log().back().find(fmt::format(" prefix_slack={}/{}/{}", router.load_slack_tokens,
+                                                       router.load_slack_ratio, router.load_slack_s)) !=
+        std::string::npos);
+  const auto before = s.backend->admin_log().size();
+  r = run_cli(s.rpc_port(), {"deploy", "--name", "x", "--routing", "prefix_aware", "--prefix-slack-s", "200ms"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--prefix-slack-s: expected a number of seconds, got '200ms'") != std::string::npos);
   CHECK(s.backend->admin_log().size() == before);
 }
 

@@ -298,7 +298,11 @@ void fake_backend::deploy(api::deploy_request request, std::function<void(expect
                            (request.draft_model.empty() ? "" : " draft_model=" + request.draft_model +
                                                                     " draft_sha256=" + request.draft_sha256 +
                                                                     " draft_tokens=" + std::to_string(request.draft_tokens)) +
-                           (request.chat_template.empty() ? "" : " chat_template=" + request.chat_template));
+                           (request.chat_template.empty() ? "" : " chat_template=" + request.chat_template) +
+                           (request.routing != "prefix_aware"
+                                ? ""
+                                : fmt::format(" prefix_slack={}/{}/{}", request.prefix_slack_tokens,
+                                              request.prefix_slack_ratio, request.prefix_slack_s)));
       std::erase_if(models_, [&](const auto& m) { return m.name == request.name; });
       const std::string file = request.model_file.empty() ? "default.gguf" : request.model_file;
       models_.push_back({request.name, file, request.replicas, request.replicas, 2048});

@@ -475,17 +475,19 @@ TEST_CASE("serve config: [cluster] step_stop is a boolean, on by default",
   check_cluster_boolean("step_stop", true, &actors::cluster_options::step_stop);
 }
 
-TEST_CASE("serve config: a deployment's prefix_slack_tokens and prefix_slack_ratio, range-checked",
+TEST_CASE("serve config: a deployment's prefix_slack_tokens, prefix_slack_ratio and prefix_slack_s, range-checked",
           "[serving][config][prefix]") {
   using Catch::Matchers::Contains;
   app::serve_config c = app::default_serve_config();
   c.cluster.deployments.clear();
   REQUIRE(app::apply_config_text("[deployment a]\nrouting = prefix_aware\nprefix_slack_tokens = 512\n"
-                                 "prefix_slack_ratio = 0.5\n[deployment b]\nreplicas = 1\n",
+                                 "prefix_slack_ratio = 0.5\nprefix_slack_s = 0.05\n[deployment b]\nreplicas = 1\n",
                                  c));
   REQUIRE(c.cluster.deployments.size() == 2);
   CHECK(c.cluster.deployments[0].prefix_slack_tokens == 512);
   CHECK(c.cluster.deployments[0].prefix_slack_ratio == 0.5);
+  CHECK(c.cluster.deployments[0].prefix_slack_s == 0.05);
+  CHECK(c.cluster.deployments[1].prefix_slack_s == cluster::prefix_aware_config{}.load_slack_s);
   CHECK(c.cluster.deployments[1].prefix_slack_tokens == cluster::prefix_aware_config{}.load_slack_tokens);
   CHECK(c.cluster.deployments[1].prefix_slack_ratio == cluster::prefix_aware_config{}.load_slack_ratio);
   for (const auto& [text, words] : std::vector<std::pair<std::string, std::string>>{
@@ -494,7 +496,11 @@ TEST_CASE("serve config: a deployment's prefix_slack_tokens and prefix_slack_rat
            {"prefix_slack_ratio = nan", "in [0, 100], got 'nan'"},
            {"prefix_slack_ratio = half", "in [0, 100], got 'half'"},
            {"prefix_slack_tokens = -5", "line 2: prefix_slack_tokens must be an integer, got '-5'"},
-           {"prefix_slack_tokens = 4294967297", "must be in [0, 4294967296]"}}) {
+           {"prefix_slack_tokens = 4294967297", "must be in [0, 4294967296]"},
+           {"prefix_slack_s = -0.1", "line 2: prefix_slack_s must be a number of seconds in [0, 3600], got '-0.1'"},
+           {"prefix_slack_s = 4000", "in [0, 3600], got '4000'"},
+           {"prefix_slack_s = inf", "got 'inf'"},
+           {"prefix_slack_s = 200ms", "got '200ms'"}}) {
     auto r = app::apply_config_text("[deployment a]\n" + text + "\n", c);
     INFO(text);
     REQUIRE_FALSE(r);

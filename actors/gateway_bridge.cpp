@@ -91,6 +91,8 @@ class bridge final : public api::gateway_backend {
                       rs.queued = l.queued;
                       rs.kv_used_tokens = l.kv_used_tokens;
                       rs.kv_capacity_tokens = l.kv_capacity_tokens;
+                      rs.prefill_tokens_per_s = l.prefill_tokens_per_s;
+                      rs.decode_tokens_per_s = l.decode_tokens_per_s;
                     }
                 done(std::move(status));
               },

@@ -53,7 +53,8 @@ typename Inspector::result_type inspect(Inspector& f, rollout_request& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_status& x) {
   return f(caf::meta::type_name("exa.replica_status"), x.id, x.deployment, x.slot, x.epoch, x.state, x.node,
-           x.device, x.running, x.queued, x.kv_used_tokens, x.kv_capacity_tokens, x.devices);
+           x.device, x.running, x.queued, x.kv_used_tokens, x.kv_capacity_tokens, x.devices, x.prefill_tokens_per_s,
+           x.decode_tokens_per_s);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_status& x) {

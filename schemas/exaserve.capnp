@@ -343,6 +343,12 @@ struct ReplicaStatus {
   devices @11 :List(UInt32);
   # Every device it runs on, ascending: its tensor-parallel group (one device
   # for TP 1); `device` is the first. Empty from older servers.
+
+  prefillTokensPerS @12 :Float64;
+  decodeTokensPerS @13 :Float64;
+  # Its measured speeds, smoothed over its steps with prefill and its
+  # decode-only steps, as it reports them with its load (what the predictive
+  # router estimates with, and prefix_aware sizes prefixSlackS by). 0: none yet.
 }
 
 struct ClusterStatus {
@@ -440,7 +446,8 @@ struct DeployRequest {
   prefixSlackTokens @18 :UInt64 = 2048;
   # prefix_aware routing's load bound: a replica holding a longer cached
   # prefix is preferred while its queue is at most the least loaded one's
-  # plus max(prefixSlackTokens, prefixSlackRatio x that queue). 0 to 2^32.
+  # plus max(slack, prefixSlackRatio x that queue), slack being
+  # prefixSlackTokens lowered by prefixSlackS (below). 0 to 2^32.
 
   prefixSlackRatio @19 :Float64 = 0.25;
   # The relative part of that bound, 0 to 100. All three are read only by prefix_aware.

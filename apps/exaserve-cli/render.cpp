@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace exa::cli {
@@ -74,6 +75,12 @@ std::string draft_cell(const api::model_info& m) {
   return fmt::format("{},k={}", file, m.draft_tokens);
 }
 
+// A measured speed as a table cell: whole tokens a second, "-" before any.
+std::string speed_cell(double tokens_per_s) {
+  if (!(tokens_per_s > 0) || !std::isfinite(tokens_per_s)) return "-";
+  return fmt::format("{:.0f}", tokens_per_s);
+}
+
 // DRAFT is last so that a reader splitting rows on spaces keeps its columns.
 std::string replicas_table(const api::cluster_status& s) {
   std::map<std::string, std::string> drafts;  // deployment -> its DRAFT cell
@@ -84,10 +91,11 @@ std::string replicas_table(const api::cluster_status& s) {
     rows.push_back({r.id, r.deployment, std::to_string(r.slot), std::to_string(r.epoch), r.state,
                     node_devices(r), std::to_string(r.running), std::to_string(r.queued),
                     fmt::format("{}/{}", r.kv_used_tokens, r.kv_capacity_tokens),
-                    percent(r.kv_used_tokens, r.kv_capacity_tokens), d == drafts.end() ? "-" : d->second});
+                    percent(r.kv_used_tokens, r.kv_capacity_tokens), speed_cell(r.prefill_tokens_per_s),
+                    speed_cell(r.decode_tokens_per_s), d == drafts.end() ? "-" : d->second});
   }
   return render_table({"REPLICA", "DEPLOYMENT", "SLOT", "EPOCH", "STATE", "NODE/DEV", "RUNNING", "QUEUED",
-                       "KV TOKENS", "KV USE", "DRAFT"},
+                       "KV TOKENS", "KV USE", "PREFILL/S", "DECODE/S", "DRAFT"},
                       rows);
 }
 

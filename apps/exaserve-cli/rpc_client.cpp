@@ -64,7 +64,7 @@ api::cluster_status to_api(rpc::ClusterStatus::Reader s) {
   for (auto r : s.getReplicas()) {
     out.replicas.push_back({r.getId(), r.getDeployment(), r.getSlot(), r.getEpoch(), r.getState(), r.getNode(),
                             r.getDevice(), r.getRunning(), r.getQueued(), r.getKvUsedTokens(),
-                            r.getKvCapacityTokens(), {}});
+                            r.getKvCapacityTokens(), {}, r.getPrefillTokensPerS(), r.getDecodeTokensPerS()});
     for (auto d : r.getDevices()) out.replicas.back().devices.push_back(d);
   }
   for (auto m : s.getModels()) out.models.push_back(to_api(m));

@@ -117,6 +117,8 @@ void fill(rpc::ReplicaStatus::Builder out, const api::replica_status& r) {
   out.setKvCapacityTokens(r.kv_capacity_tokens);
   auto devices = out.initDevices(static_cast<unsigned>(r.devices.size()));
   for (unsigned i = 0; i < devices.size(); ++i) devices.set(i, r.devices[i]);
+  out.setPrefillTokensPerS(r.prefill_tokens_per_s);
+  out.setDecodeTokensPerS(r.decode_tokens_per_s);
 }
 
 void fill(rpc::ClusterStatus::Builder out, const api::cluster_status& s) {

@@ -188,6 +188,11 @@ struct replica_status {
   /// Every device it runs on (its tensor-parallel group), ascending; `device`
   /// is the first. Empty from a server that does not say: just `device`.
   std::vector<std::uint32_t> devices;
+  /// Its measured speeds as it reports them with its load (smoothed over
+  /// steps with prefill, and over decode-only steps): what `predictive`
+  /// estimates with and `prefix_aware` sizes its slack in time by. 0: none yet.
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;
 };
 
 struct device_status {

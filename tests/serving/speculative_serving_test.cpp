@@ -206,7 +206,16 @@ TEST_CASE("a deployment with a draft serves the same greedy text as without one,
     if (line.find_first_not_of(' ') == std::string::npos) break;
     std::istringstream row(line);
     std::vector<std::string> cells{std::istream_iterator<std::string>(row), std::istream_iterator<std::string>()};
-    REQUIRE(cells.size() == 11);
+    REQUIRE(cells.size() == 13);
+    // PREFILL/S and DECODE/S: the speeds the replica reported with its load,
+    // whole tokens a second. Both have prefilled (warm-up, prompts); the
+    // plain one has run decode-only steps too (the spec one's verify steps
+    // carry several tokens each, counted as it measures them).
+    const auto speed = [](const std::string& c) { return c == "-" ? 0.0 : std::stod(c); };
+    CHECK(cells[10].find_first_not_of("0123456789") == std::string::npos);
+    CHECK(speed(cells[10]) > 0);
+    CHECK((cells[11] == "-" || cells[11].find_first_not_of("0123456789") == std::string::npos));
+    if (cells[1] == "plain") CHECK(speed(cells[11]) > 0);
     if (cells[1] == "spec") {
       ++spec_rows;
       CHECK(cells.back() == cell);

@@ -63,7 +63,7 @@ setter prefix_slack_ratio_setter(double& dst) {
   return [&dst](const std::string& v, const std::string& what) -> expected<void> {
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || end != v.c_str() + v.size() || !cluster::check_prefix_slack(0, x))
+    if (v.empty() || end != v.c_str() + v.size() || !cluster::check_prefix_slack(0, x, 0))
       return make_error(errc::invalid_argument, what + " must be a number in [0, " +
                                                     fmt::format("{}", cluster::prefix_slack_ratio_max) + "], got '" +
                                                     v + "'");

@@ -559,8 +559,9 @@ candidate_pool::position prefix_aware_policy::choose_near_least(const request_co
     return p >= start ? p - start : p + pool.size() - start;
   };
   const std::uint64_t min_load = pool.at(least).outstanding_tokens;
+  // Products of checked, finite, non-negative values; a NaN would take the cap.
   const auto clamp_tokens = [](double t) {
-    return t >= static_cast<double>(key_max) ? key_max : static_cast<std::uint64_t>(t);
+    return !(t < static_cast<double>(key_max)) ? key_max : static_cast<std::uint64_t>(t);
   };
   const std::uint64_t relative = clamp_tokens(config_.load_slack_ratio * static_cast<double>(min_load));
   // The token slack, capped by what the replica prefills in load_slack_s;

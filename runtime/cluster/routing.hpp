@@ -165,18 +165,22 @@ class predictive_policy final : public routing_policy {
 
 struct prefix_aware_config {
   /// A replica is "near the least loaded" while its outstanding tokens are
-  /// at most min + max(load_slack_tokens, load_slack_ratio * min), min being
-  /// the least loaded eligible replica's: among those the longest cached
-  /// prefix wins. Past the bound a cached prefix is not worth the queue, so
+  /// at most min + max(slack, load_slack_ratio * min), min being the least
+  /// loaded eligible replica's and slack load_slack_tokens, lowered by
+  /// load_slack_s (below): among those the longest cached prefix wins. Past the bound a cached prefix is not worth the queue, so
   /// a hot prefix spreads to other replicas instead of piling onto one.
   std::uint64_t load_slack_tokens = 2048;
   double load_slack_ratio = 0.25;
   /// The same slack in time: a replica's token slack is at most what it
   /// prefills in this many seconds (its smoothed prefill speed, else the
-  /// pool's median one), so the wait a cached prefix may cost is about the
-  /// same on a GPU as on a CPU replica 30x slower. load_slack_tokens stays
-  /// the cap, and the whole of it while no replica has reported a prefill
-  /// speed; 0 turns the time bound off. The default came from one fleet
+  /// median of its pool's -- the model version's replicas -- known ones), so
+  /// the wait a cached prefix may cost at light load is about the same on a
+  /// GPU as on a CPU replica 30x slower. It is an estimate: outstanding tokens
+  /// also count decode budgets, and the speed is measured over steps that mix
+  /// prefill with decode. load_slack_tokens stays the cap, and the whole of
+  /// it while no replica of the pool has reported a prefill speed; 0 turns
+  /// the time bound off. The ratio's part is not bounded in time: under
+  /// heavy load (min x ratio above the slack) it decides, as before. The default came from one fleet
   /// each way: 2,048 tokens (~50 ms of prefill) kept TTFT level on simulated
   /// H100 replicas, 256 (~0.2 s) on CPU replicas where 2,048 (~1.6 s) made
   /// the p99 20 % worse (docs/PERFORMANCE.md, "Prefix caching").
@@ -198,7 +202,7 @@ inline constexpr double prefix_slack_s_max = 3600;
 /// (prefix_aware_config's load_slack_tokens / load_slack_ratio / load_slack_s):
 /// invalid_argument naming the key and the accepted range when out of bounds
 /// or not finite.
-expected<void> check_prefix_slack(std::uint64_t tokens, double ratio, double seconds = 0);
+expected<void> check_prefix_slack(std::uint64_t tokens, double ratio, double seconds);
 
 /// Longest cached prefix among the replicas near the least loaded (see
 /// prefix_aware_config; each replica's bound from its own prefill speed), ties to the lower load, then to the first in id

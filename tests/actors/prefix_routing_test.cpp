@@ -22,10 +22,11 @@ constexpr std::uint32_t block_tokens = 16;
 /// Bound on the jobs run while waiting for a first token (habit 7).
 constexpr int jobs_max = 200000;
 
-test::cluster_fixture with_policy(const std::string& policy) {
+test::cluster_fixture with_policy(const std::string& policy, double prefix_slack_s = 0.2) {
   auto o = test::cluster_fixture::defaults(2);
   o.kv_page_bytes = page_bytes;
   o.deployments[0].routing = policy;
+  o.deployments[0].prefix_slack_s = prefix_slack_s;
   return test::cluster_fixture(o);
 }
 
@@ -121,6 +122,23 @@ TEST_CASE("prefix_aware follows the cache to a busier replica within the load sl
     auto f = with_policy("prefix_aware");
     const auto r = repeat_beside_busy(f);
     // The other request shares the cached replica: the setup this test is about.
+    REQUIRE(r[1].replica == r[0].replica);
+    CHECK(r[2].replica == r[0].replica);
+    CHECK(r[2].usage.cached_tokens > 0);
+  }
+  // The deployment's prefix_slack_s reaches the router, and the replicas'
+  // measured prefill speed sizes the slack: a microsecond of prefill is no
+  // token, so the busier replica is past the bound; 0 s is tokens alone.
+  SECTION("prefix_aware, slack of a microsecond") {
+    auto f = with_policy("prefix_aware", 1e-6);
+    const auto r = repeat_beside_busy(f);
+    REQUIRE(r[1].replica == r[0].replica);
+    CHECK(r[2].replica != r[0].replica);
+    CHECK(r[2].usage.cached_tokens == 0);
+  }
+  SECTION("prefix_aware, slack in tokens alone") {
+    auto f = with_policy("prefix_aware", 0);
+    const auto r = repeat_beside_busy(f);
     REQUIRE(r[1].replica == r[0].replica);
     CHECK(r[2].replica == r[0].replica);
     CHECK(r[2].usage.cached_tokens > 0);

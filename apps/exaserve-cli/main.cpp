@@ -133,6 +133,15 @@ std::expected<std::uint64_t, usage_error> parse_uint(const std::string& what, co
   return v;
 }
 
+// The whole text as a number (strtod's syntax, so "inf" and "nan" too:
+// ranges are the caller's), or nothing.
+std::optional<double> parse_number(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) return std::nullopt;
+  return v;
+}
+
 int fail(const char* command, const error& e) {
   std::fprintf(stderr, "exaserve-cli %s: %s\n", command, to_string(e).c_str());
   return 1;
@@ -241,10 +250,9 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
   req.autoscale_metric = args.get("autoscale-metric");
   if (args.has("autoscale-target")) {
     const std::string t = args.get("autoscale-target");
-    char* end = nullptr;
-    req.autoscale_target = std::strtod(t.c_str(), &end);
-    if (t.empty() || end != t.c_str() + t.size() || !(req.autoscale_target > 0))
-      return usage_fail("deploy", {"--autoscale-target: expected a number above 0, got '" + t + "'"});
+    const auto v = parse_number(t);
+    if (!v || !(*v > 0)) return usage_fail("deploy", {"--autoscale-target: expected a number above 0, got '" + t + "'"});
+    req.autoscale_target = *v;
   }
   if (args.has("chat-template")) {
     // The file is read here, where the operator named it: the controller
@@ -277,18 +285,15 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
     req.prefix_slack_tokens = *t;
   }
   if (args.has("prefix-slack-ratio")) {
-    const std::string t = args.get("prefix-slack-ratio");
-    char* end = nullptr;
-    req.prefix_slack_ratio = std::strtod(t.c_str(), &end);
-    if (t.empty() || end != t.c_str() + t.size())
-      return usage_fail("deploy", {"--prefix-slack-ratio: expected a number, got '" + t + "'"});
+    const auto v = parse_number(args.get("prefix-slack-ratio"));
+    if (!v) return usage_fail("deploy", {"--prefix-slack-ratio: expected a number, got '" + args.get("prefix-slack-ratio") + "'"});
+    req.prefix_slack_ratio = *v;
   }
   if (args.has("prefix-slack-s")) {
-    const std::string t = args.get("prefix-slack-s");
-    char* end = nullptr;
-    req.prefix_slack_s = std::strtod(t.c_str(), &end);
-    if (t.empty() || end != t.c_str() + t.size())
-      return usage_fail("deploy", {"--prefix-slack-s: expected a number of seconds, got '" + t + "'"});
+    const auto v = parse_number(args.get("prefix-slack-s"));
+    if (!v)
+      return usage_fail("deploy", {"--prefix-slack-s: expected a number of seconds, got '" + args.get("prefix-slack-s") + "'"});
+    req.prefix_slack_s = *v;
   }
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);

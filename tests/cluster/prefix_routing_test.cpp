@@ -215,16 +215,17 @@ TEST_CASE("prefix_aware's slack in time: a replica's token slack is what it pref
   config.load_slack_s = 0;
   CHECK(choose(config, 0, 1000, 2048, 1000) == 2);
   CHECK(choose(config, 0, 1000, 2049, 1000) == 1);
-  // A model's own seconds through set_policy.
+  // A model's own seconds through set_policy: 1,500 queued tokens at 1,000
+  // tokens/s are within 1.5 s, past 1 s.
   auto table = prefix_table(2);
-  REQUIRE(table.set_policy("m", "prefix_aware", 2048, 0, 1.5));
-  REQUIRE(table.update_load(1, report(0, {}, block, 1000)));
-  REQUIRE(table.update_load(2, report(1500, conv, block, 1000)));
-  CHECK((*table.route("m", "", cost_of(conv)))->id == 2);
-  REQUIRE(table.set_policy("m", "prefix_aware", 2048, 0, 1.0));
-  REQUIRE(table.update_load(1, report(0, {}, block, 1000)));
-  REQUIRE(table.update_load(2, report(1500, conv, block, 1000)));
-  CHECK((*table.route("m", "", cost_of(conv)))->id == 1);
+  const auto choose_with = [&](double seconds) {
+    REQUIRE(table.set_policy("m", "prefix_aware", 2048, 0, seconds));
+    REQUIRE(table.update_load(1, report(0, {}, block, 1000)));
+    REQUIRE(table.update_load(2, report(1500, conv, block, 1000)));
+    return (*table.route("m", "", cost_of(conv)))->id;
+  };
+  CHECK(choose_with(1.5) == 2);
+  CHECK(choose_with(1.0) == 1);
 }
 
 TEST_CASE("a burst of one conversation sticks before any report, then spreads under load", "[routing][prefix]") {

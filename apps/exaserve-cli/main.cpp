@@ -224,26 +224,29 @@ int cmd_generate(cli::rpc_client& client, const command_args& args) {
   return 0;
 }
 
-int cmd_deploy(cli::rpc_client& client, const command_args& args) {
-  if (!args.positional.empty()) return usage_fail("deploy", {"deploy takes only flags"});
-  if (!args.has("name")) return usage_fail("deploy", {"--name is required"});
+// deploy's request from its flags, checked before any connection (so a bad
+// flag is named even with no server); on failure the exit code, its message
+// already printed: 2 for usage, 1 for a chat template that cannot be read.
+std::expected<api::deploy_request, int> deploy_request_from(const command_args& args) {
+  if (!args.positional.empty()) return std::unexpected(usage_fail("deploy", {"deploy takes only flags"}));
+  if (!args.has("name")) return std::unexpected(usage_fail("deploy", {"--name is required"}));
   auto replicas = parse_uint("--replicas", args.get("replicas", "1"), 1u << 16);
-  if (!replicas) return usage_fail("deploy", replicas.error());
+  if (!replicas) return std::unexpected(usage_fail("deploy", replicas.error()));
   auto kv = parse_uint("--kv-tokens", args.get("kv-tokens", "0"), UINT32_MAX);
-  if (!kv) return usage_fail("deploy", kv.error());
+  if (!kv) return std::unexpected(usage_fail("deploy", kv.error()));
   api::deploy_request req{args.get("name"), args.get("model-file"), static_cast<std::uint32_t>(*replicas),
                           static_cast<std::uint32_t>(*kv), args.get("routing")};
   req.model_sha256 = args.get("sha256");
   req.tenant = args.get("tenant");
   auto warm = parse_uint("--warm-pool-percent", args.get("warm-pool-percent", "10"), 50);
-  if (!warm) return usage_fail("deploy", warm.error());
+  if (!warm) return std::unexpected(usage_fail("deploy", warm.error()));
   req.warm_pool_percent = static_cast<std::uint32_t>(*warm);
   auto amin = parse_uint("--autoscale-min", args.get("autoscale-min", "1"), 1u << 16);
-  if (!amin) return usage_fail("deploy", amin.error());
+  if (!amin) return std::unexpected(usage_fail("deploy", amin.error()));
   auto amax = parse_uint("--autoscale-max", args.get("autoscale-max", "0"), 1u << 16);
-  if (!amax) return usage_fail("deploy", amax.error());
+  if (!amax) return std::unexpected(usage_fail("deploy", amax.error()));
   auto idle = parse_uint("--idle-to-zero-s", args.get("idle-to-zero-s", "0"), 604800);
-  if (!idle) return usage_fail("deploy", idle.error());
+  if (!idle) return std::unexpected(usage_fail("deploy", idle.error()));
   req.autoscale_min = static_cast<std::uint32_t>(*amin);
   req.autoscale_max = static_cast<std::uint32_t>(*amax);
   req.idle_to_zero_s = static_cast<std::uint32_t>(*idle);
@@ -251,50 +254,60 @@ int cmd_deploy(cli::rpc_client& client, const command_args& args) {
   if (args.has("autoscale-target")) {
     const std::string t = args.get("autoscale-target");
     const auto v = parse_number(t);
-    if (!v || !(*v > 0)) return usage_fail("deploy", {"--autoscale-target: expected a number above 0, got '" + t + "'"});
+    if (!v || !(*v > 0))
+      return std::unexpected(usage_fail("deploy", {"--autoscale-target: expected a number above 0, got '" + t + "'"}));
     req.autoscale_target = *v;
   }
   if (args.has("chat-template")) {
     // The file is read here, where the operator named it: the controller
     // and the gateways may run elsewhere, so the text is what travels.
     auto t = jinja::resolve_template_override(args.get("chat-template"));
-    if (!t) return fail("deploy", t.error());
+    if (!t) return std::unexpected(fail("deploy", t.error()));
     req.chat_template = std::move(t->text);
   }
   req.draft_model = args.get("draft-model");
   req.draft_sha256 = args.get("draft-sha256");
   if ((args.has("draft-tokens") || args.has("draft-sha256")) && req.draft_model.empty())
-    return usage_fail("deploy", {"--draft-tokens and --draft-sha256 need --draft-model"});
+    return std::unexpected(usage_fail("deploy", {"--draft-tokens and --draft-sha256 need --draft-model"}));
   if (args.has("draft-tokens")) {
     // The engine's bound (engine::max_draft_tokens); the controller checks it again.
     auto k = parse_uint("--draft-tokens", args.get("draft-tokens"), 8);
-    if (!k || *k == 0) return usage_fail("deploy", {"--draft-tokens must be in [1, 8], got '" + args.get("draft-tokens") + "'"});
+    if (!k || *k == 0)
+      return std::unexpected(
+          usage_fail("deploy", {"--draft-tokens must be in [1, 8], got '" + args.get("draft-tokens") + "'"}));
     req.draft_tokens = static_cast<std::uint32_t>(*k);
   }
   if (args.has("tp")) {
     // The ledger's bound (cluster::max_tensor_parallel); the controller checks the model splits.
     auto tp = parse_uint("--tp", args.get("tp"), 8);
     if (!tp || (*tp != 1 && *tp != 2 && *tp != 4 && *tp != 8))
-      return usage_fail("deploy", {"--tp must be 1, 2, 4 or 8, got '" + args.get("tp") + "'"});
+      return std::unexpected(usage_fail("deploy", {"--tp must be 1, 2, 4 or 8, got '" + args.get("tp") + "'"}));
     req.tensor_parallel = static_cast<std::uint32_t>(*tp);
   }
   // Ranges (cluster::check_prefix_slack) are the controller's to check, as for a config file.
   if (args.has("prefix-slack-tokens")) {
     auto t = parse_uint("--prefix-slack-tokens", args.get("prefix-slack-tokens"), UINT64_MAX);
-    if (!t) return usage_fail("deploy", t.error());
+    if (!t) return std::unexpected(usage_fail("deploy", t.error()));
     req.prefix_slack_tokens = *t;
   }
   if (args.has("prefix-slack-ratio")) {
     const auto v = parse_number(args.get("prefix-slack-ratio"));
-    if (!v) return usage_fail("deploy", {"--prefix-slack-ratio: expected a number, got '" + args.get("prefix-slack-ratio") + "'"});
+    if (!v)
+      return std::unexpected(
+          usage_fail("deploy", {"--prefix-slack-ratio: expected a number, got '" + args.get("prefix-slack-ratio") + "'"}));
     req.prefix_slack_ratio = *v;
   }
   if (args.has("prefix-slack-s")) {
     const auto v = parse_number(args.get("prefix-slack-s"));
     if (!v)
-      return usage_fail("deploy", {"--prefix-slack-s: expected a number of seconds, got '" + args.get("prefix-slack-s") + "'"});
+      return std::unexpected(usage_fail(
+          "deploy", {"--prefix-slack-s: expected a number of seconds, got '" + args.get("prefix-slack-s") + "'"}));
     req.prefix_slack_s = *v;
   }
+  return req;
+}
+
+int cmd_deploy(cli::rpc_client& client, const api::deploy_request& req) {
   if (auto r = client.deploy(req); !r) return fail("deploy", r.error());
   std::printf("deployed %s (%u replicas)\n", req.name.c_str(), req.replicas);
   return 0;
@@ -453,11 +466,11 @@ const std::map<std::string, std::set<std::string>> command_flags = {
     {"rollout", {"model-file", "version", "sha256", "steps", "bake-s", "max-unavailable", "surge", "min-samples"}},
 };
 
+// Every command but deploy, whose request main builds before connecting.
 int dispatch(const std::string& cmd, cli::rpc_client& client, const command_args& args) {
   if (cmd == "status") return cmd_status(client);
   if (cmd == "models") return cmd_models(client);
   if (cmd == "generate") return cmd_generate(client, args);
-  if (cmd == "deploy") return cmd_deploy(client, args);
   if (cmd == "undeploy") return cmd_undeploy(client, args);
   if (cmd == "drain") return cmd_drain(client, args, false);
   if (cmd == "undrain") return cmd_drain(client, args, true);
@@ -508,7 +521,17 @@ int main(int argc, char** argv) {
     return usage_fail(cmd.c_str(), {"--tls-cert and --tls-key go together"});
   if (!tls.cert.empty() && tls.ca.empty())
     return usage_fail(cmd.c_str(), {"a client certificate needs --tls-ca, the CA of the server's certificate"});
+  // Flags that need no server are checked before connecting to one.
+  std::optional<api::deploy_request> deploy;
+  if (cmd == "deploy") {
+    auto d = deploy_request_from(*args);
+    if (!d) return d.error();
+    deploy = std::move(*d);
+  }
+  if (cmd == "generate")
+    if (auto g = generate_request_from(*args); !g) return usage_fail("generate", g.error());
   auto client = cli::rpc_client::connect(where->host, where->port, api_key, tls);
   if (!client) return fail(cmd.c_str(), client.error());
+  if (deploy) return cmd_deploy(**client, *deploy);
   return dispatch(cmd, **client, *args);
 }

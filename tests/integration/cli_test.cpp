@@ -249,6 +249,24 @@ TEST_CASE("cli deploy sends prefix_aware's slack over RPC, its defaults when not
   CHECK(s.backend->admin_log().size() == before);
 }
 
+TEST_CASE("cli deploy and generate name a bad flag before connecting, with no server to connect to", "[cli]") {
+  // Port 1 on loopback: nothing listens there, so any connection is refused.
+  for (const auto& [args, words] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"deploy", "--name", "x", "--prefix-slack-s", "200ms"}, "--prefix-slack-s: expected a number of seconds"},
+           {{"deploy", "--replicas", "2"}, "--name is required"},
+           {{"deploy", "--name", "x", "--draft-tokens", "2"}, "need --draft-model"},
+           {{"generate", "--max-tokens", "many", "hi"}, "--max-tokens must be an integer"}}) {
+    const auto r = run_cli(1, args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(words) != std::string::npos);
+    CHECK(r.err.find("cannot connect") == std::string::npos);
+  }
+  // Valid flags do go on to connect, and say why that failed.
+  const auto r = run_cli(1, {"deploy", "--name", "x", "--prefix-slack-s", "0.5"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("cannot connect") != std::string::npos);
+}
+
 TEST_CASE("cli deploy --draft-model sends the draft over RPC, and bad draft flags never reach the server",
           "[cli][speculative]") {
   test_server s;

@@ -121,4 +121,21 @@ std::shared_ptr<recording_sink> cluster_fixture::generate(api::generate_request 
   return sink;
 }
 
+std::shared_ptr<recording_sink> cluster_fixture::generate_short(std::string model) {
+  api::generate_request g;
+  g.model = std::move(model);
+  g.prompt_text = "Hello";
+  g.max_tokens = 4;
+  auto sink = generate(std::move(g));
+  run();
+  return sink;
+}
+
+std::size_t replicas_up(const api::cluster_status& s, std::string_view deployment) {
+  std::size_t n = 0;
+  for (const auto& r : s.replicas)
+    n += (deployment.empty() || r.deployment == deployment) && (r.state == "ready" || r.state == "serving");
+  return n;
+}
+
 }  // namespace exa::test

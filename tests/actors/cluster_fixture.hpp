@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/embedded_cluster.hpp"
@@ -27,6 +28,10 @@ struct recording_sink : api::stream_sink {
 
 /// Generates (once) the tiny model used by actor tests.
 const std::string& tiny_model_path();
+
+/// Replicas of `deployment` (every deployment's when empty) that are ready
+/// or serving in `s`.
+std::size_t replicas_up(const api::cluster_status& s, std::string_view deployment = {});
 
 class cluster_fixture {
  public:
@@ -54,6 +59,8 @@ class cluster_fixture {
 
   /// Starts a generation and returns its sink (run() to make progress).
   std::shared_ptr<recording_sink> generate(api::generate_request req);
+  /// A short greedy request ("Hello", 4 tokens) to `model`, run to its end.
+  std::shared_ptr<recording_sink> generate_short(std::string model);
 
   /// Default options: 2 nodes × 2 devices, one "tiny" deployment of 2 replicas.
   static actors::cluster_options defaults(std::uint32_t replicas = 2);

@@ -86,19 +86,13 @@ std::string busy_replica(test::cluster_fixture& f) {
   return {};
 }
 
-std::size_t ready_count(const api::cluster_status& s) {
-  std::size_t n = 0;
-  for (const auto& r : s.replicas) n += r.state == "ready" || r.state == "serving";
-  return n;
-}
-
 }  // namespace
 
 TEST_CASE("a drained replica finishes its requests, takes no new ones, and its slot is placed again", "[actors][drain]") {
   auto log = std::make_shared<chaos::event_log>();
   test::cluster_fixture f(timed(2, 2, log));
   f.advance(100ms);
-  REQUIRE(ready_count(f.status()) == 2);
+  REQUIRE(test::replicas_up(f.status()) == 2);
   auto first = f.generate(request("long", 100));
   f.advance(5ms, 1ms);
   REQUIRE_FALSE(first->result.has_value());
@@ -140,7 +134,7 @@ TEST_CASE("a drained replica finishes its requests, takes no new ones, and its s
   REQUIRE(slots.count(slot));
   CHECK(slots.at(slot).state == "ready");
   CHECK(slots.at(slot).epoch == epoch + 1);
-  CHECK(ready_count(after) == 2);
+  CHECK(test::replicas_up(after) == 2);
 }
 
 TEST_CASE("past its deadline a drain resumes in-flight requests elsewhere, token-exact", "[actors][drain]") {
@@ -173,14 +167,14 @@ TEST_CASE("past its deadline a drain resumes in-flight requests elsewhere, token
   for (const auto& e : log->events())
     stopped |= e.kind == chaos::event_kind::replica_state && e.replica == std::stoull(victim) && e.detail == "stopped";
   CHECK(stopped);
-  CHECK(ready_count(f.status()) == 2);
+  CHECK(test::replicas_up(f.status()) == 2);
 }
 
 TEST_CASE("a drained node gives up every replica and takes nothing new until undrained", "[actors][drain]") {
   test::cluster_fixture f(timed(3, 3, nullptr));
   f.advance(100ms);
   auto s = f.status();
-  REQUIRE(ready_count(s) == 3);
+  REQUIRE(test::replicas_up(s) == 3);
   const std::uint32_t node = s.replicas.front().node;
   std::size_t on_node = 0;
   for (const auto& r : s.replicas) on_node += r.node == node;
@@ -196,7 +190,7 @@ TEST_CASE("a drained node gives up every replica and takes nothing new until und
   // Each drained replica's slot was placed again elsewhere: a migration by the drain's cause.
   CHECK_THAT(metrics, Catch::Contains("exaserve_migrations_total{reason=\"node\"} " + std::to_string(on_node) + "\n"));
   s = f.status();
-  CHECK(ready_count(s) == 3);
+  CHECK(test::replicas_up(s) == 3);
   for (const auto& rep : s.replicas) CHECK(rep.node != node);
   bool shown = false;
   for (const auto& n : s.nodes)
@@ -207,7 +201,7 @@ TEST_CASE("a drained node gives up every replica and takes nothing new until und
   scale(f, 6);
   f.advance(1000ms);
   s = f.status();
-  CHECK(ready_count(s) == 6);
+  CHECK(test::replicas_up(s) == 6);
   for (const auto& rep : s.replicas) CHECK(rep.node != node);
 
   // Undrained: it takes replicas again.
@@ -215,7 +209,7 @@ TEST_CASE("a drained node gives up every replica and takes nothing new until und
   scale(f, 9);
   f.advance(1000ms);
   s = f.status();
-  CHECK(ready_count(s) == 9);
+  CHECK(test::replicas_up(s) == 9);
   std::size_t back = 0;
   for (const auto& rep : s.replicas) back += rep.node == node;
   CHECK(back > 0);
@@ -232,7 +226,7 @@ TEST_CASE("draining a node while its replicas still wait for their turn to load 
   REQUIRE(drain(f, node_drain(0)));
   f.advance(1000ms);
   const auto s = f.status();
-  CHECK(ready_count(s) == 6);
+  CHECK(test::replicas_up(s) == 6);
   for (const auto& r : s.replicas) CHECK(r.node == 1);
 }
 
@@ -256,7 +250,7 @@ TEST_CASE("drain requests that cannot be carried out name the problem", "[actors
   auto too_long = drain(f, replica_drain(id, 2 * 3600 * 1000));
   REQUIRE_FALSE(too_long);
   CHECK(too_long.error().code == errc::invalid_argument);
-  CHECK(ready_count(f.status()) == 2);  // nothing happened
+  CHECK(test::replicas_up(f.status()) == 2);  // nothing happened
 }
 
 TEST_CASE("a slow device degrades its replica, the router passes it over, and it recovers", "[actors][degraded]") {
@@ -353,7 +347,7 @@ TEST_CASE("loads are staggered: at most the limits load at once, and every repli
     o.loads_per_node_max = gated ? 1 : 1000;
     test::cluster_fixture f(o);
     f.advance(500ms);
-    CHECK(ready_count(f.status()) == 8);
+    CHECK(test::replicas_up(f.status()) == 8);
     const auto [node_peak, total_peak] = peak_loads(log->events());
     if (gated) {
       CHECK(node_peak == 1);
@@ -365,7 +359,7 @@ TEST_CASE("loads are staggered: at most the limits load at once, and every repli
     const std::size_t before = log->size();
     scale(f, 12);
     f.advance(500ms);
-    CHECK(ready_count(f.status()) == 12);
+    CHECK(test::replicas_up(f.status()) == 12);
     const auto all = log->events();
     const std::vector<chaos::event> later(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
     if (gated) CHECK(peak_loads(later).first == 1);
@@ -396,7 +390,7 @@ TEST_CASE("a deployment scaled to zero is woken by its next request, which waits
     CHECK(k->result->usage.completion_tokens == 8);
   }
   s = f.status();
-  CHECK(ready_count(s) == 1);  // woken with one replica
+  CHECK(test::replicas_up(s) == 1);  // woken with one replica
   CHECK(s.models[0].replicas_desired == 1);
   // Warm again: requests go straight through.
   auto warm = f.generate(request("warm", 4));

@@ -150,9 +150,7 @@ TEST_CASE("a version as fast as the old one is promoted step by step and no requ
   f.advance(3000ms);
   const auto after = f.status();
   CHECK(replicas_of(after, "tiny").empty());  // the old version drained and stopped
-  std::size_t ready = 0;
-  for (const auto& r : after.replicas) ready += r.deployment == "tiny@2" && (r.state == "ready" || r.state == "serving");
-  CHECK(ready == 2);  // the new one at the full count
+  CHECK(test::replicas_up(after, "tiny@2") == 2);  // the new one at the full count
   REQUIRE(after.models.size() == 1);
   CHECK(after.models[0].name == "tiny");  // listed under the plain name, as its version 2
   CHECK(after.models[0].version == "2");

@@ -1061,6 +1061,10 @@ std::vector<api::model_info> list_models(self_ptr self) {
     mi.tokenizer = dep.facts.tokenizer;
     mi.draft_model = dep.draft_model;
     if (!dep.draft_model.empty()) mi.draft_tokens = dep.draft_tokens ? dep.draft_tokens : engine::default_draft_tokens;
+    mi.routing = dep.routing;
+    mi.prefix_slack_tokens = dep.prefix_slack_tokens;
+    mi.prefix_slack_ratio = dep.prefix_slack_ratio;
+    mi.prefix_slack_s = dep.prefix_slack_s;
     for (const auto& [id, r] : self->state.replicas)
       if (r.deployment == name && cluster::serves_requests(r.state)) ++mi.replicas_ready;
     // The worst of what the gateways saw over the last minute.

@@ -43,7 +43,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("exa.model_info"), x.name, x.model_file, x.replicas_ready, x.replicas_desired,
            x.context_length, x.tenant, x.version, x.ttft_p50_ms, x.ttft_p99_ms, x.tpot_p50_ms, x.tpot_p99_ms,
-           x.architecture, x.quantization, x.tokenizer, x.draft_model, x.draft_tokens);
+           x.architecture, x.quantization, x.tokenizer, x.draft_model, x.draft_tokens, x.routing,
+           x.prefix_slack_tokens, x.prefix_slack_ratio, x.prefix_slack_s);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rollout_request& x) {

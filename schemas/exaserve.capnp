@@ -253,6 +253,17 @@ struct ModelInfo {
 
   draftTokens @15 :UInt32 = 0;
   # Tokens the draft proposes per step (its default filled in); 0 without a draft.
+
+  routing @16 :Text;
+  # Its routing policy ("least_outstanding", "prefix_aware", ...: the
+  # cluster's default filled in); empty from a server that does not say.
+
+  prefixSlackTokens @17 :UInt64;
+  prefixSlackRatio @18 :Float64;
+  prefixSlackS @19 :Float64;
+  # prefix_aware's load slack as deployed (DeployRequest's fields of the same
+  # names; a rollout's new version inherits them). Kept whatever the policy;
+  # only prefix_aware reads them.
 }
 
 struct NodeStatus {

@@ -75,6 +75,15 @@ std::string draft_cell(const api::model_info& m) {
   return fmt::format("{},k={}", file, m.draft_tokens);
 }
 
+// A deployment's routing as a table cell: the policy's name, with
+// prefix_aware's load slack as "(TOKENStok,SECONDSs,xRATIO)" (the bound it
+// routes by; the other policies do not read it); "-" when the server did not say.
+std::string routing_cell(const api::model_info& m) {
+  if (m.routing.empty()) return "-";
+  if (m.routing != "prefix_aware") return m.routing;
+  return fmt::format("{}({}tok,{}s,x{})", m.routing, m.prefix_slack_tokens, m.prefix_slack_s, m.prefix_slack_ratio);
+}
+
 // A measured speed as a table cell: whole tokens a second, "-" before any.
 std::string speed_cell(double tokens_per_s) {
   if (!(tokens_per_s > 0) || !std::isfinite(tokens_per_s)) return "-";
@@ -107,9 +116,10 @@ std::string render_models(const std::vector<api::model_info>& models) {
     rows.push_back({m.name, m.version.empty() ? "-" : m.version, m.model_file,
                     fmt::format("{}/{}", m.replicas_ready, m.replicas_desired), std::to_string(m.context_length),
                     m.architecture.empty() ? "-" : m.architecture, m.quantization.empty() ? "-" : m.quantization,
-                    m.tokenizer.empty() ? "-" : m.tokenizer, draft_cell(m)});
-  return render_table(
-      {"NAME", "VERSION", "MODEL FILE", "READY/DESIRED", "CONTEXT", "ARCH", "QUANT", "TOKENIZER", "DRAFT"}, rows);
+                    m.tokenizer.empty() ? "-" : m.tokenizer, draft_cell(m), routing_cell(m)});
+  return render_table({"NAME", "VERSION", "MODEL FILE", "READY/DESIRED", "CONTEXT", "ARCH", "QUANT", "TOKENIZER",
+                       "DRAFT", "ROUTING"},
+                      rows);
 }
 
 std::string render_status(const api::cluster_status& s) {

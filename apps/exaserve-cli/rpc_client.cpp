@@ -51,7 +51,8 @@ api::model_info to_api(rpc::ModelInfo::Reader m) {
   return {m.getName(),     m.getModelFile(), m.getReplicasReady(), m.getReplicasDesired(),
           m.getContextLength(), m.getTenant(), m.getVersion(),       m.getTtftP50Ms(),
           m.getTtftP99Ms(),   m.getTpotP50Ms(), m.getTpotP99Ms(), m.getArchitecture(), m.getQuantization(),
-          m.getTokenizer(),   m.getDraftModel(), m.getDraftTokens()};
+          m.getTokenizer(),   m.getDraftModel(), m.getDraftTokens(),  m.getRouting(), m.getPrefixSlackTokens(),
+          m.getPrefixSlackRatio(), m.getPrefixSlackS()};
 }
 
 api::cluster_status to_api(rpc::ClusterStatus::Reader s) {

@@ -501,7 +501,14 @@ json model_json(const api::model_info& m, std::int64_t created) {
           // step; null without a draft. Extra keys, like the ones above:
           // OpenAI clients read id/object/created/owned_by and ignore the rest.
           {"draft_model", m.draft_model.empty() ? json(nullptr) : json(m.draft_model)},
-          {"draft_tokens", m.draft_model.empty() ? json(nullptr) : json(m.draft_tokens)}};
+          {"draft_tokens", m.draft_model.empty() ? json(nullptr) : json(m.draft_tokens)},
+          // Its routing policy (null where the cluster did not say), and
+          // prefix_aware's load slack (null under any other policy).
+          {"routing", m.routing.empty() ? json(nullptr) : json(m.routing)},
+          {"prefix_slack", m.routing != "prefix_aware" ? json(nullptr)
+                                                       : json{{"tokens", m.prefix_slack_tokens},
+                                                              {"seconds", m.prefix_slack_s},
+                                                              {"ratio", m.prefix_slack_ratio}}}};
 }
 }  // namespace
 

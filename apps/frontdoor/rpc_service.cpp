@@ -101,6 +101,10 @@ void fill(rpc::ModelInfo::Builder out, const api::model_info& m) {
   out.setTokenizer(m.tokenizer);
   out.setDraftModel(m.draft_model);
   out.setDraftTokens(m.draft_tokens);
+  out.setRouting(m.routing);
+  out.setPrefixSlackTokens(m.prefix_slack_tokens);
+  out.setPrefixSlackRatio(m.prefix_slack_ratio);
+  out.setPrefixSlackS(m.prefix_slack_s);
 }
 
 void fill(rpc::ReplicaStatus::Builder out, const api::replica_status& r) {

@@ -171,6 +171,13 @@ struct model_info {
   /// step (the engine's default filled in; 0 without a draft).
   std::string draft_model;
   std::uint32_t draft_tokens = 0;
+  /// How its requests are routed: the policy's name (the cluster's default
+  /// filled in; "" from a server that does not say), and prefix_aware's load
+  /// slack (deploy_request::prefix_slack_*), kept whatever the policy.
+  std::string routing;
+  std::uint64_t prefix_slack_tokens = 0;
+  double prefix_slack_ratio = 0;
+  double prefix_slack_s = 0;
 };
 
 struct replica_status {

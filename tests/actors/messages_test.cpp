@@ -105,6 +105,22 @@ TEST_CASE("model info keeps its draft model across processes", "[actors][message
   CHECK(m2.draft_tokens == 6);
 }
 
+TEST_CASE("model info keeps its routing and prefix slack across processes", "[actors][messages][routing][prefix]") {
+  config cfg;
+  caf::actor_system sys{cfg};
+  api::model_info m;
+  m.name = "chat";
+  m.routing = "prefix_aware";
+  m.prefix_slack_tokens = 777;
+  m.prefix_slack_ratio = 1.25;
+  m.prefix_slack_s = 0.75;
+  const auto m2 = round_trip(sys, m);
+  CHECK(m2.routing == "prefix_aware");
+  CHECK(m2.prefix_slack_tokens == 777);
+  CHECK(m2.prefix_slack_ratio == 1.25);
+  CHECK(m2.prefix_slack_s == 0.75);
+}
+
 TEST_CASE("a deploy request and its announce keep the prefix slack across processes",
           "[actors][messages][routing][prefix]") {
   config cfg;

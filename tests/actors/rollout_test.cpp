@@ -9,6 +9,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
 
+#include <algorithm>
 #include <set>
 
 #include "actors/cluster_supervisor.hpp"
@@ -278,6 +279,42 @@ TEST_CASE("a controller restarted during a rollout rolls it back", "[actors][rol
   const auto after = f.status();
   CHECK(replicas_of(after, "tiny@2").empty());
   CHECK(replicas_of(after, "tiny").size() == 2);
+  auto k = f.generate(request("after"));
+  f.advance(500ms);
+  REQUIRE(k->result.has_value());
+  CHECK_FALSE(k->result->err.has_value());
+}
+
+TEST_CASE("a new version keeps its deployment's routing and prefix slack, as does a restarted controller",
+          "[actors][rollout][prefix]") {
+  auto o = timed(2);
+  o.deployments[0].routing = "prefix_aware";
+  o.deployments[0].prefix_slack_tokens = 333;
+  o.deployments[0].prefix_slack_ratio = 0.75;
+  o.deployments[0].prefix_slack_s = 0.05;
+  test::cluster_fixture f(o);
+  f.advance(200ms);
+  const auto check_routing = [&](const std::string& name) {
+    const auto s = f.status();
+    const auto m = std::find_if(s.models.begin(), s.models.end(), [&](const auto& x) { return x.name == name; });
+    REQUIRE(m != s.models.end());
+    CHECK(m->routing == "prefix_aware");
+    CHECK(m->prefix_slack_tokens == 333);
+    CHECK(m->prefix_slack_ratio == 0.75);
+    CHECK(m->prefix_slack_s == 0.05);
+  };
+  check_routing("tiny");
+  REQUIRE(rollout(f, start("50,100")));
+  f.advance(500ms);
+  check_routing("tiny@2");  // the new version routes as the old one did
+  // The journal keeps them: a restarted controller (which rolls the
+  // rollout back) still lists them.
+  auto controller = caf::actor_cast<caf::actor>(f.system().registry().get(actors::controller_atom::value));
+  REQUIRE(controller);
+  caf::anon_send<caf::message_priority::high>(
+      controller, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, "killed (test)")});
+  f.advance(3000ms);
+  check_routing("tiny");
   auto k = f.generate(request("after"));
   f.advance(500ms);
   REQUIRE(k->result.has_value());

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -242,6 +243,25 @@ TEST_CASE("cli deploy sends prefix_aware's slack over RPC, its defaults when not
   CHECK(s.backend->admin_log().back().find(fmt::format(" prefix_slack={}/{}/{}", router.load_slack_tokens,
                                                        router.load_slack_ratio, router.load_slack_s)) !=
         std::string::npos);
+  // `models` (and status's DEPLOYMENTS) shows each one's routing over RPC,
+  // with prefix_aware's slack; other policies by name alone.
+  r = run_cli(s.rpc_port(), {"deploy", "--name", "plain", "--routing", "least_outstanding"});
+  CHECK(r.exit_code == 0);
+  r = run_cli(s.rpc_port(), {"models"});
+  CHECK(r.exit_code == 0);
+  INFO(r.out);
+  CHECK_THAT(r.out, Catch::Contains("ROUTING"));
+  const auto row = [&](const std::string& name) {
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);)
+      if (const auto at = line.find(name + " "); at != std::string::npos && at == line.find_first_not_of(' '))
+        return line;
+    return std::string();
+  };
+  CHECK_THAT(row("chat"), Catch::EndsWith("prefix_aware(512tok,0.05s,x0.5)"));
+  CHECK_THAT(row("chat2"), Catch::EndsWith(fmt::format("prefix_aware({}tok,{}s,x{})", router.load_slack_tokens,
+                                                router.load_slack_s, router.load_slack_ratio)));
+  CHECK_THAT(row("plain"), Catch::EndsWith(" least_outstanding"));
   const auto before = s.backend->admin_log().size();
   r = run_cli(s.rpc_port(), {"deploy", "--name", "x", "--routing", "prefix_aware", "--prefix-slack-s", "200ms"});
   CHECK(r.exit_code == 2);

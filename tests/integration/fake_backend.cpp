@@ -305,7 +305,12 @@ void fake_backend::deploy(api::deploy_request request, std::function<void(expect
                                               request.prefix_slack_ratio, request.prefix_slack_s)));
       std::erase_if(models_, [&](const auto& m) { return m.name == request.name; });
       const std::string file = request.model_file.empty() ? "default.gguf" : request.model_file;
-      models_.push_back({request.name, file, request.replicas, request.replicas, 2048});
+      api::model_info m{request.name, file, request.replicas, request.replicas, 2048};
+      m.routing = request.routing;
+      m.prefix_slack_tokens = request.prefix_slack_tokens;
+      m.prefix_slack_ratio = request.prefix_slack_ratio;
+      m.prefix_slack_s = request.prefix_slack_s;
+      models_.push_back(std::move(m));
     }
     done({});
   });

@@ -237,6 +237,26 @@ TEST_CASE("/v1/models shows each deployment's architecture, quantization, tokeni
   CHECK(unknown["data"][0]["tokenizer"].is_null());
   CHECK(unknown["data"][0]["draft_model"].is_null());  // no draft: null
   CHECK(unknown["data"][0]["draft_tokens"].is_null());
+  CHECK(unknown["data"][0]["routing"].is_null());
+  CHECK(unknown["data"][0]["prefix_slack"].is_null());
+}
+
+TEST_CASE("/v1/models shows each deployment's routing, and prefix_aware's slack", "[openai][prefix]") {
+  api::model_info m;
+  m.name = "chat";
+  m.routing = "prefix_aware";
+  m.prefix_slack_tokens = 512;
+  m.prefix_slack_ratio = 0.5;
+  m.prefix_slack_s = 0.05;
+  auto one = json::parse(door::render_model(m, 1));
+  CHECK(one["routing"] == "prefix_aware");
+  CHECK(one["prefix_slack"]["tokens"] == 512);
+  CHECK(one["prefix_slack"]["seconds"] == 0.05);
+  CHECK(one["prefix_slack"]["ratio"] == 0.5);
+  m.routing = "least_outstanding";  // the slack is kept but not read: not shown
+  one = json::parse(door::render_model(m, 1));
+  CHECK(one["routing"] == "least_outstanding");
+  CHECK(one["prefix_slack"].is_null());
 }
 
 TEST_CASE("logprobs show the float the engine computed, at its own precision", "[logprobs]") {

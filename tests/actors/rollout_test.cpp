@@ -285,7 +285,7 @@ TEST_CASE("a controller restarted during a rollout rolls it back", "[actors][rol
   CHECK_FALSE(k->result->err.has_value());
 }
 
-TEST_CASE("a new version keeps its deployment's routing and prefix slack, as does a restarted controller",
+TEST_CASE("a new version keeps its deployment's routing and prefix slack, and so does a restarted controller",
           "[actors][rollout][prefix]") {
   auto o = timed(2);
   o.deployments[0].routing = "prefix_aware";
@@ -307,8 +307,9 @@ TEST_CASE("a new version keeps its deployment's routing and prefix slack, as doe
   REQUIRE(rollout(f, start("50,100")));
   f.advance(500ms);
   check_routing("tiny@2");  // the new version routes as the old one did
-  // The journal keeps them: a restarted controller (which rolls the
-  // rollout back) still lists them.
+  // A restarted controller (which rolls the rollout back) comes back from
+  // the supervisor's desired state with them, and routes as before. (From
+  // the journal, a process's restart: journal_test [prefix].)
   auto controller = caf::actor_cast<caf::actor>(f.system().registry().get(actors::controller_atom::value));
   REQUIRE(controller);
   caf::anon_send<caf::message_priority::high>(

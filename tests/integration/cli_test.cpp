@@ -262,6 +262,10 @@ TEST_CASE("cli deploy sends prefix_aware's slack over RPC, its defaults when not
   CHECK_THAT(row("chat2"), Catch::EndsWith(fmt::format("prefix_aware({}tok,{}s,x{})", router.load_slack_tokens,
                                                 router.load_slack_s, router.load_slack_ratio)));
   CHECK_THAT(row("plain"), Catch::EndsWith(" least_outstanding"));
+  // A server that does not say (this fake, with no --routing): "-".
+  REQUIRE(run_cli(s.rpc_port(), {"deploy", "--name", "unsaid"}).exit_code == 0);
+  r = run_cli(s.rpc_port(), {"models"});
+  CHECK_THAT(row("unsaid"), Catch::EndsWith(" -"));
   const auto before = s.backend->admin_log().size();
   r = run_cli(s.rpc_port(), {"deploy", "--name", "x", "--routing", "prefix_aware", "--prefix-slack-s", "200ms"});
   CHECK(r.exit_code == 2);

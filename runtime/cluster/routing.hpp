@@ -180,7 +180,9 @@ struct prefix_aware_config {
   /// prefill with decode. load_slack_tokens stays the cap, and the whole of
   /// it while no replica of the pool has reported a prefill speed; 0 turns
   /// the time bound off. The ratio's part is not bounded in time: under
-  /// heavy load (min x ratio above the slack) it decides, as before. The default came from one fleet
+  /// heavy load (min x ratio above the slack) it decides, as before; on CPU
+  /// replicas ratio 0 reused less and made the tail worse, not better
+  /// (docs/PERFORMANCE.md, "The ratio's part"). The default came from one fleet
   /// each way: 2,048 tokens (~50 ms of prefill) kept TTFT level on simulated
   /// H100 replicas, 256 (~0.2 s) on CPU replicas where 2,048 (~1.6 s) made
   /// the p99 20 % worse (docs/PERFORMANCE.md, "Prefix caching").

@@ -121,6 +121,11 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->prefix_cached_blocks = must(r.register_gauge(
       "exaserve_prefix_cache_blocks", "KV blocks a replica's prefix cache holds now, in use or evictable.",
       {"replica"}));
+  m->prefix_evicted_blocks = must(r.register_counter(
+      "exaserve_prefix_cache_evicted_blocks_total",
+      "Cached KV blocks the replicas of a deployment dropped from their prefix caches to make room (least recently "
+      "used first) or replaced; high beside a low hit rate, the caches thrash.",
+      {"model"}));
   m->draft_proposed_tokens = must(r.register_counter(
       "exaserve_draft_proposed_tokens_total",
       "Speculative decoding: tokens the draft models of a deployment's replicas proposed and the model verified.",

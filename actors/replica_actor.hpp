@@ -81,6 +81,7 @@ struct replica_actor_state {
   /// engine's count from its start; the metrics grow by the difference).
   std::uint64_t prefix_lookup_exported = 0;
   std::uint64_t prefix_hit_exported = 0;
+  std::uint64_t prefix_evicted_exported = 0;
   std::uint64_t draft_proposed_exported = 0;  // the same for speculative decoding's counters
   std::uint64_t draft_accepted_exported = 0;
   std::uint64_t stopped_steps_exported = 0;

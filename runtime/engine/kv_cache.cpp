@@ -78,6 +78,7 @@ bool kv_cache::take_blocks(std::uint32_t n, std::vector<block_id>& out) {
   while (out.size() - start < n) {
     const block_id victim = *index_.lru();
     index_.erase(victim);  // stays taken: it moves from the cache to a sequence
+    ++evicted_blocks_;
     out.push_back(victim);
   }
   return true;
@@ -204,6 +205,7 @@ bool kv_cache::publish_block(seq_id seq, seq_table& t, std::uint32_t i,
         if (!index_.parked(*other)) return false;
         index_.erase(*other);
         free_block(*other);
+        ++evicted_blocks_;
       }
       index_.insert(b, h, t.last_serial, block);
       owner_[b] = 0;

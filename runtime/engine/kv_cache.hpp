@@ -110,6 +110,10 @@ class kv_cache {
   /// Blocks in the prefix cache (referenced or evictable) and evictable ones.
   std::uint32_t cached_blocks() const noexcept { return index_.size(); }
   std::uint32_t evictable_blocks() const noexcept { return index_.evictable(); }
+  /// Cached blocks dropped from the prefix cache since it started: evicted
+  /// (least recently used first) to make room, or replaced by another prefix
+  /// under the same hash. Not those dropped when the cache itself goes.
+  std::uint64_t evicted_blocks() const noexcept { return evicted_blocks_; }
   /// Hashes of cached blocks, most recently used first.
   std::vector<std::uint64_t> cached_hashes(std::size_t max) const { return index_.cached_hashes(max); }
   /// Sequences referencing `b` (0 for a free or evictable block).
@@ -147,6 +151,7 @@ class kv_cache {
   std::vector<std::uint32_t> refs_;  // tables holding the block
   prefix_index index_;
   std::uint32_t used_blocks_ = 0;    // blocks taken from the pool (private and cached)
+  std::uint64_t evicted_blocks_ = 0;  // evicted_blocks()
 };
 
 }  // namespace exa::engine

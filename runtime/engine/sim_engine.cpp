@@ -183,6 +183,7 @@ engine_stats sim_engine::stats() const {
   s.kv_capacity_tokens = clamp_u32(config_.kv_capacity_tokens);
   s.kv_free_tokens = clamp_u32(config_.kv_capacity_tokens - kv_used_);
   s.prefix_cached_blocks = clamp_u32(prefix_.size());
+  s.prefix_evicted_blocks = prefix_.evicted();
   return s;
 }
 
@@ -222,6 +223,7 @@ void sim_engine::prefix_lru::touch(std::span<const std::uint64_t> blocks) {
     if (where_.size() > capacity_) {
       where_.erase(order_.back());
       order_.pop_back();
+      ++evicted_;
     }
   }
   EXA_ASSERT(where_.size() == order_.size() && where_.size() <= capacity_);

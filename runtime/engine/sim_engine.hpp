@@ -271,9 +271,12 @@ class sim_engine final : public inference_engine {
     void touch(std::span<const std::uint64_t> blocks);
     std::vector<std::uint64_t> most_recent(std::size_t max) const;
     std::size_t size() const noexcept { return where_.size(); }
+    /// Blocks evicted beyond the capacity since the start.
+    std::uint64_t evicted() const noexcept { return evicted_; }
 
    private:
     std::size_t capacity_;
+    std::uint64_t evicted_ = 0;
     std::list<std::uint64_t> order_;  // front: most recent
     std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> where_;
   };

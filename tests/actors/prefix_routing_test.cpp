@@ -151,3 +151,33 @@ TEST_CASE("prefix_aware follows the cache to a busier replica within the load sl
     CHECK(r[2].usage.cached_tokens == 0);
   }
 }
+
+TEST_CASE("a replica's prefix-cache evictions reach the metrics", "[actors][prefix][metrics]") {
+  auto o = test::cluster_fixture::defaults(1);
+  o.kv_page_bytes = page_bytes;
+  o.default_kv_tokens = 512;  // 32 blocks: room for two 200-token prompts' blocks, not six
+  test::cluster_fixture f(o);
+  const auto evicted = [&] {
+    std::string text;
+    f.backend().metrics([&](std::string t) { text = std::move(t); });
+    f.run();
+    const std::string key = "exaserve_prefix_cache_evicted_blocks_total{model=\"tiny\"} ";
+    const auto at = text.find(key);
+    return at == std::string::npos ? 0.0 : std::stod(text.substr(at + key.size()));
+  };
+  std::vector<std::int32_t> first;
+  for (std::int32_t p = 0; p < 6; ++p) {
+    std::vector<std::int32_t> ids;
+    for (std::int32_t i = 0; i < 200; ++i) ids.push_back(3 + (i * 37 + p * 11) % 250);
+    if (p == 0) first = ids;
+    auto s = f.generate(request("p" + std::to_string(p), ids));
+    f.run();
+    finished(s);
+    if (p == 0) CHECK(evicted() == 0);  // nothing had to go yet
+  }
+  CHECK(evicted() >= 6 * 12 - 32);  // at least what did not fit of six prompts' full blocks
+  // The first prompt went first (least recently used): computed again.
+  auto again = f.generate(request("again", first));
+  f.run();
+  CHECK(finished(again).usage.cached_tokens == 0);
+}

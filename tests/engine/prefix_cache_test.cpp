@@ -193,7 +193,9 @@ TEST_CASE("unreferenced cached blocks are evicted least recently used first", "[
   CHECK(c.cached_hashes(2) == std::vector<std::uint64_t>{hb[0], hb[1]});
 
   // Five blocks: three free ones, then a's last two blocks go.
+  CHECK(c.evicted_blocks() == 0);
   REQUIRE(c.reserve(3, 20));
+  CHECK(c.evicted_blocks() == 2);  // counted (the engine's prefix_evicted_blocks)
   CHECK(c.is_cached(ta[0]));
   CHECK_FALSE(c.is_cached(ta[1]));
   CHECK_FALSE(c.is_cached(ta[2]));
@@ -220,11 +222,13 @@ TEST_CASE("referenced cached blocks are never evicted, and reserve stays all or 
   CHECK_FALSE(c.reserve(3, 20));
   CHECK_FALSE(c.has(3));
   CHECK(c.cached_hashes(99) == hashes);
+  CHECK(c.evicted_blocks() == 0);
   CHECK(c.free_blocks() == 4);
   CHECK(pool->free_blocks() == 3);
   // Four fit: the evictable block goes, the referenced ones stay.
   REQUIRE(c.reserve(3, 16));
   CHECK(c.cached_blocks() == 2);
+  CHECK(c.evicted_blocks() == 1);
   CHECK(c.attach_prefix(4, a) == 8);
   c.check_invariants();
 }
@@ -239,6 +243,7 @@ TEST_CASE("cached blocks count against the quota and are evicted to stay within 
   REQUIRE(c.reserve(2, 16));    // the pool has 13 free, the quota only 1
   CHECK(c.used_blocks() == 4);
   CHECK(c.cached_blocks() == 0);
+  CHECK(c.evicted_blocks() == 3);
   CHECK(pool->free_blocks() == 12);
   CHECK_FALSE(c.reserve(3, 1));
   c.check_invariants();

@@ -199,9 +199,12 @@ TEST_CASE("eviction under pressure leaves outputs exact", "[prefix][engine]") {
   rig r(m, 8 * 16);  // eight blocks
   const auto first = r.run(request(1, a));
   CHECK(r.eng->cache().cached_blocks() == 3);
+  CHECK(r.eng->stats().prefix_evicted_blocks == 0);
   // d needs seven blocks: a's cached blocks are evicted, last blocks first.
   const auto got_d = r.run(request(2, d));
   CHECK(r.eng->cache().used_blocks() <= 8);
+  CHECK(r.eng->stats().prefix_evicted_blocks > 0);  // what the replica exports
+  CHECK(r.eng->stats().prefix_evicted_blocks == r.eng->cache().evicted_blocks());
   const auto again = r.run(request(3, a));
   CHECK(again.finish->cached_tokens < 48);
   const auto want = cold(m, request(1, a));

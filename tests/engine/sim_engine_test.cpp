@@ -786,6 +786,7 @@ TEST_CASE("sim prefix cache: a shared prefix is prefilled once, and reported", "
   CHECK(st.prefix_hit_tokens == 992 + 1296);
   // Requests 1 and 2 (75 and 81 blocks, 62 shared); request 3's enter at the next step.
   CHECK(st.prefix_cached_blocks == 75 + 81 - 62);
+  CHECK(st.prefix_evicted_blocks == 0);  // room for all
   const prefix_summary sum = e.cached_prefixes(1000);
   CHECK(sum.block_tokens == 16);
   CHECK(sum.hashes.size() == st.prefix_cached_blocks);
@@ -804,6 +805,7 @@ TEST_CASE("sim prefix cache: bounded by the KV capacity, least recently used out
   REQUIRE(e.submit(request(9, 16, 1)));  // a step after the last: its blocks enter the cache
   run_to_idle(e);
   CHECK(e.stats().prefix_cached_blocks == 100);
+  CHECK(e.stats().prefix_evicted_blocks == 100);  // 200 blocks entered, 100 fit
   // Requests 3 and 4 are cached whole, 1 and 2 are gone.
   auto again = request(4, 800, 4);
   again.id = 10;

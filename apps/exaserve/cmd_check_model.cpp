@@ -74,8 +74,11 @@ int cmd_check_model(int argc, char** argv) {
     std::string tensors;
     for (const auto& t : scan.read) {
       if (t.nonfinite == 0) continue;
-      tensors += fmt::format("{}{{\"tensor\":{},\"nonfinite\":{},\"first_row\":{},\"first_col\":{}}}",
-                             tensors.empty() ? "" : ",", json_string(t.name), t.nonfinite, t.first_row, t.first_col);
+      tensors += fmt::format(
+          "{}{{\"tensor\":{},\"nonfinite\":{},\"first_row\":{},\"first_col\":{},\"nonfinite_blocks\":{},"
+          "\"block_values\":{}}}",
+          tensors.empty() ? "" : ",", json_string(t.name), t.nonfinite, t.first_row, t.first_col, t.nonfinite_blocks,
+          t.block_values);
     }
     std::printf("{\"model\":%s,\"tensors\":%llu,\"values\":%llu,\"bytes\":%llu,\"nonfinite\":%llu,"
                 "\"nonfinite_tensors\":[%s],\"max_abs\":%.9g,\"max_abs_tensor\":%s,\"skipped\":%zu}\n",
@@ -89,11 +92,19 @@ int cmd_check_model(int argc, char** argv) {
               static_cast<unsigned long long>(scan.tensors), static_cast<unsigned long long>(scan.values),
               scan.bytes / 1e6);
   for (const auto& name : scan.skipped) std::printf("  %s: a type the engine does not read, not checked\n", name.c_str());
-  for (const auto& t : scan.read)
-    if (t.nonfinite > 0)
-      std::printf("  %s: %llu of %llu values NaN or infinite, the first at row %llu, column %llu\n", t.name.c_str(),
-                  static_cast<unsigned long long>(t.nonfinite), static_cast<unsigned long long>(t.values),
-                  static_cast<unsigned long long>(t.first_row), static_cast<unsigned long long>(t.first_col));
+  for (const auto& t : scan.read) {
+    if (t.nonfinite == 0) continue;
+    // A quantized block's values are integers times its f16 scale (and
+    // minus its f16 min): only those fields can be what is not finite.
+    const std::string blocks =
+        t.block_values <= 1 ? std::string()
+                            : fmt::format(" in {} block{} of {} (their f16 scale or min fields)", t.nonfinite_blocks,
+                                          t.nonfinite_blocks == 1 ? "" : "s", t.block_values);
+    std::printf("  %s: %llu of %llu values NaN or infinite%s, the first at row %llu, column %llu\n", t.name.c_str(),
+                static_cast<unsigned long long>(t.nonfinite), static_cast<unsigned long long>(t.values),
+                blocks.c_str(), static_cast<unsigned long long>(t.first_row),
+                static_cast<unsigned long long>(t.first_col));
+  }
   if (largest != nullptr)
     std::printf("largest finite magnitude: %.6g (%s)\n", largest->max_abs, largest->name.c_str());
   if (bad == 0) {

@@ -38,6 +38,8 @@ value_scan scan_values(const gguf_file& f, const std::function<void(std::uint64_
     tensor_values tv;
     tv.name = t.name;
     tv.values = rows * cols;
+    tv.block_values = block_elems(*t.type);
+    std::uint64_t last_bad_block = ~std::uint64_t{0};  // a block's index over the whole tensor
     // A row in pieces of at most `chunk` values (a multiple of every block
     // size): a file may hold one row of billions.
     const std::uint64_t piece = std::min<std::uint64_t>(cols, chunk);
@@ -51,9 +53,14 @@ value_scan scan_values(const gguf_file& f, const std::function<void(std::uint64_
           const float v = std::fabs(row[c]);
           if (std::isfinite(v)) {
             tv.max_abs = std::max(tv.max_abs, v);
-          } else if (tv.nonfinite++ == 0) {
-            tv.first_row = r;
-            tv.first_col = c0 + c;
+          } else {
+            if (tv.nonfinite++ == 0) {
+              tv.first_row = r;
+              tv.first_col = c0 + c;
+            }
+            // Rows hold whole blocks (row_bytes), so blocks count row by row.
+            const std::uint64_t b = (r * cols + c0 + c) / tv.block_values;
+            if (b != last_bad_block) ++tv.nonfinite_blocks, last_bad_block = b;
           }
         }
       }

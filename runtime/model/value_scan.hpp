@@ -21,6 +21,12 @@ struct tensor_values {
   std::uint64_t nonfinite = 0;
   /// The first one's row (index over the dimensions after the first) and column.
   std::uint64_t first_row = 0, first_col = 0;
+  /// Values a block of the tensor's type holds (1 for float types, 32 or 256
+  /// for quantized ones), and the blocks holding a non-finite value. In a
+  /// quantized type the values are integers times the block's f16 scale (and
+  /// minus its f16 min), so a non-finite value means those fields are.
+  std::uint64_t block_values = 1;
+  std::uint64_t nonfinite_blocks = 0;
   /// The largest finite magnitude (0 when none).
   float max_abs = 0;
 };

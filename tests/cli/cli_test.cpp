@@ -114,7 +114,16 @@ TEST_CASE("check-model passes a clean file and names the tensor, row and column 
   CHECK_THAT(r.out, Catch::Contains("FAIL: 1 non-finite value in 1 tensor;"));
   r = run({"check-model", "--model", poisoned, "--json"});
   CHECK(r.exit_code == 1);
-  CHECK_THAT(r.out, Catch::Contains(R"("nonfinite":1,"nonfinite_tensors":[{"tensor":"token_embd.weight","nonfinite":1,"first_row":105,"first_col":0}])"));
+  CHECK_THAT(r.out, Catch::Contains(R"("nonfinite":1,"nonfinite_tensors":[{"tensor":"token_embd.weight","nonfinite":1,"first_row":105,"first_col":0,"nonfinite_blocks":1,"block_values":1}])"));
+  // A quantized file: the whole block of the poisoned scale, and which
+  // fields can be the cause.
+  const std::string q8 = tmp("tiny-q8_0.gguf");
+  REQUIRE(run({"gen-model", "--preset", "tiny", "--seed", "3", "--type", "q8_0", "--out", q8}).exit_code == 0);
+  r = run({"check-model", "--model", test::write_poisoned_copy(q8, 105)});
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Catch::Contains("token_embd.weight: 32 of ") &&
+                        Catch::Contains(" values NaN or infinite in 1 block of 32 (their f16 scale or min fields), "
+                                        "the first at row 105, column 0"));
   // Not a model, no file, no --model: errors that name the problem.
   r = run({"check-model", "--model", tmp("no-such.gguf")});
   CHECK(r.exit_code == 1);

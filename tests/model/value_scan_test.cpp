@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <span>
@@ -62,6 +63,8 @@ TEST_CASE("scan_values finds the non-finite values of a file by tensor, row and 
   // block of 32 so (q = 0 gives NaN, the rest infinities).
   const bool block = type == tensor_type::q8_0 || type == tensor_type::q4_0;
   CHECK(embd->nonfinite == (block ? 32u : 1u));
+  CHECK(embd->nonfinite_blocks == 1);  // one value, or one block's scale
+  CHECK(embd->block_values == (block ? 32u : 1u));
   CHECK(embd->first_row == static_cast<std::uint64_t>(token));
   CHECK(embd->first_col == 0);
   CHECK(found.nonfinite() == embd->nonfinite);  // no other tensor
@@ -90,12 +93,51 @@ TEST_CASE("scan_values reads a long row in pieces and places its values by their
   const value_scan s = scan_values(*f);
   REQUIRE(s.read.size() == 2);
   CHECK(s.read[0].nonfinite == 2);
+  CHECK(s.read[0].nonfinite_blocks == 2);  // f32: a value is its own block
   CHECK(s.read[0].first_row == 0);
   CHECK(s.read[0].first_col == 70000);
   CHECK(s.read[0].max_abs == 9.0f);
   // A NaN in row 1 (values 2048-4095), block 60: its whole block of 32.
   CHECK(s.read[1].nonfinite == 32);
+  CHECK(s.read[1].nonfinite_blocks == 1);
   CHECK(s.read[1].first_row == 1);
   CHECK(s.read[1].first_col == (4000 - 2048) / 32 * 32);
   CHECK(s.values == v.size() + q.size());
+}
+
+TEST_CASE("scan_values counts a K-quant's non-finite blocks: its f16 scale or min made infinite", "[model]") {
+  // Two rows of 512 values (two 256-value blocks a row). q4_K's block starts
+  // with its f16 scale d then its f16 min; q6_K's ends with its f16 scale.
+  std::vector<float> x(1024);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * static_cast<float>(static_cast<int>(i % 37) - 18);
+  constexpr std::uint16_t f16_inf = 0x7c00;
+  gguf_writer w;
+  struct poison {
+    tensor_type type;
+    std::size_t field;  // byte offset of the f16 field made infinite
+  };
+  for (const poison p : {poison{tensor_type::q4_K, 0}, poison{tensor_type::q4_K, 2}, poison{tensor_type::q6_K, 208}}) {
+    std::vector<std::byte> q(row_bytes(p.type, x.size()));
+    convert_row(x, p.type, q.data());
+    // Blocks 1 and 2: the first row's second block, the second row's first.
+    for (const std::size_t b : {1u, 2u}) std::memcpy(q.data() + b * block_bytes(p.type) + p.field, &f16_inf, 2);
+    w.add_tensor(std::string(to_string(p.type)) + "@" + std::to_string(p.field), {512, 2}, p.type, std::move(q));
+  }
+  std::filesystem::create_directories(EXA_TEST_TMPDIR);
+  const std::string path = std::string(EXA_TEST_TMPDIR) + "/scan-kquants.gguf";
+  REQUIRE(w.write(path));
+  auto f = gguf_file::open(path);
+  REQUIRE(f);
+  const value_scan s = scan_values(*f);
+  REQUIRE(s.read.size() == 3);
+  for (const auto& t : s.read) {
+    CAPTURE(t.name);
+    CHECK(t.block_values == 256);
+    CHECK(t.nonfinite_blocks == 2);
+    CHECK(t.nonfinite > 0);
+    CHECK(t.nonfinite <= 2 * 256);
+    CHECK(t.first_row == 0);
+    CHECK(t.first_col >= 256);  // in the first row's second block
+    CHECK(t.first_col < 512);
+  }
 }

@@ -124,7 +124,8 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
   m->prefix_evicted_blocks = must(r.register_counter(
       "exaserve_prefix_cache_evicted_blocks_total",
       "Cached KV blocks the replicas of a deployment dropped from their prefix caches to make room (least recently "
-      "used first) or replaced; high beside a low hit rate, the caches thrash.",
+      "used first) or to replace a stale entry: the caches' turnover. A full cache evicts a block for each one it "
+      "computes; exaserve_prefix_cache_blocks over this rate is how long a cached prefix stays.",
       {"model"}));
   m->draft_proposed_tokens = must(r.register_counter(
       "exaserve_draft_proposed_tokens_total",

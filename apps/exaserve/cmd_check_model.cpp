@@ -95,11 +95,14 @@ int cmd_check_model(int argc, char** argv) {
   for (const auto& t : scan.read) {
     if (t.nonfinite == 0) continue;
     // A quantized block's values are integers times its f16 scale (and
-    // minus its f16 min): only those fields can be what is not finite.
-    const std::string blocks =
-        t.block_values <= 1 ? std::string()
-                            : fmt::format(" in {} block{} of {} (their f16 scale or min fields)", t.nonfinite_blocks,
-                                          t.nonfinite_blocks == 1 ? "" : "s", t.block_values);
+    // minus its f16 min, in the types that have one): only those fields can
+    // be what is not finite.
+    std::string blocks;
+    if (t.block_values > 1) {
+      blocks = fmt::format(" in {} block{} ({} values each: {})", t.nonfinite_blocks,
+                           t.nonfinite_blocks == 1 ? "" : "s", t.block_values,
+                           t.block_min ? "their f16 scale or min" : "their f16 scale");
+    }
     std::printf("  %s: %llu of %llu values NaN or infinite%s, the first at row %llu, column %llu\n", t.name.c_str(),
                 static_cast<unsigned long long>(t.nonfinite), static_cast<unsigned long long>(t.values),
                 blocks.c_str(), static_cast<unsigned long long>(t.first_row),

@@ -106,8 +106,8 @@ struct engine_stats {
   std::uint64_t prefix_hit_tokens = 0;
   std::uint32_t prefix_cached_blocks = 0;
   /// Cached blocks dropped from the prefix cache to make room (LRU) or
-  /// replaced, since the engine started: with a low hit rate, a cache that
-  /// thrashes (kv_cache::evicted_blocks).
+  /// replaced, since the engine started: its turnover. Once full, a cache
+  /// evicts a block for each one it computes (kv_cache::evicted_blocks).
   std::uint64_t prefix_evicted_blocks = 0;
   /// Speculative decoding: draft tokens the target verified, and how many of
   /// them it accepted (acceptance rate = accepted / proposed).

@@ -111,8 +111,9 @@ class kv_cache {
   std::uint32_t cached_blocks() const noexcept { return index_.size(); }
   std::uint32_t evictable_blocks() const noexcept { return index_.evictable(); }
   /// Cached blocks dropped from the prefix cache since it started: evicted
-  /// (least recently used first) to make room, or replaced by another prefix
-  /// under the same hash. Not those dropped when the cache itself goes.
+  /// (least recently used first) to make room, or replaced where a new block
+  /// takes its hash (a stale entry whose parent was evicted, or a collision).
+  /// Not those dropped when the cache itself goes.
   std::uint64_t evicted_blocks() const noexcept { return evicted_blocks_; }
   /// Hashes of cached blocks, most recently used first.
   std::vector<std::uint64_t> cached_hashes(std::size_t max) const { return index_.cached_hashes(max); }

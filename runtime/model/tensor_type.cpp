@@ -101,6 +101,10 @@ std::optional<tensor_type> tensor_type_from_string(std::string_view s) noexcept 
 
 std::size_t block_elems(tensor_type t) noexcept { return runnable_traits(t).block_elems; }
 
+bool has_block_min(tensor_type t) noexcept {
+  return t == tensor_type::q4_1 || t == tensor_type::q5_1 || t == tensor_type::q4_K || t == tensor_type::q5_K;
+}
+
 std::size_t block_bytes(tensor_type t) noexcept { return runnable_traits(t).block_bytes; }
 
 std::size_t row_bytes(tensor_type t, std::size_t n) noexcept {

@@ -68,6 +68,10 @@ std::optional<tensor_type> tensor_type_from_string(std::string_view s) noexcept;
 /// 256 for K-quants.
 std::size_t block_elems(tensor_type t) noexcept;
 
+/// Whether a block subtracts an f16 min as well as scaling by its f16 scale:
+/// q4_1, q5_1, q4_K and q5_K.
+bool has_block_min(tensor_type t) noexcept;
+
 /// Bytes per block: f32 4, f16/bf16 2, q8_0 34, q4_0 18, q4_1 20, q5_0 22,
 /// q5_1 24, q4_K 144, q5_K 176, q6_K 210.
 std::size_t block_bytes(tensor_type t) noexcept;

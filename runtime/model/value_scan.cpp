@@ -39,6 +39,7 @@ value_scan scan_values(const gguf_file& f, const std::function<void(std::uint64_
     tv.name = t.name;
     tv.values = rows * cols;
     tv.block_values = block_elems(*t.type);
+    tv.block_min = has_block_min(*t.type);
     std::uint64_t last_bad_block = ~std::uint64_t{0};  // a block's index over the whole tensor
     // A row in pieces of at most `chunk` values (a multiple of every block
     // size): a file may hold one row of billions.

@@ -27,6 +27,8 @@ struct tensor_values {
   /// minus its f16 min), so a non-finite value means those fields are.
   std::uint64_t block_values = 1;
   std::uint64_t nonfinite_blocks = 0;
+  /// Whether the type's blocks have a min field as well (has_block_min).
+  bool block_min = false;
   /// The largest finite magnitude (0 when none).
   float max_abs = 0;
 };

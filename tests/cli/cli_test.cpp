@@ -122,7 +122,7 @@ TEST_CASE("check-model passes a clean file and names the tensor, row and column 
   r = run({"check-model", "--model", test::write_poisoned_copy(q8, 105)});
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.out, Catch::Contains("token_embd.weight: 32 of ") &&
-                        Catch::Contains(" values NaN or infinite in 1 block of 32 (their f16 scale or min fields), "
+                        Catch::Contains(" values NaN or infinite in 1 block (32 values each: their f16 scale), "
                                         "the first at row 105, column 0"));
   // Not a model, no file, no --model: errors that name the problem.
   r = run({"check-model", "--model", tmp("no-such.gguf")});

@@ -259,6 +259,7 @@ TEST_CASE("all or nothing when another cache takes the shared pool", "[prefix]")
   CHECK(a.free_blocks() == 3);
   CHECK_FALSE(a.reserve(2, 16));  // four wanted
   CHECK(a.cached_blocks() == 2);  // nothing evicted
+  CHECK(a.evicted_blocks() == 0);
   CHECK(pool->free_blocks() == 1);
   REQUIRE(a.reserve(2, 12));  // the free block, then both evictable ones
   CHECK(a.cached_blocks() == 0);

@@ -127,6 +127,12 @@ std::shared_ptr<cluster_metrics> cluster_metrics::create(std::shared_ptr<metrics
       "used first) or to replace a stale entry: the caches' turnover. A full cache evicts a block for each one it "
       "computes; exaserve_prefix_cache_blocks over this rate is how long a cached prefix stays.",
       {"model"}));
+  m->prefix_evicted_miss_tokens = must(r.register_counter(
+      "exaserve_prefix_cache_evicted_miss_tokens_total",
+      "Of the tokens looked up and not found, those whose blocks the replica's cache had held and evicted among its "
+      "last N evictions (N its size in blocks): what caches about twice as large would have served too. High beside "
+      "exaserve_prefix_cache_hit_tokens_total, the caches are too small for their prefixes (they thrash).",
+      {"model"}));
   m->draft_proposed_tokens = must(r.register_counter(
       "exaserve_draft_proposed_tokens_total",
       "Speculative decoding: tokens the draft models of a deployment's replicas proposed and the model verified.",

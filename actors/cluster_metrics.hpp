@@ -45,6 +45,7 @@ struct cluster_metrics {
   metrics::counter_family* prefix_hit_tokens = nullptr;     // {model}: of them, found cached
   metrics::gauge_family* prefix_cached_blocks = nullptr;    // {replica}: KV blocks a prefix cache holds now
   metrics::counter_family* prefix_evicted_blocks = nullptr;  // {model}: cached blocks dropped (turnover)
+  metrics::counter_family* prefix_evicted_miss_tokens = nullptr;  // {model}: misses on lately evicted blocks
   metrics::counter_family* draft_proposed_tokens = nullptr;  // {model}: draft tokens the model verified
   metrics::counter_family* draft_accepted_tokens = nullptr;  // {model}: of them, accepted
   metrics::counter_family* stopped_steps = nullptr;          // {model}: engine steps stopped part way for an arrival

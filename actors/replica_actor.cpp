@@ -108,6 +108,9 @@ void export_prefix_stats(replica_actor_state& st, const engine::engine_stats& s)
   grow(m.prefix_lookup_tokens, s.prefix_lookup_tokens, st.prefix_lookup_exported);
   grow(m.prefix_hit_tokens, s.prefix_hit_tokens, st.prefix_hit_exported);
   grow(m.prefix_evicted_blocks, s.prefix_evicted_blocks, st.prefix_evicted_exported);
+  EXA_ASSERT_MSG(s.prefix_hit_tokens + s.prefix_evicted_miss_tokens <= s.prefix_lookup_tokens,
+                 "prefix cache hits and misses on evicted blocks exceed lookups");
+  grow(m.prefix_evicted_miss_tokens, s.prefix_evicted_miss_tokens, st.prefix_evicted_miss_exported);
   cluster_metrics::series(m.prefix_cached_blocks, std::to_string(st.ctx.spec.id))
       ->set(static_cast<double>(s.prefix_cached_blocks));
   EXA_ASSERT_MSG(s.draft_accepted_tokens <= s.draft_proposed_tokens, "draft tokens accepted exceed those proposed");

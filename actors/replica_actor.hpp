@@ -82,6 +82,7 @@ struct replica_actor_state {
   std::uint64_t prefix_lookup_exported = 0;
   std::uint64_t prefix_hit_exported = 0;
   std::uint64_t prefix_evicted_exported = 0;
+  std::uint64_t prefix_evicted_miss_exported = 0;
   std::uint64_t draft_proposed_exported = 0;  // the same for speculative decoding's counters
   std::uint64_t draft_accepted_exported = 0;
   std::uint64_t stopped_steps_exported = 0;

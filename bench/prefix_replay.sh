@@ -142,8 +142,9 @@ EOF
   lookup="$(metric "$work/$policy.metrics" "exaserve_prefix_cache_lookup_tokens_total{model=\"$model_name\"}")"
   hit="$(metric "$work/$policy.metrics" "exaserve_prefix_cache_hit_tokens_total{model=\"$model_name\"}")"
   evicted="$(metric "$work/$policy.metrics" "exaserve_prefix_cache_evicted_blocks_total{model=\"$model_name\"}")"
+  evicted_miss="$(metric "$work/$policy.metrics" "exaserve_prefix_cache_evicted_miss_tokens_total{model=\"$model_name\"}")"
   stop_server
-  echo "$policy $lookup $hit ${evicted:-0} $(cat "$work/$policy.json")" >>"$rows"
+  echo "$policy $lookup $hit ${evicted:-0} ${evicted_miss:-0} $(cat "$work/$policy.json")" >>"$rows"
 done
 
 field() { grep -o "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2 | tr -d '"'; }
@@ -151,15 +152,15 @@ echo
 echo "Prefix replay: $replicas replicas of ${model_file:-tiny} ($nodes nodes x $devices devices), ${block_tokens}-token blocks, kv_tokens $kv_tokens"
 echo "replay: ${REPLAY_ARGS:-defaults}   (TTFT: client, sent -> first token)"
 printf '%-18s %5s %8s %8s %7s %9s %8s %9s %9s %12s %s\n' policy req prompt cached 'hit %' reusable prefill \
-  'ttft p50' 'ttft p99' 'max/mean' 'metrics hit/lookup, evicted blocks'
-while read -r policy lookup hit evicted json; do
+  'ttft p50' 'ttft p99' 'max/mean' 'metrics hit/lookup, evicted blocks, missed tokens evicted lately'
+while read -r policy lookup hit evicted evicted_miss json; do
   max="$(field requests_per_replica_max "$json")" mean="$(field requests_per_replica_mean "$json")"
   printf '%-18s %5s %8s %8s %7s %9s %8s %9s %9s %12s %s\n' "$policy" "$(field requests "$json")" \
     "$(field prompt_tokens "$json")" "$(field cached_tokens "$json")" "$(field hit_percent "$json")" \
     "$(field reusable_tokens "$json")" "$(field prefill_tokens "$json")" \
     "$(grep -o '"ttft_ms":{[^}]*}' <<<"$json" | grep -o '"p50":[0-9.]*' | cut -d: -f2)" \
     "$(grep -o '"ttft_ms":{[^}]*}' <<<"$json" | grep -o '"p99":[0-9.]*' | cut -d: -f2)" \
-    "$max/$mean" "$hit/$lookup, $evicted"
+    "$max/$mean" "$hit/$lookup, $evicted, $evicted_miss"
   err="$(field errors "$json")"
   [ "$err" = 0 ] || echo "  $policy: $err errors: $(field first_error "$json")"
 done <"$rows"

@@ -143,6 +143,9 @@ class batch_scheduler {
   /// Prefix cache: tokens looked up at first admissions, and those found.
   std::uint64_t prefix_lookup_tokens() const noexcept { return prefix_lookup_tokens_; }
   std::uint64_t prefix_hit_tokens() const noexcept { return prefix_hit_tokens_; }
+  /// Of the looked-up tokens not found, those the cache had evicted lately
+  /// (kv_cache::last_evicted_run_tokens), counted at admission as the others.
+  std::uint64_t prefix_evicted_miss_tokens() const noexcept { return prefix_evicted_miss_tokens_; }
 
  private:
   bool grow(std::vector<scheduled_chunk>& plan, sequence& seq, std::uint32_t n,
@@ -180,6 +183,7 @@ class batch_scheduler {
   std::uint32_t held_decodes_ = 0;  // in the last step
   std::uint64_t prefix_lookup_tokens_ = 0;
   std::uint64_t prefix_hit_tokens_ = 0;
+  std::uint64_t prefix_evicted_miss_tokens_ = 0;
 };
 
 }  // namespace exa::engine

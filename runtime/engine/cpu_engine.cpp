@@ -344,6 +344,7 @@ engine_stats cpu_engine::stats() const {
   s.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
   s.prefix_cached_blocks = cache_.cached_blocks();
   s.prefix_evicted_blocks = cache_.evicted_blocks();
+  s.prefix_evicted_miss_tokens = scheduler_.prefix_evicted_miss_tokens();
   const resident_memory w = forward_->weights_memory();
   s.weight_copy_bytes = w.bytes;
   s.weight_huge_pages = w.huge_pages;

@@ -109,6 +109,11 @@ struct engine_stats {
   /// replaced, since the engine started: its turnover. Once full, a cache
   /// evicts a block for each one it computes (kv_cache::evicted_blocks).
   std::uint64_t prefix_evicted_blocks = 0;
+  /// Of the looked-up tokens not found (lookup - hit), those in blocks the
+  /// cache had held and evicted among its last N evictions, N its size in
+  /// blocks: what a cache about twice as large would have served too. High
+  /// beside prefix_hit_tokens, the cache is too small for its prefixes.
+  std::uint64_t prefix_evicted_miss_tokens = 0;
   /// Speculative decoding: draft tokens the target verified, and how many of
   /// them it accepted (acceptance rate = accepted / proposed).
   std::uint64_t draft_proposed_tokens = 0;

@@ -19,7 +19,8 @@ kv_cache::kv_cache(block_pool& pool, kv_layout layout, std::uint32_t max_blocks,
       max_blocks_(max_blocks == 0 ? pool.capacity_blocks() : std::min(max_blocks, pool.capacity_blocks())),
       owner_(pool.capacity_blocks(), 0),
       refs_(pool.capacity_blocks(), 0),
-      index_(pool.capacity_blocks(), layout.block_tokens) {
+      index_(pool.capacity_blocks(), layout.block_tokens),
+      evicted_(prefix_cache ? max_blocks_ : 0) {
   EXA_ASSERT(layout_.block_tokens > 0 && layout_.n_layers > 0 && layout_.kv_dim > 0);
   EXA_ASSERT_MSG(pool_.host_accessible() || copy_ || !prefix_enabled_,
                  "a prefix cache over device memory needs a block copier");
@@ -77,6 +78,7 @@ bool kv_cache::take_blocks(std::uint32_t n, std::vector<block_id>& out) {
   used_blocks_ += fresh;
   while (out.size() - start < n) {
     const block_id victim = *index_.lru();
+    evicted_.add(index_.hash(victim));
     index_.erase(victim);  // stays taken: it moves from the cache to a sequence
     ++evicted_blocks_;
     out.push_back(victim);
@@ -156,19 +158,30 @@ void kv_cache::release(seq_id seq) {
 }
 
 std::uint32_t kv_cache::attach_prefix(seq_id seq, std::span<const model::token_id> tokens) {
+  last_evicted_run_tokens_ = 0;
   if (!prefix_enabled_) return 0;
   const auto it = tables_.find(seq);
   EXA_ASSERT_MSG(it == tables_.end() || it->second.blocks.empty(), "prefix attached to a sequence holding blocks");
   const std::uint32_t bt = layout_.block_tokens;
   seq_table found;
-  for (std::size_t i = 0; (i + 1) * bt <= tokens.size(); ++i) {
+  std::size_t i = 0;
+  std::uint64_t h = 0;
+  for (; (i + 1) * bt <= tokens.size(); ++i) {
     const auto block = tokens.subspan(i * bt, bt);
-    const std::uint64_t h = model::block_hash(found.last_hash, block);
+    h = model::block_hash(found.last_hash, block);
     const auto b = index_.find(h, found.last_serial, block);
     if (!b) break;
     found.blocks.push_back(*b);
     found.last_hash = h;
     found.last_serial = index_.serial(*b);
+  }
+  // The missed blocks that follow: evicted lately? (h is the first missed
+  // block's hash, chained to the attached run.)
+  for (std::uint64_t parent = found.last_hash; (i + 1) * bt <= tokens.size() && evicted_.size() > 0; ++i) {
+    h = model::block_hash(parent, tokens.subspan(i * bt, bt));
+    if (!evicted_.contains(h)) break;
+    last_evicted_run_tokens_ += bt;
+    parent = h;
   }
   if (found.blocks.empty()) return 0;
   found.published = static_cast<std::uint32_t>(found.blocks.size());
@@ -203,6 +216,7 @@ bool kv_cache::publish_block(seq_id seq, seq_table& t, std::uint32_t i,
         // A different prefix under this hash (a collision, or an entry whose
         // parent was evicted): replace it if nobody uses it, else stop here.
         if (!index_.parked(*other)) return false;
+        evicted_.add(index_.hash(*other));
         index_.erase(*other);
         free_block(*other);
         ++evicted_blocks_;

@@ -211,6 +211,12 @@ std::size_t sim_engine::prefix_lru::match(std::span<const std::uint64_t> blocks)
   return n;
 }
 
+std::size_t sim_engine::prefix_lru::evicted_run(std::span<const std::uint64_t> blocks, std::size_t from) const {
+  std::size_t n = 0;
+  while (from + n < blocks.size() && evicted_hashes_.contains(blocks[from + n])) ++n;
+  return n;
+}
+
 void sim_engine::prefix_lru::touch(std::span<const std::uint64_t> blocks) {
   if (capacity_ == 0) return;
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
@@ -221,6 +227,7 @@ void sim_engine::prefix_lru::touch(std::span<const std::uint64_t> blocks) {
     order_.push_front(*it);
     where_.emplace(*it, order_.begin());
     if (where_.size() > capacity_) {
+      evicted_hashes_.add(order_.back());
       where_.erase(order_.back());
       order_.pop_back();
       ++evicted_;
@@ -407,6 +414,11 @@ void sim_engine::take_waiting(std::deque<seq>::iterator it, std::uint64_t cached
   if (config_.prefix_block_tokens > 0) {
     stats_.prefix_lookup_tokens += s.context();
     stats_.prefix_hit_tokens += cached;
+    // The missed blocks right after the hit, if evicted lately; never more
+    // than what is computed (the last token always is).
+    const std::uint64_t evicted = std::uint64_t{config_.prefix_block_tokens} *
+                                  prefix_.evicted_run(s.blocks, static_cast<std::size_t>(cached / config_.prefix_block_tokens));
+    stats_.prefix_evicted_miss_tokens += std::min<std::uint64_t>(evicted, s.context() - cached);
     last_.cache_inserts.insert(last_.cache_inserts.end(), s.blocks.begin(), s.blocks.end());
   }
   s.cached_tokens = static_cast<std::uint32_t>(cached);

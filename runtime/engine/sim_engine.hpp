@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "engine/engine.hpp"
+#include "engine/evicted_hashes.hpp"
 #include "engine/sim_step_stop.hpp"
 
 namespace exa::engine {
@@ -262,9 +263,12 @@ class sim_engine final : public inference_engine {
   /// The prefix cache: block hashes, most recently used first, bounded.
   class prefix_lru {
    public:
-    explicit prefix_lru(std::size_t capacity_blocks) : capacity_(capacity_blocks) {}
+    explicit prefix_lru(std::size_t capacity_blocks) : capacity_(capacity_blocks), evicted_hashes_(capacity_blocks) {}
     /// Leading hashes of `blocks` held.
     std::size_t match(std::span<const std::uint64_t> blocks) const;
+    /// Of `blocks` after the first `from`, the leading ones evicted among the
+    /// last `capacity` evictions (evicted_hashes).
+    std::size_t evicted_run(std::span<const std::uint64_t> blocks, std::size_t from) const;
     /// Inserts or refreshes each of `blocks`, the first becoming the most
     /// recent (a chain is evicted from its end, never its shared start),
     /// evicting the least recently used beyond the capacity.
@@ -277,6 +281,7 @@ class sim_engine final : public inference_engine {
    private:
     std::size_t capacity_;
     std::uint64_t evicted_ = 0;
+    evicted_hashes evicted_hashes_;
     std::list<std::uint64_t> order_;  // front: most recent
     std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> where_;
   };

@@ -157,25 +157,36 @@ TEST_CASE("a replica's prefix-cache evictions reach the metrics", "[actors][pref
   o.kv_page_bytes = page_bytes;
   o.default_kv_tokens = 512;  // 32 blocks: room for two 200-token prompts' blocks, not six
   test::cluster_fixture f(o);
-  const auto evicted = [&] {
+  const auto counter = [&](const std::string& name) {
     std::string text;
     f.backend().metrics([&](std::string t) { text = std::move(t); });
     f.run();
-    const std::string key = "exaserve_prefix_cache_evicted_blocks_total{model=\"tiny\"} ";
+    const std::string key = name + "{model=\"tiny\"} ";
     const auto at = text.find(key);
     return at == std::string::npos ? 0.0 : std::stod(text.substr(at + key.size()));
   };
-  std::vector<std::int32_t> first;
+  const auto evicted = [&] { return counter("exaserve_prefix_cache_evicted_blocks_total"); };
+  std::vector<std::int32_t> first, fourth;
   for (std::int32_t p = 0; p < 6; ++p) {
     std::vector<std::int32_t> ids;
     for (std::int32_t i = 0; i < 200; ++i) ids.push_back(3 + (i * 37 + p * 11) % 250);
     if (p == 0) first = ids;
+    if (p == 3) fourth = ids;
     auto s = f.generate(request("p" + std::to_string(p), ids));
     f.run();
     finished(s);
     if (p == 0) CHECK(evicted() == 0);  // nothing had to go yet
   }
   CHECK(evicted() >= 6 * 12 - 32);  // at least what did not fit of six prompts' full blocks
+  // Six prompts that share nothing: no miss was on a block evicted before.
+  CHECK(counter("exaserve_prefix_cache_evicted_miss_tokens_total") == 0);
+  // The fourth again: evicted among the cache's last 32 evictions, so its
+  // misses count (a cache twice as large would have held it).
+  auto fourth_again = f.generate(request("fourth-again", fourth));
+  f.run();
+  const auto missed = 200 - finished(fourth_again).usage.cached_tokens;
+  CHECK(counter("exaserve_prefix_cache_evicted_miss_tokens_total") > 0);
+  CHECK(counter("exaserve_prefix_cache_evicted_miss_tokens_total") <= missed);
   // The first prompt went first (least recently used): computed again.
   auto again = f.generate(request("again", first));
   f.run();

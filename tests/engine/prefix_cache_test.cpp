@@ -202,6 +202,7 @@ TEST_CASE("unreferenced cached blocks are evicted least recently used first", "[
   CHECK(c.is_cached(tb[0]));
   CHECK(c.is_cached(tb[1]));
   CHECK(c.attach_prefix(4, a) == 4);  // what is left of a
+  CHECK(c.last_evicted_run_tokens() == 8);  // and its two blocks evicted lately
   c.check_invariants();
   c.release(4);
   c.release(3);
@@ -285,4 +286,51 @@ TEST_CASE("a hash match with other tokens or another parent is a miss", "[prefix
   CHECK_FALSE(idx.find(222, s2, y).has_value());
   CHECK(idx.holder(222) == std::optional<block_id>(1));
   CHECK(idx.serial(1) == s1);
+}
+
+TEST_CASE("evicted_hashes keeps the last evictions, a hash evicted twice until its last copy goes", "[prefix]") {
+  engine::evicted_hashes g(3);
+  g.add(1);
+  g.add(2);
+  g.add(1);
+  CHECK(g.size() == 3);
+  CHECK(g.contains(1));
+  g.add(4);  // the first 1 goes; the second stays
+  CHECK(g.contains(1));
+  CHECK(g.contains(2));
+  g.add(5);  // 2 goes
+  CHECK_FALSE(g.contains(2));
+  g.add(6);  // the second 1 goes
+  CHECK_FALSE(g.contains(1));
+  CHECK(g.size() == 3);
+  engine::evicted_hashes none(0);
+  none.add(7);
+  CHECK_FALSE(none.contains(7));
+  CHECK(none.size() == 0);
+}
+
+TEST_CASE("a lookup says how many of its missed tokens were evicted lately, not those never cached", "[prefix]") {
+  auto pool = pool_of(4);
+  engine::kv_cache c(*pool, layout, 0, true);
+  const auto a = tokens(12);
+  compute(c, 1, a);
+  c.release(1);
+  CHECK(c.attach_prefix(2, tokens(8, 300)) == 0);  // never cached
+  CHECK(c.last_evicted_run_tokens() == 0);
+  c.release(2);
+  REQUIRE(c.reserve(3, 16));  // four blocks: a's three go
+  CHECK(c.evicted_blocks() == 3);
+  c.release(3);
+  CHECK(c.attach_prefix(4, a) == 0);
+  CHECK(c.last_evicted_run_tokens() == 12);
+  c.release(4);
+  // A prompt that shares a's first block only: the run stops where it differs.
+  auto b = a;
+  b[5] = 999;
+  CHECK(c.attach_prefix(5, b) == 0);
+  CHECK(c.last_evicted_run_tokens() == 4);
+  c.release(5);
+  engine::kv_cache off(*pool_of(4), layout, 0, false);
+  CHECK(off.attach_prefix(1, a) == 0);
+  CHECK(off.last_evicted_run_tokens() == 0);
 }

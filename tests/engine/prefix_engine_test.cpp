@@ -205,8 +205,12 @@ TEST_CASE("eviction under pressure leaves outputs exact", "[prefix][engine]") {
   CHECK(r.eng->cache().used_blocks() <= 8);
   CHECK(r.eng->stats().prefix_evicted_blocks == 2);  // 5 fresh blocks of 7: two of a's go
   CHECK(r.eng->stats().prefix_evicted_blocks == r.eng->cache().evicted_blocks());
+  CHECK(r.eng->stats().prefix_evicted_miss_tokens == 0);  // d was never cached
   const auto again = r.run(request(3, a));
   CHECK(again.finish->cached_tokens < 48);
+  // What it did not find had been cached and evicted: a cache that size
+  // too small, not a prompt never seen.
+  CHECK(r.eng->stats().prefix_evicted_miss_tokens == 48 - again.finish->cached_tokens);
   const auto want = cold(m, request(1, a));
   check_same(first, want);
   check_same(again, want);

@@ -813,10 +813,12 @@ TEST_CASE("sim prefix cache: bounded by the KV capacity, least recently used out
   streams s;
   CHECK(step_into(e, s).prefill_tokens == 800 - 784);
   s = run_to_idle(e, s);
+  CHECK(e.stats().prefix_evicted_miss_tokens == 0);  // 4's blocks were found, not missed
   auto old = request(1, 800, 4);
   old.id = 11;
   REQUIRE(e.submit(old));
   CHECK(e.step().prefill_tokens == 800);
+  CHECK(e.stats().prefix_evicted_miss_tokens == 784);  // all it could have reused (as 10 did), evicted lately
 }
 
 TEST_CASE("sim prefix cache: off unless configured, and requests admitted together share nothing", "[sim][prefix]") {

@@ -108,8 +108,6 @@ void export_prefix_stats(replica_actor_state& st, const engine::engine_stats& s)
   grow(m.prefix_lookup_tokens, s.prefix_lookup_tokens, st.prefix_lookup_exported);
   grow(m.prefix_hit_tokens, s.prefix_hit_tokens, st.prefix_hit_exported);
   grow(m.prefix_evicted_blocks, s.prefix_evicted_blocks, st.prefix_evicted_exported);
-  EXA_ASSERT_MSG(s.prefix_hit_tokens + s.prefix_evicted_miss_tokens <= s.prefix_lookup_tokens,
-                 "prefix cache hits and misses on evicted blocks exceed lookups");
   grow(m.prefix_evicted_miss_tokens, s.prefix_evicted_miss_tokens, st.prefix_evicted_miss_exported);
   cluster_metrics::series(m.prefix_cached_blocks, std::to_string(st.ctx.spec.id))
       ->set(static_cast<double>(s.prefix_cached_blocks));
@@ -710,8 +708,9 @@ caf::behavior replica_actor(caf::stateful_actor<replica_actor_state>* self, repl
           s.ctx.spec.standby = m.standby;
           if (!m.standby && s.state == replica_state::standby) {
             // Requests a deferred submit started meanwhile keep it busy.
+            // The engine may be stepping (those requests): its stats after the step.
             if (move_to(self, s.active.empty() ? replica_state::ready : replica_state::serving, "taken from the warm pool"))
-              report_load(self, true);
+              with_engine(self, [=] { report_load(self, true); });
             return;
           }
           if (m.standby && (s.state == replica_state::ready || s.state == replica_state::serving)) {

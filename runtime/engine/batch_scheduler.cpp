@@ -164,10 +164,11 @@ void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& b
       seq.cached_tokens = std::min(seq.computed, seq.prompt_len);
       prefix_lookup_tokens_ += cache_.prefix_cache_enabled() ? seq.tokens.size() : 0;
       prefix_hit_tokens_ += seq.computed;
-      // Never more than what was computed of the prompt (its last token
-      // always is, for its logits).
-      const std::uint32_t missed = static_cast<std::uint32_t>(seq.tokens.size()) - seq.computed;
-      prefix_evicted_miss_tokens_ += std::min(cache_.last_evicted_run_tokens(), missed);
+      // Up to the last token, as the hit is counted (it is always computed,
+      // for its logits): what a larger cache would have served too.
+      const auto last = static_cast<std::uint32_t>(seq.tokens.size()) - 1;
+      const std::uint32_t reach = std::min(seq.computed + cache_.last_evicted_run_tokens(), last);
+      prefix_evicted_miss_tokens_ += reach > seq.computed ? reach - seq.computed : 0;
     }
     seq.is_running = true;
     seq.admit_order = next_admit_++;

@@ -414,11 +414,14 @@ void sim_engine::take_waiting(std::deque<seq>::iterator it, std::uint64_t cached
   if (config_.prefix_block_tokens > 0) {
     stats_.prefix_lookup_tokens += s.context();
     stats_.prefix_hit_tokens += cached;
-    // The missed blocks right after the hit, if evicted lately; never more
-    // than what is computed (the last token always is).
-    const std::uint64_t evicted = std::uint64_t{config_.prefix_block_tokens} *
-                                  prefix_.evicted_run(s.blocks, static_cast<std::size_t>(cached / config_.prefix_block_tokens));
-    stats_.prefix_evicted_miss_tokens += std::min<std::uint64_t>(evicted, s.context() - cached);
+    // The missed blocks right after the matched run, if evicted lately, up
+    // to the usable ones as the hit is counted (the last token is always
+    // computed): what a larger cache would have served too.
+    const std::size_t matched = prefix_.match(s.blocks);
+    const std::size_t usable = static_cast<std::size_t>((s.context() - 1) / config_.prefix_block_tokens);
+    const std::uint64_t reach =
+        std::uint64_t{config_.prefix_block_tokens} * std::min(matched + prefix_.evicted_run(s.blocks, matched), usable);
+    stats_.prefix_evicted_miss_tokens += reach > cached ? reach - cached : 0;
     last_.cache_inserts.insert(last_.cache_inserts.end(), s.blocks.begin(), s.blocks.end());
   }
   s.cached_tokens = static_cast<std::uint32_t>(cached);

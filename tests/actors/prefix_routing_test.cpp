@@ -185,7 +185,12 @@ TEST_CASE("a replica's prefix-cache evictions reach the metrics", "[actors][pref
   auto fourth_again = f.generate(request("fourth-again", fourth));
   f.run();
   const auto missed = 200 - finished(fourth_again).usage.cached_tokens;
-  CHECK(counter("exaserve_prefix_cache_evicted_miss_tokens_total") > 0);
+  const auto cached = finished(fourth_again).usage.cached_tokens;
+  CHECK(cached > 0);  // its first blocks were still there
+  CHECK(cached < 192);
+  // Every whole block it missed (12 whole blocks of 16 in 200 tokens) had
+  // been evicted lately; the last 8 tokens are no whole block.
+  CHECK(counter("exaserve_prefix_cache_evicted_miss_tokens_total") == 192 - cached);
   CHECK(counter("exaserve_prefix_cache_evicted_miss_tokens_total") <= missed);
   // The first prompt went first (least recently used): computed again.
   auto again = f.generate(request("again", first));

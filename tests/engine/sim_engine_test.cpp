@@ -821,6 +821,27 @@ TEST_CASE("sim prefix cache: bounded by the KV capacity, least recently used out
   CHECK(e.stats().prefix_evicted_miss_tokens == 784);  // all it could have reused (as 10 did), evicted lately
 }
 
+TEST_CASE("sim prefix cache: a prompt evicted, cached again and found whole misses nothing", "[sim][prefix]") {
+  auto e = make_engine(with_prefix_cache(1600));  // 100 blocks, and the last 100 evicted remembered
+  const auto send = [&](seq_id prompt, seq_id id) {
+    auto r = request(prompt, 800, 4);  // 50 blocks
+    r.id = id;
+    REQUIRE(e.submit(r));
+    run_to_idle(e);
+  };
+  send(1, 1);
+  send(2, 2);
+  send(3, 3);
+  REQUIRE(e.submit(request(9, 16, 1)));  // a step after: 3's blocks enter, 1's go
+  run_to_idle(e);
+  CHECK(e.stats().prefix_evicted_blocks == 50);
+  send(1, 11);  // missed, evicted lately: 49 usable blocks; 2's go when it enters
+  CHECK(e.stats().prefix_evicted_miss_tokens == 784);
+  send(9, 12);  // 1's blocks enter the cache again, and stay remembered as evicted
+  send(1, 13);  // found whole (the last token computed): nothing missed
+  CHECK(e.stats().prefix_evicted_miss_tokens == 784);
+}
+
 TEST_CASE("sim prefix cache: off unless configured, and requests admitted together share nothing", "[sim][prefix]") {
   auto off = make_engine();
   REQUIRE(off.submit(shared_prefix_request(1, 1000, 10, 2)));

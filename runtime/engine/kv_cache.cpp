@@ -165,20 +165,19 @@ std::uint32_t kv_cache::attach_prefix(seq_id seq, std::span<const model::token_i
   const std::uint32_t bt = layout_.block_tokens;
   seq_table found;
   std::size_t i = 0;
-  std::uint64_t h = 0;
   for (; (i + 1) * bt <= tokens.size(); ++i) {
     const auto block = tokens.subspan(i * bt, bt);
-    h = model::block_hash(found.last_hash, block);
+    const std::uint64_t h = model::block_hash(found.last_hash, block);
     const auto b = index_.find(h, found.last_serial, block);
     if (!b) break;
     found.blocks.push_back(*b);
     found.last_hash = h;
     found.last_serial = index_.serial(*b);
   }
-  // The missed blocks that follow: evicted lately? (h is the first missed
-  // block's hash, chained to the attached run.)
+  // The missed whole blocks that follow, chained to the attached run (0
+  // before the first block): evicted lately?
   for (std::uint64_t parent = found.last_hash; (i + 1) * bt <= tokens.size() && evicted_.size() > 0; ++i) {
-    h = model::block_hash(parent, tokens.subspan(i * bt, bt));
+    const std::uint64_t h = model::block_hash(parent, tokens.subspan(i * bt, bt));
     if (!evicted_.contains(h)) break;
     last_evicted_run_tokens_ += bt;
     parent = h;

@@ -148,6 +148,9 @@ void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& b
       continue;
     }
     attach_cached(seq);
+    // Looked up once, at first admission, as the hit is counted (before
+    // reserve() changes the table).
+    const std::uint32_t evicted_run = seq.was_admitted ? 0 : cache_.evicted_run_tokens(seq.request.id, seq.tokens);
     const std::uint32_t n = prefill_allowance(seq, std::min({seq.pending(), config_.prefill_chunk, budget}));
     // Keep one free block per running sequence so admitting new work does
     // not immediately force preemptions when the others grow.
@@ -167,7 +170,7 @@ void batch_scheduler::admit(std::vector<scheduled_chunk>& plan, std::uint32_t& b
       // Up to the last token, as the hit is counted (it is always computed,
       // for its logits): what a larger cache would have served too.
       const auto last = static_cast<std::uint32_t>(seq.tokens.size()) - 1;
-      const std::uint32_t reach = std::min(seq.computed + cache_.last_evicted_run_tokens(), last);
+      const std::uint32_t reach = std::min(seq.computed + evicted_run, last);
       prefix_evicted_miss_tokens_ += reach > seq.computed ? reach - seq.computed : 0;
     }
     seq.is_running = true;

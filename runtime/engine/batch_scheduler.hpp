@@ -144,7 +144,7 @@ class batch_scheduler {
   std::uint64_t prefix_lookup_tokens() const noexcept { return prefix_lookup_tokens_; }
   std::uint64_t prefix_hit_tokens() const noexcept { return prefix_hit_tokens_; }
   /// Of the looked-up tokens not found, those the cache had evicted lately
-  /// (kv_cache::last_evicted_run_tokens), counted at admission as the others.
+  /// (kv_cache::evicted_run_tokens), counted at first admission as the others.
   std::uint64_t prefix_evicted_miss_tokens() const noexcept { return prefix_evicted_miss_tokens_; }
 
  private:

@@ -158,14 +158,12 @@ void kv_cache::release(seq_id seq) {
 }
 
 std::uint32_t kv_cache::attach_prefix(seq_id seq, std::span<const model::token_id> tokens) {
-  last_evicted_run_tokens_ = 0;
   if (!prefix_enabled_) return 0;
   const auto it = tables_.find(seq);
   EXA_ASSERT_MSG(it == tables_.end() || it->second.blocks.empty(), "prefix attached to a sequence holding blocks");
   const std::uint32_t bt = layout_.block_tokens;
   seq_table found;
-  std::size_t i = 0;
-  for (; (i + 1) * bt <= tokens.size(); ++i) {
+  for (std::size_t i = 0; (i + 1) * bt <= tokens.size(); ++i) {
     const auto block = tokens.subspan(i * bt, bt);
     const std::uint64_t h = model::block_hash(found.last_hash, block);
     const auto b = index_.find(h, found.last_serial, block);
@@ -173,14 +171,6 @@ std::uint32_t kv_cache::attach_prefix(seq_id seq, std::span<const model::token_i
     found.blocks.push_back(*b);
     found.last_hash = h;
     found.last_serial = index_.serial(*b);
-  }
-  // The missed whole blocks that follow, chained to the attached run (0
-  // before the first block): evicted lately?
-  for (std::uint64_t parent = found.last_hash; (i + 1) * bt <= tokens.size() && evicted_.size() > 0; ++i) {
-    const std::uint64_t h = model::block_hash(parent, tokens.subspan(i * bt, bt));
-    if (!evicted_.contains(h)) break;
-    last_evicted_run_tokens_ += bt;
-    parent = h;
   }
   if (found.blocks.empty()) return 0;
   found.published = static_cast<std::uint32_t>(found.blocks.size());
@@ -192,6 +182,23 @@ std::uint32_t kv_cache::attach_prefix(seq_id seq, std::span<const model::token_i
   const auto attached = static_cast<std::uint32_t>(found.blocks.size()) * bt;
   tables_[seq] = std::move(found);
   return attached;
+}
+
+std::uint32_t kv_cache::evicted_run_tokens(seq_id seq, std::span<const model::token_id> tokens) const {
+  if (evicted_.size() == 0) return 0;  // also: no prefix cache
+  // The whole blocks after the attached run, chained to it (from 0 when
+  // nothing was attached).
+  const auto it = tables_.find(seq);
+  std::uint64_t parent = it == tables_.end() ? 0 : it->second.last_hash;
+  const std::uint32_t bt = layout_.block_tokens;
+  std::uint32_t run = 0;
+  for (std::size_t i = it == tables_.end() ? 0 : it->second.published; (i + 1) * bt <= tokens.size(); ++i) {
+    const std::uint64_t h = model::block_hash(parent, tokens.subspan(i * bt, bt));
+    if (!evicted_.contains(h)) break;
+    run += bt;
+    parent = h;
+  }
+  return run;
 }
 
 bool kv_cache::publish_block(seq_id seq, seq_table& t, std::uint32_t i,

@@ -116,11 +116,12 @@ class kv_cache {
   /// takes its hash (a stale entry whose parent was evicted, or a collision).
   /// Not those dropped when the cache itself goes.
   std::uint64_t evicted_blocks() const noexcept { return evicted_blocks_; }
-  /// Of the last attach_prefix()'s tokens past the run it attached, those in
-  /// the whole blocks right after it that this cache evicted among its last
-  /// max-blocks evictions (evicted_hashes): what a cache about twice as large
-  /// would have served as well. 0 without a prefix cache.
-  std::uint32_t last_evicted_run_tokens() const noexcept { return last_evicted_run_tokens_; }
+  /// Of `tokens` past the run attach_prefix() attached to `seq` (call it
+  /// before reserve()), those in the whole blocks right after that run which
+  /// this cache evicted among its last max-blocks evictions (evicted_hashes):
+  /// what a cache about twice as large would have served as well. 0 without
+  /// a prefix cache.
+  std::uint32_t evicted_run_tokens(seq_id seq, std::span<const model::token_id> tokens) const;
   /// Hashes of cached blocks, most recently used first.
   std::vector<std::uint64_t> cached_hashes(std::size_t max) const { return index_.cached_hashes(max); }
   /// Sequences referencing `b` (0 for a free or evictable block).
@@ -160,7 +161,6 @@ class kv_cache {
   std::uint32_t used_blocks_ = 0;    // blocks taken from the pool (private and cached)
   std::uint64_t evicted_blocks_ = 0;  // evicted_blocks()
   evicted_hashes evicted_;            // the last max_blocks_ evicted blocks' hashes
-  std::uint32_t last_evicted_run_tokens_ = 0;
 };
 
 }  // namespace exa::engine

@@ -202,7 +202,7 @@ TEST_CASE("unreferenced cached blocks are evicted least recently used first", "[
   CHECK(c.is_cached(tb[0]));
   CHECK(c.is_cached(tb[1]));
   CHECK(c.attach_prefix(4, a) == 4);  // what is left of a
-  CHECK(c.last_evicted_run_tokens() == 8);  // and its two blocks evicted lately
+  CHECK(c.evicted_run_tokens(4, a) == 8);  // and its two blocks evicted lately
   c.check_invariants();
   c.release(4);
   c.release(3);
@@ -316,21 +316,21 @@ TEST_CASE("a lookup says how many of its missed tokens were evicted lately, not 
   compute(c, 1, a);
   c.release(1);
   CHECK(c.attach_prefix(2, tokens(8, 300)) == 0);  // never cached
-  CHECK(c.last_evicted_run_tokens() == 0);
+  CHECK(c.evicted_run_tokens(2, tokens(8, 300)) == 0);
   c.release(2);
   REQUIRE(c.reserve(3, 16));  // four blocks: a's three go
   CHECK(c.evicted_blocks() == 3);
   c.release(3);
   CHECK(c.attach_prefix(4, a) == 0);
-  CHECK(c.last_evicted_run_tokens() == 12);
+  CHECK(c.evicted_run_tokens(4, a) == 12);
   c.release(4);
   // A prompt that shares a's first block only: the run stops where it differs.
   auto b = a;
   b[5] = 999;
   CHECK(c.attach_prefix(5, b) == 0);
-  CHECK(c.last_evicted_run_tokens() == 4);
+  CHECK(c.evicted_run_tokens(5, b) == 4);
   c.release(5);
   engine::kv_cache off(*pool_of(4), layout, 0, false);
   CHECK(off.attach_prefix(1, a) == 0);
-  CHECK(off.last_evicted_run_tokens() == 0);
+  CHECK(off.evicted_run_tokens(1, a) == 0);
 }

@@ -191,6 +191,32 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
   }
 }
 
+TEST_CASE("wide rows: each token of a batch gets its product alone, bit for bit, on every variant",
+          "[engine][isa][invariance]") {
+  // Rows as long as a down projection's and longer: a full token tile's
+  // activations (8 tokens x 2050 floats on AVX-512) outgrow L1, the row
+  // blocks hold few rows, and the next block's prefetch is shared among the
+  // token tiles. One token runs the decode tile, so it is the reference;
+  // 2050 and 1030 leave a tail past the last 16-column step.
+  const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::bf16);
+  const auto cols = GENERATE(std::size_t{2050}, std::size_t{1030}, std::size_t{4096});
+  CAPTURE(model::to_string(type), cols);
+  const weight_buffer w(type, 29, cols, 11 + cols);
+  for (const isa v : test::runnable_isas()) {
+    for (const std::size_t n : {8, 13, 35}) {
+      CAPTURE(engine::to_string(v), n);
+      const auto x = random_floats(n * cols, 200 + n, 3.0f);
+      const auto all = multiply(v, w.view, x, n);
+      for (std::size_t t = 0; t < n; ++t) {
+        const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+        const auto alone = multiply(v, w.view, one, 1);
+        CAPTURE(t);
+        CHECK(std::memcmp(alone.data(), all.data() + t * w.view.rows, w.view.rows * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-sum contract", "[engine][isa]") {
   // The contract (kernels_impl.hpp, q8p): per 32-element block the exact
   // integer sum, then s = fma(float(isum), d_w · d_x, s) in block order.

@@ -1408,6 +1408,15 @@ constexpr int float_rows(int c) { return c == 1 ? 12 : c == 2 ? 8 : c <= 6 ? 4 :
 // decode, one and two threads, alternated runs); f32's 64-byte steps keep 12.
 constexpr int half_decode_rows = 6;
 constexpr int max_float_tokens = 8;
+// Several tokens over long rows (a down projection's 2048 columns): 8 tokens'
+// activations, 64 KiB, do not stay in the 48 KiB L1 while the weights stream
+// past, and the 3 x 8 tile took them from L2 each step, at 52 % of the f32
+// peak where the 768-column shapes ran at 73-77 % (Zen 5 host,
+// bench/matmul_probe). 6 rows x 4 tokens (32 KiB of activations, 10 loads
+// per 24 multiply-adds) ran that shape 1.05-1.5x (median 1.17x) in
+// alternated pairs, the 768-column shapes 0.8-1.0x: so only past this size.
+constexpr std::size_t long_row_tile_bytes = 40 * 1024;
+constexpr int long_row_tokens = 4, long_row_rows = 6;
 // One token runs the 256-bit kernel with 32 ymm registers.
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)
@@ -1553,6 +1562,18 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       in_chunks<max_tile_tokens>(n_tokens, [&]<int C>(std::size_t t) {
         run_quant<C>(w.type, span, p, rb, re, t, y, y_stride);
       });
+#if defined(EXA_K_AVX512)
+    else if (w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes)
+      in_chunks<long_row_tokens>(n_tokens, [&]<int C>(std::size_t t) {
+        const std::size_t n = (n_tokens + long_row_tokens - 1) / long_row_tokens, i = t / long_row_tokens;
+        const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
+        const prefetch_slice slice{next ? next + a : nullptr, b - a};
+        if constexpr (C == long_row_tokens)
+          run_float_rows<C, long_row_rows>(w.type, span, p, rb, re, t, y, y_stride, slice);
+        else
+          run_float<C>(w.type, span, p, rb, re, t, y, y_stride, slice);
+      });
+#endif
     else
       in_chunks<max_float_tokens>(n_tokens, [&]<int C>(std::size_t t) {
         // Token tile i of n takes the i-th n-th of the next block (prefetch_slice).

@@ -1413,8 +1413,8 @@ constexpr int max_float_tokens = 8;
 // past, and the 3 x 8 tile took them from L2 each step, at 52 % of the f32
 // peak where the 768-column shapes ran at 73-77 % (Zen 5 host,
 // bench/matmul_probe). 6 rows x 4 tokens (32 KiB of activations, 10 loads
-// per 24 multiply-adds) ran that shape 1.05-1.5x (median 1.17x) in
-// alternated pairs, the 768-column shapes 0.8-1.0x: so only past this size.
+// per 24 multiply-adds) ran that shape 1.20x (median of six alternated pairs,
+// 0.94-1.34x), the 768-column shapes 0.8-1.0x: so only past this size.
 constexpr std::size_t long_row_tile_bytes = 40 * 1024;
 constexpr int long_row_tokens = 4, long_row_rows = 6;
 // One token runs the 256-bit kernel with 32 ymm registers.

@@ -193,15 +193,17 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
 
 TEST_CASE("wide rows: each token of a batch gets its product alone, bit for bit, on every variant",
           "[engine][isa][invariance]") {
-  // Rows as long as a down projection's and longer: a full token tile's
-  // activations (8 tokens x 2050 floats on AVX-512) outgrow L1, the row
-  // blocks hold few rows, and the next block's prefetch is shared among the
-  // token tiles. One token runs the decode tile, so it is the reference;
-  // 2050 and 1030 leave a tail past the last 16-column step.
+  // Rows as long as a down projection's and longer: 8 tokens' activations
+  // outgrow L1 past 1,280 columns, and AVX-512 runs such rows 4 tokens by 6
+  // rows (long_row_tile_bytes); 1030 columns stay on its 3 x 8 tile. 101 rows
+  // make three row blocks (the next block's prefetch shared among the token
+  // tiles) and a last one of 5 rows, below any tile height. One token runs
+  // the decode tile, so it is the reference; 2050 and 1030 leave a tail past
+  // the last 16-column step.
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::bf16);
   const auto cols = GENERATE(std::size_t{2050}, std::size_t{1030}, std::size_t{4096});
   CAPTURE(model::to_string(type), cols);
-  const weight_buffer w(type, 29, cols, 11 + cols);
+  const weight_buffer w(type, 101, cols, 11 + cols);
   for (const isa v : test::runnable_isas()) {
     for (const std::size_t n : {8, 13, 35}) {
       CAPTURE(engine::to_string(v), n);

@@ -1411,10 +1411,14 @@ constexpr int max_float_tokens = 8;
 // Several tokens over long rows (a down projection's 2048 columns): 8 tokens'
 // activations, 64 KiB, do not stay in the 48 KiB L1 while the weights stream
 // past, and the 3 x 8 tile took them from L2 each step, at 52 % of the f32
-// peak where the 768-column shapes ran at 73-77 % (Zen 5 host,
+// peak where the 768-column shapes ran at 73-78 % (Zen 5 host,
 // bench/matmul_probe). 6 rows x 4 tokens (32 KiB of activations, 10 loads
 // per 24 multiply-adds) ran that shape 1.20x (median of six alternated pairs,
-// 0.94-1.34x), the 768-column shapes 0.8-1.0x: so only past this size.
+// 0.94-1.34x), the 768-column shapes 0.8-1.0x: so only past this size, and
+// only for 8 tokens or more (fewer run one tile, as before). Measured on the
+// Zen 5 host only: f32 batch 32 (1.16x one thread, 1.08x two), f32 and f16
+// prefill of 256 tokens level; not on an Intel host, nor past 3,072 columns,
+// where 4 tokens outgrow a 48 KiB L1 too.
 constexpr std::size_t long_row_tile_bytes = 40 * 1024;
 constexpr int long_row_tokens = 4, long_row_rows = 6;
 // One token runs the 256-bit kernel with 32 ymm registers.
@@ -1563,7 +1567,7 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
         run_quant<C>(w.type, span, p, rb, re, t, y, y_stride);
       });
 #if defined(EXA_K_AVX512)
-    else if (w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes)
+    else if (n_tokens >= max_float_tokens && w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes)
       in_chunks<long_row_tokens>(n_tokens, [&]<int C>(std::size_t t) {
         const std::size_t n = (n_tokens + long_row_tokens - 1) / long_row_tokens, i = t / long_row_tokens;
         const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;

@@ -158,14 +158,16 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
   // Widths with tails: 100 floats (16-lane tail of 4), 160 (an odd count of
   // 32-element blocks: the two-block step has a missing half), 512 (K-quants);
   // f16 at 1030, rows wide enough for two row blocks (the next block's
-  // prefetch shared among the token tiles).
+  // prefetch shared among the token tiles); f32 and f16 at 2050, past which
+  // AVX-512 batches run 4 tokens by 6 rows.
   struct shape {
     model::tensor_type type;
     std::size_t cols;
   };
   const auto s = GENERATE(shape{model::tensor_type::f32, 100}, shape{model::tensor_type::f16, 100},
                           shape{model::tensor_type::bf16, 100}, shape{model::tensor_type::f16, 64},
-                          shape{model::tensor_type::f16, 1030},
+                          shape{model::tensor_type::f16, 1030}, shape{model::tensor_type::f32, 2050},
+                          shape{model::tensor_type::f16, 2050},
                           shape{model::tensor_type::q8_0, 160}, shape{model::tensor_type::q8_0, 128},
                           shape{model::tensor_type::q4_0, 160}, shape{model::tensor_type::q4_1, 160},
                           shape{model::tensor_type::q5_0, 96}, shape{model::tensor_type::q5_1, 96},
@@ -193,19 +195,20 @@ TEST_CASE("every kernel variant computes every weight type bitwise alike", "[eng
 
 TEST_CASE("wide rows: each token of a batch gets its product alone, bit for bit, on every variant",
           "[engine][isa][invariance]") {
-  // Rows as long as a down projection's and longer: 8 tokens' activations
-  // outgrow L1 past 1,280 columns, and AVX-512 runs such rows 4 tokens by 6
-  // rows (long_row_tile_bytes); 1030 columns stay on its 3 x 8 tile. 101 rows
-  // make three row blocks (the next block's prefetch shared among the token
-  // tiles) and a last one of 5 rows, below any tile height. One token runs
-  // the decode tile, so it is the reference; 2050 and 1030 leave a tail past
-  // the last 16-column step.
+  // Rows as long as a down projection's and longer: past 1,280 columns
+  // (8 tokens' activations over long_row_tile_bytes) AVX-512 runs batches of
+  // 8 tokens or more 4 tokens by 6 rows; 1030 columns stay on its 3 x 8 tile.
+  // 101 rows are three row blocks, 48 + 48 + 5 (the next block's prefetch
+  // shared among the token tiles; 5 rows below the 6-row tile), and the
+  // token counts leave remainders of 1, 2 and 3. One token runs the decode
+  // tile, so it is the reference; 2050 and 1030 leave a tail past the last
+  // 16-column step.
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::bf16);
   const auto cols = GENERATE(std::size_t{2050}, std::size_t{1030}, std::size_t{4096});
   CAPTURE(model::to_string(type), cols);
   const weight_buffer w(type, 101, cols, 11 + cols);
   for (const isa v : test::runnable_isas()) {
-    for (const std::size_t n : {8, 13, 35}) {
+    for (const std::size_t n : {8, 13, 14, 35}) {
       CAPTURE(engine::to_string(v), n);
       const auto x = random_floats(n * cols, 200 + n, 3.0f);
       const auto all = multiply(v, w.view, x, n);

@@ -7,7 +7,12 @@
 // rows, 8 tokens) it issues per step, all from L1. Run by hand
 // (docs/PERFORMANCE.md, batch 32 against batch 1).
 //
-//   build/bin/matmul_probe [tokens] [seconds per shape] [ROWSxCOLS ...]
+//   build/bin/matmul_probe [--memory] [tokens] [seconds per shape] [ROWSxCOLS ...]
+//
+// --memory: each call reads another copy of the weights, the copies 256 MiB
+// in all, so they come from memory as the engine's do (a 32 MiB L3 holds a
+// lone copy of every small-preset shape, and the rates without it are the
+// cache's).
 
 #include <sys/mman.h>
 
@@ -98,10 +103,19 @@ void tile_ceiling() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc_in, char** argv_in) {
   using namespace exa;
-  const char* usage = "usage: matmul_probe [tokens 1-512] [seconds per shape] [ROWSxCOLS ...]";
-  if (exa::bench::wants_help(argc, argv)) return std::puts(usage), 0;
+  const char* usage = "usage: matmul_probe [--memory] [tokens 1-512] [seconds per shape] [ROWSxCOLS ...]";
+  if (exa::bench::wants_help(argc_in, argv_in)) return std::puts(usage), 0;
+  // --memory anywhere; the rest positional.
+  std::vector<char*> args;
+  bool from_memory = false;
+  for (int i = 0; i < argc_in; ++i) {
+    if (i > 0 && std::strcmp(argv_in[i], "--memory") == 0) from_memory = true;
+    else args.push_back(argv_in[i]);
+  }
+  const int argc = static_cast<int>(args.size());
+  char** argv = args.data();
   const std::size_t tokens = exa::bench::count_arg(argc, argv, 1, 32, 1, 512, "matmul_probe: tokens", usage);
   char* end = nullptr;
   const double seconds = argc > 2 ? std::strtod(argv[2], &end) : 0.5;
@@ -131,13 +145,16 @@ int main(int argc, char** argv) {
   const std::uint64_t peak_macs = k.peak(engine::peak_op::f32_fma, 20'000'000);
   const double peak = double(peak_macs) / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e9;
   const std::string isa_name(engine::to_string(k.id));
-  std::printf("isa %s, %zu tokens, f32 peak %.1f GMAC/s\n", isa_name.c_str(), tokens, peak);
+  std::printf("isa %s, %zu tokens, f32 peak %.1f GMAC/s, weights from %s\n", isa_name.c_str(), tokens, peak,
+              from_memory ? "memory (copies of 256 MiB in all, one a call)" : "cache (one copy)");
   if (engine::supports(engine::detect_cpu(), engine::isa::avx512)) tile_ceiling();
   for (const shape& s : shapes) {
-    auto* w = static_cast<float*>(huge_alloc(s.rows * s.cols * sizeof(float)));
+    const std::size_t w_bytes = s.rows * s.cols * sizeof(float);
+    const std::size_t copies = from_memory ? std::max<std::size_t>(2, (std::size_t{256} << 20) / w_bytes) : 1;
+    auto* w = static_cast<float*>(huge_alloc(w_bytes * copies));
     auto* x = static_cast<float*>(huge_alloc(tokens * s.cols * sizeof(float)));
     auto* y = static_cast<float*>(huge_alloc(tokens * s.rows * sizeof(float)));
-    for (std::size_t i = 0; i < s.rows * s.cols; ++i) w[i] = float(int(i % 97) - 48) / 64.0f;
+    for (std::size_t i = 0; i < s.rows * s.cols * copies; ++i) w[i] = float(int(i % (s.rows * s.cols) % 97) - 48) / 64.0f;
     for (std::size_t i = 0; i < tokens * s.cols; ++i) x[i] = float(int(i % 89) - 44) / 32.0f;
     model::weight_view view;
     view.type = model::tensor_type::f32;
@@ -152,6 +169,7 @@ int main(int argc, char** argv) {
     const auto b = clock_type::now();
     double took = 0;
     while (took < seconds) {
+      view.data = reinterpret_cast<const std::byte*>(w + (calls + 1) % copies * (s.rows * s.cols));
       k.rows(view, a, tokens, y, s.rows, 0, s.rows);
       ++calls;
       took = std::chrono::duration<double>(clock_type::now() - b).count();

@@ -224,6 +224,30 @@ void in_chunks(std::size_t n, Fn&& fn) {
   chunk_rest<Max - 1>(n - i, i, fn);
 }
 
+// The fewest tiles of at most Max, their sizes within one of each other (the
+// larger first): a batch of 32 in tiles of at most 6 runs 6, 6, 5, 5, 5, 5,
+// not five of 6 and a 2 whose loads serve a third as many multiply-adds.
+struct even_tiles {
+  std::size_t tiles = 0, base = 0, extra = 0;  // `extra` tiles of base + 1, then base
+  even_tiles(std::size_t n, std::size_t max) noexcept
+      : tiles((n + max - 1) / max), base(tiles ? n / tiles : 0), extra(tiles ? n % tiles : 0) {}
+  /// The index of the tile that starts at token t.
+  std::size_t index(std::size_t t) const noexcept {
+    const std::size_t big = extra * (base + 1);
+    return t < big ? t / (base + 1) : extra + (t - big) / base;
+  }
+};
+template <int Max, class Fn>
+void in_even_chunks(std::size_t n, Fn&& fn) {
+  const even_tiles e(n, Max);
+  std::size_t i = 0;
+  for (std::size_t k = 0; k < e.tiles; ++k) {
+    const std::size_t size = e.base + (k < e.extra ? 1 : 0);
+    chunk_rest<Max>(size, i, fn);
+    i += size;
+  }
+}
+
 // ================================================================ float weights
 
 struct f32_row {
@@ -928,22 +952,21 @@ constexpr std::size_t prefetch_shares = 8;  // a batch of 32's token tiles
 // share of their bytes, spread over its blocks (line_prefetch). All of it in
 // the first tile, 18 prefetches a block on AVX-512, stalled on full miss
 // buffers: a fifth of the batch-32 tile's samples sat on its prefetch
-// instructions. A prefill's many tiles: the first few share it. A last tile
-// of one token runs the decode tile, which does not prefetch the next
-// groups: it takes no share.
+// instructions. A prefill's many tiles: the first few share it. The tiles
+// are even (in_even_chunks), so only a lone token runs the decode tile, which
+// does not prefetch the next groups.
 struct next_groups {
   const std::byte* next = nullptr;
   std::size_t span = 0, shares = 1;
+  even_tiles tiles;  // the token tiles (in_even_chunks); one token alone is the decode tile
   next_groups(const std::byte* after, std::size_t span_bytes, std::size_t n_tokens) noexcept
-      : next(n_tokens > 1 ? after : nullptr), span(span_bytes) {
-    const std::size_t tiles =
-        (n_tokens + max_tokens - 1) / max_tokens - (n_tokens % max_tokens == 1 ? 1 : 0);
-    shares = std::max<std::size_t>(1, std::min(tiles, prefetch_shares));
+      : next(n_tokens > 1 ? after : nullptr), span(span_bytes), tiles(n_tokens, max_tokens) {
+    shares = std::max<std::size_t>(1, std::min(tiles.tiles, prefetch_shares));
   }
   /// The share of the token tile that starts at token t: its first byte
   /// (null for none) and its length.
   std::pair<const std::byte*, std::size_t> share(std::size_t t) const noexcept {
-    const std::size_t k = t / max_tokens;
+    const std::size_t k = tiles.index(t);
     if (next == nullptr || k >= shares) return {nullptr, 0};
     const std::size_t from = span * k / shares, to = span * (k + 1) / shares;
     return {next + from, to - from};
@@ -981,7 +1004,7 @@ void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size
     }
   };
 #endif
-  in_chunks<max_tokens>(n_tokens, run);
+  in_even_chunks<max_tokens>(n_tokens, run);
 }
 
 // Packed rows [rb, re): the weight's own copy when it has one and rb starts a

@@ -262,7 +262,7 @@ TEST_CASE("q8_0: every variant, packed or not, any row split, follows the block-
   // Splits on group boundaries (the packed copy is read) and off them (the
   // kernels pack the range themselves).
   const std::vector<std::vector<std::size_t>> cuts = {{}, {16}, {5, 37}, {20}, {1, 2, 32}};
-  for (const std::size_t n : {1, 2, 6, 7, 13, 16, 35}) {
+  for (const std::size_t n : {1, 2, 6, 7, 13, 16, 32, 35}) {
     const auto x = random_floats(n * sh.cols, 300 + n, 2.0f);
     const auto expect = contract(w.view, x, n);
     for (const isa v : test::runnable_isas()) {

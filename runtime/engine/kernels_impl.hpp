@@ -31,6 +31,8 @@
 #define EXA_K_HAS_AVX2 1
 #endif
 
+#include "engine/even_tiles.hpp"
+
 namespace exa::engine::EXA_K_NS {
 
 using model::block_q4_0;
@@ -224,28 +226,12 @@ void in_chunks(std::size_t n, Fn&& fn) {
   chunk_rest<Max - 1>(n - i, i, fn);
 }
 
-// The fewest tiles of at most Max, their sizes within one of each other (the
-// larger first): a batch of 32 in tiles of at most 6 runs 6, 6, 5, 5, 5, 5,
-// not five of 6 and a 2 whose loads serve a third as many multiply-adds.
-struct even_tiles {
-  std::size_t tiles = 0, base = 0, extra = 0;  // `extra` tiles of base + 1, then base
-  even_tiles(std::size_t n, std::size_t max) noexcept
-      : tiles((n + max - 1) / max), base(tiles ? n / tiles : 0), extra(tiles ? n % tiles : 0) {}
-  /// The index of the tile that starts at token t.
-  std::size_t index(std::size_t t) const noexcept {
-    const std::size_t big = extra * (base + 1);
-    return t < big ? t / (base + 1) : extra + (t - big) / base;
-  }
-};
+// fn.template operator()<K>(i) over n's tokens in even tiles of at most Max
+// (even_tiles.hpp: 32 in tiles of at most 6 runs 6, 6, 5, 5, 5, 5).
 template <int Max, class Fn>
 void in_even_chunks(std::size_t n, Fn&& fn) {
   const even_tiles e(n, Max);
-  std::size_t i = 0;
-  for (std::size_t k = 0; k < e.tiles; ++k) {
-    const std::size_t size = e.base + (k < e.extra ? 1 : 0);
-    chunk_rest<Max>(size, i, fn);
-    i += size;
-  }
+  for (std::size_t k = 0; k < e.tiles; ++k) chunk_rest<Max>(e.size(k), e.start(k), fn);
 }
 
 // ================================================================ float weights
@@ -973,7 +959,7 @@ struct next_groups {
   }
 };
 
-// Runs token tiles of C, then the remainder, over groups [g0, g0 + G).
+// Runs even token tiles (in_even_chunks) over groups [g0, g0 + G).
 template <int G>
 void groups(const std::byte* base, std::size_t gbytes, std::size_t g0, std::size_t n_rows, std::size_t nb,
             const kernel_acts& a, std::size_t n_tokens, float* y, std::size_t ys, std::size_t rb) noexcept {
@@ -1479,10 +1465,10 @@ struct prefetch_slice {
 // The span by reference down to the tile, which takes its copy from the
 // caller's object: passed by value here, GCC rebuilt the 32-byte argument
 // each call from a fresh 8-byte store and one 32-byte load, a failed store
-// forward that held 5 % of a two-thread batch-32 f32 step's samples at the
-// call (Zen 5; two threads 1.04x median of five alternated pairs, one
+// forward that held about 4 % of a two-thread batch-32 f32 step's samples
+// at the call (Zen 5; two threads 1.04x median of five alternated pairs, one
 // thread level). The tile itself taking it by reference ran 0.8x (not
-// looked into).
+// looked into). run_quant (q4_0) takes it the same way, not measured.
 template <int C, int R>
 void run_float_rows(tensor_type type, const row_span& w, const kernel_acts& p, std::size_t rb, std::size_t re,
                     std::size_t t0, float* y, std::size_t ys, prefetch_slice slice) noexcept {
@@ -1598,8 +1584,9 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       });
 #if defined(EXA_K_AVX512)
     else if (n_tokens >= max_float_tokens && w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes)
-      in_chunks<long_row_tokens>(n_tokens, [&]<int C>(std::size_t t) {
-        const std::size_t n = (n_tokens + long_row_tokens - 1) / long_row_tokens, i = t / long_row_tokens;
+      in_even_chunks<long_row_tokens>(n_tokens, [&]<int C>(std::size_t t) {
+        const even_tiles tiles(n_tokens, long_row_tokens);
+        const std::size_t n = tiles.tiles, i = tiles.index(t);
         const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
         const prefetch_slice slice{next ? next + a : nullptr, b - a};
         if constexpr (C == long_row_tokens)
@@ -1609,9 +1596,10 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       });
 #endif
     else
-      in_chunks<max_float_tokens>(n_tokens, [&]<int C>(std::size_t t) {
+      in_even_chunks<max_float_tokens>(n_tokens, [&]<int C>(std::size_t t) {
         // Token tile i of n takes the i-th n-th of the next block (prefetch_slice).
-        const std::size_t n = (n_tokens + max_float_tokens - 1) / max_float_tokens, i = t / max_float_tokens;
+        const even_tiles tiles(n_tokens, max_float_tokens);
+        const std::size_t n = tiles.tiles, i = tiles.index(t);
         const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
         run_float<C>(w.type, span, p, rb, re, t, y, y_stride, prefetch_slice{next ? next + a : nullptr, b - a});
       });

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "engine/det_math.hpp"
+#include "engine/even_tiles.hpp"
 #include "engine/isa.hpp"
 #include "engine/kernel_table.hpp"
 #include "engine/llama_forward.hpp"
@@ -774,4 +775,38 @@ TEST_CASE("our exp, log, sin and cos are accurate where the engine uses them", "
   CHECK(std::isnan(engine::det::log(-1.0)));
   CHECK(std::isinf(engine::det::log(0.0)));
   CHECK(engine::det::exp(-745.0) > 0.0);  // subnormal results survive the scaling
+}
+
+TEST_CASE("even_tiles: a batch's token tiles, the fewest of at most max, sizes within one, larger first",
+          "[engine][isa]") {
+  CHECK(engine::even_tiles(0, 6).tiles == 0);
+  const engine::even_tiles b32(32, 6);
+  std::vector<std::size_t> sizes;
+  for (std::size_t k = 0; k < b32.tiles; ++k) sizes.push_back(b32.size(k));
+  CHECK(sizes == std::vector<std::size_t>{6, 6, 5, 5, 5, 5});
+  const engine::even_tiles b9(9, 8);
+  CHECK(b9.tiles == 2);
+  CHECK(b9.size(0) == 5);
+  CHECK(b9.size(1) == 4);
+  for (std::size_t max = 1; max <= 8; ++max)
+    for (std::size_t n = 1; n <= 200; ++n) {
+      CAPTURE(max, n);
+      const engine::even_tiles e(n, max);
+      REQUIRE(e.tiles == (n + max - 1) / max);
+      std::size_t sum = 0, lo = max, hi = 0;
+      for (std::size_t k = 0; k < e.tiles; ++k) {
+        const std::size_t size = e.size(k);
+        REQUIRE(size >= 1);
+        REQUIRE(size <= max);
+        if (k > 0) REQUIRE(size <= e.size(k - 1));
+        REQUIRE(e.start(k) == sum);
+        REQUIRE(e.index(sum) == k);  // the tile that starts here
+        lo = std::min(lo, size);
+        hi = std::max(hi, size);
+        sum += size;
+      }
+      REQUIRE(sum == n);
+      REQUIRE(e.start(e.tiles) == n);
+      REQUIRE(hi - lo <= 1);
+    }
 }

@@ -9,10 +9,11 @@
 //
 //   build/bin/matmul_probe [--memory] [tokens] [seconds per shape] [ROWSxCOLS ...]
 //
-// --memory: each call reads another copy of the weights, the copies 256 MiB
-// in all, so they come from memory as the engine's do (a 32 MiB L3 holds a
-// lone copy of every small-preset shape, and the rates without it are the
-// cache's).
+// --memory: each call reads another copy of the weights, as many copies as
+// make about 256 MiB (at least two), so they come from memory as the
+// engine's do (a 32 MiB L3 holds a lone copy of every small-preset shape,
+// and the rates without it are the cache's). Shapes over 1 GiB of weights
+// are refused with it.
 
 #include <sys/mman.h>
 
@@ -146,15 +147,21 @@ int main(int argc_in, char** argv_in) {
   const double peak = double(peak_macs) / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e9;
   const std::string isa_name(engine::to_string(k.id));
   std::printf("isa %s, %zu tokens, f32 peak %.1f GMAC/s, weights from %s\n", isa_name.c_str(), tokens, peak,
-              from_memory ? "memory (copies of 256 MiB in all, one a call)" : "cache (one copy)");
+              from_memory ? "memory (copies of about 256 MiB in all, one a call)" : "cache (one copy)");
   if (engine::supports(engine::detect_cpu(), engine::isa::avx512)) tile_ceiling();
   for (const shape& s : shapes) {
     const std::size_t w_bytes = s.rows * s.cols * sizeof(float);
     const std::size_t copies = from_memory ? std::max<std::size_t>(2, (std::size_t{256} << 20) / w_bytes) : 1;
+    if (from_memory && w_bytes > (std::size_t{1} << 30)) {
+      std::fprintf(stderr, "matmul_probe: --memory with %s: %zu MiB of weights, over the 1 GiB its copies allow\n",
+                   s.name, w_bytes >> 20);
+      return 2;
+    }
     auto* w = static_cast<float*>(huge_alloc(w_bytes * copies));
     auto* x = static_cast<float*>(huge_alloc(tokens * s.cols * sizeof(float)));
     auto* y = static_cast<float*>(huge_alloc(tokens * s.rows * sizeof(float)));
-    for (std::size_t i = 0; i < s.rows * s.cols * copies; ++i) w[i] = float(int(i % (s.rows * s.cols) % 97) - 48) / 64.0f;
+    for (std::size_t i = 0; i < s.rows * s.cols; ++i) w[i] = float(int(i % 97) - 48) / 64.0f;
+    for (std::size_t c = 1; c < copies; ++c) std::memcpy(w + c * s.rows * s.cols, w, w_bytes);
     for (std::size_t i = 0; i < tokens * s.cols; ++i) x[i] = float(int(i % 89) - 44) / 32.0f;
     model::weight_view view;
     view.type = model::tensor_type::f32;
@@ -175,7 +182,9 @@ int main(int argc_in, char** argv_in) {
       took = std::chrono::duration<double>(clock_type::now() - b).count();
     }
     const double gmacs = double(calls) * double(s.rows * s.cols * tokens) / took / 1e9;
-    std::printf("%-18s %7.1f GMAC/s %5.1f %% of peak  (y[0] %.3f)\n", s.name, gmacs, 100 * gmacs / peak, y[0]);
+    std::printf("%-18s %7.1f GMAC/s %5.1f %% of peak  (y[0] %.3f)", s.name, gmacs, 100 * gmacs / peak, y[0]);
+    if (from_memory) std::printf("  %zu copies, %zu MiB", copies, (w_bytes * copies) >> 20);
+    std::printf("\n");
     std::free(w);
     std::free(x);
     std::free(y);

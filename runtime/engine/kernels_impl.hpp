@@ -1466,9 +1466,10 @@ struct prefetch_slice {
 // caller's object: passed by value here, GCC rebuilt the 32-byte argument
 // each call from a fresh 8-byte store and one 32-byte load, a failed store
 // forward that held about 4 % of a two-thread batch-32 f32 step's samples
-// at the call (Zen 5; two threads 1.04x median of five alternated pairs, one
-// thread level). The tile itself taking it by reference ran 0.8x (not
-// looked into). run_quant (q4_0) takes it the same way, not measured.
+// at the call (Zen 5). End to end within that host's noise: two threads
+// 1.04x median of five alternated pairs with the new build second, 0.97x with
+// it first. The tile itself taking it by reference ran 0.8x (not looked
+// into). run_quant (q4_0) takes it the same way, not measured.
 template <int C, int R>
 void run_float_rows(tensor_type type, const row_span& w, const kernel_acts& p, std::size_t rb, std::size_t re,
                     std::size_t t0, float* y, std::size_t ys, prefetch_slice slice) noexcept {

@@ -1503,16 +1503,16 @@ void run_float_rows(tensor_type type, const row_span& w, const kernel_acts& p, s
 }
 
 template <int C>
-void run_float(tensor_type type, const row_span& w, const kernel_acts& p, std::size_t rb, std::size_t re, std::size_t t0,
-               float* y, std::size_t ys, prefetch_slice slice) noexcept {
+void run_float(tensor_type type, const row_span& w, const kernel_acts& p, std::size_t rb, std::size_t re,
+               std::size_t t0, float* y, std::size_t ys, prefetch_slice slice) noexcept {
   if constexpr (C == 1 && half_decode_rows != float_rows(1))
     if (type != tensor_type::f32) return run_float_rows<C, half_decode_rows>(type, w, p, rb, re, t0, y, ys, slice);
   run_float_rows<C, float_rows(C)>(type, w, p, rb, re, t0, y, ys, slice);
 }
 
 template <int C>
-void run_quant(tensor_type type, const row_span& w, const kernel_acts& p, std::size_t rb, std::size_t re, std::size_t t0,
-               float* y, std::size_t ys) noexcept {
+void run_quant(tensor_type type, const row_span& w, const kernel_acts& p, std::size_t rb, std::size_t re,
+               std::size_t t0, float* y, std::size_t ys) noexcept {
   constexpr int R = quant_rows(C);
   const auto tile = [&]<int RR>(std::size_t r) {
 #if defined(EXA_K_AVX512)
@@ -1585,8 +1585,8 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       });
 #if defined(EXA_K_AVX512)
     else if (n_tokens >= max_float_tokens && w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes)
-      in_even_chunks<long_row_tokens>(n_tokens, [&]<int C>(std::size_t t) {
-        const even_tiles tiles(n_tokens, long_row_tokens);
+      in_even_chunks<long_row_tokens>(n_tokens, [&, tiles = even_tiles(n_tokens, long_row_tokens)]<int C>(
+                                                    std::size_t t) {
         const std::size_t n = tiles.tiles, i = tiles.index(t);
         const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
         const prefetch_slice slice{next ? next + a : nullptr, b - a};
@@ -1597,9 +1597,9 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
       });
 #endif
     else
-      in_even_chunks<max_float_tokens>(n_tokens, [&]<int C>(std::size_t t) {
+      in_even_chunks<max_float_tokens>(n_tokens, [&, tiles = even_tiles(n_tokens, max_float_tokens)]<int C>(
+                                                     std::size_t t) {
         // Token tile i of n takes the i-th n-th of the next block (prefetch_slice).
-        const even_tiles tiles(n_tokens, max_float_tokens);
         const std::size_t n = tiles.tiles, i = tiles.index(t);
         const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
         run_float<C>(w.type, span, p, rb, re, t, y, y_stride, prefetch_slice{next ? next + a : nullptr, b - a});

@@ -1559,6 +1559,12 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
     const std::size_t next_bytes = ahead ? std::min(row_end - re, rows_per_block) * pitch : 0;
     if (ahead && w.type == tensor_type::q4_0)
       for (std::size_t off = 0; off < next_bytes; off += 64) __builtin_prefetch(next + off, 0, 2);
+    // The float tiles' share of it: token tile i of n takes the i-th n-th.
+    const auto slice_of = [&](const even_tiles& tiles, std::size_t t) {
+      const std::size_t n = tiles.tiles, i = tiles.index(t);
+      const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
+      return prefetch_slice{next ? next + a : nullptr, b - a};
+    };
 #if defined(EXA_K_AVX2)
     if (n_tokens >= 2 && w.type == tensor_type::q4_0) {
       // Each weight block's scale as a float, once for all the token tiles.
@@ -1587,9 +1593,7 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
     else if (n_tokens >= max_float_tokens && w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes)
       in_even_chunks<long_row_tokens>(n_tokens, [&, tiles = even_tiles(n_tokens, long_row_tokens)]<int C>(
                                                     std::size_t t) {
-        const std::size_t n = tiles.tiles, i = tiles.index(t);
-        const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
-        const prefetch_slice slice{next ? next + a : nullptr, b - a};
+        const prefetch_slice slice = slice_of(tiles, t);
         if constexpr (C == long_row_tokens)
           run_float_rows<C, long_row_rows>(w.type, span, p, rb, re, t, y, y_stride, slice);
         else
@@ -1599,10 +1603,7 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
     else
       in_even_chunks<max_float_tokens>(n_tokens, [&, tiles = even_tiles(n_tokens, max_float_tokens)]<int C>(
                                                      std::size_t t) {
-        // Token tile i of n takes the i-th n-th of the next block (prefetch_slice).
-        const std::size_t n = tiles.tiles, i = tiles.index(t);
-        const std::size_t a = next_bytes * i / n, b = next_bytes * (i + 1) / n;
-        run_float<C>(w.type, span, p, rb, re, t, y, y_stride, prefetch_slice{next ? next + a : nullptr, b - a});
+        run_float<C>(w.type, span, p, rb, re, t, y, y_stride, slice_of(tiles, t));
       });
   }
 }

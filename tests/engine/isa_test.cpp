@@ -200,16 +200,18 @@ TEST_CASE("wide rows: each token of a batch gets its product alone, bit for bit,
   // (8 tokens' activations over long_row_tile_bytes) AVX-512 runs batches of
   // 8 tokens or more 4 tokens by 6 rows; 1030 columns stay on its 3 x 8 tile.
   // 101 rows are three row blocks, 48 + 48 + 5 (the next block's prefetch
-  // shared among the token tiles; 5 rows below the 6-row tile), and the
-  // token counts leave remainders of 1, 2 and 3. One token runs the decode
-  // tile, so it is the reference; 2050 and 1030 leave a tail past the last
-  // 16-column step.
+  // shared among the token tiles; 5 rows below the 6-row tile). The token
+  // counts cut into even tiles (even_tiles.hpp) of every size from 3 to 8:
+  // over long rows 9 is 3 + 3 + 3, 13 is 4 + 3 + 3 + 3, 17 is 4 + 4 + 3 + 3 + 3;
+  // at 1030 columns 9 is 5 + 4, 13 is 7 + 6, 17 is 6 + 6 + 5, 35 five of 7.
+  // One token runs the decode tile, so it is the reference; 2050 and 1030
+  // leave a tail past the last 16-column step.
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::bf16);
   const auto cols = GENERATE(std::size_t{2050}, std::size_t{1030}, std::size_t{4096});
   CAPTURE(model::to_string(type), cols);
   const weight_buffer w(type, 101, cols, 11 + cols);
   for (const isa v : test::runnable_isas()) {
-    for (const std::size_t n : {8, 13, 14, 35}) {
+    for (const std::size_t n : {8, 9, 13, 14, 17, 35}) {
       CAPTURE(engine::to_string(v), n);
       const auto x = random_floats(n * cols, 200 + n, 3.0f);
       const auto all = multiply(v, w.view, x, n);

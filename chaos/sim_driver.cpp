@@ -18,6 +18,7 @@
 #include "cluster/hardware.hpp"
 #include "cluster/model_ref.hpp"
 #include "cluster/placement.hpp"
+#include "metrics/metrics.hpp"
 
 namespace exa::chaos {
 namespace {
@@ -345,6 +346,22 @@ void note_rollouts(const std::vector<event>& events, std::int64_t t0_ns, std::ve
   }
 }
 
+// The prefix caches' turnover over the run: the replicas' counters, which
+// they export with each load report (an idle replica reports at once), summed
+// over every deployment.
+void note_prefix_turnover(const metrics::registry& registry, sim_run& run) {
+  const metrics::registry_snapshot snap = registry.snapshot();
+  const auto total = [&](std::string_view name) {
+    double sum = 0;
+    for (const auto& f : snap.families)
+      if (f.name == name)
+        for (const auto& series : f.series) sum += series.value;
+    return static_cast<std::uint64_t>(sum);
+  };
+  run.prefix_evicted_blocks = total("exaserve_prefix_cache_evicted_blocks_total");
+  run.prefix_evicted_miss_tokens = total("exaserve_prefix_cache_evicted_miss_tokens_total");
+}
+
 expected<sim_run> run_once(const run_inputs& in, const std::string& policy, const run_mode& mode) {
   const scenario& s = in.s;
   sim_run run;
@@ -463,6 +480,7 @@ expected<sim_run> run_once(const run_inputs& in, const std::string& policy, cons
     backend->rollout(q, [&ro](expected<api::rollout_result> r) { ro.status = r ? r->status : to_string(r.error()); });
     sched->run();
   }
+  note_prefix_turnover(*(*cluster)->metrics(), run);
   (*cluster)->stop();
   run.wall_s = std::chrono::duration<double>(clock_type::now() - wall0).count();
   run.peak_rss_bytes = peak_rss_bytes();

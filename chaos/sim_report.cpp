@@ -100,6 +100,8 @@ ojson summary_json(const sim_summary& s) {
   j["prompt_tokens"] = s.prompt_tokens;
   j["cached_tokens"] = s.cached_tokens;
   j["prefix_hit_rate"] = share(s.prompt_tokens ? double(s.cached_tokens) / double(s.prompt_tokens) : 0.0);
+  j["prefix_evicted_blocks"] = s.prefix_evicted_blocks;
+  j["prefix_evicted_miss_tokens"] = s.prefix_evicted_miss_tokens;
   j["replicas_serving"] = s.replicas_serving;
   j["requests_per_replica_max"] = ms(s.requests_per_replica_max);
   j["requests_per_replica_mean"] = ms(s.requests_per_replica_mean);
@@ -228,6 +230,8 @@ sim_summary summarize(const sim_run& run, double slo_ttft_ms, double slo_tpot_ms
     s.cached_tokens += r.cached_tokens;
     if (!r.replica.empty()) ++per_replica[r.replica];
   }
+  s.prefix_evicted_blocks = run.prefix_evicted_blocks;
+  s.prefix_evicted_miss_tokens = run.prefix_evicted_miss_tokens;
   s.replicas_serving = static_cast<std::uint32_t>(per_replica.size());
   for (const auto& [replica, n] : per_replica) {
     s.requests_per_replica_max = std::max(s.requests_per_replica_max, static_cast<double>(n));
@@ -380,13 +384,17 @@ std::string to_text(const sim_report& r) {
   const bool cached = std::any_of(sums.begin(), sums.end(), [](const sim_summary& s) { return s.cached_tokens > 0; });
   if (cached) {
     out += "\nprefix cache and load spread (completed requests)\n";
-    out += fmt::format("{:<24} {:>14} {:>14} {:>8} {:>9} {:>12}\n", "policy", "prompt tokens", "cached tokens",
-                       "hit %", "replicas", "req max/mean");
+    // Evicted: blocks the caches dropped; evicted misses: tokens missed
+    // whose blocks had been evicted lately (a cache twice as large would
+    // have served them).
+    out += fmt::format("{:<24} {:>14} {:>14} {:>8} {:>14} {:>16} {:>9} {:>12}\n", "policy", "prompt tokens",
+                       "cached tokens", "hit %", "evicted blocks", "evicted misses", "replicas", "req max/mean");
     for (std::size_t i = 0; i < r.runs.size(); ++i) {
       const sim_summary& s = sums[i];
-      out += fmt::format("{:<24} {:>14} {:>14} {:>8.1f} {:>9} {:>12}\n", r.runs[i].policy, s.prompt_tokens,
-                         s.cached_tokens, s.prompt_tokens ? 100.0 * s.cached_tokens / s.prompt_tokens : 0.0,
-                         s.replicas_serving,
+      out += fmt::format("{:<24} {:>14} {:>14} {:>8.1f} {:>14} {:>16} {:>9} {:>12}\n", r.runs[i].policy,
+                         s.prompt_tokens, s.cached_tokens,
+                         s.prompt_tokens ? 100.0 * s.cached_tokens / s.prompt_tokens : 0.0, s.prefix_evicted_blocks,
+                         s.prefix_evicted_miss_tokens, s.replicas_serving,
                          fmt::format("{:.0f}/{:.1f}", s.requests_per_replica_max, s.requests_per_replica_mean));
     }
   }

@@ -93,6 +93,12 @@ struct sim_run {
   std::uint64_t stream_violations = 0;  // token gaps or duplicates seen by clients: must be 0
   sim_cold_start cold_start;
   std::vector<sim_rollout_record> rollouts;
+  /// The replicas' prefix caches over the run, summed (the cluster's
+  /// exaserve_prefix_cache_evicted_* counters at its end): cached blocks
+  /// dropped, and the looked-up tokens missed whose blocks had been evicted
+  /// lately (what caches twice as large would have served too). What a
+  /// replica counted after its last load report is lost if it crashed.
+  std::uint64_t prefix_evicted_blocks = 0, prefix_evicted_miss_tokens = 0;
 };
 
 struct sim_summary {
@@ -120,6 +126,8 @@ struct sim_summary {
   /// tokens saved). Load spread: completed requests per replica that
   /// finished any, the most of them and the mean (max / mean = 1: even).
   std::uint64_t prompt_tokens = 0, cached_tokens = 0;
+  /// The run's prefix-cache turnover, as sim_run has it.
+  std::uint64_t prefix_evicted_blocks = 0, prefix_evicted_miss_tokens = 0;
   std::uint32_t replicas_serving = 0;
   double requests_per_replica_max = 0, requests_per_replica_mean = 0;
   /// Per tenant, when the workload names tenants.

@@ -238,6 +238,16 @@ TEST_CASE("more applications than a replica holds: prefix_aware keeps their pref
   CHECK(pa.mean_queued < lo.mean_queued);
   // No hot spot: the busiest replica within 15 % of the mean (1.09 measured).
   CHECK(pa.requests_per_replica_max < 1.15 * pa.requests_per_replica_mean);
+  // The report's turnover columns: least_outstanding's caches thrash, each
+  // replica evicting prefixes it is sent again soon after; partitioned,
+  // fewer blocks go and fewer misses were lately cached.
+  INFO("evicted blocks " << lo.prefix_evicted_blocks << " / " << pa.prefix_evicted_blocks << ", evicted misses "
+                         << lo.prefix_evicted_miss_tokens << " / " << pa.prefix_evicted_miss_tokens);
+  CHECK(lo.prefix_evicted_blocks > 0);
+  CHECK(pa.prefix_evicted_blocks < lo.prefix_evicted_blocks);
+  CHECK(pa.prefix_evicted_miss_tokens < lo.prefix_evicted_miss_tokens);
+  // Misses are of looked-up tokens, and what was found is not among them.
+  CHECK(lo.prefix_evicted_miss_tokens <= lo.prompt_tokens - lo.cached_tokens);
 }
 
 TEST_CASE("a replica failure is the latest fault's, not an earlier one on the same node", "[sim]") {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "chaos/sim_report.hpp"
@@ -789,6 +790,39 @@ TEST_CASE("the text report has a row per policy and a fault table", "[sim]") {
   CHECK(t.find("kill_rack") != std::string::npos);
   CHECK(t.find("10.5/41.3") != std::string::npos);  // kill_node detected and recovered
   CHECK(t == to_text(hand_made_report()));
+}
+
+TEST_CASE("the prefix table and JSON give each policy's hit rate and its caches' turnover", "[sim][prefix]") {
+  sim_report r = hand_made_report();
+  CHECK(to_text(r).find("prefix cache") == std::string::npos);  // no policy found a prefix: no table
+  // least_outstanding: 4 completed requests of 100 prompt tokens, 30 of them
+  // cached; its caches dropped 12 blocks, and 56 missed tokens had been cached.
+  r.runs[1].requests[0].cached_tokens = 30;
+  r.runs[1].prefix_evicted_blocks = 12;
+  r.runs[1].prefix_evicted_miss_tokens = 56;
+  const sim_summary s = summarize(r.runs[1], r.slo_ttft_ms, r.slo_tpot_ms, r.duration_s);
+  CHECK(s.prefix_evicted_blocks == 12);
+  CHECK(s.prefix_evicted_miss_tokens == 56);
+  const std::string t = to_text(r);
+  const auto table = t.find("prefix cache");
+  REQUIRE(table != std::string::npos);
+  CHECK(t.find("evicted blocks", table) != std::string::npos);
+  const auto row = t.find("least_outstanding", table);
+  REQUIRE(row != std::string::npos);
+  // policy, prompt tokens, cached, hit %, evicted blocks, evicted misses.
+  std::istringstream fields(t.substr(row, t.find('\n', row) - row));
+  std::string policy, hit;
+  std::uint64_t prompt = 0, cached = 0, evicted = 0, misses = 0;
+  fields >> policy >> prompt >> cached >> hit >> evicted >> misses;
+  CHECK(prompt == 400);
+  CHECK(cached == 30);
+  CHECK(hit == "7.5");
+  CHECK(evicted == 12);
+  CHECK(misses == 56);
+  const json j = json::parse(to_json(r));
+  CHECK(j["policies"][1]["prefix_evicted_blocks"] == 12);
+  CHECK(j["policies"][1]["prefix_evicted_miss_tokens"] == 56);
+  CHECK(j["policies"][0]["prefix_evicted_blocks"] == 0);
 }
 
 TEST_CASE("the HTML report is self-contained with balanced SVG charts", "[sim]") {

@@ -310,6 +310,20 @@ TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one JSON object on one line
   CHECK_THAT(r.out, !Catch::Contains("\"peak_gmacs\":0.00"));  // measured
   CHECK_THAT(r.out, !Catch::Contains("\"roofline_tok_s\":0.0"));
+  // Each batch against batch 1 (the batch-32 target's ratio): 1 for batch 1
+  // itself, batch 4's tokens/s over batch 1's (to the printed rounding).
+  const auto number_after = [&](const std::string& key, std::size_t from) {
+    const auto at = r.out.find(key, from);
+    REQUIRE(at != std::string::npos);
+    return std::stod(r.out.substr(at + key.size()));
+  };
+  const auto b1 = r.out.find("\"batch\":1,"), b4 = r.out.find("\"batch\":4,");
+  REQUIRE(b1 != std::string::npos);
+  REQUIRE(b4 != std::string::npos);
+  CHECK(number_after("\"vs_batch1\":", b1) == Approx(1.0));
+  const double ratio4 = number_after("\"tok_s\":", b4) / number_after("\"tok_s\":", b1);
+  CHECK(number_after("\"vs_batch1\":", b4) == Approx(ratio4).margin(0.006));
+  CHECK(ratio4 != Approx(1.0).margin(0.01));  // so the check above can tell 1 from the ratio
 
   // --no-copy-bandwidth skips the machine measurements: no peaks, no bound.
   const auto quick = run({"bench-engine", "--model", tiny_model(), "--json", "--batches", "1", "--prefill-tokens",
@@ -317,6 +331,16 @@ TEST_CASE("bench-engine --json reports the documented fields", "[cli]") {
   REQUIRE(quick.exit_code == 0);
   CHECK_THAT(quick.out, Catch::Contains("\"peak_gmacs\":0.00"));
   CHECK_THAT(quick.out, Catch::Contains("\"roofline_tok_s\":0.0"));
+  // The table says the same; without batch 1 there is no ratio.
+  const auto table = run({"bench-engine", "--model", tiny_model(), "--batches", "1,2", "--prefill-tokens", "8",
+                          "--decode-steps", "2", "--repeat", "1", "--threads", "1", "--no-copy-bandwidth"});
+  REQUIRE(table.exit_code == 0);
+  CHECK_THAT(table.out, Catch::Contains("vs b1"));
+  CHECK_THAT(table.out, Catch::Contains("1.00x"));
+  const auto no_b1 = run({"bench-engine", "--model", tiny_model(), "--json", "--batches", "2", "--prefill-tokens", "8",
+                          "--decode-steps", "2", "--repeat", "1", "--threads", "1", "--no-copy-bandwidth"});
+  REQUIRE(no_b1.exit_code == 0);
+  CHECK_THAT(no_b1.out, Catch::Contains("\"vs_batch1\":0.00"));
   // The tiny model is f32: its matrices are copied by default (under 2 MiB:
   // not worth a huge page), read from the file's mapping when asked.
   CHECK_THAT(quick.out, !Catch::Contains("\"weight_copy_bytes\":0,"));

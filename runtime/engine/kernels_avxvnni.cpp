@@ -13,10 +13,12 @@
 #include <immintrin.h>
 
 #include "engine/det_math.hpp"
+#include "engine/even_tiles.hpp"
 #include "engine/kernel_table.hpp"
 #include "engine/kquant_dot.hpp"
 #include "engine/legacy_dot.hpp"
 #include "engine/q8_pack.hpp"
+#include "engine/row_blocks.hpp"
 #include "model/half.hpp"
 #include "model/quantize.hpp"
 

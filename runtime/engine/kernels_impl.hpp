@@ -32,6 +32,7 @@
 #endif
 
 #include "engine/even_tiles.hpp"
+#include "engine/row_blocks.hpp"
 
 namespace exa::engine::EXA_K_NS {
 
@@ -1430,6 +1431,8 @@ constexpr int max_float_tokens = 8;
 // where 4 tokens outgrow a 48 KiB L1 too.
 constexpr std::size_t long_row_tile_bytes = 40 * 1024;
 constexpr int long_row_tokens = 4, long_row_rows = 6;
+static_assert(long_row_step % long_row_rows == 0 && long_row_step % float_rows(long_row_tokens - 1) == 0,
+              "a long-row block step holds whole tiles");
 // One token runs the 256-bit kernel with 32 ymm registers.
 constexpr int quant_rows(int c) { return c == 1 ? 12 : c == 2 ? 6 : c == 3 ? 4 : 4; }
 #elif defined(EXA_K_AVX2)
@@ -1445,11 +1448,8 @@ constexpr int max_float_tokens = 4;
 constexpr int quant_rows(int) { return 1; }
 #endif
 constexpr int max_tile_tokens = 4;
-// Every tile height divides this, so only a matrix's last rows use 1-row tiles.
-constexpr std::size_t row_multiple = 48;
-// Weight rows processed together across all token tiles, sized so their bytes
-// stay in L1/L2 while every token streams past them.
-constexpr std::size_t row_block_bytes = 32 * 1024;
+// Weight rows processed together across all token tiles: row_blocks.hpp.
+using engine::row_multiple;
 
 // What one token tile of a row block prefetches of the next block: `bytes`
 // from `begin`, shared among its row tiles in proportion to their rows, each
@@ -1543,8 +1543,12 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
     return;
   }
   const row_span span{w.data, pitch, w.cols, w.data + row_end * pitch};
-  const std::size_t rows_per_block =
-      std::max<std::size_t>(1, row_block_bytes / std::max<std::size_t>(1, pitch) / row_multiple) * row_multiple;
+#if defined(EXA_K_AVX512)
+  const bool long_rows = n_tokens >= max_float_tokens && w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes;
+#else
+  constexpr bool long_rows = false;
+#endif
+  const std::size_t rows_per_block = float_block_rows(pitch, long_rows);
   for (std::size_t rb = row_begin; rb < row_end; rb += rows_per_block) {
     const std::size_t re = std::min(row_end, rb + rows_per_block);
     // Ask for the next block's weights while this one computes: with many
@@ -1590,7 +1594,7 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
         run_quant<C>(w.type, span, p, rb, re, t, y, y_stride);
       });
 #if defined(EXA_K_AVX512)
-    else if (n_tokens >= max_float_tokens && w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes)
+    else if (long_rows)
       in_even_chunks<long_row_tokens>(n_tokens, [&, tiles = even_tiles(n_tokens, long_row_tokens)]<int C>(
                                                     std::size_t t) {
         const prefetch_slice slice = slice_of(tiles, t);

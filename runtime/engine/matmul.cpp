@@ -10,6 +10,7 @@
 #include "common/assert.hpp"
 #include "engine/kernel_table.hpp"
 #include "engine/q8_pack.hpp"
+#include "engine/row_blocks.hpp"
 #include "engine/thread_pool.hpp"
 #include "model/half.hpp"
 #include "model/quantize.hpp"
@@ -18,10 +19,6 @@ namespace exa::engine {
 namespace {
 
 using model::tensor_type;
-
-// Every tile height of every kernel variant divides this (kernels_impl.hpp):
-// threads take whole groups of it.
-constexpr std::size_t row_multiple = 48;
 
 }  // namespace
 

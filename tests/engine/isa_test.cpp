@@ -21,6 +21,7 @@
 #include "engine/matmul.hpp"
 #include "engine/ops.hpp"
 #include "engine/q8_pack.hpp"
+#include "engine/row_blocks.hpp"
 #include "engine/weight_store.hpp"
 #include "fixtures.hpp"
 #include "model/half.hpp"
@@ -204,10 +205,13 @@ TEST_CASE("wide rows: each token of a batch gets its product alone, bit for bit,
   // counts cut into even tiles (even_tiles.hpp) of every size from 3 to 8:
   // over long rows 9 is 3 + 3 + 3, 13 is 4 + 3 + 3 + 3, 17 is 4 + 4 + 3 + 3 + 3;
   // at 1030 columns 9 is 5 + 4, 13 is 7 + 6, 17 is 6 + 6 + 5, 35 five of 7.
-  // One token runs the decode tile, so it is the reference; 2050 and 1030
-  // leave a tail past the last 16-column step.
+  // One token runs the decode tile, so it is the reference; 2050, 1030 and
+  // 5000 leave a tail past the last 16-column step. Over long rows a row
+  // block holds at most 384 KiB (long_row_block_bytes) in steps of 12 rows:
+  // 4096 f32 columns run blocks of 24 rows, 5000 of 12 (f32) and 36 (f16,
+  // bf16), so the next block's prefetch and the row tiles cross many blocks.
   const auto type = GENERATE(model::tensor_type::f32, model::tensor_type::f16, model::tensor_type::bf16);
-  const auto cols = GENERATE(std::size_t{2050}, std::size_t{1030}, std::size_t{4096});
+  const auto cols = GENERATE(std::size_t{2050}, std::size_t{1030}, std::size_t{4096}, std::size_t{5000});
   CAPTURE(model::to_string(type), cols);
   const weight_buffer w(type, 101, cols, 11 + cols);
   for (const isa v : test::runnable_isas()) {
@@ -810,5 +814,29 @@ TEST_CASE("even_tiles: a batch's token tiles, the fewest of at most max, sizes w
       REQUIRE(sum == n);
       REQUIRE(e.start(e.tiles) == n);
       REQUIRE(hi - lo <= 1);
+    }
+}
+
+TEST_CASE("float_block_rows: 32 KiB blocks in 48-row steps; a batch over long rows' at most 384 KiB in 12-row steps",
+          "[engine][isa]") {
+  using engine::float_block_rows;
+  CHECK(float_block_rows(3072, false) == 48);   // 768 f32 columns: 144 KiB, one step however wide
+  CHECK(float_block_rows(256, false) == 96);    // 64 f32 columns: two steps in 32 KiB
+  CHECK(float_block_rows(16384, false) == 48);  // 4,096 f32 columns, not on the long-row tile
+  CHECK(float_block_rows(16384, true) == 24);   // on it: 384 KiB
+  CHECK(float_block_rows(8192, true) == 48);    // 4,096 f16 columns: 48 rows are 384 KiB already
+  CHECK(float_block_rows(10000, true) == 36);   // 5,000 f16 columns
+  CHECK(float_block_rows(44032, true) == 12);   // 11,008 f32 columns: one step, over the limit
+  CHECK(float_block_rows(0, false) > 0);        // no division by zero
+  for (const bool long_rows : {false, true})
+    for (std::size_t pitch = 1; pitch <= 100000; pitch += 7) {
+      CAPTURE(long_rows, pitch);
+      const std::size_t rows = float_block_rows(pitch, long_rows);
+      const std::size_t step = long_rows ? engine::long_row_step : engine::row_multiple;
+      const std::size_t limit = long_rows ? engine::long_row_block_bytes : engine::row_block_bytes;
+      REQUIRE(rows % step == 0);
+      REQUIRE(rows <= float_block_rows(pitch, false));  // long rows only ever shrink a block
+      if (rows > step) REQUIRE(rows * pitch <= std::max(limit, engine::row_multiple * pitch));
+      if (long_rows && rows * pitch > engine::long_row_block_bytes) REQUIRE(rows == step);
     }
 }

@@ -7,13 +7,16 @@
 // rows, 8 tokens) it issues per step, all from L1. Run by hand
 // (docs/PERFORMANCE.md, batch 32 against batch 1).
 //
-//   build/bin/matmul_probe [--memory] [tokens] [seconds per shape] [ROWSxCOLS ...]
+//   build/bin/matmul_probe [--memory] [--f16] [tokens] [seconds per shape] [ROWSxCOLS ...]
 //
 // --memory: each call reads another copy of the weights, as many copies as
 // make about 256 MiB (at least two), so they come from memory as the
 // engine's do (a 32 MiB L3 holds a lone copy of every small-preset shape,
 // and the rates without it are the cache's). Shapes over 1 GiB of weights
 // are refused with it.
+//
+// --f16: the weights in f16 (the activations stay f32, as in the engine);
+// the same values, rounded.
 
 #include <sys/mman.h>
 
@@ -28,6 +31,7 @@
 #include <immintrin.h>
 
 #include "engine/kernel_table.hpp"
+#include "model/half.hpp"
 #include "probe_args.hpp"
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge
@@ -106,13 +110,14 @@ void tile_ceiling() {
 
 int main(int argc_in, char** argv_in) {
   using namespace exa;
-  const char* usage = "usage: matmul_probe [--memory] [tokens 1-512] [seconds per shape] [ROWSxCOLS ...]";
+  const char* usage = "usage: matmul_probe [--memory] [--f16] [tokens 1-512] [seconds per shape] [ROWSxCOLS ...]";
   if (exa::bench::wants_help(argc_in, argv_in)) return std::puts(usage), 0;
-  // --memory anywhere; the rest positional.
+  // --memory and --f16 anywhere; the rest positional.
   std::vector<char*> args;
-  bool from_memory = false;
+  bool from_memory = false, f16 = false;
   for (int i = 0; i < argc_in; ++i) {
     if (i > 0 && std::strcmp(argv_in[i], "--memory") == 0) from_memory = true;
+    else if (i > 0 && std::strcmp(argv_in[i], "--f16") == 0) f16 = true;
     else args.push_back(argv_in[i]);
   }
   const int argc = static_cast<int>(args.size());
@@ -146,28 +151,37 @@ int main(int argc_in, char** argv_in) {
   const std::uint64_t peak_macs = k.peak(engine::peak_op::f32_fma, 20'000'000);
   const double peak = double(peak_macs) / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e9;
   const std::string isa_name(engine::to_string(k.id));
-  std::printf("isa %s, %zu tokens, f32 peak %.1f GMAC/s, weights from %s\n", isa_name.c_str(), tokens, peak,
+  std::printf("isa %s, %zu tokens, %s weights, f32 peak %.1f GMAC/s, weights from %s\n", isa_name.c_str(), tokens,
+              f16 ? "f16" : "f32", peak,
               from_memory ? "memory (copies of about 256 MiB in all, one a call)" : "cache (one copy)");
   if (engine::supports(engine::detect_cpu(), engine::isa::avx512)) tile_ceiling();
   for (const shape& s : shapes) {
-    const std::size_t w_bytes = s.rows * s.cols * sizeof(float);
+    const std::size_t w_bytes = s.rows * s.cols * (f16 ? sizeof(std::uint16_t) : sizeof(float));
     const std::size_t copies = from_memory ? std::max<std::size_t>(2, (std::size_t{256} << 20) / w_bytes) : 1;
     if (from_memory && w_bytes > (std::size_t{1} << 30)) {
       std::fprintf(stderr, "matmul_probe: --memory with %s: %zu MiB of weights, over the 1 GiB its copies allow\n",
                    s.name, w_bytes >> 20);
       return 2;
     }
-    auto* w = static_cast<float*>(huge_alloc(w_bytes * copies));
+    auto* w = static_cast<std::byte*>(huge_alloc(w_bytes * copies));
     auto* x = static_cast<float*>(huge_alloc(tokens * s.cols * sizeof(float)));
     auto* y = static_cast<float*>(huge_alloc(tokens * s.rows * sizeof(float)));
-    for (std::size_t i = 0; i < s.rows * s.cols; ++i) w[i] = float(int(i % 97) - 48) / 64.0f;
-    for (std::size_t c = 1; c < copies; ++c) std::memcpy(w + c * s.rows * s.cols, w, w_bytes);
+    for (std::size_t i = 0; i < s.rows * s.cols; ++i) {
+      const float v = float(int(i % 97) - 48) / 64.0f;  // exact in f16 too
+      if (f16) {
+        const std::uint16_t h = model::float_to_f16(v);
+        std::memcpy(w + i * sizeof h, &h, sizeof h);
+      } else {
+        std::memcpy(w + i * sizeof v, &v, sizeof v);
+      }
+    }
+    for (std::size_t c = 1; c < copies; ++c) std::memcpy(w + c * w_bytes, w, w_bytes);
     for (std::size_t i = 0; i < tokens * s.cols; ++i) x[i] = float(int(i % 89) - 44) / 32.0f;
     model::weight_view view;
-    view.type = model::tensor_type::f32;
+    view.type = f16 ? model::tensor_type::f16 : model::tensor_type::f32;
     view.rows = s.rows;
     view.cols = s.cols;
-    view.data = reinterpret_cast<const std::byte*>(w);
+    view.data = w;
     engine::kernel_acts a;
     a.xf = x;
     a.xf_stride = s.cols;
@@ -176,7 +190,7 @@ int main(int argc_in, char** argv_in) {
     const auto b = clock_type::now();
     double took = 0;
     while (took < seconds) {
-      view.data = reinterpret_cast<const std::byte*>(w + (calls + 1) % copies * (s.rows * s.cols));
+      view.data = w + (calls + 1) % copies * w_bytes;
       k.rows(view, a, tokens, y, s.rows, 0, s.rows);
       ++calls;
       took = std::chrono::duration<double>(clock_type::now() - b).count();

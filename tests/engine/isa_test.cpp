@@ -817,7 +817,7 @@ TEST_CASE("even_tiles: a batch's token tiles, the fewest of at most max, sizes w
     }
 }
 
-TEST_CASE("float_block_rows: 32 KiB blocks in 48-row steps; a batch over long rows' at most 384 KiB in 12-row steps",
+TEST_CASE("float_block_rows: 32 KiB blocks in 48-row steps, a batch over long rows' at most 384 KiB in 12-row steps",
           "[engine][isa]") {
   using engine::float_block_rows;
   CHECK(float_block_rows(3072, false) == 48);   // 768 f32 columns: 144 KiB, one step however wide

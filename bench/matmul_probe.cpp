@@ -1,7 +1,7 @@
 // matmul_probe: the float tiles' multiply-add rate, matrix by matrix, against
 // the core's measured f32 peak (kernel_table::peak): which shape of the small
 // preset's matrices keeps batch 32 under the roof. One thread, f32 weights
-// in huge-page memory, activations 64-byte aligned. On AVX-512 it also
+// (f16 with --f16) in huge-page memory, f32 activations 64-byte aligned. On AVX-512 it also
 // measures the ceiling the tile's loads leave it: the batch tile's 24 fused
 // multiply-adds a step from registers alone, and with the 11 loads (3 weight
 // rows, 8 tokens) it issues per step, all from L1. Run by hand

@@ -383,15 +383,15 @@ std::string to_text(const sim_report& r) {
   }
   const bool cached = std::any_of(sums.begin(), sums.end(), [](const sim_summary& s) { return s.cached_tokens > 0; });
   if (cached) {
-    out += "\nprefix cache and load spread (completed requests)\n";
-    // Evicted: blocks the caches dropped; evicted misses: tokens missed
-    // whose blocks had been evicted lately (a cache twice as large would
-    // have served them).
-    out += fmt::format("{:<24} {:>14} {:>14} {:>8} {:>14} {:>16} {:>9} {:>12}\n", "policy", "prompt tokens",
-                       "cached tokens", "hit %", "evicted blocks", "evicted misses", "replicas", "req max/mean");
+    out += "\nprefix cache and load spread (tokens and requests: completed requests; evictions: the whole run)\n";
+    // Evicted blocks: blocks the caches dropped; evicted-miss tokens: tokens
+    // missed whose blocks had been evicted lately (a cache twice as large
+    // would have served them).
+    out += fmt::format("{:<24} {:>14} {:>14} {:>8} {:>14} {:>18} {:>9} {:>12}\n", "policy", "prompt tokens",
+                       "cached tokens", "hit %", "evicted blocks", "evicted-miss tok", "replicas", "req max/mean");
     for (std::size_t i = 0; i < r.runs.size(); ++i) {
       const sim_summary& s = sums[i];
-      out += fmt::format("{:<24} {:>14} {:>14} {:>8.1f} {:>14} {:>16} {:>9} {:>12}\n", r.runs[i].policy,
+      out += fmt::format("{:<24} {:>14} {:>14} {:>8.1f} {:>14} {:>18} {:>9} {:>12}\n", r.runs[i].policy,
                          s.prompt_tokens, s.cached_tokens,
                          s.prompt_tokens ? 100.0 * s.cached_tokens / s.prompt_tokens : 0.0, s.prefix_evicted_blocks,
                          s.prefix_evicted_miss_tokens, s.replicas_serving,

@@ -1427,8 +1427,12 @@ constexpr int max_float_tokens = 8;
 // 0.94-1.34x), the 768-column shapes 0.8-1.0x: so only past this size, and
 // only for 8 tokens or more (fewer run one tile, as before). Measured on the
 // Zen 5 host only: f32 batch 32 (1.16x one thread, 1.08x two), f32 and f16
-// prefill of 256 tokens level; not on an Intel host, nor past 3,072 columns,
-// where 4 tokens outgrow a 48 KiB L1 too.
+// prefill of 256 tokens level; not on an Intel host. Past 2,560 columns 4
+// tokens outgrow a 48 KiB L1 too; there (4,096 and 11,008 columns) the tile
+// was measured with the blocks of row_blocks.hpp, which keep a block and the
+// next one's prefetch within the L2 (f32 40-44 % of the peak from memory,
+// f16 71-75 %; column parts, which would keep the activations in L1, were
+// not faster: docs/PERFORMANCE.md, "Results (5 December 2026, afternoon ...)").
 constexpr std::size_t long_row_tile_bytes = 40 * 1024;
 constexpr int long_row_tokens = 4, long_row_rows = 6;
 static_assert(long_row_step % long_row_rows == 0 && long_row_step % float_rows(long_row_tokens - 1) == 0,
@@ -1449,7 +1453,6 @@ constexpr int quant_rows(int) { return 1; }
 #endif
 constexpr int max_tile_tokens = 4;
 // Weight rows processed together across all token tiles: row_blocks.hpp.
-using engine::row_multiple;
 
 // What one token tile of a row block prefetches of the next block: `bytes`
 // from `begin`, shared among its row tiles in proportion to their rows, each
@@ -1544,7 +1547,9 @@ inline void rows(const model::weight_view& w, const kernel_acts& p, std::size_t 
   }
   const row_span span{w.data, pitch, w.cols, w.data + row_end * pitch};
 #if defined(EXA_K_AVX512)
-  const bool long_rows = n_tokens >= max_float_tokens && w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes;
+  // The long-row tile's batches (q4_0, which runs its own tiles, keeps its blocks).
+  const bool long_rows = w.type != tensor_type::q4_0 && n_tokens >= max_float_tokens &&
+                         w.cols * sizeof(float) * max_float_tokens > long_row_tile_bytes;
 #else
   constexpr bool long_rows = false;
 #endif

@@ -246,8 +246,6 @@ TEST_CASE("more applications than a replica holds: prefix_aware keeps their pref
   CHECK(lo.prefix_evicted_blocks > 0);
   CHECK(pa.prefix_evicted_blocks < lo.prefix_evicted_blocks);
   CHECK(pa.prefix_evicted_miss_tokens < lo.prefix_evicted_miss_tokens);
-  // Misses are of looked-up tokens, and what was found is not among them.
-  CHECK(lo.prefix_evicted_miss_tokens <= lo.prompt_tokens - lo.cached_tokens);
 }
 
 TEST_CASE("a replica failure is the latest fault's, not an earlier one on the same node", "[sim]") {
